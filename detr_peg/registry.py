@@ -1,0 +1,75 @@
+"""Name -> builder registries for the pluggable parts of detr_peg.
+
+Each registry states its contract in its docstring (what a registered builder
+takes and returns). Components are registered with a decorator::
+
+    @POSITION_ENCODINGS.register("sine")
+    def build_sine(cfg, *, dim, num_levels, arch): ...
+
+and looked up by the name given in a config. An unknown name raises
+:class:`~detr_peg.errors.ConfigError` listing the valid names, so a typo in a
+config is one clear sentence, never a ``KeyError``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+from detr_peg.errors import ConfigError
+
+T = TypeVar("T", bound=Callable)
+
+
+class Registry(Generic[T]):
+    """A mapping from names to builders (functions or classes).
+
+    Args:
+        name: what the registry holds, in words ("positional encoding"); used
+            in error messages.
+        doc: the contract every entry must fulfil.
+    """
+
+    def __init__(self, name: str, doc: str = "") -> None:
+        self.name = name
+        self.__doc__ = doc or f"Registry of {name}s."
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str | None = None) -> Callable[[T], T]:
+        """Decorator that registers ``obj`` under ``name`` (default: its ``__name__``)."""
+
+        def decorator(obj: T) -> T:
+            key = name or obj.__name__
+            if key in self._entries:
+                raise ValueError(f"{self.name} {key!r} is already registered")
+            self._entries[key] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        """Return the entry registered as ``name``.
+
+        Raises:
+            ConfigError: ``name`` is not registered; the message lists valid names.
+        """
+        try:
+            return self._entries[name]
+        except KeyError:
+            valid = ", ".join(repr(n) for n in sorted(self._entries))
+            raise ConfigError(f"Unknown {self.name} {name!r}: valid are {valid}.") from None
+
+    def names(self) -> list[str]:
+        """Sorted registered names."""
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.name!r}, entries={self.names()})"
