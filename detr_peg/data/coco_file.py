@@ -1,0 +1,311 @@
+"""Read and validate a COCO-format annotation file before anything uses it.
+
+A bad annotation file otherwise fails far from its cause (a ``KeyError`` deep in
+pycocotools, a NaN loss after hours of training, a box silently lost). The
+checks here are plain Python over the parsed JSON, so they cost about a second
+for the whole of COCO train2017, and every problem becomes a :class:`DataError`
+whose message names the file, the field and the value.
+
+Problems come in two kinds:
+
+* **structural** (always an error): the file is missing or not JSON, the top
+  level is not a COCO object, ``images``/``annotations``/``categories`` are
+  missing or not lists, an entry has no integer ``id``, ids are duplicated, a
+  category has no name, or there are no images or no categories;
+* **per sample** (an error, or with ``on_bad_sample="skip"`` the affected image
+  is left out of the dataset and of its pycocotools ground truth): an
+  annotation with a bad ``bbox``, ``iscrowd`` or ``category_id``, and an image
+  whose ``file_name`` is absolute or leaves the image folder. An annotation
+  whose ``image_id`` names no image is dropped by itself.
+
+The pycocotools index is then built from the already parsed dict, so the JSON
+is read once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, Literal, Optional, Union
+
+from pycocotools.coco import COCO
+
+from detr_peg.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+OnBadSample = Literal["error", "skip"]
+
+
+@dataclass(frozen=True)
+class SampleProblem:
+    """One invalid image or annotation.
+
+    Attributes:
+        message: one sentence naming the file, the entry and the bad value.
+        image_id: the image to leave out in ``skip`` mode, or ``None`` when only
+            the annotation ``annotation_index`` is dropped.
+        annotation_index: position in the file's ``annotations`` list, if the
+            problem is an annotation.
+    """
+
+    message: str
+    image_id: Optional[int]
+    annotation_index: Optional[int] = None
+
+
+@dataclass
+class CocoFile:
+    """A validated annotation file.
+
+    Attributes:
+        path: the file.
+        data: the parsed JSON with the left-out images and annotations removed.
+        coco: the pycocotools index over ``data`` (ground truth for evaluation;
+            crowd annotations included).
+        problems: the per-sample problems found (empty in ``error`` mode, which
+            raises on the first one).
+    """
+
+    path: Path
+    data: dict[str, Any]
+    coco: COCO
+    problems: list[SampleProblem] = field(default_factory=list)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def read_json_file(path: Path) -> Any:
+    """Parse a JSON file, turning every failure into a :class:`DataError`."""
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise DataError(f"Annotation file {path} {what}; pass the path of a COCO-format JSON file.")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        raise DataError(f"Annotation file {path} cannot be read: {err.strerror or err}.") from err
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError as err:
+        raise DataError(f"Annotation file {path} is not UTF-8 text ({err.reason} at byte {err.start}).") from err
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"Annotation file {path} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}."
+        ) from err
+
+
+def file_name_problem(file_name: Any) -> Optional[str]:
+    """Why an image ``file_name`` is unusable, or ``None`` if it is fine.
+
+    A file name must be a non-empty relative path that stays inside the image
+    folder: absolute paths (POSIX or Windows) and ``..`` components that climb
+    above the folder are refused. Backslashes count as separators here.
+    """
+    if not isinstance(file_name, str) or not file_name.strip():
+        return "which is not a non-empty string"
+    if file_name.startswith(("/", "\\")) or PureWindowsPath(file_name).drive:
+        return "which is absolute, but file names must be relative to the image folder"
+    depth = 0
+    for part in PurePosixPath(file_name.replace("\\", "/")).parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return "which leaves the image folder, but file names must stay inside it"
+        elif part != ".":
+            depth += 1
+    return None
+
+
+def bbox_problem(bbox: Any) -> Optional[str]:
+    """Why a COCO ``bbox`` (``[x, y, width, height]`` in pixels) is invalid, or ``None``."""
+    if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
+        length = f" of length {len(bbox)}" if isinstance(bbox, (list, tuple)) else ""
+        return f"bbox {bbox!r}{length}, which is not a list of 4 numbers [x, y, width, height]"
+    if not all(_is_number(v) for v in bbox):
+        return f"bbox {bbox!r} with a value that is not a number"
+    x, y, w, h = bbox
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return f"bbox {bbox!r} with a non-finite x or y"
+    for name, value in (("width", w), ("height", h)):
+        if not math.isfinite(value) or value <= 0:
+            return f"bbox {bbox!r} with {name} {value!r}, but width and height must be positive finite numbers"
+    return None
+
+
+def _check_list_of_dicts(data: dict, key: str, path: Path) -> list:
+    if key not in data:
+        raise DataError(
+            f"Annotation file {path} has no '{key}' list; a COCO file needs 'images', 'annotations' and 'categories'."
+        )
+    entries = data[key]
+    if not isinstance(entries, list):
+        raise DataError(f"Annotation file {path} has '{key}' of type {_type_name(entries)}; it must be a list.")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise DataError(
+                f"Annotation file {path} has {key}[{index}] of type {_type_name(entry)}; entries must be objects."
+            )
+        if not _is_int(entry.get("id")):
+            raise DataError(
+                f"Annotation file {path} has {key}[{index}] with 'id' {entry.get('id')!r}; every entry needs an integer id."
+            )
+    return entries
+
+
+def _check_unique_ids(entries: list, key: str, path: Path) -> None:
+    seen: set[int] = set()
+    for index, entry in enumerate(entries):
+        if entry["id"] in seen:
+            raise DataError(
+                f"Annotation file {path} has duplicate {key} id {entry['id']} (again at {key}[{index}]); ids must be unique."
+            )
+        seen.add(entry["id"])
+
+
+def check_structure(data: Any, path: Path) -> None:
+    """Raise :class:`DataError` for problems that make the whole file unusable."""
+    if not isinstance(data, dict):
+        raise DataError(
+            f"Annotation file {path} holds a JSON {_type_name(data)} at the top level; a COCO file is an object "
+            "with 'images', 'annotations' and 'categories'."
+        )
+    images = _check_list_of_dicts(data, "images", path)
+    annotations = _check_list_of_dicts(data, "annotations", path)
+    categories = _check_list_of_dicts(data, "categories", path)
+    for key, entries in (("images", images), ("annotations", annotations), ("categories", categories)):
+        _check_unique_ids(entries, key, path)
+    if not images:
+        raise DataError(f"Annotation file {path} has an empty 'images' list; the dataset has no images.")
+    if not categories:
+        raise DataError(f"Annotation file {path} has an empty 'categories' list; at least one category is needed.")
+    for index, cat in enumerate(categories):
+        if cat["id"] < 0:
+            raise DataError(
+                f"Annotation file {path} has category id {cat['id']} (categories[{index}]); ids must be non-negative."
+            )
+        if not isinstance(cat.get("name"), str):
+            raise DataError(
+                f"Annotation file {path} has category id {cat['id']} with 'name' {cat.get('name')!r}; names must be strings."
+            )
+    for index, img in enumerate(images):
+        for key in ("width", "height"):
+            if key in img and not (_is_number(img[key]) and math.isfinite(img[key]) and img[key] > 0):
+                raise DataError(
+                    f"Annotation file {path} has image id {img['id']} (images[{index}]) with '{key}' {img[key]!r}; "
+                    "it must be a positive number."
+                )
+
+
+def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
+    """Per-image and per-annotation problems of a structurally valid file."""
+    problems: list[SampleProblem] = []
+    for img in data["images"]:
+        reason = file_name_problem(img.get("file_name"))
+        if reason is not None:
+            problems.append(
+                SampleProblem(
+                    f"Annotation file {path} has image id {img['id']} with file_name {img.get('file_name')!r}, {reason}.",
+                    image_id=img["id"],
+                )
+            )
+    image_ids = {img["id"] for img in data["images"]}
+    category_ids = {cat["id"] for cat in data["categories"]}
+    for index, ann in enumerate(data["annotations"]):
+        where = f"Annotation file {path} has annotation id {ann['id']} with"
+        image_id = ann.get("image_id")
+        if not _is_int(image_id) or image_id not in image_ids:
+            problems.append(
+                SampleProblem(
+                    f"{where} image_id {image_id!r}, which is not the id of an image in the file.",
+                    image_id=None,
+                    annotation_index=index,
+                )
+            )
+            continue
+        reason = None
+        category_id = ann.get("category_id")
+        if not _is_int(category_id) or category_id not in category_ids:
+            reason = f"category_id {category_id!r}, which is not the id of a category in the file"
+        elif "iscrowd" in ann and ann["iscrowd"] not in (0, 1):
+            reason = f"iscrowd {ann['iscrowd']!r}, but it must be 0 or 1"
+        else:
+            reason = bbox_problem(ann.get("bbox"))
+        if reason is not None:
+            problems.append(SampleProblem(f"{where} {reason}.", image_id=image_id, annotation_index=index))
+    return problems
+
+
+def _without_problems(data: dict, problems: list[SampleProblem]) -> dict:
+    bad_images = {p.image_id for p in problems if p.image_id is not None}
+    bad_annotations = {p.annotation_index for p in problems if p.image_id is None}
+    out = dict(data)
+    out["images"] = [img for img in data["images"] if img["id"] not in bad_images]
+    out["annotations"] = [
+        ann
+        for index, ann in enumerate(data["annotations"])
+        if index not in bad_annotations and ann["image_id"] not in bad_images
+    ]
+    return out
+
+
+def build_coco_index(data: dict) -> COCO:
+    """A pycocotools ``COCO`` over an already parsed dict, without its stdout chatter."""
+    coco = COCO()
+    coco.dataset = data
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def read_coco_file(path: Union[str, Path], *, on_bad_sample: OnBadSample = "error") -> CocoFile:
+    """Read, validate and index a COCO-format annotation file.
+
+    Args:
+        path: the annotation JSON.
+        on_bad_sample: ``"error"`` raises on the first per-sample problem;
+            ``"skip"`` logs one warning per problem and leaves the affected
+            images (with all their annotations) out.
+
+    Returns:
+        A :class:`CocoFile`.
+
+    Raises:
+        DataError: a structural problem, a per-sample problem in ``error`` mode,
+            or no image left after skipping.
+    """
+    if on_bad_sample not in ("error", "skip"):
+        raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {on_bad_sample!r}")
+    path = Path(path)
+    data = read_json_file(path)
+    check_structure(data, path)
+    problems = find_sample_problems(data, path)
+    if problems and on_bad_sample == "error":
+        more = f" ({len(problems) - 1} more problems in this file)" if len(problems) > 1 else ""
+        raise DataError(
+            problems[0].message[:-1] + more + "; fix the file or set data.on_bad_sample=skip to leave such images out."
+        )
+    if problems:
+        for problem in problems:
+            logger.warning("Skipping: %s", problem.message)
+        data = _without_problems(data, problems)
+        if not data["images"]:
+            raise DataError(
+                f"Annotation file {path} has no valid image left after skipping {len(problems)} problems."
+            )
+    return CocoFile(path=path, data=data, coco=build_coco_index(data), problems=problems)

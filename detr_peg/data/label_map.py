@@ -1,0 +1,181 @@
+"""The mapping between a dataset's category ids and the model's class labels.
+
+COCO category ids are arbitrary integers (the 80 COCO classes use ids 1..90
+with gaps). A detector predicts a label in ``0..num_classes-1``. Two mappings
+are supported:
+
+* **contiguous** (default): the category ids sorted ascending become labels
+  ``0..K-1``, so ``num_classes == K``.
+* **raw**: the label is the category id itself and ``num_classes`` is the
+  largest id + 1, as in the official DETR COCO models (91 classes, some never
+  used).
+
+The map is stored in checkpoints through :meth:`LabelMap.to_dict` (plain
+Python types only) so that predictions can be mapped back to the category ids
+of the dataset a model was trained on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from detr_peg.errors import DataError
+
+
+class LabelMap:
+    """Category ids and names of a dataset, and their model labels.
+
+    Args:
+        category_ids: the dataset's category ids (distinct, non-negative), in any
+            order.
+        names: the category names, aligned with ``category_ids``.
+        contiguous: ``True``: label ``i`` is the ``i``-th smallest category id;
+            ``False``: the label is the category id itself.
+
+    Attributes:
+        contiguous: the mapping kind.
+        category_ids: ``list[int]``, the category ids sorted ascending.
+        names: ``list[str]``, the names aligned with ``category_ids``.
+        num_classes: number of model labels (``K`` when contiguous, the
+            largest category id + 1 otherwise).
+    """
+
+    def __init__(self, *, category_ids: Sequence[int], names: Sequence[str], contiguous: bool = True):
+        if len(category_ids) != len(names):
+            raise ValueError(
+                f"LabelMap got {len(category_ids)} category ids but {len(names)} names"
+            )
+        if len(category_ids) == 0:
+            raise ValueError("LabelMap needs at least one category")
+        pairs = sorted(zip((int(c) for c in category_ids), (str(n) for n in names)))
+        ids = [c for c, _ in pairs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"LabelMap category ids must be distinct, got {ids}")
+        if ids[0] < 0:
+            raise ValueError(f"LabelMap category ids must be non-negative, got {ids[0]}")
+        self.contiguous = bool(contiguous)
+        self.category_ids: list[int] = ids
+        self.names: list[str] = [n for _, n in pairs]
+        self._label_of_id = {
+            cid: (index if self.contiguous else cid) for index, cid in enumerate(ids)
+        }
+        self.num_classes = len(ids) if self.contiguous else ids[-1] + 1
+
+    @classmethod
+    def from_coco_categories(
+        cls, categories: Sequence[Mapping[str, Any]], *, contiguous: bool = True
+    ) -> "LabelMap":
+        """Build the map from the ``categories`` list of a COCO annotation file.
+
+        Args:
+            categories: dicts with at least ``id`` (int) and ``name`` (str).
+            contiguous: see the class docstring.
+        """
+        return cls(
+            category_ids=[c["id"] for c in categories],
+            names=[c["name"] for c in categories],
+            contiguous=contiguous,
+        )
+
+    def __len__(self) -> int:
+        """The number of categories (not ``num_classes``)."""
+        return len(self.category_ids)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LabelMap):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return (
+            f"LabelMap(num_categories={len(self)}, num_classes={self.num_classes}, "
+            f"contiguous={self.contiguous})"
+        )
+
+    def label_of(self, category_id: int) -> int:
+        """The model label of a category id; ``KeyError`` if the id is unknown."""
+        return self._label_of_id[int(category_id)]
+
+    def has_category(self, category_id: int) -> bool:
+        """Whether ``category_id`` is one of the map's categories."""
+        return int(category_id) in self._label_of_id
+
+    def category_id_of(self, label: int) -> int:
+        """The category id of a model label.
+
+        Raises:
+            KeyError: the label is outside ``0..num_classes-1`` or, for a raw
+                map, is not the id of a category.
+        """
+        label = int(label)
+        if self.contiguous:
+            if not 0 <= label < len(self.category_ids):
+                raise KeyError(f"label {label} is outside 0..{len(self.category_ids) - 1}")
+            return self.category_ids[label]
+        if label not in self._label_of_id:
+            raise KeyError(f"label {label} is not the id of a category")
+        return label
+
+    def name_of(self, label: int) -> str:
+        """The category name of a model label (see :meth:`category_id_of`)."""
+        category_id = self.category_id_of(label)
+        return self.names[self.category_ids.index(category_id)]
+
+    def labels_to_category_ids(self, labels: Union[Tensor, Sequence[int]]) -> Tensor:
+        """Map model labels back to category ids, for COCO result files.
+
+        Args:
+            labels: ``Tensor[N]`` (any integer dtype) or a sequence of ints, each in
+                ``0..num_classes-1``.
+
+        Returns:
+            ``Tensor[N]`` int64 on the device of ``labels``. With a raw map this
+            is the labels themselves (labels that are not a category id are kept:
+            COCO evaluation ignores them).
+
+        Raises:
+            ValueError: a label is outside ``0..num_classes-1``.
+        """
+        labels = torch.as_tensor(labels, dtype=torch.int64)
+        if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
+            raise ValueError(
+                f"labels must lie in 0..{self.num_classes - 1}, got values "
+                f"{labels.min().item()}..{labels.max().item()}"
+            )
+        if not self.contiguous:
+            return labels.clone()
+        table = torch.tensor(self.category_ids, dtype=torch.int64, device=labels.device)
+        return table[labels]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (ints, strs, bool, lists) for checkpoints and JSON."""
+        return {
+            "category_ids": list(self.category_ids),
+            "names": list(self.names),
+            "contiguous": self.contiguous,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LabelMap":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            DataError: ``data`` lacks a key or holds values of the wrong kind
+                (for example a checkpoint written by another program).
+        """
+        text = repr(data)
+        text = text if len(text) <= 200 else text[:197] + "..."
+        try:
+            return cls(
+                category_ids=list(data["category_ids"]),
+                names=list(data["names"]),
+                contiguous=bool(data["contiguous"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(
+                f"Stored label map {text} is invalid ({err}); it needs "
+                "'category_ids', 'names' and 'contiguous' as written by LabelMap.to_dict()."
+            ) from err

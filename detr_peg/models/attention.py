@@ -1,0 +1,82 @@
+"""Multi-head attention on ``scaled_dot_product_attention``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MultiheadAttention(nn.Module):
+    """Batch-first multi-head attention with the parameters of ``nn.MultiheadAttention``.
+
+    The parameters and state-dict keys are those of ``nn.MultiheadAttention``
+    (``in_proj_weight`` ``[3d, d]`` with q, k, v stacked, ``in_proj_bias``,
+    ``out_proj.weight``, ``out_proj.bias``), so official DETR weights load
+    unchanged. The attention itself runs in
+    ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels where
+    available), and inputs that are the same tensor share one projection
+    matmul (``q is k``, or ``q is k is v`` when no positional encoding is added).
+
+    Args:
+        embed_dim: model width ``d``.
+        num_heads: heads; ``d`` must be divisible by it.
+        dropout: dropout on the attention weights (training only).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim))
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The initialisation of ``nn.MultiheadAttention``."""
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.in_proj_bias)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        d = self.embed_dim
+        w, b = self.in_proj_weight, self.in_proj_bias
+        if query is key:
+            if key is value:
+                return F.linear(query, w, b).chunk(3, dim=-1)
+            q, k = F.linear(query, w[: 2 * d], b[: 2 * d]).chunk(2, dim=-1)
+            return q, k, F.linear(value, w[2 * d :], b[2 * d :])
+        return (
+            F.linear(query, w[:d], b[:d]),
+            F.linear(key, w[d : 2 * d], b[d : 2 * d]),
+            F.linear(value, w[2 * d :], b[2 * d :]),
+        )
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: ``Tensor[B, Lq, d]``.
+            key: ``Tensor[B, Lk, d]``.
+            value: ``Tensor[B, Lk, d]``.
+            key_padding_mask: ``Tensor[B, Lk]`` bool, True = padding (ignored key).
+
+        Returns:
+            ``Tensor[B, Lq, d]``.
+        """
+        b, lq, d = query.shape
+        lk = key.shape[1]
+        h = self.num_heads
+        q, k, v = self._project(query, key, value)
+        q = q.reshape(b, lq, h, d // h).transpose(1, 2)
+        k = k.reshape(b, lk, h, d // h).transpose(1, 2)
+        v = v.reshape(b, lk, h, d // h).transpose(1, 2)
+        attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.out_proj(out.transpose(1, 2).reshape(b, lq, d))

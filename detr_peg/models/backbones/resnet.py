@@ -1,0 +1,101 @@
+"""torchvision ResNet backbones (``model.backbone.source: torchvision``)."""
+
+from __future__ import annotations
+
+import torchvision
+from torch import Tensor, nn
+from torchvision.ops import FrozenBatchNorm2d
+
+from detr_peg.config.schema import BackboneConfig
+from detr_peg.errors import ConfigError
+from detr_peg.models.backbones.base import Backbone
+from detr_peg.models.backbones.registry import BACKBONES
+from detr_peg.models.backbones.weights import load_backbone_weights
+
+RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+           "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
+           "wide_resnet50_2", "wide_resnet101_2")
+
+NORM_LAYERS = {"frozen_bn": FrozenBatchNorm2d, "bn": nn.BatchNorm2d, "sync_bn": nn.BatchNorm2d}
+
+
+class ResNetBackbone(Backbone):
+    """A torchvision ResNet cut after its last used stage.
+
+    The body keeps torchvision's module names (``conv1``, ``bn1``,
+    ``layer1`` ... ``layer4``), so torchvision and official DETR weights load
+    with plain key prefixes. ``fc``, ``avgpool`` and stages after the last
+    requested one are removed.
+
+    Args:
+        body: a torchvision ``ResNet``.
+        out_stages: 1-based stages to return, ascending (``[4]`` for DETR,
+            ``[2, 3, 4]`` for Deformable-DETR).
+    """
+
+    def __init__(self, *, body: torchvision.models.ResNet, out_stages: list[int]) -> None:
+        super().__init__()
+        if not out_stages or sorted(set(out_stages)) != list(out_stages) or not set(out_stages) <= {1, 2, 3, 4}:
+            raise ConfigError(
+                f"model.backbone.out_stages must be ascending stage numbers in 1..4, got {out_stages}."
+            )
+        last = max(out_stages)
+        for name in ("fc", "avgpool", *[f"layer{s}" for s in range(last + 1, 5)]):
+            delattr(body, name)
+        self.body = body
+        self.out_stages = list(out_stages)
+        dilated = body.layer4[0].conv2.dilation != (1, 1) if last == 4 else False
+        self.out_channels = [_stage_channels(getattr(body, f"layer{s}")) for s in out_stages]
+        self.strides = [16 if (s == 4 and dilated) else 2 ** (s + 1) for s in out_stages]
+
+    def forward(self, images: Tensor) -> list[Tensor]:
+        body = self.body
+        x = body.maxpool(body.relu(body.bn1(body.conv1(images))))
+        outs = []
+        for stage in range(1, self.out_stages[-1] + 1):
+            x = getattr(body, f"layer{stage}")(x)
+            if stage in self.out_stages:
+                outs.append(x)
+        return outs
+
+
+def _stage_channels(layer: nn.Sequential) -> int:
+    block = layer[-1]
+    conv = block.conv3 if hasattr(block, "conv3") else block.conv2
+    return conv.out_channels
+
+
+def freeze_stages(body: nn.Module, frozen_stages: int, train: bool) -> None:
+    """Disable gradients of the stem and the first ``frozen_stages`` stages (all if not ``train``)."""
+    trainable = {f"layer{s}" for s in range(max(frozen_stages, 0) + 1, 5)} if train else set()
+    if train and frozen_stages <= 0:
+        trainable |= {"conv1", "bn1", "layer1"}
+    for name, param in body.named_parameters():
+        if name.split(".")[0] not in trainable:
+            param.requires_grad_(False)
+
+
+@BACKBONES.register("torchvision")
+def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetBackbone:
+    """Build a torchvision ResNet backbone from ``cfg`` (see :data:`BACKBONES`)."""
+    if cfg.name not in RESNETS:
+        valid = ", ".join(repr(n) for n in RESNETS)
+        raise ConfigError(
+            f"Unknown torchvision backbone {cfg.name!r}: valid are {valid} "
+            "(use model.backbone.source=timm for other models)."
+        )
+    weights = None
+    if cfg.weights == "pretrained":
+        weights = torchvision.models.get_model_weights(cfg.name).DEFAULT
+    body = torchvision.models.get_model(
+        cfg.name,
+        weights=weights,
+        replace_stride_with_dilation=[False, False, cfg.dilation],
+        norm_layer=NORM_LAYERS[cfg.norm],
+    )
+    backbone = ResNetBackbone(body=body, out_stages=out_stages)
+    if cfg.weights not in (None, "pretrained"):
+        ignore = ("fc.", *[f"layer{s}." for s in range(max(out_stages) + 1, 5)])
+        load_backbone_weights(backbone.body, cfg.weights, ignore_prefixes=ignore)
+    freeze_stages(backbone.body, cfg.frozen_stages, cfg.train)
+    return backbone
