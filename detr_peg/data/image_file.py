@@ -40,7 +40,7 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         # Round-to-nearest rescale of 0..65535 onto 0..255 (65535 / 255 = 257).
         grey = np.asarray(img).astype(np.int64).clip(0, 65535)
         grey8 = ((grey + 128) // 257).astype(np.uint8)
-        return Image.fromarray(np.repeat(grey8[:, :, None], 3, axis=2), mode="RGB")
+        return Image.fromarray(np.repeat(grey8[:, :, None], 3, axis=2))
     if img.mode == "P" and "transparency" in img.info:
         # Going through RGBA avoids Pillow's warning about byte transparency.
         img = img.convert("RGBA")

@@ -1,0 +1,239 @@
+"""A detection dataset over a COCO-format annotation file and an image folder.
+
+The annotation file is validated when the dataset is built (see
+:mod:`detr_peg.data.coco_file`); images are decoded when a sample is read (see
+:mod:`detr_peg.data.image_file`). Ground truth for COCO evaluation is the
+pycocotools index ``dataset.coco``, crowd regions included; training targets
+leave crowd regions out.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Union
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+
+from detr_peg.config.schema import DataConfig
+from detr_peg.data.coco_file import OnBadSample, read_coco_file
+from detr_peg.data.image_file import load_rgb_image
+from detr_peg.data.label_map import LabelMap
+from detr_peg.data.transforms import build_eval_transforms, build_train_transforms
+from detr_peg.errors import ConfigError, DataError
+
+logger = logging.getLogger(__name__)
+
+#: In ``skip`` mode, give up after this many unreadable images in a row.
+MAX_CONSECUTIVE_SKIPS = 64
+
+Transforms = Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]]
+
+
+class CocoDetection(Dataset):
+    """COCO-format detection data: ``dataset[i] -> (image, target)``.
+
+    With the transforms of :mod:`detr_peg.data.transforms`:
+
+    * ``image``: ``Tensor[3, H, W]`` float32, RGB normalised with the ImageNet
+      mean and std;
+    * ``target["boxes"]``: ``Tensor[N, 4]`` float32, **normalized (cx, cy, w, h)
+      relative to the unpadded transformed image** (values in ``[0, 1]``);
+    * ``target["labels"]``: ``Tensor[N]`` int64 model labels (see
+      :class:`~detr_peg.data.label_map.LabelMap`);
+    * ``target["image_id"]``: ``int``, the COCO image id;
+    * ``target["orig_size"]``: ``Tensor[2]`` int64 ``(h, w)`` of the stored image;
+    * ``target["size"]``: ``Tensor[2]`` int64 ``(h, w)`` of ``image``.
+
+    Without transforms, ``image`` is a ``tv_tensors.Image`` uint8 ``[3, H, W]``
+    and ``target["boxes"]`` a ``tv_tensors.BoundingBoxes`` in absolute pixel
+    ``XYXY``; this is also what transforms receive.
+
+    Boxes: crowd annotations (``iscrowd=1``) are left out; COCO ``[x, y, w, h]``
+    becomes ``[x0, y0, x1, y1]`` clamped to the image, and boxes with
+    ``x1 <= x0`` or ``y1 <= y0`` after clamping are dropped. An image without
+    annotations gives ``N = 0``.
+
+    Bad samples: an image that cannot be decoded, or whose size differs from
+    the ``width``/``height`` in the annotation file, raises :class:`DataError`
+    with ``on_bad_sample="error"``. With ``"skip"`` it is replaced by the next
+    readable index (wrapping around), a warning is logged once per file, and
+    ``num_skipped`` counts it. Each data-loader worker process keeps its own
+    count; the main process only sees its own. Invalid annotations are handled
+    when the dataset is built (``num_invalid_skipped``).
+
+    Args:
+        images_dir: folder that the images' ``file_name`` values are relative to.
+        annotation_file: COCO-format JSON.
+        transforms: callable ``(image, target) -> (image, target)``, for example
+            :func:`~detr_peg.data.transforms.build_train_transforms`; ``None``
+            returns the decoded sample.
+        contiguous_labels: label mapping when ``label_map`` is ``None``:
+            ``True`` maps the sorted category ids to ``0..K-1``, ``False`` uses
+            the category ids as labels.
+        label_map: a given mapping, e.g. the training set's or a checkpoint's;
+            every category used by the file's annotations must be in it.
+        on_bad_sample: ``"error"`` or ``"skip"``.
+
+    Attributes:
+        coco: the pycocotools ``COCO`` ground truth (crowd regions included).
+        ids: COCO image ids, ascending; ``dataset[i]`` is image ``ids[i]``.
+        label_map: the :class:`LabelMap` used for ``labels``.
+        num_skipped: unreadable images skipped so far in this process.
+        num_invalid_skipped: annotation-file problems skipped at construction.
+    """
+
+    def __init__(
+        self,
+        *,
+        images_dir: Union[str, Path],
+        annotation_file: Union[str, Path],
+        transforms: Optional[Transforms] = None,
+        contiguous_labels: bool = True,
+        label_map: Optional[LabelMap] = None,
+        on_bad_sample: OnBadSample = "error",
+    ):
+        super().__init__()
+        if on_bad_sample not in ("error", "skip"):
+            raise ConfigError(f"data.on_bad_sample is {on_bad_sample!r}; valid values are 'error' and 'skip'.")
+        self.images_dir = Path(images_dir)
+        if not self.images_dir.is_dir():
+            raise DataError(f"Image folder {self.images_dir} does not exist or is not a folder.")
+        coco_file = read_coco_file(annotation_file, on_bad_sample=on_bad_sample)
+        self.annotation_file = coco_file.path
+        self.coco = coco_file.coco
+        self.num_invalid_skipped = len(coco_file.problems)
+        if label_map is None:
+            label_map = LabelMap.from_coco_categories(coco_file.data["categories"], contiguous=contiguous_labels)
+        else:
+            self._check_label_map(label_map)
+        self.label_map = label_map
+        self.transforms = transforms
+        self.on_bad_sample = on_bad_sample
+        self.ids: list[int] = sorted(self.coco.imgs)
+        self.num_skipped = 0
+        self._bad_indices: set[int] = set()
+
+    def _check_label_map(self, label_map: LabelMap) -> None:
+        for ann in self.coco.dataset["annotations"]:
+            if not label_map.has_category(ann["category_id"]):
+                raise DataError(
+                    f"Annotation file {self.annotation_file} has annotation id {ann['id']} with category_id "
+                    f"{ann['category_id']}, which the given label map (categories {label_map.category_ids}) lacks."
+                )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def image_path(self, index: int) -> Path:
+        """The image file of sample ``index``."""
+        return self.images_dir / self.coco.imgs[self.ids[index]]["file_name"]
+
+    def load_target(self, image_id: int, height: int, width: int) -> dict[str, Any]:
+        """The untransformed target of an image whose stored size is ``(height, width)``.
+
+        Returns:
+            ``boxes`` (``BoundingBoxes`` float32 ``[N, 4]``, absolute ``XYXY``),
+            ``labels`` (int64 ``[N]``), ``image_id`` and ``orig_size`` (int64
+            ``[2]``, ``(h, w)``).
+        """
+        anns = [a for a in self.coco.imgToAnns.get(image_id, []) if not a.get("iscrowd", 0)]
+        boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float64).reshape(-1, 4)
+        boxes[:, 2:] += boxes[:, :2]
+        boxes[:, 0::2].clamp_(min=0, max=width)
+        boxes[:, 1::2].clamp_(min=0, max=height)
+        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        labels = torch.tensor([self.label_map.label_of(a["category_id"]) for a in anns], dtype=torch.int64)
+        return {
+            "boxes": tv_tensors.BoundingBoxes(
+                boxes[keep].float(), format=tv_tensors.BoundingBoxFormat.XYXY, canvas_size=(height, width)
+            ),
+            "labels": labels[keep],
+            "image_id": int(image_id),
+            "orig_size": torch.tensor([height, width], dtype=torch.int64),
+        }
+
+    def _load(self, index: int) -> tuple[Any, dict[str, Any]]:
+        image_id = self.ids[index]
+        info = self.coco.imgs[image_id]
+        path = self.images_dir / info["file_name"]
+        pil_image = load_rgb_image(path)
+        width, height = pil_image.size
+        expected = (info.get("height", height), info.get("width", width))
+        if expected != (height, width):
+            raise DataError(
+                f"Image file {path} is {height}x{width} (height x width) but {self.annotation_file} says "
+                f"{expected[0]}x{expected[1]} for image id {image_id}; fix the annotation or the image."
+            )
+        image = tv_tensors.Image(F.pil_to_tensor(pil_image))
+        target = self.load_target(image_id, height, width)
+        if self.transforms is not None:
+            image, target = self.transforms(image, target)
+        target["size"] = torch.tensor(list(image.shape[-2:]), dtype=torch.int64)
+        return image, target
+
+    def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Any]]:
+        """Sample ``index`` as ``(image, target)``; see the class docstring.
+
+        Raises:
+            DataError: the image cannot be used (``on_bad_sample="error"``), or
+                ``MAX_CONSECUTIVE_SKIPS`` images in a row cannot (``"skip"``).
+        """
+        if self.on_bad_sample == "error":
+            return self._load(index)
+        n = len(self)
+        index %= n
+        tries = min(n, MAX_CONSECUTIVE_SKIPS)
+        for step in range(tries):
+            i = (index + step) % n
+            if i in self._bad_indices:
+                continue
+            try:
+                return self._load(i)
+            except DataError as err:
+                self._bad_indices.add(i)
+                self.num_skipped += 1
+                logger.warning("Skipping sample %d (%d skipped so far): %s", i, self.num_skipped, err)
+        raise DataError(
+            f"None of the {tries} images from index {index} of {self.annotation_file} could be read; "
+            "check the image folder (the warnings above name each file)."
+        )
+
+
+def build_coco_dataset(
+    cfg: DataConfig, split: Literal["train", "val"], *, label_map: Optional[LabelMap] = None
+) -> CocoDetection:
+    """The ``train`` or ``val`` dataset of a config, with the split's transforms.
+
+    Args:
+        cfg: the data section; uses ``{split}_images``, ``{split}_annotations``,
+            ``contiguous_labels``, ``on_bad_sample`` and the transform settings.
+        split: ``"train"`` (training augmentation) or ``"val"`` (evaluation
+            resize).
+        label_map: reuse a mapping (the training set's, a checkpoint's) instead
+            of deriving one from the file.
+
+    Raises:
+        ConfigError: ``split`` is unknown or its paths are not set.
+        DataError: see :class:`CocoDetection`.
+    """
+    if split not in ("train", "val"):
+        raise ConfigError(f"Unknown dataset split {split!r}; valid splits are 'train' and 'val'.")
+    images = getattr(cfg, f"{split}_images")
+    annotations = getattr(cfg, f"{split}_annotations")
+    for key, value in ((f"{split}_images", images), (f"{split}_annotations", annotations)):
+        if not value:
+            raise ConfigError(f"data.{key} is not set; give the path of the {split} {key.split('_')[1]}.")
+    transforms = build_train_transforms(cfg) if split == "train" else build_eval_transforms(cfg)
+    return CocoDetection(
+        images_dir=images,
+        annotation_file=annotations,
+        transforms=transforms,
+        contiguous_labels=cfg.contiguous_labels,
+        label_map=label_map,
+        on_bad_sample=cfg.on_bad_sample,
+    )

@@ -1,0 +1,311 @@
+"""A synthetic COCO-format detection dataset of coloured shapes, for demos and tests.
+
+Every image shows 1 to a few filled shapes (circle, square, triangle, cross)
+on a muted textured background (smooth noise, a gradient or stripes). Shapes
+are axis-aligned, fully inside the image, and never touch each other (a gap of
+at least two pixels), so every box is tight and every object fully visible.
+Shape colours are saturated and backgrounds are not, so the shapes stand out;
+with ``color_by_class=True`` each class also gets its own hue, which makes the
+task easier still.
+
+The output is deterministic: image ``i`` of a split depends only on ``seed``,
+the split and ``i``, so the same arguments give byte-identical images and
+annotation files. A ``manifest.json`` records the arguments; calling the
+generator again with the same arguments on a complete folder does nothing.
+
+Layout of ``out_dir``::
+
+    train/000000.png ...        val/000000.png ...
+    annotations_train.json      annotations_val.json
+    manifest.json
+
+Boxes follow COCO: ``[x, y, width, height]`` in pixels, where pixel ``(i, j)``
+covers ``[i, i + 1) x [j, j + 1)``; ``area`` is the shape's pixel count.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import numpy as np
+from PIL import Image, ImageDraw
+from tqdm import tqdm
+
+from detr_peg.errors import DataError
+
+SHAPES = ("circle", "square", "triangle", "cross")
+MANIFEST_NAME = "manifest.json"
+#: Bump when the images or annotations a given set of arguments produces change.
+GENERATOR_VERSION = 1
+_SPLIT_CODES = {"train": 0, "val": 1}
+_GAP = 2  # minimum free pixels between two shapes' boxes
+
+
+@dataclass(frozen=True)
+class SyntheticCoco:
+    """Where a generated dataset lives.
+
+    Attributes:
+        root: the output folder.
+        train_images: folder of training images.
+        train_annotations: COCO JSON of the training split.
+        val_images: folder of validation images.
+        val_annotations: COCO JSON of the validation split.
+    """
+
+    root: Path
+    train_images: Path
+    train_annotations: Path
+    val_images: Path
+    val_annotations: Path
+
+    def data_overrides(self) -> dict[str, str]:
+        """The ``data.*`` config values that point a run at this dataset."""
+        return {
+            "train_images": str(self.train_images),
+            "train_annotations": str(self.train_annotations),
+            "val_images": str(self.val_images),
+            "val_annotations": str(self.val_annotations),
+        }
+
+
+def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A muted textured background, ``uint8[size, size, 3]``, channels within about 70 of each other."""
+    grey = rng.uniform(90, 165)
+    base = grey + rng.uniform(-15, 15, size=3)
+    kind = rng.integers(3)
+    if kind == 0:  # smooth noise: a coarse random grid, upsampled
+        cells = max(2, size // 16)
+        coarse = rng.uniform(-20, 20, size=(cells, cells)).astype(np.float32)
+        texture = np.asarray(Image.fromarray(coarse).resize((size, size), Image.BICUBIC))
+        texture = np.clip(texture, -20, 20)
+    else:
+        yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+        angle = rng.uniform(0, np.pi)
+        t = np.cos(angle) * xx + np.sin(angle) * yy
+        if kind == 1:  # linear gradient
+            texture = 40 * (t - t.mean()) / max(float(np.ptp(t)), 1e-6)
+        else:  # stripes
+            texture = 15 * np.sin(2 * np.pi * rng.uniform(3, 10) * t + rng.uniform(0, 2 * np.pi))
+    fine = rng.normal(0, 3, size=(size, size, 1))
+    pixels = base[None, None, :] + texture[:, :, None] + fine
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+
+
+def _shape_mask(shape: str, side: int) -> Image.Image:
+    """A ``side x side`` mode ``L`` mask (255 = shape) touching all four borders."""
+    mask = Image.new("L", (side, side), 0)
+    draw = ImageDraw.Draw(mask)
+    last = side - 1
+    if shape == "circle":
+        draw.ellipse([0, 0, last, last], fill=255)
+    elif shape == "square":
+        draw.rectangle([0, 0, last, last], fill=255)
+    elif shape == "triangle":
+        draw.polygon([(last / 2, 0), (last, last), (0, last)], fill=255)
+    elif shape == "cross":
+        bar = max(2, side // 3)
+        lo = (side - bar) // 2
+        draw.rectangle([lo, 0, lo + bar - 1, last], fill=255)
+        draw.rectangle([0, lo, last, lo + bar - 1], fill=255)
+    else:
+        raise ValueError(f"unknown shape {shape!r}; valid shapes are {SHAPES}")
+    return mask
+
+
+def _colour(rng: np.random.Generator, class_index: int, color_by_class: bool) -> tuple[int, int, int]:
+    """A saturated colour: its channels span at least about 160 levels."""
+    if color_by_class:
+        hue = (class_index / len(SHAPES) + rng.uniform(-0.04, 0.04)) % 1.0
+    else:
+        hue = rng.uniform(0, 1)
+    r, g, b = colorsys.hsv_to_rgb(hue, rng.uniform(0.75, 1.0), rng.uniform(0.85, 1.0))
+    return int(round(r * 255)), int(round(g * 255)), int(round(b * 255))
+
+
+def render_image(
+    rng: np.random.Generator, *, size: int, min_objects: int, max_objects: int, color_by_class: bool
+) -> tuple[Image.Image, list[dict[str, Any]]]:
+    """Draw one image.
+
+    Returns:
+        ``(image, objects)``: an ``RGB`` image of ``size x size`` and one dict per
+        shape with ``category_index`` (into ``SHAPES``), ``bbox`` (COCO
+        ``[x, y, w, h]``, ints) and ``area`` (pixel count).
+    """
+    image = Image.fromarray(_background(rng, size))
+    min_side = max(8, size // 8)
+    max_side = max(min_side, size // 2)
+    wanted = int(rng.integers(min_objects, max_objects + 1))
+    objects: list[dict[str, Any]] = []
+    for _ in range(wanted):
+        for _attempt in range(50):
+            side = int(rng.integers(min_side, max_side + 1))
+            x = int(rng.integers(0, size - side + 1))
+            y = int(rng.integers(0, size - side + 1))
+            if all(
+                x + side + _GAP <= ox or ox + ow + _GAP <= x or y + side + _GAP <= oy or oy + oh + _GAP <= y
+                for ox, oy, ow, oh in (o["bbox"] for o in objects)
+            ):
+                break
+        else:
+            continue  # no free place left for this object
+        class_index = int(rng.integers(len(SHAPES)))
+        mask = _shape_mask(SHAPES[class_index], side)
+        image.paste(_colour(rng, class_index, color_by_class), box=(x, y), mask=mask)
+        area = int(np.count_nonzero(np.asarray(mask)))
+        objects.append({"category_index": class_index, "bbox": [x, y, side, side], "area": area})
+    return image, objects
+
+
+def _write_split(
+    split: str, folder: Path, annotation_file: Path, count: int, params: dict[str, Any], progress: bool
+) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    images, annotations = [], []
+    suffix = params["image_format"]
+    for index in tqdm(range(count), desc=f"synthetic {split}", disable=not progress, leave=False):
+        rng = np.random.default_rng([params["seed"], _SPLIT_CODES[split], index])
+        image, objects = render_image(
+            rng,
+            size=params["image_size"],
+            min_objects=params["min_objects"],
+            max_objects=params["max_objects"],
+            color_by_class=params["color_by_class"],
+        )
+        file_name = f"{index:06d}.{suffix}"
+        if suffix == "png":
+            image.save(folder / file_name, format="PNG", compress_level=1)
+        else:
+            image.save(folder / file_name, format="JPEG", quality=95)
+        image_id = index + 1
+        images.append({"id": image_id, "file_name": file_name, "width": image.width, "height": image.height})
+        for obj in objects:
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": obj["category_index"] + 1,
+                    "bbox": obj["bbox"],
+                    "area": obj["area"],
+                    "iscrowd": 0,
+                }
+            )
+    coco = {
+        "info": {"description": f"detr_peg synthetic shapes ({split})", "version": str(GENERATOR_VERSION)},
+        "licenses": [],
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)],
+    }
+    annotation_file.write_text(json.dumps(coco, indent=1) + "\n")
+
+
+def generate_synthetic_coco(
+    out_dir: Union[str, Path],
+    *,
+    num_train: int = 1000,
+    num_val: int = 100,
+    image_size: int = 128,
+    min_objects: int = 1,
+    max_objects: int = 4,
+    seed: int = 0,
+    color_by_class: bool = False,
+    image_format: Literal["png", "jpg"] = "png",
+    progress: bool = True,
+) -> SyntheticCoco:
+    """Write a synthetic shapes dataset in COCO format (or reuse a matching one).
+
+    Args:
+        out_dir: output folder; created if needed. A folder that already holds
+            ``train/`` or ``val/`` without a ``manifest.json`` of this generator
+            is refused rather than overwritten.
+        num_train: training images.
+        num_val: validation images.
+        image_size: side of the square images in pixels (at least 32); shapes
+            have sides from ``image_size // 8`` (at least 8) to ``image_size // 2``.
+        min_objects: fewest shapes drawn per image (at least 1).
+        max_objects: most shapes per image; fewer are drawn when no free place
+            is found.
+        seed: random seed; together with the other arguments it fixes every byte.
+        color_by_class: give each class its own hue (an easier task).
+        image_format: ``png`` (lossless) or ``jpg`` (smaller, slightly blurred edges).
+        progress: show a progress bar.
+
+    Returns:
+        The paths of the images and annotation files.
+
+    Raises:
+        ValueError: an argument is out of range.
+        DataError: ``out_dir`` holds files this generator did not write.
+    """
+    if num_train < 1 or num_val < 1:
+        raise ValueError(f"num_train and num_val must be >= 1, got {num_train} and {num_val}")
+    if image_size < 32:
+        raise ValueError(f"image_size must be >= 32, got {image_size}")
+    if not 1 <= min_objects <= max_objects:
+        raise ValueError(f"need 1 <= min_objects <= max_objects, got {min_objects} and {max_objects}")
+    if image_format not in ("png", "jpg"):
+        raise ValueError(f"image_format must be 'png' or 'jpg', got {image_format!r}")
+    root = Path(out_dir)
+    result = SyntheticCoco(
+        root=root,
+        train_images=root / "train",
+        train_annotations=root / "annotations_train.json",
+        val_images=root / "val",
+        val_annotations=root / "annotations_val.json",
+    )
+    params = {
+        "generator": "detr_peg.data.synthetic",
+        "version": GENERATOR_VERSION,
+        "num_train": num_train,
+        "num_val": num_val,
+        "image_size": image_size,
+        "min_objects": min_objects,
+        "max_objects": max_objects,
+        "seed": seed,
+        "color_by_class": bool(color_by_class),
+        "image_format": image_format,
+    }
+    manifest_path = root / MANIFEST_NAME
+    manifest = None
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            manifest = None
+    ours = isinstance(manifest, dict) and manifest.get("params", {}).get("generator") == params["generator"]
+    if ours and manifest.get("complete") and manifest.get("params") == params and _is_complete(result, params):
+        return result
+    for folder in (result.train_images, result.val_images):
+        if folder.exists() and any(folder.iterdir()):
+            if not ours:
+                raise DataError(
+                    f"Folder {folder} already holds files that the synthetic generator did not write; "
+                    "choose an empty or new output folder."
+                )
+            shutil.rmtree(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps({"params": params, "complete": False}, indent=1) + "\n")
+    _write_split("train", result.train_images, result.train_annotations, num_train, params, progress)
+    _write_split("val", result.val_images, result.val_annotations, num_val, params, progress)
+    manifest_path.write_text(json.dumps({"params": params, "complete": True}, indent=1) + "\n")
+    return result
+
+
+def _is_complete(result: SyntheticCoco, params: dict[str, Any]) -> bool:
+    """Whether the files a manifest describes are all there (counted, not re-checked byte by byte)."""
+    for folder, annotations, count in (
+        (result.train_images, result.train_annotations, params["num_train"]),
+        (result.val_images, result.val_annotations, params["num_val"]),
+    ):
+        if not annotations.is_file() or not folder.is_dir():
+            return False
+        if sum(1 for _ in folder.glob(f"*.{params['image_format']}")) != count:
+            return False
+    return True
