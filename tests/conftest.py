@@ -21,7 +21,7 @@ COCO128_DIR = SHARED_DIR / "data" / "coco128"
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def reference_dir() -> Path:
     """The official-code fixtures (``shared/reference``); skips when absent."""
     if not (REFERENCE_DIR / "README.md").is_file():
@@ -29,7 +29,7 @@ def reference_dir() -> Path:
     return REFERENCE_DIR
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def coco128_dir() -> Path:
     """128 real COCO images with annotations (``shared/data/coco128``); skips when absent."""
     if not (COCO128_DIR / "annotations.json").is_file():

@@ -67,6 +67,16 @@ def load_config(
     return build_config(layers)
 
 
+def file_layers(path: str | os.PathLike) -> list[Layer]:
+    """The flattened layers of a config file and its ``_base_`` parents, parents first."""
+    return _read_file_layers(Path(path), seen=())
+
+
+def dotted_layer(values: Mapping[str, Any], source: str) -> Layer:
+    """A layer from ``{"dotted.key": value}`` pairs, all attributed to ``source``."""
+    return {key: (value, source) for key, value in values.items()}
+
+
 def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
     """Validate a nested dict (as written by :func:`config_to_dict`) into a Config."""
     return build_config([_flatten(data, source)])

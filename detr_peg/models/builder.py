@@ -8,15 +8,11 @@ from detr_peg.config.schema import Config
 from detr_peg.models.criterion import SetCriterion
 from detr_peg.models.registry import MODELS, Architecture
 
+# Importing a family registers it in MODELS.
+import detr_peg.models.detr  # noqa: E402,F401  isort: skip
+
 
 def _architecture(cfg: Config) -> Architecture:
-    import detr_peg.models.detr  # noqa: F401  (registers "detr")
-
-    try:
-        import detr_peg.models.deformable.build  # noqa: F401  (registers "deformable_detr")
-    except ModuleNotFoundError as exc:  # the deformable family is optional while being built
-        if "detr_peg.models.deformable.build" not in str(exc):
-            raise
     return MODELS.get(cfg.model.arch)
 
 

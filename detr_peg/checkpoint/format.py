@@ -1,0 +1,205 @@
+"""The detr_peg checkpoint format and :func:`load_model`.
+
+A checkpoint is a ``torch.save`` of a plain dict (loadable with
+``weights_only=True``)::
+
+    {
+        "format": "detr_peg",
+        "format_version": 1,
+        "config": {...},          # the resolved config, plain data
+        "model": {...},           # the model state dict
+        "label_map": {...} | None,  # contiguous label <-> dataset category id
+        # training state, present in checkpoints written by `train`:
+        "optimizer", "lr_scheduler", "epoch", "iteration", "rng", ...
+    }
+
+or a ``.safetensors`` file holding the model tensors, with ``format``,
+``config`` and ``label_map`` (JSON) in its metadata. The model is always
+rebuilt from the stored config, so a checkpoint is self-describing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor, nn
+
+from detr_peg.checkpoint.io import atomic_torch_save, read_checkpoint_file
+from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
+from detr_peg.config.schema import Config
+from detr_peg.errors import CheckpointError, ConfigError
+
+FORMAT = "detr_peg"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read from disk.
+
+    Attributes:
+        path: where it was read from.
+        config: the resolved config it stores.
+        model: the model state dict.
+        label_map: the dataset label map as plain data, or None.
+        extra: everything else (training state).
+    """
+
+    path: str
+    config: Config
+    model: dict[str, Tensor]
+    label_map: dict | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_dict(cfg: Config, model_state: dict[str, Tensor], label_map: dict | None = None,
+                    **extra: Any) -> dict[str, Any]:
+    """The dict that :func:`save_checkpoint` writes."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "config": config_to_dict(cfg),
+        "model": model_state,
+        "label_map": label_map,
+        **extra,
+    }
+
+
+def save_checkpoint(path: str | os.PathLike, cfg: Config, model_state: dict[str, Tensor],
+                    label_map: dict | None = None, **extra: Any) -> None:
+    """Write a checkpoint atomically; ``.safetensors`` paths store the model only.
+
+    Raises:
+        CheckpointError: the file cannot be written (the previous file, if
+            any, is left intact).
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        metadata = {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "config": json.dumps(config_to_dict(cfg)),
+            "label_map": json.dumps(label_map),
+        }
+        tensors = {k: v.detach().contiguous().clone() for k, v in model_state.items()}
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(f"Could not write {path}: {exc.strerror or exc}.") from None
+        return
+    atomic_torch_save(checkpoint_dict(cfg, model_state, label_map, **extra), path)
+
+
+def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read and validate a detr_peg checkpoint (``.pth`` or ``.safetensors``).
+
+    Raises:
+        CheckpointError: missing, corrupt, unsafe, or not a detr_peg checkpoint
+            (official DETR/Deformable-DETR files are recognised and the
+            message says to run ``detr-peg convert``).
+    """
+    spec = str(path)
+    obj = read_checkpoint_file(spec)
+    if isinstance(obj, dict) and "metadata" in obj and "state_dict" in obj and Path(spec).suffix == ".safetensors":
+        meta = obj["metadata"]
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"{spec} is a safetensors file without detr_peg metadata (format, config).")
+        try:
+            cfg_dict = json.loads(meta["config"])
+            label_map = json.loads(meta.get("label_map", "null"))
+        except (KeyError, json.JSONDecodeError):
+            raise CheckpointError(f"{spec}: the detr_peg metadata 'config' is missing or not valid JSON.") from None
+        return Checkpoint(spec, _config(cfg_dict, spec), obj["state_dict"], label_map)
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{spec} does not hold a checkpoint dict (found {type(obj).__name__}).")
+    if obj.get("format") != FORMAT:
+        if "model" in obj and isinstance(obj["model"], dict) and any(
+            k.startswith("backbone.0.body.") for k in obj["model"]
+        ):
+            raise CheckpointError(
+                f"{spec} is an official DETR/Deformable-DETR checkpoint; convert it first with "
+                f"`detr-peg convert {spec} OUT.pth`."
+            )
+        raise CheckpointError(f"{spec} is not a detr_peg checkpoint (no 'format': 'detr_peg' entry).")
+    version = obj.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{spec} has checkpoint format_version {version!r}; this detr_peg reads versions up to {FORMAT_VERSION}."
+        )
+    for key in ("config", "model"):
+        if not isinstance(obj.get(key), dict):
+            raise CheckpointError(f"{spec} has no '{key}' entry.")
+    extra = {k: v for k, v in obj.items() if k not in ("format", "format_version", "config", "model", "label_map")}
+    return Checkpoint(spec, _config(obj["config"], spec), obj["model"], obj.get("label_map"), extra)
+
+
+def _config(data: dict, spec: str) -> Config:
+    try:
+        return config_from_dict(data, source=f"config stored in {spec}")
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def load_weights(model: nn.Module, state: dict[str, Tensor], source: str) -> None:
+    """``load_state_dict(strict=True)`` with a one-sentence error on any mismatch.
+
+    Raises:
+        CheckpointError: missing or unexpected keys, or shapes that differ
+            (another architecture or another number of classes).
+    """
+    own = model.state_dict()
+    missing = sorted(k for k in own.keys() - state.keys() if not k.endswith("num_batches_tracked"))
+    unexpected = sorted(state.keys() - own.keys())
+    shapes = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in own.keys() & state.keys()
+              if state[k].shape != own[k].shape]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source} does not fit the model: {len(missing)} missing keys (first: {missing[:3]}) and "
+            f"{len(unexpected)} unexpected keys (first: {unexpected[:3]}); it was made for another architecture."
+        )
+    if shapes:
+        key, got, want = sorted(shapes)[0]
+        raise CheckpointError(
+            f"{source} does not fit the model: '{key}' has shape {got} but the model expects {want} "
+            f"({len(shapes)} tensors differ)."
+        )
+    model.load_state_dict(state, strict=False)
+
+
+def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
+               overrides: Iterable[str] = ()) -> nn.Module:
+    """Rebuild the model stored in a detr_peg checkpoint, ready for inference.
+
+    Args:
+        path: checkpoint file (``.pth`` or ``.safetensors``), or URL.
+        device: where to put the model.
+        overrides: ``key=value`` config changes that do not alter weights
+            (for example ``eval.num_select=50``).
+
+    Returns:
+        The model in eval mode, with attributes ``config`` (the resolved
+        :class:`Config`) and ``label_map`` (plain dict or None).
+    """
+    from detr_peg.models.builder import build_model
+
+    ckpt = read_checkpoint(path)
+    cfg = ckpt.config
+    if overrides:
+        cfg = load_config(None, overrides, base=config_to_dict(cfg), base_source=f"config stored in {path}")
+    # The checkpoint holds the backbone weights; do not load them from elsewhere.
+    cfg = replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
+    model = build_model(cfg)
+    load_weights(model, ckpt.model, f"Checkpoint {path}")
+    model.config = cfg
+    model.label_map = ckpt.label_map
+    return model.to(device).eval()

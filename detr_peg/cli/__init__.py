@@ -1,0 +1,1 @@
+"""The ``detr-peg`` command line (one module per command)."""

@@ -1,0 +1,69 @@
+"""The ``detr-peg`` command line: ``detr-peg <command> [options] [key=value ...]``.
+
+Each command lives in its own module of :mod:`detr_peg.cli` exposing
+``add_arguments(parser)`` and ``run(args) -> int``. Errors caused by user
+input (:class:`~detr_peg.errors.UserError`) are printed as one line without a
+traceback and exit with status 2; anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from typing import Sequence
+
+from detr_peg.errors import UserError
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("detr_peg.cli.train", "train a detector on a COCO-format dataset"),
+    "eval": ("detr_peg.cli.evaluate", "evaluate a checkpoint with COCO mAP"),
+    "predict": ("detr_peg.cli.predict", "detect objects in images, write JSON and pictures"),
+    "demo": ("detr_peg.cli.demo", "generate a synthetic dataset, train, evaluate and predict on the CPU"),
+    "convert": ("detr_peg.cli.convert", "convert an official DETR/Deformable-DETR checkpoint"),
+    "bench": ("detr_peg.cli.bench", "measure latency, training-step time, memory and FLOPs"),
+}
+
+
+def available_commands() -> dict[str, tuple[str, str]]:
+    """Commands whose module is installed (all of them in a complete install)."""
+    return {name: spec for name, spec in COMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    parser = argparse.ArgumentParser(
+        prog="detr-peg",
+        description="DETR and Deformable-DETR with CPVT's Positional Encoding Generator.",
+    )
+    from detr_peg import __version__
+
+    parser.add_argument("--version", action="version", version=f"detr-peg {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    modules = {}
+    for name, (module_name, help_text) in available_commands().items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
+        module.add_arguments(command)
+        modules[name] = module
+    return parser, modules
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except UserError as exc:
+        print(f"detr-peg {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"detr-peg {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Explicit, ordered renaming rules between official and detr_peg state-dict keys."""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+
+class KeyMap:
+    """An ordered list of ``(regex, replacement)`` rules; the first match wins.
+
+    A rule whose replacement is ``None`` drops the key. Keys matching no rule
+    are kept as they are.
+
+    Args:
+        rules: ``(pattern, replacement)`` pairs; patterns must match the whole key.
+    """
+
+    def __init__(self, rules: Sequence[tuple[str, str | None]]) -> None:
+        self.rules = [(re.compile(p), r) for p, r in rules]
+
+    def __call__(self, key: str) -> str | None:
+        for pattern, replacement in self.rules:
+            if pattern.fullmatch(key):
+                return None if replacement is None else pattern.sub(replacement, key)
+        return key
+
+    def describe(self) -> list[str]:
+        """Human-readable rules, for documentation and ``--help``."""
+        return [f"{p.pattern} -> {r if r is not None else '(dropped)'}" for p, r in self.rules]

@@ -1,0 +1,55 @@
+"""Helpers for parity tests against the official-code fixtures in ``shared/reference``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def official_state_dict(reference_dir: Path, fixture: str) -> tuple[dict, dict]:
+    """The full official state dict of a fixture (shared backbone + the rest) and its meta.json."""
+    folder = reference_dir / fixture
+    meta = json.loads((folder / "meta.json").read_text())
+    prefix = meta["backbone"]["state_dict_prefix"]
+    state = {prefix + k: v for k, v in load_file(reference_dir / "backbone_resnet18.safetensors").items()}
+    state.update(load_file(folder / "weights.safetensors"))
+    assert set(state) == set(meta["state_dict"])
+    return state, meta
+
+
+def write_official_checkpoint(reference_dir: Path, fixture: str, path: Path, with_args: bool = True) -> dict:
+    """Write the fixture's weights as the official training script would (``model`` + ``args``)."""
+    state, meta = official_state_dict(reference_dir, fixture)
+    obj = {"model": state}
+    if with_args:
+        obj["args"] = argparse.Namespace(**meta["build_args"])
+        obj["epoch"] = 0
+    torch.save(obj, path)
+    return meta
+
+
+def load_fixture(reference_dir: Path, fixture: str, name: str) -> dict[str, torch.Tensor]:
+    return load_file(reference_dir / fixture / f"{name}.safetensors")
+
+
+def targets_from_fixture(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    count = len({k.split(".")[0] for k in tensors})
+    return [{"labels": tensors[f"target{i}.labels"], "boxes": tensors[f"target{i}.boxes"]} for i in range(count)]
+
+
+def nested_output(outputs: dict, dotted: str) -> torch.Tensor:
+    """``aux_outputs.0.pred_logits`` -> ``outputs["aux_outputs"][0]["pred_logits"]``."""
+    node = outputs
+    for part in dotted.split("."):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
