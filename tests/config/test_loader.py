@@ -1,0 +1,96 @@
+"""Config files compose, overrides apply, and mistakes are clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from detr_peg.config import Config, config_to_dict, load_config, save_config
+from detr_peg.errors import ConfigError
+
+
+def write(path, data):
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_defaults_are_the_official_detr_values():
+    cfg = load_config()
+    assert cfg == Config()
+    assert (cfg.model.arch, cfg.model.num_queries, cfg.model.transformer.dim_feedforward) == ("detr", 100, 2048)
+    assert (cfg.loss.set_cost_class, cfg.loss.ce_loss_coef, cfg.loss.eos_coef) == (1.0, 1.0, 0.1)
+
+
+def test_architecture_defaults_apply_under_files_and_overrides(tmp_path):
+    cfg = load_config(None, ["model.arch=deformable_detr"])
+    assert (cfg.model.num_queries, cfg.model.transformer.dim_feedforward, cfg.train.lr) == (300, 1024, 2e-4)
+    assert (cfg.loss.set_cost_class, cfg.loss.ce_loss_coef) == (2.0, 2.0)
+    f = write(tmp_path / "d.yaml", {"model": {"arch": "deformable_detr", "num_queries": 100}})
+    cfg = load_config(f, ["train.lr=1e-4"])
+    assert (cfg.model.num_queries, cfg.train.lr, cfg.model.transformer.dim_feedforward) == (100, 1e-4, 1024)
+
+
+def test_base_files_compose_and_children_win(tmp_path):
+    (tmp_path / "base").mkdir()
+    write(tmp_path / "base" / "model.yaml", {"model": {"num_queries": 50, "position": {"name": "sine"}},
+                                             "train": {"epochs": 10}})
+    child = write(tmp_path / "exp.yaml", {"_base_": "base/model.yaml", "model": {"position": {"name": "peg"}}})
+    cfg = load_config(child, ["train.epochs=3", "model.position.peg_layers=[0, 1]"])
+    assert cfg.model.num_queries == 50
+    assert cfg.model.position.name == "peg"
+    assert cfg.model.position.peg_layers == [0, 1]
+    assert cfg.train.epochs == 3
+
+
+def test_values_are_coerced_and_checked():
+    cfg = load_config(None, ["train.lr=1e-4", "train.epochs=12", "model.backbone.weights=null",
+                             "train.clip_max_norm=0"])
+    assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.train.clip_max_norm == 0.0 and isinstance(cfg.train.clip_max_norm, float)
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("model.foo=1", ["command line", "unknown key 'model.foo'", "num_queries"]),
+        ("train.lr=fast", ["'train.lr' must be a number", "'fast'"]),
+        ("train.epochs=1.5", ["'train.epochs' must be an integer", "1.5"]),
+        ("model.aux_loss=1", ["'model.aux_loss' must be true or false"]),
+        ("model.backbone.norm=group", ["'model.backbone.norm' must be one of", "'frozen_bn'"]),
+        ("model.position.peg_layers=0", ["'model.position.peg_layers' must be a list of an integer"]),
+        ("model.transformer=3", ["'model.transformer' is a section"]),
+        ("model.arch=yolo", ["unknown model.arch 'yolo'", "'deformable_detr'"]),
+        ("nonsense", ["not of the form key=value"]),
+    ],
+)
+def test_bad_overrides_name_the_key_and_value(override, fragments):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = write(tmp_path / "bad.yaml", "model: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: invalid YAML at line"):
+        load_config(bad)
+    wrong = write(tmp_path / "wrong.yaml", {"train": {"batchsize": 2}})
+    with pytest.raises(ConfigError, match=r"wrong.yaml: unknown key 'train.batchsize'"):
+        load_config(wrong)
+    listing = write(tmp_path / "list.yaml", "- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_config(listing)
+    a = write(tmp_path / "a.yaml", {"_base_": "b.yaml"})
+    write(tmp_path / "b.yaml", {"_base_": "a.yaml"})
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(a)
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model.arch=deformable_detr", "model.position.name=peg", "model.num_classes=7"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again == cfg
+    assert config_to_dict(again)["model"]["position"]["name"] == "peg"
