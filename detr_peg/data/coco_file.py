@@ -111,7 +111,7 @@ def read_json_file(path: Path) -> Any:
 
 
 def file_name_problem(file_name: Any) -> Optional[str]:
-    """Why an image ``file_name`` is unusable, or ``None`` if it is fine.
+    """A clause saying why an image ``file_name`` is unusable, or ``None`` if it is fine.
 
     A file name must be a non-empty relative path that stays inside the image
     folder: absolute paths (POSIX or Windows) and ``..`` components that climb
@@ -133,18 +133,18 @@ def file_name_problem(file_name: Any) -> Optional[str]:
 
 
 def bbox_problem(bbox: Any) -> Optional[str]:
-    """Why a COCO ``bbox`` (``[x, y, width, height]`` in pixels) is invalid, or ``None``."""
+    """A phrase naming a COCO ``bbox`` (``[x, y, width, height]`` in pixels) and its fault, or ``None``."""
     if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
         length = f" of length {len(bbox)}" if isinstance(bbox, (list, tuple)) else ""
         return f"bbox {bbox!r}{length}, which is not a list of 4 numbers [x, y, width, height]"
     if not all(_is_number(v) for v in bbox):
-        return f"bbox {bbox!r} with a value that is not a number"
+        return f"bbox {bbox!r} holding a value that is not a number"
     x, y, w, h = bbox
     if not (math.isfinite(x) and math.isfinite(y)):
-        return f"bbox {bbox!r} with a non-finite x or y"
+        return f"bbox {bbox!r} whose x or y is not finite"
     for name, value in (("width", w), ("height", h)):
         if not math.isfinite(value) or value <= 0:
-            return f"bbox {bbox!r} with {name} {value!r}, but width and height must be positive finite numbers"
+            return f"bbox {bbox!r} whose {name} is {value!r}, but width and height must be positive finite numbers"
     return None
 
 

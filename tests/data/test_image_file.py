@@ -1,0 +1,141 @@
+"""Decoding images of every common mode to RGB uint8, and failing clearly on bad files."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageFile
+
+from detr_peg.data.image_file import load_rgb_image
+from detr_peg.errors import DataError
+from tests.data.conftest import assert_one_sentence
+
+
+def _noise(h: int = 48, w: int = 64, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+
+
+def _as_array(img: Image.Image) -> np.ndarray:
+    assert img.mode == "RGB"
+    array = np.asarray(img)
+    assert array.dtype == np.uint8 and array.ndim == 3 and array.shape[2] == 3
+    return array
+
+
+def test_rgb_png_is_exact(tmp_path: Path) -> None:
+    pixels = _noise()
+    Image.fromarray(pixels).save(tmp_path / "a.png")
+    np.testing.assert_array_equal(_as_array(load_rgb_image(tmp_path / "a.png")), pixels)
+
+
+def test_grayscale_png(tmp_path: Path) -> None:
+    grey = _noise()[:, :, 0]
+    Image.fromarray(grey).save(tmp_path / "g.png")
+    out = _as_array(load_rgb_image(tmp_path / "g.png"))
+    for channel in range(3):
+        np.testing.assert_array_equal(out[:, :, channel], grey)
+
+
+def test_rgba_png_drops_alpha(tmp_path: Path) -> None:
+    rgba = np.concatenate([_noise(), _noise(seed=1)[:, :, :1]], axis=2)
+    Image.fromarray(rgba).save(tmp_path / "a.png")
+    np.testing.assert_array_equal(_as_array(load_rgb_image(tmp_path / "a.png")), rgba[:, :, :3])
+
+
+@pytest.mark.parametrize("transparency", [False, True])
+def test_palette_png(tmp_path: Path, transparency: bool) -> None:
+    palette = _noise(16, 1).reshape(-1)  # 16 colours
+    indices = np.random.default_rng(2).integers(0, 16, size=(20, 30), dtype=np.uint8)
+    img = Image.frombytes("P", (30, 20), indices.tobytes())
+    img.putpalette(palette.tolist())
+    kwargs = {"transparency": 0} if transparency else {}
+    img.save(tmp_path / "p.png", **kwargs)
+    expected = palette.reshape(16, 3)[indices]
+    np.testing.assert_array_equal(_as_array(load_rgb_image(tmp_path / "p.png")), expected)
+
+
+def test_sixteen_bit_png_is_scaled_not_clipped(tmp_path: Path) -> None:
+    levels = np.arange(256, dtype=np.uint16).reshape(16, 16)
+    Image.fromarray(levels * 257).save(tmp_path / "g16.png")  # 0, 257, ..., 65535
+    with Image.open(tmp_path / "g16.png") as raw:
+        assert raw.mode.startswith("I;16")
+    out = _as_array(load_rgb_image(tmp_path / "g16.png"))
+    for channel in range(3):
+        np.testing.assert_array_equal(out[:, :, channel], levels.astype(np.uint8))
+
+
+def test_sixteen_bit_rounds_to_nearest(tmp_path: Path) -> None:
+    values = np.array([[0, 128, 129, 385, 65534, 65535]], dtype=np.uint16)
+    Image.fromarray(values).save(tmp_path / "g16.png")
+    out = _as_array(load_rgb_image(tmp_path / "g16.png"))[:, :, 0]
+    np.testing.assert_array_equal(out, [[0, 0, 1, 1, 255, 255]])
+
+
+def test_cmyk_jpeg_loads(tmp_path: Path) -> None:
+    Image.fromarray(_noise()).convert("CMYK").save(tmp_path / "c.jpg")
+    assert _as_array(load_rgb_image(tmp_path / "c.jpg")).shape == (48, 64, 3)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as info:
+        load_rgb_image(tmp_path / "none.jpg")
+    assert_one_sentence(str(info.value), str(tmp_path / "none.jpg"), "does not exist")
+
+
+def test_text_file_named_jpg(tmp_path: Path) -> None:
+    path = tmp_path / "text.jpg"
+    path.write_text("this is not an image\n")
+    with pytest.raises(DataError) as info:
+        load_rgb_image(path)
+    assert_one_sentence(str(info.value), str(path), "not an image format")
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.png"
+    path.write_bytes(b"")
+    with pytest.raises(DataError) as info:
+        load_rgb_image(path)
+    assert_one_sentence(str(info.value), str(path))
+
+
+@pytest.mark.parametrize("allow_truncated_globally", [False, True])
+def test_truncated_jpeg(tmp_path: Path, monkeypatch, allow_truncated_globally: bool) -> None:
+    buffer = io.BytesIO()
+    Image.fromarray(_noise(128, 128)).save(buffer, format="JPEG", quality=90)
+    data = buffer.getvalue()
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(data[: len(data) // 2])
+    with Image.open(path) as header_only:  # the header alone still parses
+        assert header_only.size == (128, 128)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", allow_truncated_globally)
+    with pytest.raises(DataError) as info:
+        load_rgb_image(path)
+    assert_one_sentence(str(info.value), str(path), "truncated")
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is allow_truncated_globally
+
+
+def test_corrupt_png_data(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    Image.fromarray(_noise()).save(buffer, format="PNG")
+    data = bytearray(buffer.getvalue())
+    for i in range(200, 400):  # inside the compressed pixel data
+        data[i] ^= 0xFF
+    path = tmp_path / "bad.png"
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError) as info:
+        load_rgb_image(path)
+    assert_one_sentence(str(info.value), str(path))
+
+
+@pytest.mark.parametrize("side", [40, 100], ids=["warning-zone", "error-zone"])
+def test_decompression_bomb(tmp_path: Path, monkeypatch, side: int) -> None:
+    # Pillow warns above MAX_IMAGE_PIXELS and raises above twice that; both must be errors.
+    path = tmp_path / "big.png"
+    Image.fromarray(_noise(side, side)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(DataError) as info:
+        load_rgb_image(path)
+    assert_one_sentence(str(info.value), str(path), "too large", "MAX_IMAGE_PIXELS")
