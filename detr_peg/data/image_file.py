@@ -86,7 +86,9 @@ def load_rgb_image(path: Union[str, Path]) -> Image.Image:
     except Image.UnidentifiedImageError as err:
         raise DataError(f"Image file {path} is not an image format Pillow can read.") from err
     except OSError as err:
-        raise DataError(f"Image file {path} cannot be decoded ({err}); the file is probably truncated or corrupt.") from err
+        raise DataError(
+            f"Image file {path} cannot be decoded ({err}); the file is probably truncated or corrupt."
+        ) from err
     except (SyntaxError, ValueError, EOFError, IndexError, TypeError) as err:
         # Pillow's decoders raise these on some malformed headers and chunks.
         raise DataError(

@@ -118,6 +118,10 @@ def short_side_resize(scales: Sequence[int], max_size: Optional[int] = None) -> 
         max_size: cap on the long side (``None``: no cap). A scale ``>=
             max_size`` resizes the long side to ``max_size`` (torchvision refuses
             ``size >= max_size``, and such a short side could never be reached).
+
+    ``v2.RandomShortestSize`` is not used because it sizes both sides as
+    ``int(side * ratio)``, which can fall one pixel short of the requested short
+    side (a 103 px side asked to become 128 becomes 127).
     """
     choices = [
         v2.Resize(None, max_size=max_size) if max_size is not None and s >= max_size
@@ -181,7 +185,9 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
         crop_branch = v2.Compose(
             [short_side_resize(crop_scales), RandomSizeCrop(*crop_size), sanitize_boxes(), resize]
         )
-        steps.append(crop_branch if crop_prob == 1 else v2.RandomChoice([resize, crop_branch], p=[1 - crop_prob, crop_prob]))
+        if crop_prob < 1:
+            crop_branch = v2.RandomChoice([resize, crop_branch], p=[1 - crop_prob, crop_prob])
+        steps.append(crop_branch)
     else:
         steps.append(resize)
     return v2.Compose(steps + _to_model_input())

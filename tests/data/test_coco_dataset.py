@@ -15,7 +15,14 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from detr_peg.config.schema import DataConfig
-from detr_peg.data import CocoDetection, LabelMap, build_coco_dataset, build_eval_transforms, build_train_transforms, collate_detection
+from detr_peg.data import (
+    CocoDetection,
+    LabelMap,
+    build_coco_dataset,
+    build_eval_transforms,
+    build_train_transforms,
+    collate_detection,
+)
 from detr_peg.errors import ConfigError, DataError
 from tests.data.conftest import assert_one_sentence, base_coco, write_json
 

@@ -59,9 +59,11 @@ BAD_FILES = [
     ("bbox-inf-height", _set(["annotations", 1, "bbox", 3], math.inf), ["annotation id 11", "height is inf"]),
     ("bbox-nan-x", _set(["annotations", 1, "bbox", 0], math.nan), ["annotation id 11", "x or y is not finite"]),
     ("iscrowd-2", _set(["annotations", 0, "iscrowd"], 2), ["annotation id 10", "iscrowd 2"]),
+    ("area-negative", _set(["annotations", 1, "area"], -3), ["annotation id 11", "area -3"]),
+    ("area-string", _set(["annotations", 0, "area"], "big"), ["annotation id 10", "area 'big'"]),
     ("file-name-absolute", _set(["images", 0, "file_name"], "/etc/a.png"), ["image id 1", "'/etc/a.png'", "absolute"]),
     ("file-name-windows", _set(["images", 0, "file_name"], "C:\\x\\a.png"), ["image id 1", "absolute"]),
-    ("file-name-parent", _set(["images", 1, "file_name"], "../b.png"), ["image id 2", "'../b.png'", "leaves the image folder"]),
+    ("file-name-parent", _set(["images", 1, "file_name"], "../b.png"), ["image id 2", "'../b.png'", "leaves"]),
     ("file-name-nested-parent", _set(["images", 1, "file_name"], "sub/../../b.png"), ["image id 2", "leaves"]),
     ("file-name-empty", _set(["images", 0, "file_name"], ""), ["image id 1", "not a non-empty string"]),
     ("file-name-missing", lambda d: d["images"][0].pop("file_name"), ["image id 1", "file_name None"]),
@@ -200,3 +202,11 @@ def test_coco128_files_are_valid(coco128_dir: Path) -> None:
         coco_file = read_coco_file(coco128_dir / name)
         assert coco_file.problems == []
         assert len(coco_file.coco.anns) == len(coco_file.data["annotations"])
+
+
+def test_missing_area_becomes_the_box_area(tmp_path: Path) -> None:
+    data = base_coco()
+    del data["annotations"][1]["area"]
+    coco = read_coco_file(write_json(tmp_path / "ann.json", data)).coco
+    assert coco.anns[11]["area"] == 300.0
+    assert coco.anns[10]["area"] == 200.0

@@ -97,8 +97,12 @@ def test_refuses_to_overwrite_foreign_files(tmp_path: Path) -> None:
 
 def test_jpeg_output_and_training_pipeline(tmp_path: Path) -> None:
     out = generate_synthetic_coco(tmp_path, image_format="jpg", color_by_class=True, **SMALL)
-    cfg = DataConfig(**out.data_overrides(), train_scales=[96], train_max_size=96, crop_scales=[64, 80], crop_size=[48, 96])
-    ds = CocoDetection(images_dir=cfg.train_images, annotation_file=cfg.train_annotations, transforms=build_train_transforms(cfg))
+    cfg = DataConfig(
+        **out.data_overrides(), train_scales=[96], train_max_size=96, crop_scales=[64, 80], crop_size=[48, 96]
+    )
+    ds = CocoDetection(
+        images_dir=cfg.train_images, annotation_file=cfg.train_annotations, transforms=build_train_transforms(cfg)
+    )
     assert ds.label_map.num_classes == len(SHAPES)
     torch.manual_seed(0)
     for i in range(len(ds)):

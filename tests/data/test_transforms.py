@@ -44,8 +44,8 @@ def sample(h: int, w: int, boxes: list[list[float]]) -> tuple[tv_tensors.Image, 
 
 def normalized_cxcywh(xyxy: list[list[float]], h: float, w: float) -> torch.Tensor:
     b = torch.tensor(xyxy, dtype=torch.float64).reshape(-1, 4)
-    out = torch.stack([(b[:, 0] + b[:, 2]) / 2 / w, (b[:, 1] + b[:, 3]) / 2 / h, (b[:, 2] - b[:, 0]) / w, (b[:, 3] - b[:, 1]) / h], 1)
-    return out.float()
+    x0, y0, x1, y1 = b.unbind(1)
+    return torch.stack([(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h], 1).float()
 
 
 def imagenet_normalize(image_uint8: torch.Tensor) -> torch.Tensor:
@@ -180,7 +180,9 @@ def test_random_size_crop_keeps_a_side_shorter_than_min_size() -> None:
 
 
 def test_boxes_to_normalized_cxcywh_exact() -> None:
-    boxes = tv_tensors.BoundingBoxes([[10.0, 20.0, 30.0, 60.0], [0.0, 0.0, 200.0, 100.0]], format="XYXY", canvas_size=(100, 200))
+    boxes = tv_tensors.BoundingBoxes(
+        [[10.0, 20.0, 30.0, 60.0], [0.0, 0.0, 200.0, 100.0]], format="XYXY", canvas_size=(100, 200)
+    )
     out = BoxesToNormalizedCxcywh()(boxes)
     assert type(out) is torch.Tensor
     torch.testing.assert_close(out, torch.tensor([[0.1, 0.4, 0.1, 0.4], [0.5, 0.5, 1.0, 1.0]]), rtol=0, atol=1e-7)
