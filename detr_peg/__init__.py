@@ -9,20 +9,34 @@ Public API::
     model = detr_peg.load_model("model.pth")     # a trained or converted checkpoint, eval mode
     out = model(images, mask)                    # Tensor[B, 3, H, W] + Tensor[B, H, W] (True = padding)
     out = model([img1, img2])                    # or a list of unpadded Tensor[3, H, W]
+
+Names are imported lazily, so ``import detr_peg.data`` does not load the models.
 """
 
-from detr_peg.checkpoint.format import load_model
-from detr_peg.config import Config, load_config
-from detr_peg.models import build_criterion, build_model, build_postprocessor
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Config",
-    "__version__",
-    "build_criterion",
-    "build_model",
-    "build_postprocessor",
-    "load_config",
-    "load_model",
-]
+_EXPORTS = {
+    "Config": "detr_peg.config",
+    "load_config": "detr_peg.config",
+    "build_model": "detr_peg.models",
+    "build_criterion": "detr_peg.models",
+    "build_postprocessor": "detr_peg.models",
+    "load_model": "detr_peg.checkpoint.format",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'detr_peg' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
