@@ -10,6 +10,7 @@ from detr_peg.config.schema import BackboneConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.backbones.base import Backbone
 from detr_peg.models.backbones.registry import BACKBONES
+from detr_peg.models.backbones.resnet_forward import stage_forward, stem_forward
 from detr_peg.models.backbones.weights import load_backbone_weights
 
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
@@ -44,16 +45,16 @@ class ResNetBackbone(Backbone):
             delattr(body, name)
         self.body = body
         self.out_stages = list(out_stages)
-        dilated = body.layer4[0].conv2.dilation != (1, 1) if last == 4 else False
+        dilated = last == 4 and body.layer4[-1].conv2.dilation != (1, 1)
         self.out_channels = [_stage_channels(getattr(body, f"layer{s}")) for s in out_stages]
         self.strides = [16 if (s == 4 and dilated) else 2 ** (s + 1) for s in out_stages]
 
     def forward(self, images: Tensor) -> list[Tensor]:
-        body = self.body
-        x = body.maxpool(body.relu(body.bn1(body.conv1(images))))
+        # Frozen BatchNorm runs in place (see resnet_forward); bit-identical results.
+        x = stem_forward(self.body, images)
         outs = []
         for stage in range(1, self.out_stages[-1] + 1):
-            x = getattr(body, f"layer{stage}")(x)
+            x = stage_forward(getattr(self.body, f"layer{stage}"), x)
             if stage in self.out_stages:
                 outs.append(x)
         return outs
