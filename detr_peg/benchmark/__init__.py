@@ -1,0 +1,1 @@
+"""Speed, memory and FLOP benchmarks (``detr-peg bench``)."""

@@ -1,0 +1,113 @@
+"""Building the official DETR and Deformable-DETR models from a local copy, for comparison.
+
+``detr-peg bench --official-detr PATH`` / ``--official-deformable PATH`` point
+at checkouts of facebookresearch/detr and fundamentalvision/Deformable-DETR.
+Nothing of them is shipped with detr_peg. Each benchmark case runs in its own
+process, so their top-level packages (``models``, ``util``) never meet ours.
+
+The official code needs a few runtime patches to run on a current
+PyTorch/torchvision without downloads or compiled extensions (the same ones
+the parity fixtures were made with):
+
+* ``models.backbone.is_main_process`` returns False, so the ResNet is built
+  with ``pretrained=False`` (random init, no download);
+* Deformable-DETR: ``torchvision.__version__`` reads ``0.8.2`` while it is
+  imported (its ``float(__version__[:3])`` check fails on 0.10+), a stub
+  ``MultiScaleDeformableAttention`` module stands in for the compiled op, and
+  ``MSDeformAttnFunction`` is replaced by the repository's own pure-PyTorch
+  ``ms_deform_attn_core_pytorch`` (its documented CPU path).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from detr_peg.errors import ConfigError
+
+
+def _import_repo(path: str, marker: str) -> None:
+    root = Path(path).resolve()
+    if not (root / marker).is_file():
+        raise ConfigError(f"{path} does not look like the official repository (no {marker}).")
+    sys.path.insert(0, str(root))
+
+
+def _args(get_args_parser, argv: list[str]):
+    return get_args_parser().parse_args(["--device", "cpu", *argv])
+
+
+def build_official_detr(path: str, argv: list[str]) -> tuple[nn.Module, nn.Module, object]:
+    """The official DETR ``(model, criterion, args)`` from ``path`` (argv: their CLI flags)."""
+    _import_repo(path, "models/detr.py")
+    import models.backbone as official_backbone  # type: ignore[import-not-found]
+
+    official_backbone.is_main_process = lambda: False
+    from main import get_args_parser  # type: ignore[import-not-found]
+    from models import build_model  # type: ignore[import-not-found]
+
+    args = _args(get_args_parser, argv)
+    model, criterion, _ = build_model(args)
+    return model, criterion, args
+
+
+def build_official_deformable(path: str, argv: list[str]) -> tuple[nn.Module, nn.Module, object]:
+    """The official Deformable-DETR ``(model, criterion, args)`` with its pure-PyTorch attention."""
+    _import_repo(path, "models/deformable_detr.py")
+    import torchvision
+
+    torchvision.__version__ = "0.8.2"
+    stub = types.ModuleType("MultiScaleDeformableAttention")
+
+    def _missing(*args, **kwargs):
+        raise RuntimeError("the compiled MultiScaleDeformableAttention op is not used in this benchmark")
+
+    stub.ms_deform_attn_forward = stub.ms_deform_attn_backward = _missing
+    sys.modules["MultiScaleDeformableAttention"] = stub
+
+    import models.backbone as official_backbone  # type: ignore[import-not-found]
+    import models.ops.modules.ms_deform_attn as official_msda  # type: ignore[import-not-found]
+    from models.ops.functions.ms_deform_attn_func import ms_deform_attn_core_pytorch  # type: ignore
+
+    class PurePyTorchFunction:
+        @staticmethod
+        def apply(value, shapes, level_start_index, locations, weights, im2col_step):
+            return ms_deform_attn_core_pytorch(value, shapes, locations, weights)
+
+    official_msda.MSDeformAttnFunction = PurePyTorchFunction
+    official_backbone.is_main_process = lambda: False
+    from main import get_args_parser  # type: ignore[import-not-found]
+    from models import build_model  # type: ignore[import-not-found]
+
+    args = _args(get_args_parser, argv)
+    model, criterion, _ = build_model(args)
+    return model, criterion, args
+
+
+def official_param_groups(model: nn.Module, args) -> list[dict]:
+    """The official training scripts' AdamW groups (backbone, linear projections, rest)."""
+    proj = tuple(getattr(args, "lr_linear_proj_names", ()))
+    mult = getattr(args, "lr_linear_proj_mult", 1.0)
+    groups = {"rest": [], "backbone": [], "proj": []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if "backbone.0" in name:
+            groups["backbone"].append(p)
+        elif proj and any(k in name for k in proj):
+            groups["proj"].append(p)
+        else:
+            groups["rest"].append(p)
+    lrs = {"rest": args.lr, "backbone": args.lr_backbone, "proj": args.lr * mult}
+    return [{"params": v, "lr": lrs[k]} for k, v in groups.items() if v]
+
+
+def official_inputs(images: torch.Tensor, mask: torch.Tensor):
+    """Wrap a padded batch in the official ``NestedTensor``."""
+    from util.misc import NestedTensor  # type: ignore[import-not-found]
+
+    return NestedTensor(images, mask)

@@ -1,0 +1,58 @@
+"""The benchmark table and JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def add_ratios(results: list[dict]) -> list[dict]:
+    """Per mode: ``ratio`` = time / time of the first row (the baseline: the official code
+    when it was measured, else the first compared value); ``speedup`` = its inverse."""
+    baselines: dict[str, float] = {}
+    for row in results:
+        base = baselines.setdefault(row["mode"], row["seconds"])
+        row["ratio_to_baseline"] = row["seconds"] / base
+        row["speedup_vs_baseline"] = base / row["seconds"]
+    return results
+
+
+def format_table(results: list[dict]) -> str:
+    """A plain-text table, one row per case."""
+    header = ["case", "mode", "input", "median s", "runs (s)", "peak mem", "GFLOPs", "TFLOP/s", "x baseline"]
+    rows = [header]
+    for r in results:
+        rows.append([
+            r["label"],
+            r["mode"],
+            f"{r['batch']}x{r['height']}x{r['width']}",
+            f"{r['seconds']:.3f}",
+            " ".join(f"{t:.2f}" for t in r["runs_seconds"]),
+            _mib(r["peak_memory_bytes"]),
+            "-" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}",
+            "-" if r["achieved_flops_per_s"] is None else f"{r['achieved_flops_per_s'] / 1e12:.3f}",
+            f"{r['speedup_vs_baseline']:.2f}x faster" if r["speedup_vs_baseline"] >= 1
+            else f"{r['ratio_to_baseline']:.3f}x time",
+        ])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    first = results[0] if results else {}
+    footer = (f"device: {first.get('device_name', '?')} ({first.get('device', '?')}, "
+              f"{first.get('threads', '?')} threads), torch {first.get('torch_version', '?')}, "
+              f"amp {first.get('amp', 'none')}; medians of {first.get('runs', '?')} runs after "
+              f"{first.get('warmup', '?')} warm-up")
+    return "\n".join(lines + ["", footer])
+
+
+def write_json(results: list[dict], path: str | os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"results": results}, indent=2))
+    os.replace(tmp, path)

@@ -1,0 +1,205 @@
+"""One benchmark case, run in its own process: ``python -m detr_peg.benchmark.worker CASE_JSON``.
+
+Prints one line of JSON with the measurements. A fresh process per case keeps
+peak-memory figures separate, lets the official code be imported without
+clashing with detr_peg, and starts every case from the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Case:
+    """What to measure.
+
+    Attributes:
+        label: the row label in the report.
+        impl: ``detr_peg`` or ``official``.
+        mode: ``infer`` (eval, no grad) or ``train`` (forward, loss, backward,
+            gradient clipping, AdamW step).
+        config: detr_peg config file (``impl == "detr_peg"``).
+        overrides: detr_peg ``key=value`` overrides, or the official CLI flags.
+        official_repo: path of the official checkout (``impl == "official"``).
+        arch: ``detr`` or ``deformable_detr``.
+        height: input height.
+        width: input width.
+        batch: images per batch.
+        device: ``cpu`` or ``cuda``.
+        threads: CPU threads (``torch.set_num_threads``).
+        warmup: untimed runs first.
+        runs: timed runs.
+        amp: ``none``, ``bf16`` or ``fp16`` autocast (CUDA).
+        compile: wrap the model in ``torch.compile``.
+        flops: count FLOPs (one extra forward).
+    """
+
+    label: str
+    impl: str
+    mode: str
+    arch: str = "detr"
+    config: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    official_repo: str | None = None
+    height: int = 800
+    width: int = 1066
+    batch: int = 1
+    device: str = "cpu"
+    threads: int = 2
+    warmup: int = 1
+    runs: int = 5
+    amp: str = "none"
+    compile: bool = False
+    flops: bool = True
+
+
+def _targets(batch: int, num_classes: int, device: torch.device) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(batch):
+        centers = torch.rand(3, 2, generator=g) * 0.6 + 0.2
+        sizes = torch.rand(3, 2, generator=g) * 0.3 + 0.05
+        labels = torch.randint(1, num_classes, (3,), generator=g)
+        out.append({"labels": labels.to(device), "boxes": torch.cat([centers, sizes], 1).to(device)})
+    return out
+
+
+@dataclass
+class Built:
+    """A model ready to measure, with what its training step needs."""
+
+    model: nn.Module
+    criterion: nn.Module
+    param_groups: list[dict]
+    weighted_total: Callable
+    forward: Callable
+    num_classes: int
+    weight_decay: float
+    clip_max_norm: float
+
+
+def _build(case: Case, device: torch.device) -> Built:
+    if case.impl == "official":
+        from detr_peg.benchmark import official
+
+        build = official.build_official_detr if case.arch == "detr" else official.build_official_deformable
+        model, criterion, args = build(case.official_repo, case.overrides)
+        model.to(device)
+        criterion.to(device)
+
+        def forward(images, mask):
+            return model(official.official_inputs(images, mask))
+
+        def total(losses):
+            return sum(losses[k] * criterion.weight_dict[k] for k in losses if k in criterion.weight_dict)
+
+        return Built(model, criterion, official.official_param_groups(model, args), total, forward, 91,
+                     args.weight_decay, args.clip_max_norm)
+
+    from detr_peg.config import load_config
+    from detr_peg.engine.param_groups import build_param_groups
+    from detr_peg.models import build_criterion, build_model
+
+    overrides = ["model.backbone.weights=null", *case.overrides]
+    cfg = load_config(case.config, overrides)
+    if cfg.model.num_classes is None:
+        cfg = load_config(case.config, ["model.num_classes=91", *overrides])
+    model = build_model(cfg).to(device)
+    criterion = build_criterion(cfg).to(device)
+    return Built(model, criterion, build_param_groups(model, cfg.train), criterion.weighted_total, model,
+                 cfg.model.num_classes, cfg.train.weight_decay, cfg.train.clip_max_norm)
+
+
+def run_case(case: Case) -> dict:
+    """Measure one case; returns a JSON-ready dict."""
+    from detr_peg.benchmark.measure import count_flops, peak_memory_bytes, reset_peak_memory, time_runs
+
+    torch.set_num_threads(case.threads)
+    device = torch.device(case.device)
+    torch.manual_seed(0)
+    built = _build(case, device)
+    model, criterion, forward = built.model, built.criterion, built.forward
+    if case.compile:
+        forward = torch.compile(forward)
+    images = torch.randn(case.batch, 3, case.height, case.width, device=device)
+    mask = torch.zeros(case.batch, case.height, case.width, dtype=torch.bool, device=device)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(case.amp)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+
+    if case.mode == "infer":
+        model.eval()
+
+        def step() -> None:
+            with torch.no_grad(), autocast():
+                forward(images, mask)
+    else:
+        model.train()
+        targets = _targets(case.batch, built.num_classes, device)
+        groups = built.param_groups
+        optimizer = torch.optim.AdamW(groups, lr=groups[0]["lr"], weight_decay=built.weight_decay)
+        scaler = torch.amp.GradScaler(device.type, enabled=case.amp == "fp16")
+
+        def step() -> None:
+            with autocast():
+                outputs = forward(images, mask)
+                loss = built.weighted_total(criterion(outputs, targets))
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if built.clip_max_norm > 0:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), built.clip_max_norm)
+            scaler.step(optimizer)
+            scaler.update()
+
+    reset_peak_memory(device)
+    timing = time_runs(step, device, warmup=case.warmup, runs=case.runs)
+    peak = peak_memory_bytes(device)
+    flops = None
+    if case.flops and not case.compile:
+        # Inference FLOPs are counted with autograd on: torch's module tracker
+        # cannot follow parameters passed as inputs under no_grad. Same FLOPs.
+        flops = count_flops(step if case.mode == "train" else lambda: forward(images, mask))
+    result = asdict(case)
+    result.update(
+        seconds=timing.median,
+        runs_seconds=timing.runs,
+        peak_memory_bytes=peak,
+        flops=flops,
+        achieved_flops_per_s=(flops / timing.median) if flops else None,
+        parameters=sum(p.numel() for p in model.parameters()),
+        torch_version=torch.__version__,
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+    )
+    return result
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    case = Case(**json.loads(argv[0]))
+    print("BENCH_RESULT " + json.dumps(run_case(case)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
