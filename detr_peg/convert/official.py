@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
+import detr_peg.convert.deformable  # noqa: F401  (registers the Deformable-DETR format)
 import detr_peg.convert.detr  # noqa: F401  (registers the DETR format)
 from detr_peg.checkpoint.format import save_checkpoint
 from detr_peg.checkpoint.io import read_checkpoint_file
@@ -90,17 +91,21 @@ def _args_layer(args: dict[str, Any], fmt: OfficialFormat, source: str) -> Layer
     return dotted_layer(values, source)
 
 
-def resolve_config(state: dict[str, Tensor], args: dict[str, Any] | None, fmt: OfficialFormat, src: str,
-                   config_path: str | os.PathLike | None, overrides: Iterable[str]) -> Config:
-    """Merge config file, stored args and overrides around what the weights determine."""
-    hard, soft = fmt.infer(state)
-    cli = parse_overrides(overrides)
+def _refuse_contradictions(hard: dict[str, Any], cli: Layer, src: str) -> None:
     for key, value in hard.items():
         if key in cli and cli[key][0] != value:
             raise ConfigError(
                 f"command line: {key}={cli[key][0]!r} contradicts the weights in {src}, which have {value!r}; "
                 "convert first, then change the model by fine-tuning (train.init_from with train.reset_classifier)."
             )
+
+
+def resolve_config(state: dict[str, Tensor], args: dict[str, Any] | None, fmt: OfficialFormat, src: str,
+                   config_path: str | os.PathLike | None, overrides: Iterable[str]) -> Config:
+    """Merge config file, stored args and overrides around what the weights determine."""
+    hard, soft = fmt.infer(state)
+    cli = parse_overrides(overrides)
+    _refuse_contradictions(hard, cli, src)
     layers: list[Layer] = []
     if config_path is not None:
         layers.extend(file_layers(config_path))
@@ -110,6 +115,11 @@ def resolve_config(state: dict[str, Tensor], args: dict[str, Any] | None, fmt: O
     layers.append(dotted_layer(hard, f"weights in {src}"))
     layers.append(cli)
     cfg = build_config(layers)
+    if fmt.complete is not None:
+        derived = fmt.complete(state, cfg)
+        _refuse_contradictions(derived, cli, src)
+        layers.insert(len(layers) - 1, dotted_layer(derived, f"weights in {src}"))
+        cfg = build_config(layers)
     # Weights travel inside the converted checkpoint; never load backbone weights again.
     return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
 

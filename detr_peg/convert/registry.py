@@ -25,6 +25,10 @@ class OfficialFormat:
         key_map: official key -> detr_peg key (``None`` drops it).
         args_map: official ``args`` attribute -> dotted config key, or a
             callable ``(value) -> {dotted key: value}``.
+        complete: optional ``(state_dict, config) -> {dotted key: value}``:
+            further values the weights determine once the rest of the config
+            is resolved (Deformable-DETR sampling points need the number of
+            heads); treated like ``hard`` values. May raise ``CheckpointError``.
         aliases: regexes of official keys that duplicate another key (shared
             modules stored twice); they must equal the key they map onto.
     """
@@ -35,6 +39,7 @@ class OfficialFormat:
     infer: Callable[[dict[str, Tensor]], tuple[dict[str, Any], dict[str, Any]]]
     key_map: KeyMap
     args_map: dict[str, Any] = field(default_factory=dict)
+    complete: Callable[[dict[str, Tensor], Any], dict[str, Any]] | None = None
 
 
 OFFICIAL_FORMATS: Registry = Registry(
