@@ -1,0 +1,156 @@
+"""Multi-scale deformable attention module (Deformable-DETR's ``MSDeformAttn``).
+
+Parameter names, shapes, initialisation and the forward contract follow
+fundamentalvision/Deformable-DETR ``models/ops/modules/ms_deform_attn.py``, so
+official state dicts load 1:1. The sampling itself is the pure-PyTorch
+:func:`~detr_peg.models.deformable.ms_deform_attn_function.ms_deform_attn`:
+no compiled extension, on CPU and GPU alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from detr_peg.models.deformable.ms_deform_attn_function import IMPLEMENTATIONS, ms_deform_attn
+
+__all__ = ["MSDeformAttn", "ms_deform_attn"]
+
+
+class MSDeformAttn(nn.Module):
+    """Multi-scale deformable attention (Zhu et al., "Deformable DETR", ICLR 2021).
+
+    Every query attends to ``n_points`` sampled locations per head and level,
+    placed around its reference point by learned offsets, with attention
+    weights predicted from the query (softmax over ``n_levels * n_points``).
+
+    Parameters (``nn.Linear``, official names and layouts):
+        ``sampling_offsets``: ``d_model -> n_heads * n_levels * n_points * 2``,
+        output laid out ``(heads, levels, points, (x, y))``.
+        ``attention_weights``: ``d_model -> n_heads * n_levels * n_points``,
+        laid out ``(heads, levels * points)``.
+        ``value_proj``, ``output_proj``: ``d_model -> d_model``.
+
+    Args:
+        d_model: embedding size ``C``.
+        n_levels: number of feature levels ``L``.
+        n_heads: number of attention heads ``M``; must divide ``d_model``.
+        n_points: sampling points ``P`` per head and level.
+        impl: implementation of the sampling core, ``"embedding_bag"`` (default)
+            or ``"grid_sample"``; see :func:`ms_deform_attn`. Both give the same
+            result to float rounding.
+
+    Raises:
+        ValueError: if ``d_model`` is not divisible by ``n_heads``, a size is
+            not positive, or ``impl`` is unknown.
+    """
+
+    def __init__(self, *, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4,
+                 impl: str = "embedding_bag") -> None:
+        super().__init__()
+        if min(d_model, n_levels, n_heads, n_points) <= 0:
+            raise ValueError(f"MSDeformAttn sizes must be positive, got d_model={d_model}, n_levels={n_levels}, "
+                             f"n_heads={n_heads}, n_points={n_points}.")
+        if d_model % n_heads != 0:
+            raise ValueError(f"MSDeformAttn d_model must be divisible by n_heads, got {d_model} and {n_heads}.")
+        if impl not in IMPLEMENTATIONS:
+            raise ValueError(f"Unknown ms_deform_attn impl {impl!r}: valid are {', '.join(IMPLEMENTATIONS)}.")
+        self.d_model = d_model
+        self.n_levels = n_levels
+        self.n_heads = n_heads
+        self.n_points = n_points
+        self.impl = impl
+
+        self.sampling_offsets = nn.Linear(d_model, n_heads * n_levels * n_points * 2)
+        self.attention_weights = nn.Linear(d_model, n_heads * n_levels * n_points)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.output_proj = nn.Linear(d_model, d_model)
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """Official init: zero offset weights, bias = a ring of points per head.
+
+        Head ``h`` gets the direction ``(cos, sin)(2 * pi * h / n_heads)``
+        scaled so that its larger component is 1, and point ``i`` of every
+        level goes ``i + 1`` times that far. Attention weights start uniform
+        (zero weight and bias); the projections are Xavier-uniform with zero bias.
+        """
+        nn.init.constant_(self.sampling_offsets.weight, 0.0)
+        thetas = torch.arange(self.n_heads, dtype=torch.float32) * (2.0 * math.pi / self.n_heads)
+        grid = torch.stack([thetas.cos(), thetas.sin()], -1)
+        grid = grid / grid.abs().max(-1, keepdim=True)[0]
+        scale = torch.arange(1, self.n_points + 1, dtype=torch.float32).view(1, 1, self.n_points, 1)
+        grid = grid.view(self.n_heads, 1, 1, 2).repeat(1, self.n_levels, self.n_points, 1) * scale
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.flatten())
+        nn.init.constant_(self.attention_weights.weight, 0.0)
+        nn.init.constant_(self.attention_weights.bias, 0.0)
+        nn.init.xavier_uniform_(self.value_proj.weight)
+        nn.init.constant_(self.value_proj.bias, 0.0)
+        nn.init.xavier_uniform_(self.output_proj.weight)
+        nn.init.constant_(self.output_proj.bias, 0.0)
+
+    def forward(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor, input_spatial_shapes: Tensor,
+                input_level_start_index: Tensor, input_padding_mask: Tensor | None = None) -> Tensor:
+        """Attend from every query to sampled points of the multi-level input.
+
+        Args:
+            query: ``Tensor[B, Lq, C]`` (positional embedding already added).
+            reference_points: ``Tensor[B, Lq, L, 2]``, normalized ``(x, y)`` per
+                level, ``(0, 0)`` top-left and ``(1, 1)`` bottom-right of the
+                padded feature map (``align_corners=False``); or
+                ``Tensor[B, Lq, L, 4]``, reference boxes ``(cx, cy, w, h)``,
+                normalized the same way.
+            input_flatten: ``Tensor[B, S, C]``, all levels flattened level after
+                level, each row-major; ``S = sum(H_l * W_l)``.
+            input_spatial_shapes: ``Tensor[L, 2]`` int64, ``(H_l, W_l)``.
+            input_level_start_index: ``Tensor[L]`` int64, start of each level in ``S``.
+            input_padding_mask: ``Tensor[B, S]`` bool, ``True`` = padding, or
+                ``None``. Values at padded tokens are zeroed, so padding never
+                reaches the output.
+
+        Returns:
+            ``Tensor[B, Lq, C]``.
+
+        Raises:
+            ValueError: if ``reference_points`` does not end in 2 or 4, or
+                (for CPU tensors) ``S`` does not match ``input_spatial_shapes``.
+
+        The sampling location of head ``m``, level ``l``, point ``p`` is
+        ``ref + offset / (W_l, H_l)`` for 2-d references and
+        ``ref[:2] + offset / n_points * ref[2:] * 0.5`` for reference boxes.
+        """
+        b, len_q, _ = query.shape
+        _, len_in, _ = input_flatten.shape
+        if reference_points.shape[-1] not in (2, 4):
+            raise ValueError("MSDeformAttn reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), "
+                             f"got shape {tuple(reference_points.shape)}.")
+        if input_spatial_shapes.device.type == "cpu":  # checking a GPU tensor would sync with the host
+            total = int((input_spatial_shapes[:, 0] * input_spatial_shapes[:, 1]).sum())
+            if total != len_in:
+                raise ValueError(f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes "
+                                 f"{input_spatial_shapes.tolist()} add up to {total}.")
+
+        value = self.value_proj(input_flatten)
+        if input_padding_mask is not None:
+            value = value.masked_fill(input_padding_mask[..., None], 0.0)
+        value = value.view(b, len_in, self.n_heads, self.d_model // self.n_heads)
+        offsets = self.sampling_offsets(query).view(b, len_q, self.n_heads, self.n_levels, self.n_points, 2)
+        weights = self.attention_weights(query).view(b, len_q, self.n_heads, self.n_levels * self.n_points)
+        weights = F.softmax(weights, -1).view(b, len_q, self.n_heads, self.n_levels, self.n_points)
+        if reference_points.shape[-1] == 2:
+            normalizer = torch.stack([input_spatial_shapes[..., 1], input_spatial_shapes[..., 0]], -1)
+            locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
+        else:
+            locations = reference_points[:, :, None, :, None, :2] \
+                + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5
+        output = ms_deform_attn(value, input_spatial_shapes, input_level_start_index, locations, weights,
+                                impl=self.impl)
+        return self.output_proj(output)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, "
+                f"n_points={self.n_points}, impl={self.impl!r}")

@@ -1,0 +1,157 @@
+"""Micro-benchmark of the multi-scale deformable attention core.
+
+Times every implementation of :func:`detr_peg.models.deformable.ms_deform_attn_function.ms_deform_attn`
+plus a re-implementation of the official ``ms_deform_attn_core_pytorch``
+algorithm (per-level ``grid_sample``, stack, multiply, sum) at the shapes of
+Deformable-DETR-R50 on an 800x1066 image: 4 levels of (100, 134), (50, 67),
+(25, 34), (13, 17) = 17,821 tokens, 8 heads, head_dim 32, 4 points; the
+encoder has one query per token, the decoder 300 queries.
+
+Sampling locations are realistic: encoder queries sit at their token's pixel
+center, decoder queries at random points, and offsets are a few pixels (as
+after training), so that memory access has the locality of the real model.
+
+Usage::
+
+    python tools/bench_ms_deform_attn.py                 # CPU, 2 threads, batch 1
+    python tools/bench_ms_deform_attn.py --device cuda --batch 1 2
+    python tools/bench_ms_deform_attn.py --impl embedding_bag official --repeats 9
+
+Prints one row per (device, batch, shape, implementation): the median time of
+the forward pass (under ``torch.no_grad``) and of forward + backward (gradients
+for value, sampling locations and attention weights), and the largest
+difference of the forward output from the official algorithm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from detr_peg.models.deformable.ms_deform_attn_function import IMPLEMENTATIONS, ms_deform_attn
+
+SPATIAL_SHAPES = [(100, 134), (50, 67), (25, 34), (13, 17)]
+N_HEADS, HEAD_DIM, N_POINTS = 8, 32, 4
+DECODER_QUERIES = 300
+
+
+def official_core(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    """The official pure-PyTorch algorithm: grid_sample per level, stack, weight, sum."""
+    b, _, m, d = value.shape
+    _, lq, _, n_levels, n_points, _ = sampling_locations.shape
+    shapes = spatial_shapes.tolist()
+    per_level = value.split([h * w for h, w in shapes], dim=1)
+    grids = 2 * sampling_locations - 1
+    samples = []
+    for level, (h, w) in enumerate(shapes):
+        value_l = per_level[level].flatten(2).transpose(1, 2).reshape(b * m, d, h, w)
+        grid_l = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
+        samples.append(F.grid_sample(value_l, grid_l, mode="bilinear", padding_mode="zeros", align_corners=False))
+    weights = attention_weights.transpose(1, 2).reshape(b * m, 1, lq, n_levels * n_points)
+    out = (torch.stack(samples, dim=-2).flatten(-2) * weights).sum(-1).view(b, m * d, lq)
+    return out.transpose(1, 2).contiguous()
+
+
+def make_inputs(batch: int, queries: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """Inputs at the Deformable-DETR-R50 800x1066 shapes; ``queries`` is "encoder" or "decoder"."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = torch.tensor(SPATIAL_SHAPES, dtype=torch.int64)
+    areas = shapes[:, 0] * shapes[:, 1]
+    start = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
+    s = int(areas.sum())
+    n_levels = len(SPATIAL_SHAPES)
+    if queries == "encoder":
+        centers = []
+        for h, w in SPATIAL_SHAPES:
+            ys, xs = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
+            centers.append(torch.stack([xs.flatten() / w, ys.flatten() / h], -1))
+        ref = torch.cat(centers)[None].expand(batch, s, 2)
+    else:
+        ref = torch.rand(batch, DECODER_QUERIES, 2, generator=gen)
+    lq = ref.shape[1]
+    offsets = torch.randn(batch, lq, N_HEADS, n_levels, N_POINTS, 2, generator=gen) * 2.0
+    locations = ref[:, :, None, None, None, :] + offsets / shapes.flip(-1)[:, None, :]
+    logits = torch.randn(batch, lq, N_HEADS, n_levels * N_POINTS, generator=gen)
+    weights = logits.softmax(-1).view(batch, lq, N_HEADS, n_levels, N_POINTS)
+    value = torch.randn(batch, s, N_HEADS, HEAD_DIM, generator=gen)
+    to = dict(device=device, dtype=dtype)
+    return value.to(**to), shapes.to(device), start.to(device), locations.to(**to), weights.to(**to)
+
+
+def median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", nargs="+", default=None,
+                        help="devices to time (default: cpu, and cuda when available)")
+    parser.add_argument("--impl", nargs="+", default=["official", *IMPLEMENTATIONS],
+                        choices=["official", *IMPLEMENTATIONS], help="implementations to time")
+    parser.add_argument("--batch", nargs="+", type=int, default=[1], help="batch sizes")
+    parser.add_argument("--shape", nargs="+", default=["encoder", "decoder"], choices=["encoder", "decoder"])
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--no-backward", action="store_true", help="time the forward pass only")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    dtype = getattr(torch, args.dtype)
+    print(f"torch {torch.__version__}, {args.threads} CPU threads, {args.dtype}, median of {args.repeats}")
+    print(f"{'device':8s} {'batch':>5s} {'shape':8s} {'impl':14s} {'forward ms':>11s} {'fwd+bwd ms':>11s} "
+          f"{'max |diff|':>10s}")
+    for device_name in devices:
+        device = torch.device(device_name)
+        for batch in args.batch:
+            for shape in args.shape:
+                value, shapes, start, locations, weights = make_inputs(batch, shape, device, dtype)
+                with torch.no_grad():
+                    reference = official_core(value, shapes, start, locations, weights)
+                for impl in args.impl:
+                    def run(impl=impl):
+                        if impl == "official":
+                            return official_core(value, shapes, start, locations, weights)
+                        return ms_deform_attn(value, shapes, start, locations, weights, impl=impl)
+
+                    with torch.no_grad():
+                        diff = (run() - reference).abs().max().item()
+                        forward = median_time(run, args.repeats, device)
+                    both = float("nan")
+                    if not args.no_backward:
+                        inputs = [t.detach().requires_grad_(True) for t in (value, locations, weights)]
+                        grad = torch.randn_like(reference)
+
+                        def run_backward(impl=impl, inputs=inputs, grad=grad):
+                            v, loc, w = inputs
+                            if impl == "official":
+                                out = official_core(v, shapes, start, loc, w)
+                            else:
+                                out = ms_deform_attn(v, shapes, start, loc, w, impl=impl)
+                            torch.autograd.grad(out, inputs, grad)
+
+                        both = median_time(run_backward, args.repeats, device)
+                    print(f"{device_name:8s} {batch:5d} {shape:8s} {impl:14s} {forward:11.1f} {both:11.1f} "
+                          f"{diff:10.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
