@@ -10,6 +10,9 @@ from detr_peg.errors import CheckpointError
 # Keys under which common checkpoint layouts nest the state dict.
 _NESTED_KEYS = ("state_dict", "model", "module")
 
+# Key prefixes of detector checkpoints (official DETR, detr_peg) removed before loading into a backbone body.
+STRIP_PREFIXES = ("backbone.0.body.", "backbone.body.", "module.")
+
 
 def extract_state_dict(obj: object, source: str) -> dict[str, Tensor]:
     """Find the tensor state dict inside a loaded checkpoint object."""
@@ -23,12 +26,40 @@ def extract_state_dict(obj: object, source: str) -> dict[str, Tensor]:
     raise CheckpointError(f"{source} holds no state dict of tensors (looked at the top level and {_NESTED_KEYS}).")
 
 
+def read_backbone_state(spec: str) -> dict[str, Tensor]:
+    """Read the state dict of backbone weights from a local file or URL.
+
+    Args:
+        spec: local ``.pth``/``.pt``/``.safetensors`` file or ``http(s)://`` URL.
+
+    Returns:
+        ``{key: Tensor}`` as stored (nested ``state_dict``/``model``/``module``
+        entries are unwrapped; keys are not renamed).
+
+    Raises:
+        CheckpointError: missing, unreadable or unsafe file, or no tensors in it.
+    """
+    return extract_state_dict(read_checkpoint_file(spec, what="backbone weights"), spec)
+
+
+def strip_key_prefixes(state: dict[str, Tensor], prefixes: tuple[str, ...]) -> dict[str, Tensor]:
+    """``state`` with the first matching prefix of ``prefixes`` removed from each key."""
+    out: dict[str, Tensor] = {}
+    for key, value in state.items():
+        for prefix in prefixes:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+                break
+        out[key] = value
+    return out
+
+
 def load_backbone_weights(
     body: nn.Module,
     spec: str,
     *,
     ignore_prefixes: tuple[str, ...] = (),
-    strip_prefixes: tuple[str, ...] = ("backbone.0.body.", "backbone.body.", "module."),
+    strip_prefixes: tuple[str, ...] = STRIP_PREFIXES,
 ) -> None:
     """Load a state dict into a backbone body.
 
@@ -43,22 +74,38 @@ def load_backbone_weights(
     Raises:
         CheckpointError: unreadable file, or keys/shapes that do not fit.
     """
-    state = extract_state_dict(read_checkpoint_file(spec, what="backbone weights"), spec)
-    cleaned: dict[str, Tensor] = {}
-    for key, value in state.items():
-        for prefix in strip_prefixes:
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-                break
-        if key.startswith(ignore_prefixes) or key.endswith("num_batches_tracked"):
-            continue
-        cleaned[key] = value
+    state = strip_key_prefixes(read_backbone_state(spec), strip_prefixes)
+    load_state_checked(body, state, spec, ignore_prefixes=ignore_prefixes)
+
+
+def load_state_checked(
+    body: nn.Module, state: dict[str, Tensor], source: str, *, ignore_prefixes: tuple[str, ...] = ()
+) -> None:
+    """Load ``state`` into ``body`` after checking that keys and shapes fit exactly.
+
+    ``num_batches_tracked`` entries are ignored on both sides (frozen BatchNorm
+    has none).
+
+    Args:
+        body: the module to load into.
+        state: the state dict, keys already in ``body``'s layout.
+        source: where ``state`` came from, for error messages.
+        ignore_prefixes: keys of ``state`` to skip.
+
+    Raises:
+        CheckpointError: missing or unexpected keys, or a shape that differs.
+    """
+    cleaned = {
+        key: value
+        for key, value in state.items()
+        if not key.startswith(ignore_prefixes) and not key.endswith("num_batches_tracked")
+    }
     expected = {k for k in body.state_dict() if not k.endswith("num_batches_tracked")}
     missing = sorted(expected - cleaned.keys())
     unexpected = sorted(cleaned.keys() - expected)
     if missing or unexpected:
         raise CheckpointError(
-            f"Backbone weights {spec} do not fit the backbone: "
+            f"Backbone weights {source} do not fit the backbone: "
             f"{len(missing)} missing keys (first: {missing[:3]}), "
             f"{len(unexpected)} unexpected keys (first: {unexpected[:3]})."
         )
@@ -66,7 +113,7 @@ def load_backbone_weights(
     for key, value in cleaned.items():
         if own[key].shape != value.shape:
             raise CheckpointError(
-                f"Backbone weights {spec}: '{key}' has shape {tuple(value.shape)}, "
+                f"Backbone weights {source}: '{key}' has shape {tuple(value.shape)}, "
                 f"the backbone expects {tuple(own[key].shape)}."
             )
     body.load_state_dict(cleaned, strict=False)

@@ -1,0 +1,288 @@
+"""timm backbones (``model.backbone.source: timm``): any timm model with ``features_only``.
+
+Stages are matched to timm feature levels by **stride**: stage ``s`` is the
+deepest level of ``feature_info`` whose reduction is ``2 ** (s + 1)`` (4, 8,
+16, 32), so ``out_stages`` means the same for a ResNet, a ConvNeXt or a
+Twins-PCPVT. Models without such levels (plain ViTs: every level at stride
+16) are refused with the strides they do have. Channels and strides come from
+``feature_info``; models that return channels-last maps (Swin) are permuted
+to ``[B, C, H, W]``. The model must accept any input size (detection images
+vary), which rules out models built for one fixed size.
+
+``norm``: ``frozen_bn`` turns every ``BatchNorm2d`` (and timm's
+``BatchNormAct2d``) into a frozen one (torchvision's ``FrozenBatchNorm2d``,
+eps inside the rsqrt) with :func:`timm.layers.freeze_batch_norm_2d`;
+``bn`` keeps trainable BatchNorm; ``sync_bn`` converts it with
+:func:`timm.layers.convert_sync_batchnorm` (which keeps the activation of
+``BatchNormAct2d``). Models normalised with LayerNorm or GroupNorm (ConvNeXt,
+Twins) have no BatchNorm, so ``norm`` does not change them and their norm
+layers train with the rest of the unfrozen backbone.
+
+``frozen_stages = N`` (``1 <= N``) freezes every parameter that the stride
+``2 ** (N + 1)`` feature map depends on: the stem and the first ``N`` stages,
+whatever the module layout (Twins keeps all patch embeddings in one list and
+the PEGs in another; gradient reachability finds the right ones). The
+dependency is found once by backpropagating through the model on the ``meta``
+device, which costs no memory or compute. ``0`` trains everything;
+``train: false`` freezes everything.
+
+``weights``: ``None`` random init (the default; no network); ``pretrained``
+timm's own weights (downloads, needs network); a local file or URL holding
+either a timm state dict of the whole model (``timm.create_model(name)
+.state_dict()``, the layout of timm's published files) or of this backbone's
+body (a detr_peg checkpoint's ``backbone.body.*``).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import timm
+import torch
+from timm.layers import convert_sync_batchnorm, freeze_batch_norm_2d
+from torch import Tensor, nn
+
+from detr_peg.config.schema import BackboneConfig
+from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.models.backbones.base import Backbone
+from detr_peg.models.backbones.registry import BACKBONES
+from detr_peg.models.backbones.weights import (
+    STRIP_PREFIXES,
+    load_state_checked,
+    read_backbone_state,
+    strip_key_prefixes,
+)
+
+STAGES = (1, 2, 3, 4)
+# Input side of the dependency probe: two stride-32 cells, accepted by any model fit for detection.
+PROBE_SIZE = 64
+
+
+class TimmBackbone(Backbone):
+    """A timm ``features_only`` model whose outputs are the requested levels.
+
+    State-dict keys are ``body.`` plus timm's features-model keys.
+
+    Args:
+        body: ``timm.create_model(name, features_only=True, out_indices=...)``
+            returning one map per requested level, finest first.
+        out_channels: channels of each returned level.
+        strides: stride of each returned level.
+        channels_last: the body returns ``[B, H, W, C]`` maps (timm's ``NHWC``
+            output format); they are permuted to ``[B, C, H, W]``.
+    """
+
+    def __init__(self, *, body: nn.Module, out_channels: list[int], strides: list[int],
+                 channels_last: bool = False) -> None:
+        super().__init__()
+        self.body = body
+        self.out_channels = list(out_channels)
+        self.strides = list(strides)
+        self.channels_last = channels_last
+
+    def forward(self, images: Tensor) -> list[Tensor]:
+        """``Tensor[B, 3, H, W]`` -> ``[Tensor[B, C_l, H_l, W_l], ...]`` by increasing stride."""
+        features = self.body(images)
+        if isinstance(features, dict):
+            features = list(features.values())
+        if self.channels_last:
+            features = [f.permute(0, 3, 1, 2) for f in features]
+        return list(features)
+
+
+def check_timm_name(name: str) -> None:
+    """Raise a :class:`ConfigError` with close matches when timm has no model ``name``."""
+    if timm.is_model(name):
+        return
+    close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+    hint = f" Close names: {', '.join(close)}." if close else ""
+    raise ConfigError(
+        f"Unknown timm model {name!r} in model.backbone.name: list the available ones with "
+        f"timm.list_models('*convnext*') (any pattern).{hint}"
+    )
+
+
+def layout_model(name: str) -> nn.Module:
+    """The features model with all levels, on the ``meta`` device (no weights, no compute).
+
+    It is only read (``feature_info``, parameter names) and probed for
+    dependencies. A model whose constructor needs real values falls back to
+    the CPU.
+    """
+    try:
+        with torch.device("meta"):
+            return timm.create_model(name, features_only=True, pretrained=False)
+    except (NotImplementedError, RuntimeError):
+        pass  # retried on the CPU, where a real error is reported
+    try:
+        return timm.create_model(name, features_only=True, pretrained=False)
+    except RuntimeError as exc:
+        raise ConfigError(f"timm model {name!r} cannot be used as a backbone ({exc}).") from None
+
+
+def stage_levels(feature_info, stages: list[int], name: str, field: str) -> list[int]:
+    """``feature_info`` indices of the levels at stride ``2 ** (s + 1)`` for each stage ``s``.
+
+    Args:
+        feature_info: a timm ``FeatureInfo`` (all levels are considered).
+        stages: 1-based stages.
+        name: the timm model name, for messages.
+        field: the config field that asked for the stages, for messages.
+
+    Raises:
+        ConfigError: a stage has no level with its stride; lists the strides there are.
+    """
+    reductions = [entry["reduction"] for entry in feature_info.info]
+    indices = []
+    for stage in stages:
+        stride = 2 ** (stage + 1)
+        matches = [i for i, r in enumerate(reductions) if r == stride]
+        if not matches:
+            raise ConfigError(
+                f"{field}: stage {stage} needs a stride-{stride} feature map, but timm model {name!r} "
+                f"has feature strides {sorted(set(reductions))}; choose stages among those strides "
+                "(stage s has stride 2 ** (s + 1)) or a hierarchical model."
+            )
+        indices.append(matches[-1])
+    return indices
+
+
+def dependent_parameters(model: nn.Module, level: int) -> set[str]:
+    """Names of the parameters that feature level ``level`` of ``model`` depends on.
+
+    Backpropagates from that level's output on a zero image; a parameter
+    depends on it when it gets a gradient. On the ``meta`` device this only
+    builds the graph.
+
+    Args:
+        model: a timm features model (any device), left in its original mode.
+        level: a ``feature_info`` index.
+    """
+    out_indices = list(model.feature_info.out_indices)
+    if level not in out_indices:
+        raise ValueError(f"level {level} is not among the model's outputs {out_indices}")
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            try:
+                features = model(torch.zeros(1, 3, PROBE_SIZE, PROBE_SIZE, device=device))
+            except (AssertionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(
+                    f"timm model {model.pretrained_cfg.get('architecture', '')!r} does not accept a "
+                    f"{PROBE_SIZE}x{PROBE_SIZE} image ({exc}); detection backbones must take any image size."
+                ) from None
+            if isinstance(features, dict):
+                features = list(features.values())
+            grads = torch.autograd.grad(features[out_indices.index(level)].sum(), list(params.values()),
+                                        allow_unused=True)
+    finally:
+        model.train(was_training)
+    return {name for name, grad in zip(params, grads) if grad is not None}
+
+
+def create_body(cfg: BackboneConfig, out_indices: list[int], layout: nn.Module) -> nn.Module:
+    """Create the features model with ``cfg.weights`` loaded (see the module docstring)."""
+    kwargs = dict(features_only=True, out_indices=tuple(out_indices))
+    if cfg.weights is None:
+        return timm.create_model(cfg.name, pretrained=False, **kwargs)
+    if cfg.weights == "pretrained":
+        try:
+            return timm.create_model(cfg.name, pretrained=True, **kwargs)
+        except Exception as exc:  # download errors come in many types
+            raise CheckpointError(
+                f"Could not get timm's pretrained weights for {cfg.name!r} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); without network, save "
+                "timm.create_model(name, pretrained=True).state_dict() once where there is network "
+                "and set model.backbone.weights to that file."
+            ) from None
+    state = strip_key_prefixes(read_backbone_state(cfg.weights), STRIP_PREFIXES)
+    layout_keys = set(layout.state_dict())
+    if state.keys() <= layout_keys:
+        # The body's own layout (a detr_peg checkpoint): load after dropping unbuilt stages.
+        body = timm.create_model(cfg.name, pretrained=False, **kwargs)
+        built = set(body.state_dict())
+        load_state_checked(body, {k: v for k, v in state.items() if k in built}, cfg.weights)
+        return body
+    check_full_model_state(cfg.name, state, cfg.weights)
+    # timm maps a whole-model state dict onto the features model (the same path as its own weights).
+    return timm.create_model(cfg.name, pretrained=True, pretrained_cfg_overlay=dict(state_dict=state), **kwargs)
+
+
+def check_full_model_state(name: str, state: dict[str, Tensor], source: str) -> None:
+    """Check that ``state`` is a state dict of the whole timm model ``name`` (classifier optional).
+
+    Raises:
+        CheckpointError: missing or unexpected keys, or shapes that differ.
+    """
+    with torch.device("meta"):
+        full = timm.create_model(name, pretrained=False)
+    classifiers = full.pretrained_cfg.get("classifier") or ()
+    classifiers = (classifiers,) if isinstance(classifiers, str) else tuple(classifiers)
+    head = tuple(f"{c}." for c in classifiers)
+    own = {k: v for k, v in full.state_dict().items() if not k.endswith("num_batches_tracked")}
+    given = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
+    missing = sorted(k for k in own.keys() - given.keys() if not k.startswith(head))
+    unexpected = sorted(given.keys() - own.keys())
+    if missing or unexpected:
+        raise CheckpointError(
+            f"Backbone weights {source} fit neither timm model {name!r} (whole-model state dict) nor its "
+            f"features backbone: {len(missing)} missing keys (first: {missing[:3]}), {len(unexpected)} "
+            f"unexpected keys (first: {unexpected[:3]})."
+        )
+    for key, value in given.items():
+        if not key.startswith(head) and own[key].shape != value.shape:
+            raise CheckpointError(
+                f"Backbone weights {source}: '{key}' has shape {tuple(value.shape)}, timm model {name!r} "
+                f"expects {tuple(own[key].shape)}."
+            )
+
+
+def apply_norm(body: nn.Module, norm: str) -> nn.Module:
+    """Apply ``model.backbone.norm`` to the BatchNorm layers of ``body`` (others are untouched)."""
+    if norm == "frozen_bn":
+        return freeze_batch_norm_2d(body)
+    if norm == "sync_bn":
+        return convert_sync_batchnorm(body)
+    return body
+
+
+def frozen_parameter_names(cfg: BackboneConfig, layout: nn.Module, body: nn.Module,
+                           last_stage: int) -> set[str]:
+    """Parameters of ``body`` that ``cfg.frozen_stages`` and ``cfg.train`` freeze."""
+    names = {name for name, _ in body.named_parameters()}
+    if not cfg.train or cfg.frozen_stages >= last_stage:
+        return names
+    if cfg.frozen_stages <= 0:
+        return set()
+    (level,) = stage_levels(layout.feature_info, [cfg.frozen_stages], cfg.name, "model.backbone.frozen_stages")
+    if level not in layout.feature_info.out_indices:
+        with torch.device(next(layout.parameters()).device):
+            layout = timm.create_model(cfg.name, features_only=True, pretrained=False, out_indices=(level,))
+    return dependent_parameters(layout, level) & names
+
+
+@BACKBONES.register("timm")
+def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackbone:
+    """Build a timm backbone from ``cfg`` (see :data:`BACKBONES` and the module docstring)."""
+    if not out_stages or sorted(set(out_stages)) != list(out_stages) or not set(out_stages) <= set(STAGES):
+        raise ConfigError(f"model.backbone.out_stages must be ascending stage numbers in 1..4, got {out_stages}.")
+    if cfg.dilation:
+        raise ConfigError(
+            "model.backbone.dilation is only supported with model.backbone.source=torchvision; "
+            "set it to false for timm backbones."
+        )
+    check_timm_name(cfg.name)
+    layout = layout_model(cfg.name)
+    levels = stage_levels(layout.feature_info, out_stages, cfg.name, "model.backbone.out_stages")
+    body = create_body(cfg, levels, layout)
+    body = apply_norm(body, cfg.norm)
+    frozen = frozen_parameter_names(cfg, layout, body, max(out_stages))
+    for name, param in body.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
+    info = body.feature_info
+    return TimmBackbone(body=body, out_channels=info.channels(), strides=info.reduction(),
+                        channels_last=getattr(body, "output_fmt", "NCHW") == "NHWC")
