@@ -10,6 +10,7 @@ from detr_peg.models.registry import MODELS, Architecture
 
 # Importing a family registers it in MODELS.
 import detr_peg.models.detr  # noqa: E402,F401  isort: skip
+import detr_peg.models.deformable  # noqa: E402,F401  isort: skip
 
 
 def _architecture(cfg: Config) -> Architecture:
