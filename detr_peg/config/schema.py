@@ -93,7 +93,8 @@ class TransformerConfig:
             strided extra levels).
         enc_n_points: Deformable: sampling points per head and level, encoder.
         dec_n_points: Deformable: sampling points per head and level, decoder.
-        two_stage_num_proposals: Deformable two-stage: proposals kept.
+        two_stage_num_proposals: Deformable two-stage: proposals kept, which
+            are the decoder queries (``model.num_queries`` is then unused).
     """
 
     hidden_dim: int = 256
