@@ -67,6 +67,9 @@ IMPLEMENTATIONS = ("embedding_bag", "grid_sample")
 # level anyway (levels are far smaller than 2**24 pixels per side).
 _COORD_LIMIT = float(2**24)
 
+# Samples per block on CPU (see _query_chunks).
+_CPU_CHUNK_SAMPLES = 1 << 17
+
 
 def ms_deform_attn(
     value: Tensor,
@@ -146,7 +149,8 @@ def _check_shapes(value: Tensor, spatial_shapes, level_start_index: Tensor, samp
 
 
 def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, sampling_locations: Tensor,
-                      num_values: int, index_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+                      num_values: int, index_dtype: torch.dtype,
+                      index_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Row indices and bilinear weights of the four corners of every sample.
 
     The work is laid out "planar" (coordinate and corner first, then
@@ -160,15 +164,17 @@ def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, samplin
         sampling_locations: ``Tensor[B, Lq, M, L, P, 2]`` normalized ``(x, y)``.
         num_values: ``S``, the number of tokens per image.
         index_dtype: ``torch.int32`` or ``torch.int64`` for the row indices.
+        index_out: optional ``Tensor[B, Lq, M, 2, 2, L, P]`` of ``index_dtype``
+            to write the indices into.
 
     Returns:
-        ``(index, weight, valid)``: ``index`` is ``Tensor[2 (y corner), 2 (x corner), B, Lq, M, L, P]``
-        into the flattened value table ``value.reshape(B * S * M, head_dim)``
-        (corners outside the level point at a valid row and get weight 0);
-        ``weight`` is ``Tensor[2 (x, y), 2 (corner 0, 1), B, Lq, M, L, P]``,
-        the 1-d bilinear weights ``(1 - frac, frac)`` with out-of-level corners
-        zeroed; ``valid`` has the layout of ``weight`` and says which corner
-        coordinates lie inside the level.
+        ``(index, weight, outside)``: ``index`` is ``Tensor[B, Lq, M, 2 (y corner), 2 (x corner), L, P]``
+        (the layout of the bags), rows of the flattened value table
+        ``value.reshape(B * S * M, head_dim)``; corners outside the level
+        point at a valid row and get weight 0. ``weight`` is
+        ``Tensor[2 (x, y), 2 (corner 0, 1), B, Lq, M, L, P]``, the 1-d bilinear
+        weights ``(1 - frac, frac)``, zero for corner coordinates outside the
+        level, which ``outside`` (bool, same layout) marks.
     """
     b, lq, m, n_levels, n_points, _ = sampling_locations.shape
     device = sampling_locations.device
@@ -181,8 +187,6 @@ def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, samplin
         # contiguous inner rows instead of a broadcast over the last dimension.
         return t[:, None, None, None, :, None].expand(2, 1, 1, m, n_levels, n_points).contiguous()
 
-    half_size = per_level(size.to(dtype) / 2)
-
     # Pixel coordinate ix = loc * W - 0.5, computed the way grid_sample does on
     # CPU and CUDA, ((2 * loc - 1) + 1) * (W / 2) - 0.5 with a fused multiply-add,
     # so that floor() picks the same cell for points exactly on a pixel center
@@ -190,21 +194,22 @@ def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, samplin
     xy = torch.empty((2, b, lq, m, n_levels, n_points), dtype=dtype, device=device)
     torch.mul(sampling_locations.permute(5, 0, 1, 2, 3, 4), 2, out=xy)
     xy.sub_(1).add_(1)
-    torch.addcmul(torch.full((), -0.5, dtype=dtype, device=device), xy, half_size, out=xy)
+    torch.addcmul(torch.full((), -0.5, dtype=dtype, device=device), xy, per_level(size.to(dtype) / 2), out=xy)
     xy.clamp_(-2.0, _COORD_LIMIT)
     corner0 = xy.floor()
     frac = xy.sub_(corner0)
 
     # Integer corner coordinates [2 (x, y), 2 (corner 0, 1), ...], clamped into the level.
     corner = corner0.to(index_dtype)[:, None] + torch.arange(2, dtype=index_dtype, device=device).view(1, 2, 1, 1, 1, 1, 1)
-    clamped = torch.minimum(corner.clamp_min(0), per_level((size - 1).to(index_dtype))[:, None])
-    valid = clamped == corner
+    clamped = corner.clamp_min(0)
+    torch.minimum(clamped, per_level((size - 1).to(index_dtype))[:, None], out=clamped)
+    outside = clamped != corner
     del corner
 
     weight = torch.empty((2, 2, b, lq, m, n_levels, n_points), dtype=dtype, device=device)
     weight[:, 0].copy_(frac).neg_().add_(1)  # 1 - frac
     weight[:, 1].copy_(frac)
-    weight.mul_(valid)
+    weight.masked_fill_(outside, 0.0)
 
     # Flattened row of value.reshape(B * S * M, D): ((b * S + start_l + y * W_l + x) * M + m).
     stride = torch.stack([torch.full_like(size[0], m), size[0] * m]).to(index_dtype)  # x -> M, y -> W * M
@@ -212,16 +217,17 @@ def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, samplin
     row_base = (torch.arange(b, device=device) * (num_values * m))[:, None, None] \
         + torch.arange(m, device=device)[:, None] + (level_start_index * m)  # [B, M, L]
     clamped[1].add_(row_base.to(index_dtype)[:, None, :, :, None].expand(b, 1, m, n_levels, n_points).contiguous())
-    index = torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=index_dtype, device=device)
+    index = index_out if index_out is not None else \
+        torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=index_dtype, device=device)
     torch.add(clamped[1][:, None], clamped[0][None, :], out=index.permute(3, 4, 0, 1, 2, 5, 6))
-    return index.permute(3, 4, 0, 1, 2, 5, 6), weight, valid
+    return index, weight, outside
 
 
-def _sample_weights(weight: Tensor, attention_weights: Tensor) -> Tensor:
+def _sample_weights(weight: Tensor, attention_weights: Tensor, dtype: torch.dtype) -> Tensor:
     """Per-corner weights ``wy * wx * attention`` in bag layout ``[B, Lq, M, 2, 2, L, P]``."""
     wy_attn = weight[1] * attention_weights  # [2 (y corner), B, Lq, M, L, P]
     b, lq, m, n_levels, n_points = attention_weights.shape
-    out = torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=weight.dtype, device=weight.device)
+    out = torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=dtype, device=weight.device)
     torch.mul(wy_attn[:, None], weight[0][None, :], out=out.permute(3, 4, 0, 1, 2, 5, 6))
     return out
 
@@ -230,60 +236,102 @@ def _index_dtype(num_rows: int) -> torch.dtype:
     return torch.int32 if num_rows < 2**31 else torch.int64
 
 
+def _query_chunks(sampling_locations: Tensor) -> list[slice]:
+    """Query ranges processed at once: all on GPUs, cache-sized blocks on CPU.
+
+    On CPU the per-sample temporaries of a whole encoder layer are tens of MB;
+    blocks of about ``_CPU_CHUNK_SAMPLES`` samples keep them in cache and let
+    the allocator reuse memory instead of faulting in fresh pages every op.
+    """
+    b, lq, m, n_levels, n_points, _ = sampling_locations.shape
+    if sampling_locations.device.type != "cpu":
+        return [slice(0, lq)]
+    step = max(1, _CPU_CHUNK_SAMPLES // max(1, b * m * n_levels * n_points))
+    return [slice(start, min(start + step, lq)) for start in range(0, lq, step)] or [slice(0, 0)]
+
+
 class _EmbeddingBagMSDA(torch.autograd.Function):
-    """Deformable attention as one ``embedding_bag``; see the module docstring."""
+    """Deformable attention as one ``embedding_bag`` per query block; see the module docstring."""
 
     @staticmethod
     def forward(ctx, value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor, sampling_locations: Tensor,
                 attention_weights: Tensor) -> Tensor:
         b, s, m, d = value.shape
         lq, n_levels, n_points = sampling_locations.shape[1], sampling_locations.shape[3], sampling_locations.shape[4]
-        index, weight, _ = _bilinear_corners(spatial_shapes, level_start_index, sampling_locations, s,
-                                             _index_dtype(b * s * m))
         bag_size = n_levels * n_points * 4
-        sample_weight = _sample_weights(weight, attention_weights).to(value.dtype)
-        output = F.embedding_bag(index.permute(2, 3, 4, 0, 1, 5, 6).reshape(b * lq * m, bag_size),
-                                 value.reshape(b * s * m, d),
-                                 per_sample_weights=sample_weight.view(b * lq * m, bag_size), mode="sum")
+        table = value.reshape(b * s * m, d)
+        index_dtype = _index_dtype(table.shape[0])
+        output = value.new_empty(b, lq, m * d)
+        for chunk in _query_chunks(sampling_locations):
+            index, weight, _ = _bilinear_corners(spatial_shapes, level_start_index, sampling_locations[:, chunk], s,
+                                                 index_dtype)
+            sample_weight = _sample_weights(weight, attention_weights[:, chunk], value.dtype)
+            bags = index.shape[0] * index.shape[1] * m
+            sampled = F.embedding_bag(index.view(bags, bag_size), table,
+                                      per_sample_weights=sample_weight.view(bags, bag_size), mode="sum")
+            output[:, chunk] = sampled.view(b, -1, m * d)
         ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-        return output.view(b, lq, m * d)
+        return output
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights = ctx.saved_tensors
         need_value, _, _, need_loc, need_attn = ctx.needs_input_grad
         b, s, m, d = value.shape
-        lq, n_levels, n_points = sampling_locations.shape[1], sampling_locations.shape[3], sampling_locations.shape[4]
-        num_rows, num_bags, bag_size = b * s * m, b * lq * m, n_levels * n_points * 4
-        index, weight, valid = _bilinear_corners(spatial_shapes, level_start_index, sampling_locations, s,
-                                                 _index_dtype(num_rows))
-        flat_index = index.permute(2, 3, 4, 0, 1, 5, 6).reshape(-1)  # bag layout, a view
-        table = value.reshape(num_rows, d)
-        grad_bags = grad_output.reshape(num_bags, d).contiguous()
-        grad_value = grad_loc = grad_attn = None
+        n_levels, n_points = sampling_locations.shape[3], sampling_locations.shape[4]
+        bag_size = n_levels * n_points * 4
+        # The sparse kernels below have no reduced-precision versions everywhere.
+        work_dtype = torch.promote_types(value.dtype, torch.float32)
+        table = value.reshape(b * s * m, d).to(work_dtype)
+        grad_output = grad_output.to(work_dtype)
+        chunks = _query_chunks(sampling_locations)
+        # COO indices of the value-gradient scatter, shared by all blocks: row 0 gets each
+        # block's corner rows (written in place by _bilinear_corners), row 1 the bag of
+        # every corner, which is the same for every block.
+        max_bags = b * max(c.stop - c.start for c in chunks) * m
+        coo_indices = torch.empty((2, max_bags * bag_size), dtype=torch.int64, device=value.device)
+        coo_indices[1].view(max_bags, bag_size).copy_(torch.arange(max_bags, device=value.device)[:, None])
+        grad_value = torch.zeros_like(table) if need_value else None
+        grad_loc = torch.empty_like(sampling_locations) if need_loc else None
+        grad_attn = torch.empty_like(attention_weights) if need_attn else None
+        size = None
+        if need_loc:
+            size = spatial_shapes.flip(-1).t().to(work_dtype)[:, None, None, None, :, None] \
+                .expand(2, 1, 1, m, n_levels, n_points).contiguous()  # [2 (W, H), 1, 1, M, L, P]
 
-        if need_loc or need_attn:
-            # dots[y corner, x corner, b, q, m, l, p] = <grad_out[b, q, m], value row of that corner>
-            dots = _sampled_dots(grad_bags, table, flat_index, bag_size)
-            dots = dots.view(b, lq, m, 2, 2, n_levels, n_points).permute(3, 4, 0, 1, 2, 5, 6)
-            wx, wy = weight[0], weight[1]
-            by_y = dots[:, 0] * wx[0] + dots[:, 1] * wx[1]  # [2 (y corner), ...], summed over x corners
-            if need_attn:
-                grad_attn = by_y[0] * wy[0] + by_y[1] * wy[1]
-            if need_loc:
-                # d weight / d frac = (-1, +1) for (corner 0, corner 1), zero outside the level;
-                # d frac / d loc = W (resp. H).
-                by_x = dots[0] * wy[0] + dots[1] * wy[1]  # [2 (x corner), ...]
-                vx, vy = valid[0].to(by_x.dtype), valid[1].to(by_x.dtype)
-                grad_frac = torch.stack([by_x[1] * vx[1] - by_x[0] * vx[0], by_y[1] * vy[1] - by_y[0] * vy[0]])
-                grad_frac.mul_(attention_weights)
-                size = spatial_shapes.flip(-1).t().to(grad_frac.dtype)  # [2 (W, H), L]
-                grad_frac.mul_(size[:, None, None, None, :, None].expand(2, 1, 1, m, n_levels, n_points).contiguous())
-                grad_loc = grad_frac.permute(1, 2, 3, 4, 5, 0)  # [B, Lq, M, L, P, 2], strided
-
+        for chunk in chunks:
+            attn = attention_weights[:, chunk]
+            lq = chunk.stop - chunk.start
+            nnz = b * lq * m * bag_size
+            index_out = coo_indices[0, :nnz].view(b, lq, m, 2, 2, n_levels, n_points)
+            _, weight, outside = _bilinear_corners(spatial_shapes, level_start_index, sampling_locations[:, chunk],
+                                                   s, torch.int64, index_out)
+            flat_index = coo_indices[0, :nnz]
+            grad_bags = grad_output[:, chunk].reshape(b * lq * m, d)
+            if need_loc or need_attn:
+                # dots[y corner, x corner, b, q, m, l, p] = <grad_out[b, q, m], value row of that corner>,
+                # zero where the corner is outside the level.
+                dots = _sampled_dots(grad_bags, table, flat_index, bag_size)
+                dots = dots.view(b, lq, m, 2, 2, n_levels, n_points).permute(3, 4, 0, 1, 2, 5, 6)
+                dots.masked_fill_(outside[1][:, None] | outside[0][None, :], 0.0)
+                wx, wy = weight[0], weight[1]
+                by_y = dots[:, 0] * wx[0] + dots[:, 1] * wx[1]  # [2 (y corner), ...], summed over x corners
+                if need_attn:
+                    grad_attn[:, chunk] = by_y[0] * wy[0] + by_y[1] * wy[1]
+                if need_loc:
+                    # d weight / d frac = -1 for corner 0 and +1 for corner 1; d frac / d loc = W (resp. H).
+                    by_x = dots[0] * wy[0] + dots[1] * wy[1]  # [2 (x corner), ...]
+                    grad_frac = torch.stack([by_x[1] - by_x[0], by_y[1] - by_y[0]])
+                    grad_frac.mul_(attn).mul_(size)
+                    grad_loc[:, chunk] = grad_frac.permute(1, 2, 3, 4, 5, 0)
+            if need_value:
+                sample_weight = _sample_weights(weight, attn, work_dtype).view(-1)
+                scatter = torch.sparse_coo_tensor(coo_indices[:, :nnz], sample_weight, (table.shape[0], b * lq * m),
+                                                  check_invariants=False)
+                # addmm into its own input accumulates in place (beta = 1: no copy, no extra zero-fill).
+                torch.addmm(grad_value, scatter, grad_bags, out=grad_value)
         if need_value:
-            sample_weight = _sample_weights(weight, attention_weights).to(grad_bags.dtype).view(-1)
-            grad_value = _scatter_rows(grad_bags, flat_index, sample_weight, bag_size, num_rows).view(b, s, m, d)
+            grad_value = grad_value.view(b, s, m, d).to(value.dtype)
         return grad_value, None, None, grad_loc, grad_attn
 
 
@@ -298,19 +346,6 @@ def _sampled_dots(grad_bags: Tensor, table: Tensor, flat_index: Tensor, bag_size
         pattern = torch.sparse_csr_tensor(crow, flat_index, torch.zeros_like(flat_index, dtype=table.dtype),
                                           size=(num_bags, table.shape[0]), check_invariants=False)
         return torch.sparse.sampled_addmm(pattern, grad_bags, table.t(), beta=0.0).values()
-
-
-def _scatter_rows(grad_bags: Tensor, flat_index: Tensor, sample_weight: Tensor, bag_size: int,
-                  num_rows: int) -> Tensor:
-    """``out[flat_index[k]] += sample_weight[k] * grad_bags[k // bag_size]`` as one sparse x dense product."""
-    num_bags = grad_bags.shape[0]
-    indices = torch.empty((2, flat_index.numel()), dtype=torch.int64, device=flat_index.device)
-    indices[0].copy_(flat_index)
-    indices[1].view(num_bags, bag_size).copy_(torch.arange(num_bags, device=flat_index.device)[:, None])
-    scatter = torch.sparse_coo_tensor(indices, sample_weight, (num_rows, num_bags), check_invariants=False)
-    out = torch.zeros((num_rows, grad_bags.shape[1]), dtype=grad_bags.dtype, device=grad_bags.device)
-    # addmm into its own input skips the extra zero-fill that torch.sparse.mm does.
-    return torch.addmm(out, scatter, grad_bags, out=out)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from detr_peg.models.deformable import ms_deform_attn_function as msda_function
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
 from detr_peg.models.deformable.ms_deform_attn_function import IMPLEMENTATIONS, ms_deform_attn
 
@@ -139,6 +140,34 @@ def test_gradcheck_tiny(impl):
         return ms_deform_attn(v, shapes_t, level_start(shapes_t), l, w, impl=impl)
 
     assert torch.autograd.gradcheck(fn, (value, loc, weights))
+
+
+def test_cpu_query_blocks_give_the_same_result(monkeypatch):
+    # On CPU the embedding_bag path works through the queries in blocks of about
+    # _CPU_CHUNK_SAMPLES samples; force many blocks, the last one partial.
+    monkeypatch.setattr(msda_function, "_CPU_CHUNK_SAMPLES", 2 * (B * M * len(SHAPES) * P))  # 2 queries
+    value, shapes, start, loc, weights = make_inputs(torch.float64, seed=6, lq=7)
+    assert [c.stop - c.start for c in msda_function._query_chunks(loc)] == [2, 2, 2, 1]
+    inputs = [t.clone().requires_grad_(True) for t in (value, loc, weights)]
+    ref_inputs = [t.clone().requires_grad_(True) for t in (value, loc, weights)]
+    out = ms_deform_attn(inputs[0], shapes, start, inputs[1], inputs[2])
+    expected = reference_ms_deform_attn(ref_inputs[0], SHAPES, ref_inputs[1], ref_inputs[2])
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, inputs, grad), torch.autograd.grad(expected, ref_inputs, grad)):
+        torch.testing.assert_close(got, want)
+
+
+def test_reduced_precision_follows_the_float32_result():
+    value, shapes, start, loc, weights = make_inputs(torch.float32, seed=7)
+    expected = ms_deform_attn(value, shapes, start, loc, weights)
+    for dtype in (torch.bfloat16, torch.float16):
+        inputs = [t.to(dtype).requires_grad_(True) for t in (value, loc, weights)]
+        out = ms_deform_attn(inputs[0], shapes, start, inputs[1], inputs[2])
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
+        grads = torch.autograd.grad(out.float().sum(), inputs)
+        assert all(g.dtype == dtype and torch.isfinite(g).all() for g in grads)
 
 
 def test_implementations_agree_on_inputs_requiring_partial_gradients():
