@@ -17,7 +17,8 @@ Usage::
     python tools/bench_ms_deform_attn.py --device cuda --batch 1 2
     python tools/bench_ms_deform_attn.py --impl embedding_bag official --repeats 9
 
-Prints one row per (device, batch, shape, implementation): the median time of
+Prints one row per (device, batch, shape, implementation): the median (or
+minimum, ``--stat min``) time of
 the forward pass (under ``torch.no_grad``) and of forward + backward (gradients
 for value, sampling locations and attention weights), and the largest
 difference of the forward output from the official algorithm.
@@ -83,7 +84,7 @@ def make_inputs(batch: int, queries: str, device: torch.device, dtype: torch.dty
     return value.to(**to), shapes.to(device), start.to(device), locations.to(**to), weights.to(**to)
 
 
-def median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+def time_ms(fn: Callable[[], object], repeats: int, device: torch.device, stat: str = "median") -> float:
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -96,7 +97,7 @@ def median_time(fn: Callable[[], object], repeats: int, device: torch.device) ->
         fn()
         sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000.0
+    return (statistics.median(times) if stat == "median" else min(times)) * 1000.0
 
 
 def main() -> None:
@@ -108,7 +109,9 @@ def main() -> None:
     parser.add_argument("--batch", nargs="+", type=int, default=[1], help="batch sizes")
     parser.add_argument("--shape", nargs="+", default=["encoder", "decoder"], choices=["encoder", "decoder"])
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
+    parser.add_argument("--stat", default="median", choices=["median", "min"],
+                        help="statistic of the timed runs (min is steadier on a busy machine)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--no-backward", action="store_true", help="time the forward pass only")
     args = parser.parse_args()
@@ -116,7 +119,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     dtype = getattr(torch, args.dtype)
-    print(f"torch {torch.__version__}, {args.threads} CPU threads, {args.dtype}, median of {args.repeats}")
+    print(f"torch {torch.__version__}, {args.threads} CPU threads, {args.dtype}, {args.stat} of {args.repeats} runs")
     print(f"{'device':8s} {'batch':>5s} {'shape':8s} {'impl':14s} {'forward ms':>11s} {'fwd+bwd ms':>11s} "
           f"{'max |diff|':>10s}")
     for device_name in devices:
@@ -134,7 +137,7 @@ def main() -> None:
 
                     with torch.no_grad():
                         diff = (run() - reference).abs().max().item()
-                        forward = median_time(run, args.repeats, device)
+                        forward = time_ms(run, args.repeats, device, args.stat)
                     both = float("nan")
                     if not args.no_backward:
                         inputs = [t.detach().requires_grad_(True) for t in (value, locations, weights)]
@@ -148,7 +151,7 @@ def main() -> None:
                                 out = ms_deform_attn(v, shapes, start, loc, w, impl=impl)
                             torch.autograd.grad(out, inputs, grad)
 
-                        both = median_time(run_backward, args.repeats, device)
+                        both = time_ms(run_backward, args.repeats, device, args.stat)
                     print(f"{device_name:8s} {batch:5d} {shape:8s} {impl:14s} {forward:11.1f} {both:11.1f} "
                           f"{diff:10.2e}", flush=True)
 

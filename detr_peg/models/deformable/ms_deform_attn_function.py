@@ -21,8 +21,10 @@ Two implementations are kept, chosen by ``impl=``:
     ``<grad_out, value_row>`` with one sampled dense-dense product
     (:func:`torch.sparse.sampled_addmm`), from which the gradients of the
     attention weights and sampling locations follow in closed form, and
-    scatters the value gradient with one sparse-dense product. No host sync,
-    no Python loop over levels or batch items.
+    scatters the value gradient with one sparse-dense product. No host sync
+    and no Python loop over levels or batch items; on CPU the queries are
+    processed in blocks of about 2**17 samples so that the temporaries stay in
+    cache (on GPUs in one go).
 ``"grid_sample"``
     One ``F.grid_sample`` per level, as the official code does, with the
     weighting over points fused into a batched matrix product and no stacking
@@ -136,6 +138,8 @@ def _check_shapes(value: Tensor, spatial_shapes, level_start_index: Tensor, samp
     if tuple(attention_weights.shape) != (b, lq, m, n_levels, n_points):
         raise ValueError(f"attention_weights must be [B, Lq, n_heads, L, P] = {(b, lq, m, n_levels, n_points)}, "
                          f"got {tuple(attention_weights.shape)}.")
+    if isinstance(spatial_shapes, Tensor) and (spatial_shapes.dim() != 2 or spatial_shapes.shape[1] != 2):
+        raise ValueError(f"spatial_shapes must be [L, 2] (H, W), got shape {tuple(spatial_shapes.shape)}.")
     n_shapes = spatial_shapes.shape[0] if isinstance(spatial_shapes, Tensor) else len(spatial_shapes)
     if n_shapes != n_levels or level_start_index.shape[0] != n_levels:
         raise ValueError(f"spatial_shapes ({n_shapes} levels) and level_start_index "
@@ -359,16 +363,16 @@ def _ms_deform_attn_grid_sample(value: Tensor, spatial_shapes, sampling_location
     b, s, m, d = value.shape
     _, lq, _, n_levels, n_points, _ = sampling_locations.shape
     shapes = spatial_shapes.tolist() if isinstance(spatial_shapes, Tensor) else [tuple(hw) for hw in spatial_shapes]
-    # [B * M, D, S]: one value map per (image, head), channels = head_dim.
-    value_maps = value.permute(0, 2, 3, 1).reshape(b * m, d, s)
+    # [B * M, D, H_l * W_l] per level: one value map per (image, head), channels = head_dim.
+    # (split, not slicing: the backward of split is one cat, slicing would zero-fill the
+    # whole value gradient once per level.)
+    value_maps = value.permute(0, 2, 3, 1).reshape(b * m, d, s).split([h * w for h, w in shapes], dim=2)
     # [L, B * M, Lq, P, 2] and [L, B * M, Lq, P, 1], grouped by level for the loop.
     grids = (2 * sampling_locations - 1).permute(3, 0, 2, 1, 4, 5).reshape(n_levels, b * m, lq, n_points, 2)
     weights = attention_weights.permute(3, 0, 2, 1, 4).reshape(n_levels, b * m, lq, n_points, 1)
     output = None
-    start = 0
     for level, (h, w) in enumerate(shapes):
-        value_l = value_maps[:, :, start:start + h * w].view(b * m, d, h, w)
-        start += h * w
+        value_l = value_maps[level].view(b * m, d, h, w)
         sampled = F.grid_sample(value_l, grids[level], mode="bilinear", padding_mode="zeros", align_corners=False)
         # [B * M, D, Lq, P] -> [B * M, Lq, D, P] @ [B * M, Lq, P, 1] -> [B * M, Lq, D, 1]
         term = torch.matmul(sampled.permute(0, 2, 1, 3), weights[level])
