@@ -9,6 +9,7 @@ Public API::
     model = detr_peg.load_model("model.pth")     # a trained or converted checkpoint, eval mode
     out = model(images, mask)                    # Tensor[B, 3, H, W] + Tensor[B, H, W] (True = padding)
     out = model([img1, img2])                    # or a list of unpadded Tensor[3, H, W]
+    result = detr_peg.run_training(cfg)          # train as `detr-peg train` does -> TrainResult
 
 Names are imported lazily, so ``import detr_peg.data`` does not load the models.
 """
@@ -27,6 +28,8 @@ _EXPORTS = {
     "build_criterion": "detr_peg.models",
     "build_postprocessor": "detr_peg.models",
     "load_model": "detr_peg.checkpoint.format",
+    "run_training": "detr_peg.engine.runner",
+    "run_evaluation": "detr_peg.engine.evaluation_run",
 }
 
 __all__ = ["__version__", *_EXPORTS]

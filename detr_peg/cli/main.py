@@ -3,8 +3,9 @@
 Each command lives in its own module of :mod:`detr_peg.cli` exposing
 ``add_arguments(parser)`` and ``run(args) -> int``. Errors caused by user
 input (:class:`~detr_peg.errors.UserError`) are printed as one line without a
-traceback and exit with status 2; anything else is a bug and keeps its
-traceback.
+traceback and exit with status 2 (a training run stopped by SIGINT/SIGTERM
+after writing its checkpoint: 128 + the signal number); anything else is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(modules[args.command].run(args) or 0)
     except UserError as exc:
         print(f"detr-peg {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        # A stop on a signal exits with 128 + its number (130 SIGINT, 143 SIGTERM).
+        return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         print(f"detr-peg {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -240,6 +240,9 @@ class TrainConfig:
         reset_classifier: with ``init_from``: allow a different number of classes
             by re-initialising the class head.
         eval_every: evaluate every this many epochs (0: only at the end).
+        checkpoint_every: also write the checkpoint every this many iterations
+            within an epoch, so ``resume`` continues mid-epoch (0: at the end
+            of each epoch only).
         log_every: iterations between metric log lines.
         tensorboard: also write TensorBoard events.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
@@ -268,6 +271,7 @@ class TrainConfig:
     init_from: Optional[str] = None
     reset_classifier: bool = False
     eval_every: int = 1
+    checkpoint_every: int = 0
     log_every: int = 20
     tensorboard: bool = False
     device: str = "auto"

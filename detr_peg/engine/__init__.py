@@ -1,5 +1,43 @@
-"""Training and evaluation: plain functions over a model, its criterion and data."""
+"""Training and evaluation: plain functions over a model, its criterion and data.
 
-from detr_peg.engine.param_groups import build_param_groups
+Entry points (imported lazily)::
 
-__all__ = ["build_param_groups"]
+    from detr_peg.engine import run_training, run_evaluation
+
+    result = run_training(cfg)          # TrainResult: checkpoint, metrics, iterations, ...
+    result = run_evaluation(cfg, "runs/peg/checkpoint.pth", "runs/peg/eval")
+
+Building blocks: ``train_one_epoch`` (:mod:`~detr_peg.engine.train_loop`),
+``evaluate`` (:mod:`~detr_peg.engine.evaluate`), ``build_optimizer`` /
+``build_lr_scheduler`` (:mod:`~detr_peg.engine.optim`),
+``build_param_groups`` (:mod:`~detr_peg.engine.param_groups`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "build_param_groups": "detr_peg.engine.param_groups",
+    "build_optimizer": "detr_peg.engine.optim",
+    "build_lr_scheduler": "detr_peg.engine.optim",
+    "train_one_epoch": "detr_peg.engine.train_loop",
+    "evaluate": "detr_peg.engine.evaluate",
+    "run_training": "detr_peg.engine.runner",
+    "TrainResult": "detr_peg.engine.runner",
+    "run_evaluation": "detr_peg.engine.evaluation_run",
+    "EvalResult": "detr_peg.engine.evaluation_run",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'detr_peg.engine' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,87 @@
+"""Train a detector on a COCO-format dataset.
+
+The config is a YAML file (see configs/) plus key=value overrides; the
+resolved config is written to <output>/config.yaml. The output folder gets
+checkpoint.pth (replaced atomically after every epoch), metrics.jsonl,
+metrics.json and detections.json of the last evaluation.
+
+The total batch is train.batch_size x the number of processes. Several GPUs
+or machines: start the same command with torchrun, e.g.
+  torchrun --nproc_per_node 8 -m detr_peg.cli.main train --config configs/detr_r50_peg.yaml
+
+Examples:
+  detr-peg train --config configs/detr_r50_peg.yaml --output runs/peg
+  detr-peg train --config configs/detr_r50_peg.yaml --output runs/peg --resume
+  detr-peg train --config configs/detr_r50_peg.yaml data.train_images=my/images \\
+      data.train_annotations=my/train.json data.val_images=my/images data.val_annotations=my/val.json
+  detr-peg train --config configs/detr_r50_peg.yaml --print-config
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import yaml
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/*.yaml)")
+    parser.add_argument("--output", metavar="DIR", help="output folder (sets train.output_dir)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from <output>/checkpoint.pth if it exists (sets train.resume=true)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config and the recipe it gives, then exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=2e-4")
+
+
+def resolve(args: argparse.Namespace):
+    """The config of the command: file, then overrides, then --output/--resume."""
+    from detr_peg.config.loader import load_config
+
+    overrides = list(args.overrides)
+    if args.output:
+        overrides.append(f"train.output_dir={args.output}")
+    if args.resume:
+        overrides.append("train.resume=true")
+    return load_config(args.config, overrides)
+
+
+def recipe_summary(cfg, world_size: int | None = None) -> str:
+    """One comment block stating the optimisation recipe of ``cfg``."""
+    t = cfg.train
+    if world_size is None:
+        env_world = os.environ.get("WORLD_SIZE")
+        if env_world:
+            world_size = int(env_world)
+        elif t.total_batch_size and t.total_batch_size % t.batch_size == 0:
+            world_size = t.total_batch_size // t.batch_size
+        else:
+            world_size = 1
+    total = t.batch_size * world_size
+    lines = [
+        f"# recipe: AdamW, lr {t.lr:g} (backbone {t.lr_backbone:g}), weight decay {t.weight_decay:g}, "
+        f"gradient clipping {t.clip_max_norm:g}",
+        f"# schedule: {t.epochs} epochs, StepLR x{t.lr_gamma:g} every {t.lr_drop} epochs",
+        f"# batch: {t.batch_size} per process x {world_size} processes = total {total}"
+        + (f" (recipe total {t.total_batch_size})" if t.total_batch_size else ""),
+    ]
+    if t.lr_linear_proj_mult != 1.0 and cfg.model.arch != "detr":
+        lines.append(f"# {', '.join(t.lr_linear_proj_names)}: lr x{t.lr_linear_proj_mult:g}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from detr_peg.config.loader import config_to_dict
+
+    cfg = resolve(args)
+    if args.print_config:
+        sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        print(recipe_summary(cfg))
+        return 0
+    from detr_peg.engine.runner import run_training
+
+    run_training(cfg)
+    return 0

@@ -1,0 +1,246 @@
+"""Training checkpoints: what is saved, how a run resumes, and where it may write.
+
+``<output_dir>/checkpoint.pth`` is a detr_peg checkpoint (see
+:mod:`detr_peg.checkpoint.format`: config, model, label map, so ``eval``,
+``predict`` and :func:`detr_peg.load_model` read it alone) plus the training
+state::
+
+    "optimizer", "lr_scheduler", "grad_scaler" (fp16 only)   state dicts
+    "epoch"                 epochs completed
+    "epoch_batches_done"    batches done in the epoch after those (mid-epoch stop)
+    "iteration"             optimizer steps done in total
+    "rng"                   list over processes of their generator states
+    "world_size"            processes of the run that wrote it
+    "skipped_image_ids"     unreadable images left out so far
+
+It is replaced atomically (temporary file, then rename) after every epoch,
+every ``train.checkpoint_every`` iterations, at the iteration budget and on a
+stop request, so the file on disk is always a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint, save_checkpoint
+from detr_peg.config.schema import Config
+from detr_peg.data.label_map import LabelMap
+from detr_peg.engine.seeding import restore_rng_state
+from detr_peg.errors import CheckpointError, TrainingError
+
+CHECKPOINT_NAME = "checkpoint.pth"
+
+#: Parameter-name fragment of the classification heads (re-initialised by ``train.reset_classifier``).
+CLASSIFIER_KEY = "class_embed"
+
+
+@dataclass
+class Progress:
+    """Where training stands (saved in and restored from checkpoints).
+
+    Attributes:
+        epoch: epochs completed (the index of the epoch in progress).
+        epoch_batches_done: batches done in epoch ``epoch``.
+        iteration: optimizer steps done in total.
+        skipped_image_ids: unreadable images left out so far (all processes).
+    """
+
+    epoch: int = 0
+    epoch_batches_done: int = 0
+    iteration: int = 0
+    skipped_image_ids: set[int] = field(default_factory=set)
+
+
+def checkpoint_path(output_dir: str | Path) -> Path:
+    """The checkpoint file of an output folder."""
+    return Path(output_dir) / CHECKPOINT_NAME
+
+
+def estimate_checkpoint_bytes(model: nn.Module) -> int:
+    """About how many bytes a training checkpoint of ``model`` takes (weights + two AdamW moments)."""
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    moments = sum(2 * p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    return weights + moments + (1 << 20)
+
+
+def check_output_dir(output_dir: str | Path, needed_bytes: int) -> Path:
+    """Make sure the run can write its files before training starts.
+
+    The folder is created if needed, a test file is written and removed, and
+    the free space is compared with one more checkpoint than exists (the new
+    file is complete before the old one is replaced).
+
+    Raises:
+        TrainingError: the folder cannot be created or written, or the disk
+            has too little free space.
+    """
+    folder = Path(output_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrainingError(
+            f"Output folder {folder} cannot be created ({exc.strerror or exc}); choose another train.output_dir."
+        ) from None
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"0" * 4096)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise TrainingError(
+            f"Output folder {folder} is not writable ({exc.strerror or exc}); choose another train.output_dir "
+            "or fix its permissions."
+        ) from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    remove_stale_temporaries(folder)
+    free = shutil.disk_usage(folder).free
+    margin = int(needed_bytes * 1.2) + (32 << 20)
+    if free < margin:
+        raise TrainingError(
+            f"Output folder {folder} has {free / 2**20:.0f} MiB free but a checkpoint needs about "
+            f"{needed_bytes / 2**20:.0f} MiB (plus room for the next one while it is written); free some space "
+            "or choose another train.output_dir."
+        )
+    return folder
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete temporary files a killed run left next to its outputs (``.checkpoint.pth.tmp-<pid>``...).
+
+    They are never read: the file under the final name is always complete.
+    """
+    removed = []
+    for name in (CHECKPOINT_NAME, "metrics.json", "detections.json"):
+        for tmp in folder.glob(f".{name}.tmp-*"):
+            try:
+                tmp.unlink()
+                removed.append(tmp)
+            except OSError:
+                pass
+    return removed
+
+
+def save_training_checkpoint(path: str | Path, *, cfg: Config, model: nn.Module,
+                             optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                             grad_scaler: Optional[torch.amp.GradScaler], label_map: LabelMap,
+                             progress: Progress, rng_states: list[dict], world_size: int) -> None:
+    """Write the training checkpoint atomically (main process only).
+
+    Raises:
+        TrainingError: the file cannot be written (full disk, permissions);
+            the previous checkpoint is left intact.
+    """
+    extra: dict[str, Any] = {
+        "optimizer": optimizer.state_dict(),
+        "lr_scheduler": lr_scheduler.state_dict(),
+        "epoch": progress.epoch,
+        "epoch_batches_done": progress.epoch_batches_done,
+        "iteration": progress.iteration,
+        "rng": rng_states,
+        "world_size": world_size,
+        "skipped_image_ids": sorted(progress.skipped_image_ids),
+    }
+    if grad_scaler is not None:
+        extra["grad_scaler"] = grad_scaler.state_dict()
+    try:
+        save_checkpoint(path, cfg, model.state_dict(), label_map.to_dict(), **extra)
+    except CheckpointError as exc:
+        raise TrainingError(
+            f"{exc} Training stopped at iteration {progress.iteration}; the previous checkpoint (if any) is intact."
+        ) from None
+
+
+def restore_training_state(ckpt: Checkpoint, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                           lr_scheduler: Any, grad_scaler: Optional[torch.amp.GradScaler],
+                           rank: int, world_size: int, device: torch.device) -> Progress:
+    """Load model, optimizer, schedule, scaler and this process's RNG state from ``ckpt``.
+
+    Raises:
+        CheckpointError: the checkpoint lacks training state or does not fit
+            the model or its parameter groups.
+    """
+    extra = ckpt.extra
+    for key in ("optimizer", "lr_scheduler", "epoch", "iteration"):
+        if key not in extra:
+            raise CheckpointError(
+                f"{ckpt.path} has no '{key}' entry: it holds weights only, not a training state to resume; "
+                "use train.init_from to start a new run from it."
+            )
+    load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
+    try:
+        optimizer.load_state_dict(extra["optimizer"])
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"The optimizer state in {ckpt.path} does not fit this run ({exc}); the trainable parameters changed."
+        ) from None
+    lr_scheduler.load_state_dict(extra["lr_scheduler"])
+    if grad_scaler is not None and "grad_scaler" in extra:
+        grad_scaler.load_state_dict(extra["grad_scaler"])
+    rng = extra.get("rng") or []
+    if len(rng) == world_size:
+        restore_rng_state(rng[rank], device)
+    else:
+        warnings.warn(
+            f"{ckpt.path} was written by {len(rng)} processes and this run has {world_size}; the random "
+            "generators start fresh, so the run is not an exact continuation.",
+            stacklevel=2,
+        )
+    return Progress(
+        epoch=int(extra["epoch"]),
+        epoch_batches_done=int(extra.get("epoch_batches_done", 0)),
+        iteration=int(extra["iteration"]),
+        skipped_image_ids=set(int(i) for i in extra.get("skipped_image_ids", [])),
+    )
+
+
+def load_initial_weights(model: nn.Module, path: str, *, num_classes: int, label_map: LabelMap,
+                         reset_classifier: bool) -> Checkpoint:
+    """Start a new run from the weights of another run (``train.init_from``).
+
+    Args:
+        model: the freshly built detector.
+        path: a detr_peg checkpoint; official checkpoints must be converted
+            first (``detr-peg convert``; the error says so).
+        num_classes: the classes of this run.
+        label_map: this run's label map (compared with the stored one).
+        reset_classifier: keep the new model's class heads instead of loading
+            them; required when the number of classes differs.
+
+    Raises:
+        CheckpointError: a different number of classes without
+            ``reset_classifier``, or weights that do not fit otherwise.
+    """
+    ckpt = read_checkpoint(path)
+    stored_classes = ckpt.config.model.num_classes
+    if stored_classes != num_classes and not reset_classifier:
+        raise CheckpointError(
+            f"train.init_from {path} was trained with {stored_classes} classes but this dataset needs "
+            f"{num_classes}; set train.reset_classifier=true to fine-tune with a new classification head."
+        )
+    own = model.state_dict()
+    state = dict(ckpt.model)
+    if reset_classifier:
+        for key in own:
+            if CLASSIFIER_KEY in key:
+                state[key] = own[key]
+    elif ckpt.label_map is not None and LabelMap.from_dict(ckpt.label_map) != label_map:
+        warnings.warn(
+            f"train.init_from {path} has the same number of classes but other categories than this dataset; "
+            "its class head is kept (set train.reset_classifier=true to start it fresh).",
+            stacklevel=2,
+        )
+    load_weights(model, state, f"train.init_from {path}")
+    return ckpt

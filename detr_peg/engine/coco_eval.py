@@ -1,0 +1,124 @@
+"""COCO bbox evaluation with pycocotools, and detections in the COCO results format.
+
+Detections are written as the list that ``COCO.loadRes`` and the COCO
+evaluation server read::
+
+    [{"image_id": int, "category_id": int, "bbox": [x, y, w, h], "score": float}, ...]
+
+with boxes in pixels of the stored image and ``category_id`` the dataset's
+own category id (model labels are mapped back through the label map stored
+with the model). Labels that are not a category of the map (with raw COCO
+labels, the unused ids of the 91 logits) cannot be right and are left out.
+
+The twelve standard numbers of ``COCOeval.summarize()`` are returned under
+the names of :data:`STAT_NAMES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+from torch import Tensor
+
+from detr_peg.data.label_map import LabelMap
+
+#: The order of ``COCOeval.stats`` for bbox evaluation.
+STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+
+_DESCRIPTIONS = {
+    "AP": "AP @ IoU=0.50:0.95, all areas, 100 dets",
+    "AP50": "AP @ IoU=0.50",
+    "AP75": "AP @ IoU=0.75",
+    "APs": "AP small (area < 32^2)",
+    "APm": "AP medium (32^2 .. 96^2)",
+    "APl": "AP large (area > 96^2)",
+    "AR1": "AR, 1 detection per image",
+    "AR10": "AR, 10 detections per image",
+    "AR100": "AR, 100 detections per image",
+    "ARs": "AR small",
+    "ARm": "AR medium",
+    "ARl": "AR large",
+}
+
+
+def detections_to_coco(image_ids: Sequence[int], detections: Sequence[dict[str, Tensor]],
+                       label_map: LabelMap) -> list[dict]:
+    """Per-image post-processed detections as COCO result entries.
+
+    Args:
+        image_ids: the COCO image id of each entry of ``detections``.
+        detections: ``{"scores": Tensor[N], "labels": Tensor[N], "boxes":
+            Tensor[N, 4]}`` with absolute ``(x0, y0, x1, y1)`` pixel boxes of
+            the stored image (the post-processor's output for ``orig_size``).
+        label_map: maps model labels to category ids.
+
+    Returns:
+        COCO result dicts (plain Python numbers), boxes as ``[x, y, w, h]``
+        rounded to 0.01 px and scores to 1e-5.
+    """
+    results: list[dict] = []
+    valid = torch.tensor([label_map.contiguous or label_map.has_category(label)
+                          for label in range(label_map.num_classes)], dtype=torch.bool)
+    for image_id, det in zip(image_ids, detections):
+        labels = det["labels"].detach().cpu().long()
+        keep = valid[labels.clamp(0, label_map.num_classes - 1)] & (labels < label_map.num_classes)
+        if not bool(keep.any()):
+            continue
+        boxes = det["boxes"].detach().cpu().double()[keep]
+        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1)
+        cats = label_map.labels_to_category_ids(labels[keep]).tolist()
+        scores = det["scores"].detach().cpu().double()[keep].tolist()
+        for box, cat, score in zip(xywh.tolist(), cats, scores):
+            results.append({
+                "image_id": int(image_id),
+                "category_id": int(cat),
+                "bbox": [round(v, 2) for v in box],
+                "score": round(float(score), 5),
+            })
+    return results
+
+
+def evaluate_coco(coco_gt: COCO, results: list[dict], image_ids: Iterable[int] | None = None) -> dict[str, float]:
+    """Run ``COCOeval`` (bbox) and return the twelve summary numbers.
+
+    Args:
+        coco_gt: the ground truth (``CocoDetection.coco``).
+        results: COCO result dicts (see :func:`detections_to_coco`).
+        image_ids: images to evaluate (default: every image of ``coco_gt``);
+            images without detections count as misses.
+
+    Returns:
+        ``{name: value}`` for :data:`STAT_NAMES`; ``-1`` where COCO defines no
+        value (no ground truth of that size), ``0`` for every number when
+        there is no detection at all.
+    """
+    ids = sorted(coco_gt.getImgIds() if image_ids is None else set(image_ids))
+    if not results:
+        return {name: 0.0 for name in STAT_NAMES}
+    with contextlib.redirect_stdout(io.StringIO()):
+        # loadRes adds fields (id, area) to the dicts it is given.
+        dt = coco_gt.loadRes(copy.deepcopy(results))
+        evaluator = COCOeval(coco_gt, dt, iouType="bbox")
+        evaluator.params.imgIds = ids
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return {name: float(value) for name, value in zip(STAT_NAMES, np.asarray(evaluator.stats).tolist())}
+
+
+def format_metrics_table(metrics: dict[str, float], title: str = "COCO bbox evaluation") -> str:
+    """The metrics as an aligned text table (values in percent, one decimal)."""
+    rows = [title, "-" * 48]
+    for name in STAT_NAMES:
+        if name in metrics:
+            value = metrics[name]
+            shown = "  n/a" if value < 0 else f"{value * 100:5.1f}"
+            rows.append(f"{name:<6} {shown}   {_DESCRIPTIONS[name]}")
+    return "\n".join(rows)

@@ -1,0 +1,167 @@
+"""Processes and devices: ``torch.distributed`` set-up, reductions and gathers.
+
+A run is distributed when it is started by ``torchrun`` (the environment has
+``WORLD_SIZE`` > 1). The process group is initialised from the environment
+with NCCL when the process uses a CUDA device and gloo otherwise. Every helper
+here also works in a single process, where it returns its input unchanged, so
+the engine has one code path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from detr_peg.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process stands.
+
+    Attributes:
+        rank: global process index (0 in a single process).
+        world_size: number of processes.
+        local_rank: process index on this machine (selects the GPU).
+        device: the device this process computes on.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """True in the process that logs, writes files and evaluates."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"Environment variable {name}={value!r} is not an integer.") from None
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """The device of a ``train.device`` value.
+
+    Args:
+        spec: ``auto`` (the process's GPU if CUDA is available, else CPU),
+            ``cpu``, ``cuda`` (GPU ``local_rank``) or ``cuda:N``.
+        local_rank: this process's index on the machine.
+
+    Raises:
+        ConfigError: an unknown value, or CUDA asked for but not available.
+    """
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "cuda" or spec.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device is {spec!r} but CUDA is not available; use train.device=cpu.")
+        index = local_rank if spec == "cuda" else int(spec.split(":", 1)[1])
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"train.device asks for GPU {index} but only {torch.cuda.device_count()} are visible."
+            )
+        return torch.device("cuda", index)
+    raise ConfigError(f"train.device is {spec!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'.")
+
+
+def init_distributed(device_spec: str = "auto") -> DistEnv:
+    """Join the process group started by ``torchrun``, or describe the single process.
+
+    Safe to call when a group already exists (it is reused). The backend is
+    NCCL for CUDA devices and gloo for the CPU.
+
+    Args:
+        device_spec: ``train.device``.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    device = resolve_device(device_spec, local_rank)
+    if world_size > 1 and not (dist.is_available() and dist.is_initialized()):
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=30))
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group if this process joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    """True inside an initialised process group of more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    """Wait for every process (no-op in a single process)."""
+    if is_distributed():
+        dist.barrier()
+
+
+def reduce_mean(values: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Average 0-dim tensors over processes (detached; the input in a single process).
+
+    Non-finite values stay non-finite, so every process sees the same NaN.
+    """
+    detached = {k: v.detach() for k, v in values.items()}
+    if not is_distributed() or not detached:
+        return detached
+    keys = sorted(detached)
+    stacked = torch.stack([detached[k].float() for k in keys])
+    dist.all_reduce(stacked)
+    stacked /= dist.get_world_size()
+    return dict(zip(keys, stacked.unbind()))
+
+
+def any_process(flag: bool, device: torch.device) -> bool:
+    """True if ``flag`` is true in any process (so all of them agree)."""
+    if not is_distributed():
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every process's ``obj`` (picklable), in rank order; ``[obj]`` in a single process."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """The ``obj`` of process ``src``, in every process."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

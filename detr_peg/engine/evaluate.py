@@ -1,0 +1,125 @@
+"""COCO evaluation of a detector over a (possibly sharded) data loader.
+
+Every process runs the model on its shard and converts the detections to
+COCO results; the results are gathered to the main process, which removes
+the images ``DistributedSampler`` repeated to even out the shards (by image
+id), runs ``COCOeval`` and shares the metrics with every process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import torch
+from pycocotools.coco import COCO
+from torch import nn
+
+from detr_peg.data.label_map import LabelMap
+from detr_peg.engine.coco_eval import detections_to_coco, evaluate_coco
+from detr_peg.engine.distributed import all_gather_objects, broadcast_object
+from detr_peg.engine.loader import iterate_batches
+from detr_peg.engine.metrics_log import MetricsLog
+from detr_peg.engine.optim import autocast, outputs_to_float
+
+
+@dataclass
+class EvalOutput:
+    """The result of :func:`evaluate`.
+
+    Attributes:
+        metrics: ``{"AP": ..., "AP50": ..., ...}`` (see
+            :data:`~detr_peg.engine.coco_eval.STAT_NAMES`), in every process.
+        detections: COCO result dicts of every image, in the main process
+            (empty elsewhere).
+        num_images: distinct images evaluated.
+    """
+
+    metrics: dict[str, float]
+    detections: list[dict] = field(default_factory=list)
+    num_images: int = 0
+
+
+@torch.no_grad()
+def predict_coco(model: nn.Module, postprocessor: nn.Module, loader: Iterable, *, device: torch.device,
+                 label_map: LabelMap, amp: str = "none",
+                 log: Optional[MetricsLog] = None) -> list[tuple[int, list[dict]]]:
+    """This process's detections as ``(image_id, COCO results of that image)`` in loader order.
+
+    Args:
+        model: the bare detector (not DDP-wrapped: evaluation needs no
+            gradient synchronisation).
+        postprocessor: maps outputs and original sizes to pixel boxes.
+        loader: yields ``(images, mask, targets)``; targets carry ``image_id``
+            and ``orig_size``.
+        device: where the model is.
+        label_map: model label -> category id.
+        amp: ``train.amp`` for the forward pass.
+        log: progress display of the main process, or None.
+    """
+    model.eval()
+    out: list[tuple[int, list[dict]]] = []
+    total = len(loader) if hasattr(loader, "__len__") else 0
+    bar = log.progress(total=total, desc="eval") if log is not None else None
+    batches = iterate_batches(loader)
+    try:
+        for images, mask, targets in batches:
+            with autocast(amp, device):
+                outputs = model(images.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+            sizes = torch.stack([t["orig_size"] for t in targets]).to(device)
+            detections = postprocessor(outputs_to_float(outputs), sizes)
+            for target, det in zip(targets, detections):
+                image_id = int(target["image_id"])
+                out.append((image_id, detections_to_coco([image_id], [det], label_map)))
+            if log is not None:
+                log.step(bar)
+    finally:
+        batches.close()
+        if log is not None:
+            log.close_bar()
+    return out
+
+
+def merge_shards(shards: list[list[tuple[int, list[dict]]]]) -> tuple[list[dict], int]:
+    """Concatenate per-process results, keeping each image id once (the first occurrence).
+
+    Returns:
+        ``(results sorted by image id, number of distinct images)``.
+    """
+    per_image: dict[int, list[dict]] = {}
+    for shard in shards:
+        for image_id, results in shard:
+            per_image.setdefault(image_id, results)
+    merged = [r for image_id in sorted(per_image) for r in per_image[image_id]]
+    return merged, len(per_image)
+
+
+def evaluate(model: nn.Module, postprocessor: nn.Module, loader: Iterable, *, coco_gt: COCO,
+             device: torch.device, label_map: LabelMap, is_main: bool = True, amp: str = "none",
+             log: Optional[MetricsLog] = None) -> EvalOutput:
+    """COCO bbox metrics of ``model`` on the images of ``loader`` (all processes together).
+
+    Args:
+        model: the bare detector.
+        postprocessor: see :func:`predict_coco`.
+        loader: this process's shard (see :func:`~detr_peg.engine.loader.build_eval_loader`).
+        coco_gt: the ground truth of the whole evaluation set.
+        device: where the model is.
+        label_map: model label -> category id.
+        is_main: whether this is the main process (it runs ``COCOeval``).
+        amp: ``train.amp``.
+        log: progress display (main process).
+
+    Returns:
+        :class:`EvalOutput`; every image of ``coco_gt`` counts, so images
+        a skipped sample left out count as misses.
+    """
+    local = predict_coco(model, postprocessor, loader, device=device, label_map=label_map, amp=amp, log=log)
+    shards = all_gather_objects(local)
+    if is_main:
+        detections, num_images = merge_shards(shards)
+        metrics = evaluate_coco(coco_gt, detections)
+    else:
+        detections, num_images, metrics = [], 0, {}
+    metrics, num_images = broadcast_object((metrics, num_images))
+    return EvalOutput(metrics=metrics, detections=detections, num_images=num_images)

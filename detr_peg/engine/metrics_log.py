@@ -1,0 +1,150 @@
+"""What a run reports: a JSON-lines metrics file, console lines, progress bars, TensorBoard.
+
+``metrics.jsonl`` in the output folder gets one JSON object per line with a
+``type``:
+
+* ``"start"``: the run's set-up (processes, total batch, iterations per epoch,
+  where it resumed);
+* ``"iter"``: every ``train.log_every`` iterations and the first one: ``epoch``,
+  ``iteration`` (global, 1-based), ``batch`` (within the epoch), ``loss`` (the
+  weighted total averaged over processes), the unweighted final-layer terms
+  ``loss_ce``, ``loss_bbox``, ``loss_giou``, ``class_error``,
+  ``cardinality_error``, ``grad_norm`` (before clipping), one ``lr_<group>``
+  per parameter group, ``data_time`` and ``iter_time`` in seconds;
+* ``"epoch"``: the epoch's means and ``skipped_images`` (running total);
+* ``"eval"``: the COCO metrics (``AP``, ``AP50``, ... see
+  :mod:`detr_peg.engine.coco_eval`);
+* ``"end"``: the summary of :class:`~detr_peg.engine.runner.TrainResult`.
+
+Every record also has ``time`` (seconds since the epoch). A resumed run
+appends to the same file. With ``train.tensorboard`` the numeric values are
+also written as TensorBoard scalars (``<type>/<key>`` over the iteration).
+
+Progress bars (tqdm) are shown when stderr is a terminal; otherwise a plain
+line is printed every ``train.log_every`` iterations.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from detr_peg.errors import ConfigError
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS`` (``?`` when unknown)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/Infinity
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class MetricsLog:
+    """The reporting of the main process.
+
+    Args:
+        output_dir: folder of ``metrics.jsonl`` (and of TensorBoard events).
+        tensorboard: also write TensorBoard scalars.
+        progress_bars: show tqdm bars; ``None``: when stderr is a terminal.
+        jsonl: write ``metrics.jsonl`` (off for console-only use).
+
+    Raises:
+        ConfigError: ``tensorboard`` is asked for but not installed.
+    """
+
+    def __init__(self, output_dir: str | Path, *, tensorboard: bool = False,
+                 progress_bars: Optional[bool] = None, jsonl: bool = True) -> None:
+        self.path = Path(output_dir) / METRICS_FILE
+        self._file = open(self.path, "a", encoding="utf-8") if jsonl else None
+        self.progress_bars = sys.stderr.isatty() if progress_bars is None else progress_bars
+        self._bar = None
+        self._writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self.close()
+                raise ConfigError(
+                    "train.tensorboard=true needs the tensorboard package: pip install tensorboard."
+                ) from None
+            self._writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+
+    # ------------------------------------------------------------ records
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record (flushed at once, so a killed run keeps its log)."""
+        record = {**record, "time": round(time.time(), 3)}
+        if self._file is not None:
+            self._file.write(json.dumps(_jsonable(record)) + "\n")
+            self._file.flush()
+        if self._writer is not None:
+            step = record.get("iteration", 0)
+            kind = record.get("type", "misc")
+            for key, value in record.items():
+                if key in ("time", "iteration", "type") or isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(f"{kind}/{key}", value, step)
+            self._writer.flush()
+
+    # ------------------------------------------------------------ console
+
+    def info(self, text: str) -> None:
+        """Print a message (above the progress bar if one is shown)."""
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stdout)
+        else:
+            print(text, flush=True)
+
+    def line(self, text: str) -> None:
+        """A periodic progress line, printed only when no bar is shown."""
+        if self._bar is None:
+            print(text, flush=True)
+
+    def progress(self, *, total: int, initial: int = 0, desc: str = ""):
+        """A progress bar for one loop, or None when bars are off."""
+        if not self.progress_bars:
+            return None
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)
+        return self._bar
+
+    def step(self, bar, **postfix: float) -> None:
+        """Advance ``bar`` by one and show ``postfix`` values."""
+        if bar is None:
+            return
+        bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+        bar.update(1)
+
+    def close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def close(self) -> None:
+        """Close the bar, the file and the TensorBoard writer."""
+        self.close_bar()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,103 @@
+"""The optimizer, the learning-rate schedule and the mixed-precision set-up.
+
+AdamW over the parameter groups of
+:func:`~detr_peg.engine.param_groups.build_param_groups` (backbone at
+``train.lr_backbone``, Deformable-DETR's sampling offsets and reference points
+at ``train.lr * train.lr_linear_proj_mult``, everything else at ``train.lr``),
+with ``train.weight_decay`` on every group, and a StepLR schedule stepped once
+per epoch: the learning rate is multiplied by ``train.lr_gamma`` every
+``train.lr_drop`` epochs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager
+
+import torch
+from torch import Tensor, nn
+
+from detr_peg.config.schema import TrainConfig
+from detr_peg.engine.param_groups import build_param_groups
+from detr_peg.errors import ConfigError
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the named parameter groups of ``model`` (the bare detector).
+
+    Raises:
+        ConfigError: a negative learning rate or weight decay, or no trainable
+            parameter at all.
+    """
+    for key in ("lr", "lr_backbone", "lr_linear_proj_mult", "weight_decay"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"train.{key} must not be negative, got {getattr(cfg, key)}.")
+    groups = build_param_groups(model, cfg)
+    if not groups:
+        raise ConfigError("The model has no trainable parameter; check model.backbone.train and frozen_stages.")
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.StepLR:
+    """StepLR with ``step_size=train.lr_drop`` and ``gamma=train.lr_gamma`` (stepped per epoch).
+
+    Raises:
+        ConfigError: ``lr_drop`` is not positive.
+    """
+    if cfg.lr_drop < 1:
+        raise ConfigError(f"train.lr_drop must be a positive number of epochs, got {cfg.lr_drop}.")
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_drop, gamma=cfg.lr_gamma)
+
+
+def check_amp(amp: str, device: torch.device) -> None:
+    """Mixed precision runs on CUDA only.
+
+    Raises:
+        ConfigError: ``train.amp`` is ``bf16`` or ``fp16`` on a CPU device (a
+            CPU run would silently be slower and less precise, so it is refused
+            rather than ignored), or ``bf16`` on a GPU without bf16 support.
+    """
+    if amp == "none":
+        return
+    if amp not in AMP_DTYPES:
+        raise ConfigError(f"train.amp is {amp!r}; valid are 'none', 'bf16' and 'fp16'.")
+    if device.type != "cuda":
+        raise ConfigError(f"train.amp={amp} needs a CUDA device; this run uses {device}. Use train.amp=none.")
+    if amp == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("train.amp=bf16: this GPU does not support bfloat16; use train.amp=fp16.")
+
+
+def autocast(amp: str, device: torch.device) -> ContextManager:
+    """The forward-pass context for ``train.amp`` (a no-op for ``none``)."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp])
+
+
+def outputs_to_float(outputs: Any) -> Any:
+    """Model outputs (nested dicts and lists of tensors) with floating tensors in float32.
+
+    The loss and the post-processing run in float32 after an autocast forward:
+    matching costs and GIoU are sensitive to half precision.
+    """
+    if isinstance(outputs, Tensor):
+        return outputs.float() if outputs.is_floating_point() else outputs
+    if isinstance(outputs, dict):
+        return {k: outputs_to_float(v) for k, v in outputs.items()}
+    if isinstance(outputs, (list, tuple)):
+        return type(outputs)(outputs_to_float(v) for v in outputs)
+    return outputs
+
+
+def build_grad_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """A gradient scaler for fp16 (bf16 and fp32 need none)."""
+    if amp != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+def current_lrs(optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """The learning rate of each named group (``lr_transformer``, ``lr_backbone``, ...)."""
+    return {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(optimizer.param_groups)}

@@ -1,0 +1,98 @@
+"""A real training process killed with SIGKILL, then stopped with SIGTERM, then resumed to the end.
+
+The command-line run writes its checkpoint after every iteration
+(``train.checkpoint_every=1``), so SIGKILL can land while a checkpoint is being
+written; the file under the final name must still be complete. SIGTERM must
+end the process after one more iteration with a written checkpoint, exit
+status 143 and one line on stderr. The final weights must equal those of an
+uninterrupted run of the same 12 iterations (3 epochs) in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from detr_peg.checkpoint.format import read_checkpoint
+from detr_peg.engine.runner import run_training
+from tests.conftest import REPO_ROOT
+from tests.engine.test_training_runs import assert_same_weights, resume_overrides
+from tests.engine.tiny_run import tiny_config
+
+ITERATIONS = 12
+
+
+def _iterations(metrics: Path) -> list[int]:
+    if not metrics.is_file():
+        return []
+    out = []
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if record.get("type") == "iter":
+            out.append(record["iteration"])
+    return out
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    # The same number of threads as this process: float sums depend on how work is split.
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    return subprocess.Popen([sys.executable, "-m", "detr_peg.cli.main", "train", *args], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_iteration(proc: subprocess.Popen, metrics: Path, above: int, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [i for i in _iterations(metrics) if i > above]
+        if done:
+            return max(done)
+        assert proc.poll() is None, f"training ended early: {proc.communicate()}"
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"no iteration after {above} within {timeout} s")
+
+
+def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tmp_path: Path) -> None:
+    reference = run_training(tiny_config(resume_overrides(shapes, tmp_path / "reference",
+                                                          f"train.max_iters={ITERATIONS}")), progress_bars=False)
+    assert reference.iterations == ITERATIONS and reference.epochs_completed == 3
+
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    args = [*resume_overrides(shapes, out, f"train.max_iters={ITERATIONS}", "train.checkpoint_every=1"), "--resume"]
+
+    killed = _start(args)
+    _wait_for_iteration(killed, metrics, above=2)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate()
+    kept = read_checkpoint(out / "checkpoint.pth")  # complete, whatever the moment of the kill
+    assert 1 <= kept.extra["iteration"] < ITERATIONS
+
+    stopped = _start(args)
+    last = _wait_for_iteration(stopped, metrics, above=max(_iterations(metrics)))
+    stopped.send_signal(signal.SIGTERM)
+    _, stderr = stopped.communicate(timeout=120)
+    assert stopped.returncode == 143, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("detr-peg train: error: Stopped by SIGTERM at iteration "), stderr
+    at = int(lines[0].split("at iteration ")[1].split(";")[0])
+    assert last <= at < ITERATIONS
+    assert read_checkpoint(out / "checkpoint.pth").extra["iteration"] == at
+
+    finished = _start(args)
+    _, stderr = finished.communicate(timeout=300)
+    assert finished.returncode == 0, stderr
+    final = read_checkpoint(out / "checkpoint.pth")
+    assert final.extra["iteration"] == ITERATIONS
+    assert_same_weights(final.model, read_checkpoint(reference.checkpoint).model)
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]

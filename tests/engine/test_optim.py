@@ -1,0 +1,83 @@
+"""AdamW over the parameter groups, the StepLR schedule, and mixed precision on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from detr_peg.config import load_config
+from detr_peg.engine.optim import (
+    build_lr_scheduler,
+    build_optimizer,
+    check_amp,
+    current_lrs,
+    outputs_to_float,
+)
+from detr_peg.errors import ConfigError
+
+
+class _Named(nn.Module):
+    """Parameters named like a detector's: backbone, transformer, deformable offsets, a frozen one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Linear(2, 2)
+        self.transformer = nn.ModuleDict({"sampling_offsets": nn.Linear(2, 2), "ffn": nn.Linear(2, 2)})
+        self.frozen = nn.Linear(2, 2)
+        self.frozen.requires_grad_(False)
+
+
+def _recipe(*extra: str):
+    return load_config("configs/detr_r50_peg.yaml", list(extra)).train
+
+
+def test_optimizer_follows_the_paper_recipe() -> None:
+    train = _recipe()
+    opt = build_optimizer(_Named(), train)
+    assert isinstance(opt, torch.optim.AdamW)
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert set(groups) == {"transformer", "backbone", "linear_proj"}
+    assert groups["transformer"]["lr"] == 1e-4 and groups["backbone"]["lr"] == 2e-5
+    assert groups["linear_proj"]["lr"] == pytest.approx(1e-5)
+    assert all(g["weight_decay"] == 1e-4 for g in opt.param_groups)
+    assert sum(len(g["params"]) for g in opt.param_groups) == 6  # the frozen layer is left out
+    assert current_lrs(opt) == {"lr_transformer": 1e-4, "lr_backbone": 2e-5, "lr_linear_proj": pytest.approx(1e-5)}
+
+
+def test_step_lr_drops_tenfold_at_epoch_40_of_50() -> None:
+    train = _recipe()
+    opt = build_optimizer(_Named(), train)
+    sched = build_lr_scheduler(opt, train)
+    seen = []
+    for _ in range(train.epochs):
+        seen.append(dict(current_lrs(opt)))
+        opt.step()
+        sched.step()
+    assert all(s["lr_transformer"] == 1e-4 and s["lr_backbone"] == 2e-5 for s in seen[:40])
+    assert all(s["lr_transformer"] == pytest.approx(1e-5) and s["lr_backbone"] == pytest.approx(2e-6)
+               for s in seen[40:])
+
+
+def test_bad_optimizer_settings_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="train.lr must not be negative"):
+        build_optimizer(_Named(), _recipe("train.lr=-1e-4"))
+    with pytest.raises(ConfigError, match="train.lr_drop"):
+        build_lr_scheduler(build_optimizer(_Named(), _recipe()), _recipe("train.lr_drop=0"))
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ConfigError, match="no trainable parameter"):
+        build_optimizer(frozen, _recipe())
+
+
+def test_mixed_precision_is_refused_on_the_cpu() -> None:
+    check_amp("none", torch.device("cpu"))
+    for amp in ("bf16", "fp16"):
+        with pytest.raises(ConfigError, match=f"train.amp={amp} needs a CUDA device"):
+            check_amp(amp, torch.device("cpu"))
+
+
+def test_outputs_to_float() -> None:
+    out = outputs_to_float({"a": torch.ones(2, dtype=torch.bfloat16),
+                            "aux": [{"b": torch.ones(1, dtype=torch.float16), "i": torch.ones(1, dtype=torch.long)}]})
+    assert out["a"].dtype == torch.float32 and out["aux"][0]["b"].dtype == torch.float32
+    assert out["aux"][0]["i"].dtype == torch.long

@@ -1,0 +1,147 @@
+"""Whole training runs in this process on a tiny model and synthetic shapes.
+
+Exact resume: a run stopped after 3 of 6 iterations (mid-epoch, the
+iteration budget ``train.max_iters`` acting as the interruption) and resumed
+with ``train.resume`` ends with weights identical (``torch.equal``) to a run of
+6 iterations without a stop. Dropout, random flips and crops stay on, the
+learning rate drops after every epoch, and the two halves use different
+numbers of data-loader workers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr_peg.checkpoint.format import read_checkpoint
+from detr_peg.engine.runner import run_training
+from detr_peg.errors import CheckpointError, DataError, TrainingError
+from detr_peg.models.criterion import SetCriterion
+from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
+
+# Four iterations per epoch (8 images, batch 2); no validation set; StepLR every epoch.
+RESUME = ["model.backbone.out_stages=[2]", "train.batch_size=2", "train.epochs=3", "train.lr_drop=1",
+          "train.lr=1e-3", "data.crop_prob=0.5", "data.hflip_prob=0.5", "data.val_images=null",
+          "data.val_annotations=null", "train.deterministic=true"]
+
+
+def resume_overrides(shapes, out: Path, *extra: str) -> list[str]:
+    return synthetic_overrides(shapes, out, *RESUME, *extra)
+
+
+def _run(shapes, out: Path, *extra: str):
+    return run_training(tiny_config(synthetic_overrides(shapes, out, *RESUME, *extra)), progress_bars=False)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shapes, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The weights after 6 iterations without a stop."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = _run(shapes, out, "train.max_iters=6")
+    assert result.iterations == 6 and result.epochs_completed == 1
+    return read_checkpoint(result.checkpoint).model
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, first: {different[:3]}"
+
+
+def test_stopped_and_resumed_run_ends_with_the_same_weights(shapes, uninterrupted, tmp_path: Path) -> None:
+    first = _run(shapes, tmp_path, "train.max_iters=3")
+    ckpt = read_checkpoint(first.checkpoint)
+    assert (ckpt.extra["epoch"], ckpt.extra["epoch_batches_done"], ckpt.extra["iteration"]) == (0, 3, 3)
+    second = _run(shapes, tmp_path, "train.max_iters=6", "train.resume=true", "data.num_workers=2")
+    assert second.iterations == 6
+    assert_same_weights(read_checkpoint(second.checkpoint).model, uninterrupted)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    starts = [r for r in records if r["type"] == "start"]
+    assert [s["resumed_iteration"] for s in starts] == [0, 3]
+    assert [r["iteration"] for r in records if r["type"] == "iter"] == [1, 2, 3, 4, 5, 6]
+
+
+def _nan_at(call: int, term: str, monkeypatch) -> None:
+    original = SetCriterion.forward
+    calls = {"n": 0}
+
+    def forward(self, outputs, targets, **kwargs):
+        losses = original(self, outputs, targets, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == call:
+            losses[term] = losses[term] * float("nan")
+        return losses
+
+    monkeypatch.setattr(SetCriterion, "forward", forward)
+
+
+def test_non_finite_loss_stops_naming_iteration_and_term(shapes, tmp_path: Path, monkeypatch) -> None:
+    _nan_at(6, "loss_giou", monkeypatch)
+    with pytest.raises(TrainingError) as info:
+        _run(shapes, tmp_path, "train.max_iters=8")
+    message = str(info.value)
+    assert "Non-finite loss term loss_giou (nan) at iteration 6 (epoch 1)" in message
+    assert f"the last good checkpoint {tmp_path / 'checkpoint.pth'} (iteration 4) is kept" in message
+    kept = read_checkpoint(tmp_path / "checkpoint.pth")
+    assert kept.extra["iteration"] == 4 and kept.extra["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in kept.model.values() if v.is_floating_point())
+
+
+def test_non_finite_gradient_norm_stops(shapes, tmp_path: Path, monkeypatch) -> None:
+    original = torch.nn.utils.clip_grad_norm_
+    calls = {"n": 0}
+
+    def clip(params, max_norm, *args, **kwargs):
+        calls["n"] += 1
+        norm = original(params, max_norm, *args, **kwargs)
+        return norm * float("inf") if calls["n"] == 2 else norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    with pytest.raises(TrainingError, match=r"Non-finite gradient norm \(inf\) at iteration 2 \(epoch 0\); "
+                                            "training stopped and no checkpoint was written yet"):
+        _run(shapes, tmp_path, "train.max_iters=3")
+
+
+def test_unreadable_images_are_skipped_and_counted_or_fatal(shapes, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(shapes.root, root)
+    broken = sorted((root / "train").iterdir())[5]
+    broken.write_bytes(b"\xff\xd8 truncated")
+    data = synthetic_data(root)
+    result = run_training(tiny_config(synthetic_overrides(
+        data, tmp_path / "skip", *RESUME, "train.max_iters=4", "data.on_bad_sample=skip", "data.num_workers=2")),
+        progress_bars=False)
+    assert result.skipped_images == 1
+    epoch = [json.loads(line) for line in result.metrics_log.read_text().splitlines() if '"epoch"' in line][-1]
+    assert epoch["type"] == "epoch" and epoch["skipped_images"] == 1
+    images = json.loads(data.train_annotations.read_text())["images"]
+    broken_id = next(img["id"] for img in images if img["file_name"].endswith(broken.name))
+    assert read_checkpoint(result.checkpoint).extra["skipped_image_ids"] == [broken_id]
+
+    with pytest.raises(DataError) as info:
+        run_training(tiny_config(synthetic_overrides(
+            data, tmp_path / "error", *RESUME, "train.max_iters=4", "data.num_workers=2")), progress_bars=False)
+    message = str(info.value)
+    assert str(broken) in message and "Traceback" not in message and "\n" not in message
+
+
+def test_unwritable_output_folder_fails_before_training(shapes, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.raises(TrainingError, match="cannot be created"):
+        _run(shapes, blocker / "run", "train.max_iters=2")
+
+
+def test_init_from_needs_reset_classifier_for_another_class_count(shapes, tmp_path: Path) -> None:
+    source = _run(shapes, tmp_path / "source", "train.max_iters=1")
+    assert source.num_classes == 4
+    # Raw category ids as labels: 5 logits (ids 1..4 plus the unused 0).
+    other = ["data.contiguous_labels=false", f"train.init_from={source.checkpoint}", "train.max_iters=1"]
+    with pytest.raises(CheckpointError, match="trained with 4 classes but this dataset needs 5"):
+        _run(shapes, tmp_path / "refused", *other)
+    tuned = _run(shapes, tmp_path / "tuned", *other, "train.reset_classifier=true")
+    assert tuned.num_classes == 5 and tuned.iterations == 1
