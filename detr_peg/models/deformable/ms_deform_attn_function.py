@@ -23,7 +23,7 @@ Two implementations are kept, chosen by ``impl=``:
     attention weights and sampling locations follow in closed form, and
     scatters the value gradient with one sparse-dense product. No host sync
     and no Python loop over levels or batch items; on CPU the queries are
-    processed in blocks of about 2**17 samples so that the temporaries stay in
+    processed in blocks of about 2**18 samples so that the temporaries stay in
     cache (on GPUs in one go).
 ``"grid_sample"``
     One ``F.grid_sample`` per level, as the official code does, with the
@@ -70,7 +70,7 @@ IMPLEMENTATIONS = ("embedding_bag", "grid_sample")
 _COORD_LIMIT = float(2**24)
 
 # Samples per block on CPU (see _query_chunks).
-_CPU_CHUNK_SAMPLES = 1 << 17
+_CPU_CHUNK_SAMPLES = 1 << 18
 
 
 def ms_deform_attn(
@@ -211,7 +211,7 @@ def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, samplin
     del corner
 
     weight = torch.empty((2, 2, b, lq, m, n_levels, n_points), dtype=dtype, device=device)
-    weight[:, 0].copy_(frac).neg_().add_(1)  # 1 - frac
+    torch.sub(torch.ones((), dtype=dtype, device=device), frac, out=weight[:, 0])
     weight[:, 1].copy_(frac)
     weight.masked_fill_(outside, 0.0)
 
@@ -241,11 +241,13 @@ def _index_dtype(num_rows: int) -> torch.dtype:
 
 
 def _query_chunks(sampling_locations: Tensor) -> list[slice]:
-    """Query ranges processed at once: all on GPUs, cache-sized blocks on CPU.
+    """Query ranges processed at once: all on GPUs, blocks of about ``_CPU_CHUNK_SAMPLES`` samples on CPU.
 
-    On CPU the per-sample temporaries of a whole encoder layer are tens of MB;
-    blocks of about ``_CPU_CHUNK_SAMPLES`` samples keep them in cache and let
-    the allocator reuse memory instead of faulting in fresh pages every op.
+    On CPU the per-sample temporaries of a whole encoder layer are tens of MB,
+    and every op would fault in fresh pages; blocks keep them in cache and let
+    the allocator reuse memory (the encoder forward gets about 1.7x faster).
+    Blocks are not made smaller than that because each costs a few dozen
+    short parallel regions, which stall when other processes hold the cores.
     """
     b, lq, m, n_levels, n_points, _ = sampling_locations.shape
     if sampling_locations.device.type != "cpu":
