@@ -29,8 +29,9 @@ device, which costs no memory or compute. ``0`` trains everything;
 ``weights``: ``None`` random init (the default; no network); ``pretrained``
 timm's own weights (downloads, needs network); a local file or URL holding
 either a timm state dict of the whole model (``timm.create_model(name)
-.state_dict()``, the layout of timm's published files) or of this backbone's
-body (a detr_peg checkpoint's ``backbone.body.*``).
+.state_dict()``, the layout of timm's published files) or this backbone's
+body (``backbone.body.*`` of a detr_peg detector checkpoint, whose other
+weights are ignored).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from detr_peg.models.backbones.weights import (
 )
 
 STAGES = (1, 2, 3, 4)
+# Key prefixes of a backbone body inside detector checkpoints (official DETR, detr_peg).
+DETECTOR_PREFIXES = ("backbone.0.body.", "backbone.body.")
 # Input side of the dependency probe: two stride-32 cells, accepted by any model fit for detection.
 PROBE_SIZE = 64
 
@@ -169,6 +172,8 @@ def dependent_parameters(model: nn.Module, level: int) -> set[str]:
         with torch.enable_grad():
             try:
                 features = model(torch.zeros(1, 3, PROBE_SIZE, PROBE_SIZE, device=device))
+            except NotImplementedError:
+                raise  # an operation without a kernel on this device, not a property of the model
             except (AssertionError, RuntimeError, ValueError) as exc:
                 raise ConfigError(
                     f"timm model {model.pretrained_cfg.get('architecture', '')!r} does not accept a "
@@ -198,7 +203,7 @@ def create_body(cfg: BackboneConfig, out_indices: list[int], layout: nn.Module) 
                 "timm.create_model(name, pretrained=True).state_dict() once where there is network "
                 "and set model.backbone.weights to that file."
             ) from None
-    state = strip_key_prefixes(read_backbone_state(cfg.weights), STRIP_PREFIXES)
+    state = backbone_state(cfg.weights)
     layout_keys = set(layout.state_dict())
     if state.keys() <= layout_keys:
         # The body's own layout (a detr_peg checkpoint): load after dropping unbuilt stages.
@@ -209,6 +214,14 @@ def create_body(cfg: BackboneConfig, out_indices: list[int], layout: nn.Module) 
     check_full_model_state(cfg.name, state, cfg.weights)
     # timm maps a whole-model state dict onto the features model (the same path as its own weights).
     return timm.create_model(cfg.name, pretrained=True, pretrained_cfg_overlay=dict(state_dict=state), **kwargs)
+
+
+def backbone_state(spec: str) -> dict[str, Tensor]:
+    """The backbone weights in ``spec``; of a detector checkpoint, only its ``backbone...body.`` part."""
+    state = read_backbone_state(spec)
+    if any(key.startswith(DETECTOR_PREFIXES) for key in state):
+        state = {key: value for key, value in state.items() if key.startswith(DETECTOR_PREFIXES)}
+    return strip_key_prefixes(state, STRIP_PREFIXES)
 
 
 def check_full_model_state(name: str, state: dict[str, Tensor], source: str) -> None:
@@ -261,7 +274,12 @@ def frozen_parameter_names(cfg: BackboneConfig, layout: nn.Module, body: nn.Modu
     if level not in layout.feature_info.out_indices:
         with torch.device(next(layout.parameters()).device):
             layout = timm.create_model(cfg.name, features_only=True, pretrained=False, out_indices=(level,))
-    return dependent_parameters(layout, level) & names
+    try:
+        return dependent_parameters(layout, level) & names
+    except NotImplementedError:
+        # Some operation has no meta-device kernel: probe a CPU copy instead (slower, same answer).
+        cpu_layout = timm.create_model(cfg.name, features_only=True, pretrained=False, out_indices=(level,))
+        return dependent_parameters(cpu_layout, level) & names
 
 
 @BACKBONES.register("timm")

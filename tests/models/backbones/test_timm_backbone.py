@@ -156,6 +156,25 @@ def test_frozen_stages_twins_finds_the_stage_one_peg():
     assert [o.requires_grad for o in outs] == [False, True, True, True]
 
 
+def test_frozen_stages_fall_back_to_a_cpu_probe(monkeypatch):
+    """An operation without a meta-device kernel makes the dependency probe run on the CPU."""
+    real = timm_module.dependent_parameters
+    devices = []
+
+    def probe(model, level):
+        device = next(model.parameters()).device
+        devices.append(device.type)
+        if device.type == "meta":
+            raise NotImplementedError("no meta kernel")
+        return real(model, level)
+
+    monkeypatch.setattr(timm_module, "dependent_parameters", probe)
+    backbone = timm_backbone("resnet18", [2, 3, 4], frozen_stages=1)
+    assert devices == ["meta", "cpu"]
+    assert {n.split(".")[1] for n, p in backbone.named_parameters() if not p.requires_grad} == {
+        "conv1", "bn1", "layer1"}
+
+
 @pytest.mark.parametrize("fields", [dict(train=False), dict(frozen_stages=4), dict(frozen_stages=9)])
 def test_everything_frozen(fields):
     backbone = timm_backbone("convnext_atto", [2, 3, 4], **fields)
@@ -185,7 +204,9 @@ def test_whole_model_timm_state_dict_loads(tmp_path, name, suffix):
 def test_detr_peg_checkpoint_layout_round_trip(tmp_path, name):
     source = timm_backbone(name, [2, 3, 4])
     path = tmp_path / "detector.pth"
-    torch.save({"model": {f"backbone.{k}": v for k, v in source.state_dict().items()}}, path)
+    detector = {f"backbone.{k}": v for k, v in source.state_dict().items()}
+    detector["transformer.linear.weight"] = torch.zeros(2, 2)  # the rest of the detector is ignored
+    torch.save({"format": "detr_peg", "model": detector}, path)
     torch.manual_seed(5)
     loaded = timm_backbone(name, [2, 3, 4], weights=str(path))
     torch.testing.assert_close(loaded.state_dict(), source.state_dict())
