@@ -29,20 +29,32 @@ Two implementations are kept, chosen by ``impl=``:
     One ``F.grid_sample`` per level, as the official code does, with the
     weighting over points fused into a batched matrix product and no stacking
     of the levels. Plain autograd. It is kept as the reference-semantics path
-    and for ``torch.compile``; it reads the spatial shapes on the host (a sync
-    when they live on a GPU; pass a list of ``(H, W)`` to avoid it).
+    and for ``torch.compile(fullgraph=True)``, which it supports when the
+    spatial shapes are a list of ``(H, W)``; given a tensor it reads them on
+    the host (a sync on GPUs). The default path also runs under
+    ``torch.compile``, with a graph break around it.
 
-Measured on 2 CPU threads (Deformable-DETR-R50 at 800x1066: S = 17,821 tokens,
-8 heads, head_dim 32, 4 levels, 4 points; batch 1; float32; milliseconds,
-forward / forward+backward), see ``tools/bench_ms_deform_attn.py``:
+Timings (``tools/bench_ms_deform_attn.py`` inputs: Deformable-DETR-R50 at
+800x1066, S = 17,821 tokens, 8 heads, head_dim 32, 4 levels, 4 points;
+encoder Lq = 17,821, decoder Lq = 300; batch 1, float32, CPU, torch 2.14; a
+2-core AVX-512 Xeon shared with other jobs, best of 3-4 runs; milliseconds,
+forward / forward+backward):
 
-===================  =====================  ====================
-implementation       encoder (Lq = 17,821)  decoder (Lq = 300)
-===================  =====================  ====================
-official core        see the benchmark       see the benchmark
-embedding_bag        see the benchmark       see the benchmark
-grid_sample          see the benchmark       see the benchmark
-===================  =====================  ====================
+=================  ==================  ==================  ===============  ===============
+implementation     encoder, 1 thread   encoder, 2 threads  decoder, 1 thr.  decoder, 2 thr.
+=================  ==================  ==================  ===============  ===============
+official core      753 / 2330          572 / 1926          6.4 / 31         4.1 / 37
+embedding_bag      111 / 733           107 / 817           2.8 / 17         2.3 / 17
+grid_sample        606 / 2243          438 / 1908          6.4 / 32         4.2 / 23
+=================  ==================  ==================  ===============  ===============
+
+At batch 2 (1 thread) the encoder takes 560 / 3231 against 2936 / 8705 for the
+official core. About half of the embedding_bag backward is the sparse-dense
+product that scatters the value gradient, which PyTorch runs on one thread. Two other
+formulations were measured and dropped: one ``grid_sample`` over an "atlas"
+canvas holding all levels (630 / 1910; decoder 32 / 99, as building the canvas
+costs more than the per-level calls it saves) and ``embedding_bag`` under plain
+autograd (463 / 2114; its backward sorts all 9 million corner indices).
 
 Coordinates follow the official convention: ``sampling_locations[..., 0]`` is
 x (along W) and ``[..., 1]`` is y (along H), normalized so that 0 and 1 are the
