@@ -41,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
         f"Converted {report.source_format} checkpoint {args.src} -> {args.dst}\n"
         f"  model: {m.arch}, backbone {m.backbone.name}, position {m.position.name}, hidden {t.hidden_dim}, "
         f"heads {t.nheads}, layers {t.enc_layers}+{t.dec_layers}, queries {m.num_queries}, classes {m.num_classes}"
+        + (f", levels {t.num_feature_levels}, points {t.enc_n_points}/{t.dec_n_points}, "
+           f"box refinement {'on' if m.with_box_refine else 'off'}, two-stage {'on' if m.two_stage else 'off'}"
+           if m.arch == "deformable_detr" else "")
     )
     print(f"  new keys (initialised fresh): {len(report.new_keys)}{_preview(report.new_keys)}")
     print(f"  unused keys: {len(report.unused_keys)}{_preview(report.unused_keys)}")

@@ -62,7 +62,8 @@ DEFORMABLE_ARGS: dict[str, Any] = {
     "focal_alpha": "loss.focal_alpha",
     "lr_linear_proj_mult": "train.lr_linear_proj_mult",
     "lr_linear_proj_names": "train.lr_linear_proj_names",
-    "position_embedding_scale": "model.position.scale",
+    # position_embedding_scale is not mapped: the official sine encoding ignores it
+    # (it always uses 2 * pi), and so must a faithful conversion.
 }
 
 ENCODER_ATTN = "transformer.encoder.layers.0.self_attn"
