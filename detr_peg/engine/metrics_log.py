@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from detr_peg.errors import ConfigError
+from detr_peg.errors import ConfigError, TrainingError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -64,15 +64,23 @@ class MetricsLog:
         tensorboard: also write TensorBoard scalars.
         progress_bars: show tqdm bars; ``None``: when stderr is a terminal.
         jsonl: write ``metrics.jsonl`` (off for console-only use).
+        append: add to an existing ``metrics.jsonl`` (a resumed run) instead of
+            starting it afresh.
 
     Raises:
         ConfigError: ``tensorboard`` is asked for but not installed.
+        TrainingError: ``metrics.jsonl`` cannot be opened.
     """
 
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = False,
-                 progress_bars: Optional[bool] = None, jsonl: bool = True) -> None:
+                 progress_bars: Optional[bool] = None, jsonl: bool = True, append: bool = True) -> None:
         self.path = Path(output_dir) / METRICS_FILE
-        self._file = open(self.path, "a", encoding="utf-8") if jsonl else None
+        self._file = None
+        if jsonl:
+            try:
+                self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+            except OSError as exc:
+                raise TrainingError(f"Could not open {self.path}: {exc.strerror or exc}.") from None
         self.progress_bars = sys.stderr.isatty() if progress_bars is None else progress_bars
         self._bar = None
         self._writer = None
@@ -92,8 +100,13 @@ class MetricsLog:
         """Append one record (flushed at once, so a killed run keeps its log)."""
         record = {**record, "time": round(time.time(), 3)}
         if self._file is not None:
-            self._file.write(json.dumps(_jsonable(record)) + "\n")
-            self._file.flush()
+            try:
+                self._file.write(json.dumps(_jsonable(record)) + "\n")
+                self._file.flush()
+            except OSError as exc:
+                raise TrainingError(
+                    f"Could not write {self.path}: {exc.strerror or exc}; the last checkpoint is intact."
+                ) from None
         if self._writer is not None:
             step = record.get("iteration", 0)
             kind = record.get("type", "misc")

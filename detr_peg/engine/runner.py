@@ -38,6 +38,7 @@ from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import (
+    CHECKPOINT_NAME,
     Progress,
     check_output_dir,
     checkpoint_path,
@@ -139,7 +140,12 @@ def _train(cfg: Config, env: DistEnv, progress_bars: Optional[bool]) -> TrainRes
     out = Path(t.output_dir)
 
     resume_ckpt = None
-    if t.resume and checkpoint_path(out).is_file():
+    if checkpoint_path(out).is_file():
+        if not t.resume:
+            raise TrainingError(
+                f"{out} already holds a checkpoint of another run ({CHECKPOINT_NAME}); continue it with --resume "
+                "(train.resume=true), or choose another output folder."
+            )
         resume_ckpt = read_checkpoint(checkpoint_path(out))
     stored_map = LabelMap.from_dict(resume_ckpt.label_map) if resume_ckpt and resume_ckpt.label_map else None
     train_set = build_coco_dataset(cfg.data, "train", label_map=stored_map)
@@ -188,7 +194,7 @@ def _train(cfg: Config, env: DistEnv, progress_bars: Optional[bool]) -> TrainRes
     if t.compile:
         train_model = torch.compile(train_model)
 
-    log = on_main(env, lambda: _open_log(cfg, out, progress_bars))
+    log = on_main(env, lambda: _open_log(cfg, out, progress_bars, append=resume_ckpt is not None))
     total_batch = t.batch_size * env.world_size
     if log is not None:
         _announce(log, cfg, env, train_set, val_set, per_epoch, progress, notes, total_batch)
@@ -263,24 +269,22 @@ def _train(cfg: Config, env: DistEnv, progress_bars: Optional[bool]) -> TrainRes
         if val_set is not None:
             last_eval = evaluate_and_write(model, postprocessor, val_set, cfg, env, out, log,
                                            extra={"epoch": progress.epoch, "iteration": progress.iteration})
+        result = TrainResult(
+            output_dir=out, checkpoint=ckpt_file, config_file=out / "config.yaml", metrics_log=out / METRICS_FILE,
+            metrics=last_eval.metrics if last_eval else None,
+            metrics_file=last_eval.metrics_file if last_eval else None,
+            detections_file=last_eval.detections_file if last_eval else None,
+            epochs_completed=progress.epoch, iterations=progress.iteration,
+            skipped_images=len(progress.skipped_image_ids), losses=losses, num_classes=cfg.model.num_classes)
+        if log is not None:
+            log.write({"type": "end", "epochs_completed": result.epochs_completed, "iterations": result.iterations,
+                       "skipped_images": result.skipped_images, "metrics": result.metrics})
+            ap = f", AP {result.metrics['AP']:.3f} AP50 {result.metrics['AP50']:.3f}" if result.metrics else ""
+            log.info(f"Done: {result.iterations} iterations, {result.epochs_completed} epochs{ap}; "
+                     f"skipped images: {result.skipped_images}; checkpoint {ckpt_file}")
     finally:
         if log is not None:
-            log.close_bar()
-
-    result = TrainResult(
-        output_dir=out, checkpoint=ckpt_file, config_file=out / "config.yaml", metrics_log=out / METRICS_FILE,
-        metrics=last_eval.metrics if last_eval else None,
-        metrics_file=last_eval.metrics_file if last_eval else None,
-        detections_file=last_eval.detections_file if last_eval else None,
-        epochs_completed=progress.epoch, iterations=progress.iteration,
-        skipped_images=len(progress.skipped_image_ids), losses=losses, num_classes=cfg.model.num_classes)
-    if log is not None:
-        log.write({"type": "end", "epochs_completed": result.epochs_completed, "iterations": result.iterations,
-                   "skipped_images": result.skipped_images, "metrics": result.metrics})
-        ap = f", AP {result.metrics['AP']:.3f} AP50 {result.metrics['AP50']:.3f}" if result.metrics else ""
-        log.info(f"Done: {result.iterations} iterations, {result.epochs_completed} epochs{ap}; "
-                 f"skipped images: {result.skipped_images}; checkpoint {ckpt_file}")
-        log.close()
+            log.close()
     return result
 
 
@@ -291,9 +295,12 @@ def _stored_iteration(path: Path) -> str:
         return "?"
 
 
-def _open_log(cfg: Config, out: Path, progress_bars: Optional[bool]) -> MetricsLog:
-    save_config(cfg, out / "config.yaml")
-    return MetricsLog(out, tensorboard=cfg.train.tensorboard, progress_bars=progress_bars)
+def _open_log(cfg: Config, out: Path, progress_bars: Optional[bool], append: bool) -> MetricsLog:
+    try:
+        save_config(cfg, out / "config.yaml")
+    except OSError as exc:
+        raise TrainingError(f"Could not write {out / 'config.yaml'}: {exc.strerror or exc}.") from None
+    return MetricsLog(out, tensorboard=cfg.train.tensorboard, progress_bars=progress_bars, append=append)
 
 
 def _announce(log: MetricsLog, cfg: Config, env: DistEnv, train_set, val_set, per_epoch: int, progress: Progress,

@@ -37,9 +37,10 @@ def _run(shapes, out: Path, *extra: str):
     return run_training(tiny_config(synthetic_overrides(shapes, out, *RESUME, *extra)), progress_bars=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def uninterrupted(shapes, tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The weights after 6 iterations without a stop."""
+    """The weights after 6 iterations without a stop (function scope: it must run with the
+    test's thread count, as float sums depend on how work is split over threads)."""
     out = tmp_path_factory.mktemp("uninterrupted")
     result = _run(shapes, out, "train.max_iters=6")
     assert result.iterations == 6 and result.epochs_completed == 1
@@ -63,6 +64,8 @@ def test_stopped_and_resumed_run_ends_with_the_same_weights(shapes, uninterrupte
     starts = [r for r in records if r["type"] == "start"]
     assert [s["resumed_iteration"] for s in starts] == [0, 3]
     assert [r["iteration"] for r in records if r["type"] == "iter"] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(TrainingError, match="already holds a checkpoint of another run.*--resume"):
+        _run(shapes, tmp_path, "train.max_iters=8")  # a new run must not overwrite it silently
 
 
 def _nan_at(call: int, term: str, monkeypatch) -> None:

@@ -1,0 +1,102 @@
+"""The command line on real COCO images (``../shared/data/coco128``; skipped when absent).
+
+``detr-peg train`` runs in a subprocess for a few iterations of a tiny model
+(two data-loader workers, TensorBoard on) and evaluates on the 28 validation
+images; ``eval`` and ``predict`` then use the checkpoint it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+import detr_peg
+from detr_peg.cli.main import main
+from detr_peg.engine.coco_eval import STAT_NAMES
+from tests.conftest import REPO_ROOT
+from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides
+
+SMALL = ["model.backbone.out_stages=[2]", "data.train_scales=[96]", "data.train_max_size=128",
+         "data.crop_scales=[96]", "data.crop_size=[64,96]", "data.val_scale=96", "data.val_max_size=128"]
+
+
+@pytest.fixture(scope="module")
+def trained(coco128_dir: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("coco128_run")
+    args = [*TINY_MODEL, *SMALL, *RUN, "data.num_workers=2", "train.batch_size=2", "train.max_iters=3",
+            "train.tensorboard=true",
+            *data_overrides(coco128_dir / "images", coco128_dir / "annotations_train.json",
+                            coco128_dir / "images", coco128_dir / "annotations_val.json")]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "detr_peg.cli.main", "train", "--output", str(out), *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "AP50" in proc.stdout and "Done: 3 iterations" in proc.stdout
+    return out
+
+
+def _category_ids(annotation_file: Path) -> set[int]:
+    return {c["id"] for c in json.loads(annotation_file.read_text())["categories"]}
+
+
+def test_train_writes_config_log_metrics_detections_and_checkpoint(trained: Path, coco128_dir: Path) -> None:
+    cfg = yaml.safe_load((trained / "config.yaml").read_text())
+    assert cfg["model"]["num_classes"] == 80 and cfg["train"]["max_iters"] == 3
+
+    records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    kinds = [r["type"] for r in records]
+    assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("iter") == 3 and "eval" in kinds
+    assert {"loss", "loss_ce", "loss_bbox", "loss_giou", "lr_transformer", "lr_backbone", "grad_norm"} <= set(
+        records[1])
+    assert list((trained / "tensorboard").glob("events.out.tfevents.*"))
+
+    metrics = json.loads((trained / "metrics.json").read_text())
+    assert list(metrics["bbox"]) == list(STAT_NAMES) and metrics["num_images"] == 28
+    detections = json.loads((trained / "detections.json").read_text())
+    assert detections and {"image_id", "category_id", "bbox", "score"} == set(detections[0])
+    assert {d["category_id"] for d in detections} <= _category_ids(coco128_dir / "annotations_val.json")
+
+    model = detr_peg.load_model(trained / "checkpoint.pth")
+    assert model.config.model.num_classes == 80 and len(model.label_map["category_ids"]) == 80
+    assert model.label_map["category_ids"][-1] == 90  # original COCO ids, not 0..79
+
+
+def test_eval_writes_metrics_and_detections(trained: Path, coco128_dir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(trained / "checkpoint.pth"), "--output", str(out),
+                 "data.num_workers=0"]) == 0
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in STAT_NAMES)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["bbox"] == pytest.approx(json.loads((trained / "metrics.json").read_text())["bbox"])
+    detections = json.loads((out / "detections.json").read_text())
+    assert {d["category_id"] for d in detections} <= _category_ids(coco128_dir / "annotations_val.json")
+
+
+def test_predict_writes_json_and_pictures(trained: Path, coco128_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    names = sorted(p.name for p in (coco128_dir / "images").iterdir())[:3]
+    for name in names[:2]:
+        shutil.copy(coco128_dir / "images" / name, folder / name)
+    single = coco128_dir / "images" / names[2]
+    out = tmp_path / "predictions"
+    assert main(["predict", "--checkpoint", str(trained / "checkpoint.pth"), str(folder), str(single),
+                 "--output", str(out), "--score-threshold", "0.0", "--batch-size", "2"]) == 0
+    records = json.loads((out / "predictions.json").read_text())
+    categories = {c["id"]: c["name"] for c in json.loads((coco128_dir / "annotations.json").read_text())["categories"]}
+    assert {r["image_id"] for r in records} == {1, 2, 3}
+    for r in records:
+        assert categories[r["category_id"]] == r["category_name"] and 0.0 <= r["score"] <= 1.0
+        assert len(r["bbox"]) == 4
+    for name in names:
+        with Image.open(coco128_dir / "images" / name) as original, Image.open(out / f"{Path(name).stem}.png") as drawn:
+            assert drawn.size == original.size and drawn.mode == "RGB"

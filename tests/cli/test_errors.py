@@ -1,0 +1,40 @@
+"""User errors of the train, eval and predict commands: one line on stderr, exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detr_peg.cli.main import main
+from tests.conftest import REPO_ROOT
+
+CONFIG = str(REPO_ROOT / "configs" / "detr_r50_peg.yaml")
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    status = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert status == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["train", "--config", CONFIG, "train.lrr=1e-4", "--print-config"], "unknown key 'train.lrr'"),
+    (["train", "--config", CONFIG, "train.epochs=many", "--print-config"], "'train.epochs' must be an integer"),
+    (["train", "--config", CONFIG, "train.lr"], "is not of the form key=value"),
+    (["train", "--config", "no/such.yaml"], "Config file no/such.yaml does not exist"),
+    (["train", "--config", CONFIG, "train.amp=bf16", "train.device=cpu"], "train.amp=bf16 needs a CUDA device"),
+    (["train", "--config", CONFIG, "data.train_images=null"], "data.train_images is not set"),
+    (["eval", "--checkpoint", "missing.pth"], "The checkpoint file missing.pth does not exist"),
+])
+def test_user_errors_are_one_line(argv, expected, capsys) -> None:
+    assert expected in _one_line_error(capsys, argv)
+
+
+def test_predict_errors(capsys, tmp_path: Path) -> None:
+    assert "does not exist" in _one_line_error(capsys, ["predict", "--checkpoint", "x.pth", str(tmp_path / "nope.jpg")])
+    (tmp_path / "empty").mkdir()
+    assert "holds no image files" in _one_line_error(capsys, ["predict", "--checkpoint", "x.pth",
+                                                              str(tmp_path / "empty")])
