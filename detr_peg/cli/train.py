@@ -5,6 +5,10 @@ resolved config is written to <output>/config.yaml. The output folder gets
 checkpoint.pth (replaced atomically after every epoch), metrics.jsonl,
 metrics.json and detections.json of the last evaluation.
 
+Ctrl-C or SIGTERM stops after the current iteration and writes the
+checkpoint (exit status 130 or 143); --resume continues exactly where it
+stopped. A second Ctrl-C stops at once, keeping the previous checkpoint.
+
 The total batch is train.batch_size x the number of processes. Several GPUs
 or machines: start the same command with torchrun, e.g.
   torchrun --nproc_per_node 8 -m detr_peg.cli.main train --config configs/detr_r50_peg.yaml
