@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -69,29 +71,43 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     if local.suffix == ".safetensors":
         return _read_safetensors(local, what)
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
+        # The unpickler warns about pickle protocols it was not written by; the error below says enough.
+        with torch.serialization.safe_globals(SAFE_GLOBALS), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return torch.load(local, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         text = str(exc)
-        if "Weights only load failed" in text or "Unsupported global" in text or "GLOBAL" in text:
-            culprit = _unsafe_global(text)
+        culprit = _unsafe_global(text)
+        if culprit is not None:
             raise CheckpointError(
-                f"The {what} file {spec} holds pickled Python objects{culprit} that could run code "
-                "when loaded; refusing to load it (only tensors and plain data are accepted)."
+                f"The {what} file {spec} holds a pickled Python object ({culprit}) that could run code when "
+                "loaded; refusing to load it (only tensors and plain data are accepted: save a state dict)."
             ) from None
-        raise CheckpointError(f"The {what} file {spec} is corrupt or truncated ({text.splitlines()[0]}).") from None
+        raise CheckpointError(
+            f"The {what} file {spec} is corrupt, truncated or not a PyTorch checkpoint ({_unpickler_reason(text)})."
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"The {what} file {spec} is corrupt or truncated ({first}).") from None
 
 
-def _unsafe_global(text: str) -> str:
-    for line in text.splitlines():
-        marker = "Unsupported global: GLOBAL "
-        if marker in line:
-            name = line.split(marker, 1)[1].split(" ")[0]
-            return f" ({name})"
-    return ""
+def _unsafe_global(text: str) -> str | None:
+    """The module-qualified name the weights-only unpickler refused, or None if it refused no name.
+
+    torch words it "Unsupported global: GLOBAL os.system ..." or "unsupported GLOBAL posix.system whose
+    module posix is blocked", depending on the version and the name.
+    """
+    match = re.search(r"GLOBAL ([\w.]+)", text)
+    return match.group(1) if match else None
+
+
+def _unpickler_reason(text: str) -> str:
+    """The weights-only unpickler's own reason (e.g. "Unsupported operand 123") without torch's advice."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        if line.endswith("WeightsUnpickler error:") and index + 1 < len(lines):
+            return lines[index + 1].rstrip(".")
+    return lines[0].rstrip(".") if lines else "unreadable pickle data"
 
 
 def _read_safetensors(path: Path, what: str) -> dict[str, Any]:

@@ -6,6 +6,10 @@ predictions.json is a list of COCO-style results with the file name added:
 "score"}, in pixels of the original image, for detections scoring at least
 --score-threshold (default: eval.score_threshold of the checkpoint's config).
 Category ids and names come from the dataset the model was trained on.
+The pictures are written into a temporary folder inside the output folder
+and moved into place with predictions.json only once every image is done, so
+a run that fails (an unreadable image, a full disk) leaves the files of an
+earlier run as they were.
 
 Examples:
   detr-peg predict --checkpoint runs/peg/checkpoint.pth photos/ --output predictions
@@ -15,6 +19,8 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -71,17 +77,26 @@ def run(args: argparse.Namespace) -> int:
 
     records: list[dict] = []
     used: set[str] = set()
-    with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
-        for prediction in predict_images(model, build_postprocessor(model.config), images, label_map=label_map,
-                                         score_threshold=threshold, batch_size=args.batch_size, device=device,
-                                         progress=bar.update):
-            records.extend(prediction.records)
-            target = out / unique_png_name(prediction.path, used)
-            try:
-                draw_prediction(prediction).save(target)
-            except OSError as exc:
-                raise UserError(f"Could not write {target}: {exc.strerror or exc}.") from None
-    write_json(out / "predictions.json", records)
+    stage = out / f".predict-tmp-{os.getpid()}"
+    try:
+        stage.mkdir()
+        with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
+            for prediction in predict_images(model, build_postprocessor(model.config), images, label_map=label_map,
+                                             score_threshold=threshold, batch_size=args.batch_size, device=device,
+                                             progress=bar.update):
+                records.extend(prediction.records)
+                name = unique_png_name(prediction.path, used)
+                try:
+                    draw_prediction(prediction).save(stage / name)
+                except OSError as exc:
+                    raise UserError(f"Could not write {out / name}: {exc.strerror or exc}.") from None
+        for name in sorted(used):
+            os.replace(stage / name, out / name)
+        write_json(out / "predictions.json", records)
+    except OSError as exc:
+        raise UserError(f"Could not write into {out}: {exc.strerror or exc}.") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     print(f"{len(records)} detections (score >= {threshold:g}) in {len(images)} images; wrote "
           f"{out / 'predictions.json'} and {len(images)} PNG files to {out}.")
     return 0

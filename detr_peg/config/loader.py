@@ -91,8 +91,12 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML (atomically: temporary file then rename)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave a partial file behind
+        raise
 
 
 def parse_overrides(overrides: Iterable[str], source: str = "command line") -> Layer:

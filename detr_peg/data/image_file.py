@@ -84,7 +84,9 @@ def load_rgb_image(path: Union[str, Path]) -> Image.Image:
             "PIL.Image.MAX_IMAGE_PIXELS before loading the dataset."
         ) from err
     except Image.UnidentifiedImageError as err:
-        raise DataError(f"Image file {path} is not an image format Pillow can read.") from err
+        raise DataError(
+            f"Image file {path} is not an image format Pillow can read (an unknown format or a corrupt header)."
+        ) from err
     except OSError as err:
         raise DataError(
             f"Image file {path} cannot be decoded ({err}); the file is probably truncated or corrupt."

@@ -13,7 +13,9 @@ Order of a run:
    ``model.num_classes`` when it is unset;
 3. build the model with the same seed in every process, load
    ``train.init_from`` weights, check that the output folder is writable and
-   has room for a checkpoint, then write ``config.yaml``;
+   has room for a checkpoint, then write ``config.yaml`` (a resumed run
+   replaces it right after its first checkpoint, so a resume that fails
+   before that leaves the folder as it was);
 4. train epoch by epoch (see :mod:`detr_peg.engine.train_loop`) until
    ``train.epochs`` or exactly ``train.max_iters`` iterations, writing the
    checkpoint atomically after every epoch (and every
@@ -200,12 +202,17 @@ def _train(cfg: Config, env: DistEnv, progress_bars: Optional[bool]) -> TrainRes
         _announce(log, cfg, env, train_set, val_set, per_epoch, progress, notes, total_batch)
 
     ckpt_file = checkpoint_path(out)
+    config_pending = resume_ckpt is not None  # config.yaml still describes the checkpoint being resumed
 
     def save() -> None:
+        nonlocal config_pending
         rng = all_gather_objects(capture_rng_state(device))
         on_main(env, lambda: save_training_checkpoint(
             ckpt_file, cfg=cfg, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_scaler=scaler,
             label_map=label_map, progress=progress, rng_states=rng, world_size=env.world_size))
+        if config_pending:
+            on_main(env, lambda: _write_config(cfg, out))
+            config_pending = False
 
     def budget_reached() -> bool:
         return t.max_iters is not None and progress.iteration >= t.max_iters
@@ -295,11 +302,17 @@ def _stored_iteration(path: Path) -> str:
         return "?"
 
 
-def _open_log(cfg: Config, out: Path, progress_bars: Optional[bool], append: bool) -> MetricsLog:
+def _write_config(cfg: Config, out: Path) -> None:
     try:
         save_config(cfg, out / "config.yaml")
     except OSError as exc:
         raise TrainingError(f"Could not write {out / 'config.yaml'}: {exc.strerror or exc}.") from None
+
+
+def _open_log(cfg: Config, out: Path, progress_bars: Optional[bool], append: bool) -> MetricsLog:
+    """The run's log; a new run (``append=False``) also writes ``config.yaml`` now."""
+    if not append:
+        _write_config(cfg, out)
     return MetricsLog(out, tensorboard=cfg.train.tensorboard, progress_bars=progress_bars, append=append)
 
 
