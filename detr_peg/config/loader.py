@@ -153,7 +153,10 @@ def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{source}: invalid YAML{where}.") from None
+        # safe_load refuses Python tags (!!python/object/apply:...); the problem text says so.
+        problem = getattr(exc, "problem", None)
+        detail = f" ({problem})" if problem else ""
+        raise ConfigError(f"{source}: invalid YAML{where}{detail}.") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -49,14 +49,13 @@ from detr_peg.models.backbones.base import Backbone
 from detr_peg.models.backbones.registry import BACKBONES
 from detr_peg.models.backbones.weights import (
     STRIP_PREFIXES,
+    backbone_part,
     load_state_checked,
     read_backbone_state,
     strip_key_prefixes,
 )
 
 STAGES = (1, 2, 3, 4)
-# Key prefixes of a backbone body inside detector checkpoints (official DETR, detr_peg).
-DETECTOR_PREFIXES = ("backbone.0.body.", "backbone.body.")
 # Input side of the dependency probe: two stride-32 cells, accepted by any model fit for detection.
 PROBE_SIZE = 64
 
@@ -218,10 +217,7 @@ def create_body(cfg: BackboneConfig, out_indices: list[int], layout: nn.Module) 
 
 def backbone_state(spec: str) -> dict[str, Tensor]:
     """The backbone weights in ``spec``; of a detector checkpoint, only its ``backbone...body.`` part."""
-    state = read_backbone_state(spec)
-    if any(key.startswith(DETECTOR_PREFIXES) for key in state):
-        state = {key: value for key, value in state.items() if key.startswith(DETECTOR_PREFIXES)}
-    return strip_key_prefixes(state, STRIP_PREFIXES)
+    return strip_key_prefixes(backbone_part(read_backbone_state(spec)), STRIP_PREFIXES)
 
 
 def check_full_model_state(name: str, state: dict[str, Tensor], source: str) -> None:

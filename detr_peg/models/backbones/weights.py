@@ -13,6 +13,9 @@ _NESTED_KEYS = ("state_dict", "model", "module")
 # Key prefixes of detector checkpoints (official DETR, detr_peg) removed before loading into a backbone body.
 STRIP_PREFIXES = ("backbone.0.body.", "backbone.body.", "module.")
 
+# Key prefixes of the backbone body inside detector checkpoints (official DETR, detr_peg).
+DETECTOR_PREFIXES = ("backbone.0.body.", "backbone.body.")
+
 
 def extract_state_dict(obj: object, source: str) -> dict[str, Tensor]:
     """Find the tensor state dict inside a loaded checkpoint object."""
@@ -42,6 +45,13 @@ def read_backbone_state(spec: str) -> dict[str, Tensor]:
     return extract_state_dict(read_checkpoint_file(spec, what="backbone weights"), spec)
 
 
+def backbone_part(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Of a detector's state dict, only the backbone body's entries; any other state dict unchanged."""
+    if any(key.startswith(DETECTOR_PREFIXES) for key in state):
+        return {key: value for key, value in state.items() if key.startswith(DETECTOR_PREFIXES)}
+    return state
+
+
 def strip_key_prefixes(state: dict[str, Tensor], prefixes: tuple[str, ...]) -> dict[str, Tensor]:
     """``state`` with the first matching prefix of ``prefixes`` removed from each key."""
     out: dict[str, Tensor] = {}
@@ -69,12 +79,13 @@ def load_backbone_weights(
         ignore_prefixes: keys of the file to skip (for example the classifier
             ``fc.`` of an ImageNet checkpoint, or stages that were not built).
         strip_prefixes: prefixes removed from keys first, so detector
-            checkpoints work as backbone weights too.
+            checkpoints work as backbone weights too (their other weights
+            are dropped, see :func:`backbone_part`).
 
     Raises:
         CheckpointError: unreadable file, or keys/shapes that do not fit.
     """
-    state = strip_key_prefixes(read_backbone_state(spec), strip_prefixes)
+    state = strip_key_prefixes(backbone_part(read_backbone_state(spec)), strip_prefixes)
     load_state_checked(body, state, spec, ignore_prefixes=ignore_prefixes)
 
 
