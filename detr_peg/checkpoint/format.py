@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor, nn
 
-from detr_peg.checkpoint.io import atomic_torch_save, read_checkpoint_file
+from detr_peg.checkpoint.io import atomic_torch_save, atomic_write, read_checkpoint_file
 from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError, ConfigError
@@ -80,7 +80,7 @@ def save_checkpoint(path: str | os.PathLike, cfg: Config, model_state: dict[str,
     """
     path = Path(path)
     if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         metadata = {
             "format": FORMAT,
@@ -89,13 +89,9 @@ def save_checkpoint(path: str | os.PathLike, cfg: Config, model_state: dict[str,
             "label_map": json.dumps(label_map),
         }
         tensors = {k: v.detach().contiguous().clone() for k, v in model_state.items()}
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            save_file(tensors, str(tmp), metadata=metadata)
-            os.replace(tmp, path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise CheckpointError(f"Could not write {path}: {exc.strerror or exc}.") from None
+        # Serialised in memory (the model alone), then written like every checkpoint.
+        data = save(tensors, metadata=metadata)
+        atomic_write(path, lambda handle: handle.write(data))
         return
     atomic_torch_save(checkpoint_dict(cfg, model_state, label_map, **extra), path)
 

@@ -18,7 +18,7 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -122,18 +122,30 @@ def _read_safetensors(path: Path, what: str) -> dict[str, Any]:
     return {"state_dict": tensors, "metadata": dict(metadata)}
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` atomically (temporary file, fsync, rename).
+def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
+    """Write a file atomically: ``write(handle)`` into a temporary file, fsync, rename over ``path``.
+
+    Args:
+        path: the final file.
+        write: writes the content into the binary file object it is given.
 
     Raises:
         CheckpointError: the folder is not writable or the disk is full; the
-            previous file at ``path`` (if any) is left untouched.
+            previous file at ``path`` (if any) is left untouched and the
+            temporary file is removed.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
+            recorder = _ErrorRecordingFile(handle)
+            try:
+                write(recorder)
+            except RuntimeError:
+                # torch.save reports a failed write as a RuntimeError without the cause.
+                if recorder.error is not None:
+                    raise recorder.error from None
+                raise
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -144,6 +156,38 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to ``path`` atomically (see :func:`atomic_write`).
+
+    Raises:
+        CheckpointError: the folder is not writable or the disk is full; the
+            previous file at ``path`` (if any) is left untouched.
+    """
+    atomic_write(path, lambda handle: torch.save(obj, handle))
+
+
+class _ErrorRecordingFile:
+    """A binary file object that passes writes on and keeps the first ``OSError`` they raise."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._handle.flush()
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -20,6 +20,7 @@ stop request, so the file on disk is always a complete checkpoint.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import warnings
@@ -37,6 +38,9 @@ from detr_peg.engine.seeding import restore_rng_state
 from detr_peg.errors import CheckpointError, TrainingError
 
 CHECKPOINT_NAME = "checkpoint.pth"
+
+#: Write errors that mean a full disk or quota, or a file-size limit, rather than permissions.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 #: Parameter-name fragment of the classification heads (re-initialised by ``train.reset_classifier``).
 CLASSIFIER_KEY = "class_embed"
@@ -96,6 +100,11 @@ def check_output_dir(output_dir: str | Path, needed_bytes: int) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
+        if exc.errno in _NO_ROOM:
+            raise TrainingError(
+                f"Output folder {folder} has no room to write ({exc.strerror or exc}); free some space or "
+                "choose another train.output_dir."
+            ) from None
         raise TrainingError(
             f"Output folder {folder} is not writable ({exc.strerror or exc}); choose another train.output_dir "
             "or fix its permissions."

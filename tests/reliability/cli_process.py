@@ -158,20 +158,42 @@ class CliRunner:
         self._server: Optional[subprocess.Popen] = None
         self._tmp = tempfile.TemporaryDirectory(prefix="detr-peg-cli-")
         self._count = 0
+        self._active: Optional[CliProcess] = None
 
     def run(self, args: Sequence[str], *, cwd: Path | str, env: Optional[dict[str, str]] = None,
             limits: Sequence[Limit] = (), timeout: float = 300) -> CliResult:
         """Run ``detr-peg ARGS`` in ``cwd`` and wait for it."""
-        if self.mode == "cold":
-            return self._run_cold(args, cwd, env, limits, timeout)
-        return self._run_warm(args, cwd, env, limits, timeout)
+        return self.start(args, cwd=cwd, env=env, limits=limits, timeout=timeout).wait()
 
-    def _run_cold(self, args, cwd, env, limits, timeout) -> CliResult:
-        proc = subprocess.run(
-            [sys.executable, "-m", "detr_peg.cli.main", *map(str, args)], cwd=cwd, env=_cold_env(env),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-            preexec_fn=(lambda: apply_limits(limits)) if limits else None)
-        return CliResult(proc.returncode, proc.stdout, proc.stderr, "cold")
+    def start(self, args: Sequence[str], *, cwd: Path | str, env: Optional[dict[str, str]] = None,
+              limits: Sequence[Limit] = (), timeout: float = 300) -> "CliProcess":
+        """Start ``detr-peg ARGS`` in ``cwd``; signal it with ``send_signal``, collect it with ``wait``."""
+        self._count += 1
+        out = Path(self._tmp.name) / f"{self._count}.out"
+        err = Path(self._tmp.name) / f"{self._count}.err"
+        if self.mode == "cold":
+            with open(out, "wb") as fo, open(err, "wb") as fe:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "detr_peg.cli.main", *map(str, args)], cwd=cwd, env=_cold_env(env),
+                    stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                    preexec_fn=(lambda: apply_limits(limits)) if limits else None)
+            return CliProcess(self, proc.pid, out, err, timeout, proc)
+        server = self._start_server()
+        if self._active is not None and self._active._result is None:
+            raise RuntimeError("the command helper runs one command at a time; wait for the previous one")
+        request = {"argv": [str(a) for a in args], "cwd": str(cwd), "env": dict(env or {}),
+                   "limits": [list(limit) for limit in limits], "stdout": str(out), "stderr": str(err),
+                   "timeout": timeout}
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        self._active = CliProcess(self, int(self._reply()["pid"]), out, err, timeout, None)
+        return self._active
+
+    def _reply(self) -> dict:
+        line = self._server.stdout.readline()
+        if not line:
+            raise RuntimeError("the command helper died")
+        return json.loads(line)
 
     def _start_server(self) -> subprocess.Popen:
         if self._server is None or self._server.poll() is not None:
@@ -183,22 +205,6 @@ class CliRunner:
                 raise RuntimeError(f"the command helper did not start: {ready!r}")
         return self._server
 
-    def _run_warm(self, args, cwd, env, limits, timeout) -> CliResult:
-        server = self._start_server()
-        self._count += 1
-        out = Path(self._tmp.name) / f"{self._count}.out"
-        err = Path(self._tmp.name) / f"{self._count}.err"
-        request = {"argv": [str(a) for a in args], "cwd": str(cwd), "env": dict(env or {}),
-                   "limits": [list(limit) for limit in limits], "stdout": str(out), "stderr": str(err),
-                   "timeout": timeout}
-        server.stdin.write(json.dumps(request) + "\n")
-        server.stdin.flush()
-        reply = server.stdout.readline()
-        if not reply:
-            raise RuntimeError("the command helper died")
-        code = json.loads(reply)["returncode"]
-        return CliResult(code, out.read_text(errors="replace"), err.read_text(errors="replace"), "warm")
-
     def close(self) -> None:
         if self._server is not None and self._server.poll() is None:
             self._server.stdin.close()
@@ -208,6 +214,49 @@ class CliRunner:
                 self._server.kill()
                 self._server.wait()
         self._tmp.cleanup()
+
+
+class CliProcess:
+    """A started command (see :meth:`CliRunner.start`).
+
+    Attributes:
+        pid: its process id (a real process in both modes).
+    """
+
+    def __init__(self, runner: CliRunner, pid: int, out: Path, err: Path, timeout: float,
+                 popen: Optional[subprocess.Popen]) -> None:
+        self.pid = pid
+        self._runner, self._out, self._err, self._timeout, self._popen = runner, out, err, timeout, popen
+        self._result: Optional[CliResult] = None
+
+    def send_signal(self, sig: int) -> None:
+        if self._result is None:
+            os.kill(self.pid, sig)
+
+    def poll(self) -> bool:
+        """Whether it has ended (cold mode only; a warm command is only known to end in ``wait``)."""
+        if self._popen is not None:
+            return self._popen.poll() is not None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    def wait(self) -> CliResult:
+        if self._result is None:
+            if self._popen is not None:
+                try:
+                    code = self._popen.wait(timeout=self._timeout)
+                except subprocess.TimeoutExpired:
+                    self._popen.kill()
+                    code = self._popen.wait()
+                mode = "cold"
+            else:
+                code, mode = int(self._runner._reply()["returncode"]), "warm"
+            self._result = CliResult(code, self._out.read_text(errors="replace"),
+                                     self._err.read_text(errors="replace"), mode)
+        return self._result
 
 
 # ------------------------------------------------------------------ the helper process
@@ -281,6 +330,7 @@ def _serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(request)
+        print(json.dumps({"pid": pid}), file=reply, flush=True)
         code = _wait(pid, float(request["timeout"]))
         print(json.dumps({"returncode": code}), file=reply, flush=True)
 

@@ -2,7 +2,7 @@
 
 The armed checkpoint holds an object whose unpickling calls
 ``os.system("touch MARKER")``. The test first proves the file is armed (an
-unsafe ``torch.load`` in a child process creates the marker), then feeds it
+unsafe ``torch.load`` creates the marker), then feeds it
 to every command-line entry that reads weights: ``eval --checkpoint``,
 ``predict --checkpoint``, ``train train.init_from=``, ``train --resume``
 (as the run's own ``checkpoint.pth``), ``model.backbone.weights=`` and
@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,6 @@ from safetensors.torch import save_file
 from detr_peg.checkpoint.format import read_checkpoint, save_checkpoint
 from detr_peg.config import load_config
 from detr_peg.models import build_model
-from tests.reliability.cli_process import BASE_ENV
 from tests.reliability.conftest import (
     ANNOTATIONS,
     BASE,
@@ -66,9 +63,8 @@ def _armed_checkpoint(path: Path, marker: Path, template_checkpoint: Path) -> Pa
 
 
 def _fires(path: Path, marker: Path) -> bool:
-    """Whether an unsafe load of ``path`` (in a child process) runs the payload."""
-    code = f"import torch; torch.load({str(path)!r}, weights_only=False)"
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, **BASE_ENV}, capture_output=True, timeout=120)
+    """Whether an unsafe load of ``path`` runs the payload (it only creates ``marker``)."""
+    torch.load(path, weights_only=False)
     fired = marker.exists()
     marker.unlink(missing_ok=True)
     return fired
