@@ -55,8 +55,9 @@ class CocoDetection(Dataset):
 
     Boxes: crowd annotations (``iscrowd=1``) are left out; COCO ``[x, y, w, h]``
     becomes ``[x0, y0, x1, y1]`` clamped to the image, and boxes with
-    ``x1 <= x0`` or ``y1 <= y0`` after clamping are dropped. An image without
-    annotations gives ``N = 0``.
+    ``x1 <= x0`` or ``y1 <= y0`` after clamping (entirely outside the image)
+    are dropped; ``num_boxes_outside`` counts them where the annotation file
+    gives the image size. An image without annotations gives ``N = 0``.
 
     Bad samples: an image that cannot be decoded, or whose size differs from
     the ``width``/``height`` in the annotation file, raises :class:`DataError`
@@ -85,6 +86,8 @@ class CocoDetection(Dataset):
         label_map: the :class:`LabelMap` used for ``labels``.
         num_skipped: unreadable images skipped so far in this process.
         num_invalid_skipped: annotation-file problems skipped at construction.
+        num_boxes_outside: non-crowd boxes entirely outside their image (by the
+            ``width``/``height`` in the annotation file), left out of targets.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class CocoDetection(Dataset):
         self.transforms = transforms
         self.on_bad_sample = on_bad_sample
         self.ids: list[int] = sorted(self.coco.imgs)
+        self.num_boxes_outside = count_boxes_outside(self.coco.dataset)
         self.num_skipped = 0
         self._bad_indices: set[int] = set()
 
@@ -202,6 +206,20 @@ class CocoDetection(Dataset):
             f"None of the {tries} images from index {index} of {self.annotation_file} could be read; "
             "check the image folder (the warnings above name each file)."
         )
+
+
+def count_boxes_outside(data: dict[str, Any]) -> int:
+    """Non-crowd annotations whose box has no area inside its image (images without a size are not counted)."""
+    sizes = {img["id"]: (img.get("width"), img.get("height")) for img in data["images"]}
+    count = 0
+    for ann in data["annotations"]:
+        width, height = sizes.get(ann["image_id"], (None, None))
+        if ann.get("iscrowd", 0) or width is None or height is None:
+            continue
+        x, y, w, h = ann["bbox"]
+        if min(x + w, width) <= max(x, 0) or min(y + h, height) <= max(y, 0):
+            count += 1
+    return count
 
 
 def build_coco_dataset(

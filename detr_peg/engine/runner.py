@@ -333,6 +333,9 @@ def _announce(log: MetricsLog, cfg: Config, env: DistEnv, train_set, val_set, pe
                  f"train.lr_backbone={t.lr_backbone * total_batch / t.total_batch_size:.3g} (linear scaling).")
     if train_set.num_invalid_skipped:
         log.info(f"{train_set.num_invalid_skipped} invalid annotations skipped in {train_set.annotation_file}.")
+    if train_set.num_boxes_outside:
+        log.info(f"{train_set.num_boxes_outside} boxes in {train_set.annotation_file} lie entirely outside their "
+                 "image and are left out of the training targets.")
     if progress.iteration:
         log.info(f"Resumed at epoch {progress.epoch}, batch {progress.epoch_batches_done}, "
                  f"iteration {progress.iteration}.")

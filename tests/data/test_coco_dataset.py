@@ -206,8 +206,10 @@ def test_boxes_outside_the_image_are_dropped(coco_tmp) -> None:
     data = base_coco()
     data["annotations"][1]["bbox"] = [45.0, 5.0, 10.0, 10.0]  # starts right of the 40 px image
     images_dir, ann_file = coco_tmp(data)
-    _, target = CocoDetection(images_dir=images_dir, annotation_file=ann_file)[0]
+    ds = CocoDetection(images_dir=images_dir, annotation_file=ann_file)
+    _, target = ds[0]
     assert target["labels"].tolist() == [0]
+    assert ds.num_boxes_outside == 1  # counted, so a run can report it
 
 
 def test_missing_image_folder(tmp_path: Path) -> None:

@@ -224,6 +224,9 @@ CASES = [
     Case("path-escapes-image-folder", RESUME, [ANN, "image id 3", "'../outside.jpg'", "leaves the image folder"],
          _escaping_path),
     Case("absolute-image-path", RESUME, [ANN, "image id 3", "outside.jpg", "is absolute"], _absolute_path),
+    Case("image-size-differs-from-annotation", RESUME, [str(IMAGES / "img2.jpg"), "is 48x64", "says 48x60",
+                                                        "image id 3"],
+         edit_annotations(lambda d: d["images"][2].update(width=60))),
     Case("eval-truncated-image", EVAL, [str(IMAGES / "img0.jpg"), "truncated"],
          _replace_image("img0.jpg", lambda b: b[: len(b) // 2])),
     # Threshold 0 draws every box, so a picture written before the failure would differ from the earlier one.
@@ -357,6 +360,14 @@ def test_fine_tuning_to_another_class_count_with_reset_classifier(cli, case: Pat
     # One epoch of training moved the weights; the class head alone has another shape.
     assert tuned.model["class_embed.weight"].shape[0] == 4 and source.model["class_embed.weight"].shape[0] == 3
     assert backbone and all(tuned.model[k].shape == source.model[k].shape for k in backbone)
+
+
+def test_boxes_outside_their_image_are_counted(cli, case: Path) -> None:
+    edit_annotations(lambda d: d["annotations"][0].update(bbox=[70.0, 5.0, 10.0, 10.0]))(case)  # 64 px wide
+    result = cli.run(RESUME, cwd=case)
+    assert_success(result)
+    assert ("1 boxes in data/annotations.json lie entirely outside their image and are left out of the "
+            "training targets.") in result.stdout, result.stdout
 
 
 def test_bad_samples_are_skipped_and_counted_only_when_asked(cli, case: Path) -> None:
