@@ -1,0 +1,211 @@
+"""Generate a synthetic shapes dataset, train a small Deformable-DETR with PEG on the CPU, evaluate it, draw predictions.
+
+Everything goes into the output folder (default outputs/demo):
+  data/          the synthetic COCO-format dataset (train/, val/, annotations_*.json);
+                 reused when it was generated with the same parameters
+  run/           checkpoint.pth, config.yaml, metrics.jsonl, metrics.json (COCO
+                 metrics of the validation split), detections.json
+  predictions/   the first --pictures validation images with the detected
+                 boxes drawn (enlarged), and predictions.json
+
+Every demo trains from scratch: a previous demo run in <output>/run is
+replaced. --resume continues an interrupted run from its checkpoint instead.
+The model and recipe are configs/demo.yaml; the training budget is
+train.max_iters iterations, so a run does the same work on any machine.
+
+Examples:
+  detr-peg demo
+  detr-peg demo --output /tmp/demo train.max_iters=200
+  detr-peg demo --num-train 200 --num-val 20 --pictures 4 train.max_iters=50
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+#: The synthetic dataset of the demo (see detr_peg.data.synthetic): 128 x 128
+#: images with one to four shapes, random colours (shapes must be told apart
+#: by their outline) on textured backgrounds.
+IMAGE_SIZE = 128
+MIN_OBJECTS = 1
+MAX_OBJECTS = 4
+DATA_SEED = 0
+COLOR_BY_CLASS = False
+
+#: Files and folders a training run writes into its output folder; a run
+#: folder holding anything else is not replaced.
+RUN_FILES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json", "tensorboard",
+             "eval")
+
+#: Pictures smaller than this (longer side, pixels) are enlarged for drawing, so labels stay legible.
+DRAW_MIN_SIDE = 384
+
+
+def default_config() -> Path:
+    """``configs/demo.yaml`` of the source tree this package was installed from (editable installs)."""
+    return Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--output", metavar="DIR", default="outputs/demo",
+                        help="folder for the dataset, the run and the pictures (default: outputs/demo)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="model and training config (default: configs/demo.yaml of this source tree)")
+    parser.add_argument("--num-train", type=int, default=1000, metavar="N",
+                        help="synthetic training images (default: 1000)")
+    parser.add_argument("--num-val", type=int, default=100, metavar="N",
+                        help="synthetic validation images (default: 100)")
+    parser.add_argument("--pictures", type=int, default=8, metavar="N",
+                        help="validation images to draw predictions on (default: 8)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in <output>/run from its checkpoint instead of starting afresh")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. train.max_iters=200")
+
+
+def format_elapsed(seconds: float) -> str:
+    """``7 min 40 s`` (or ``12 s`` under a minute)."""
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
+
+def _config_file(args: argparse.Namespace) -> Path:
+    from detr_peg.errors import ConfigError
+
+    if args.config:
+        return Path(args.config)
+    path = default_config()
+    if not path.is_file():
+        raise ConfigError(
+            f"The demo config {path} was not found (the package is not installed from its source tree); "
+            "pass --config FILE with a copy of configs/demo.yaml."
+        )
+    return path
+
+
+def is_run_file(path: Path) -> bool:
+    """Whether a training run writes ``path`` into its folder (hidden names: temporaries of interrupted writes)."""
+    return path.name in RUN_FILES or path.name.startswith(".")
+
+
+def is_picture_file(path: Path) -> bool:
+    """Whether the demo writes ``path`` into its pictures folder."""
+    return path.suffix == ".png" or path.name == "predictions.json" or path.name.startswith(".")
+
+
+def clear_folder(folder: Path, ours: Callable[[Path], bool]) -> None:
+    """Remove what a previous demo wrote into ``folder``; refuse when it holds anything else.
+
+    Raises:
+        UserError: ``folder`` holds a file or folder for which ``ours`` is false.
+    """
+    from detr_peg.errors import UserError
+
+    if not folder.is_dir():
+        return
+    entries = list(folder.iterdir())
+    foreign = [p.name for p in entries if not ours(p)]
+    if foreign:
+        raise UserError(
+            f"{folder} holds files the demo did not write ({', '.join(sorted(foreign)[:3])}); "
+            "choose another --output."
+        )
+    for path in entries:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    from detr_peg.errors import ConfigError
+
+    for flag, value, low in (("--num-train", args.num_train, 1), ("--num-val", args.num_val, 1),
+                             ("--pictures", args.pictures, 0)):
+        if value < low:
+            raise ConfigError(f"{flag} must be at least {low}, got {value}.")
+
+
+def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_threshold: float) -> int:
+    """Detect objects in ``images`` with the trained model and save one picture per image into ``out``.
+
+    Returns:
+        The number of detections drawn.
+    """
+    from PIL import Image
+    from tqdm import tqdm
+
+    from detr_peg.checkpoint.format import load_model
+    from detr_peg.data.label_map import LabelMap
+    from detr_peg.engine.prediction import ImagePrediction, draw_prediction, predict_images
+    from detr_peg.engine.run_setup import write_json
+    from detr_peg.models.builder import build_postprocessor
+
+    model = load_model(checkpoint)
+    label_map = LabelMap.from_dict(model.label_map) if model.label_map else None
+    out.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    with tqdm(total=len(images), desc="pictures", unit="img", leave=False, disable=not sys.stderr.isatty()) as bar:
+        for pred in predict_images(model, build_postprocessor(model.config), images, label_map=label_map,
+                                   score_threshold=score_threshold, batch_size=8, progress=bar.update):
+            records.extend(pred.records)
+            factor = max(1, -(-DRAW_MIN_SIDE // max(pred.image.size)))
+            if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
+                big = pred.image.resize((pred.image.width * factor, pred.image.height * factor), Image.NEAREST)
+                pred = ImagePrediction(pred.image_id, pred.path, big, pred.records, pred.boxes * factor)
+            draw_prediction(pred).save(out / f"{pred.path.stem}.png")
+    write_json(out / "predictions.json", records)
+    return len(records)
+
+
+def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    _check_counts(args)
+    config_file = _config_file(args)
+    from detr_peg.config.loader import load_config
+    from detr_peg.data.synthetic import generate_synthetic_coco
+
+    out = Path(args.output)
+    run_dir, pictures_dir = out / "run", out / "predictions"
+    # Validate the config before spending time on the data.
+    load_config(config_file, args.overrides)
+
+    print(f"demo: synthetic dataset in {out / 'data'} ({args.num_train} training, {args.num_val} validation images)",
+          flush=True)
+    data = generate_synthetic_coco(
+        out / "data", num_train=args.num_train, num_val=args.num_val, image_size=IMAGE_SIZE,
+        min_objects=MIN_OBJECTS, max_objects=MAX_OBJECTS, seed=DATA_SEED, color_by_class=COLOR_BY_CLASS,
+        progress=sys.stderr.isatty())
+    # The demo's own data and folders come last, so they win over the file and the overrides.
+    demo_values = [f"data.{key}={value}" for key, value in data.data_overrides().items()]
+    demo_values += [f"train.output_dir={run_dir}", f"train.resume={'true' if args.resume else 'false'}"]
+    cfg = load_config(config_file, [*args.overrides, *demo_values])
+
+    if not args.resume:
+        clear_folder(run_dir, is_run_file)
+    clear_folder(pictures_dir, is_picture_file)
+
+    from detr_peg.engine.runner import run_training
+
+    print(f"demo: training {config_file.name} for {cfg.train.max_iters or cfg.train.epochs} "
+          f"{'iterations' if cfg.train.max_iters else 'epochs'} in {run_dir}", flush=True)
+    result = run_training(cfg)
+    metrics = result.metrics or {}
+
+    images = sorted(data.val_images.glob("*.png"))[:args.pictures]
+    drawn = draw_pictures(result.checkpoint, images, pictures_dir, cfg.eval.score_threshold) if images else 0
+
+    elapsed = format_elapsed(time.perf_counter() - start)
+    print(f"demo: dataset {data.root}; checkpoint {result.checkpoint}; metrics {result.metrics_file}; "
+          f"{drawn} detections (score >= {cfg.eval.score_threshold:g}) drawn on {len(images)} pictures in "
+          f"{pictures_dir}")
+    print(f"demo: AP50 {metrics.get('AP50', float('nan')):.2f} (AP {metrics.get('AP', float('nan')):.2f}) on "
+          f"{args.num_val} synthetic validation images after {result.iterations} iterations ({elapsed}); "
+          f"pictures in {pictures_dir}/")
+    return 0

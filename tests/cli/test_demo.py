@@ -1,0 +1,89 @@
+"""``detr-peg demo`` end to end with a tiny model and a handful of images.
+
+The command runs in a subprocess exactly as a user starts it (only the size
+of the model, the data and the budget are overridden); a second run in the
+same folder reuses the dataset and replaces the finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import detr_peg
+from detr_peg.cli.demo import clear_folder, default_config, format_elapsed, is_run_file
+from detr_peg.cli.main import main
+from detr_peg.errors import UserError
+from tests.conftest import REPO_ROOT
+from tests.engine.tiny_run import TINY_MODEL
+
+TINY = ["--num-train", "8", "--num-val", "4", "--pictures", "3", *TINY_MODEL, "train.max_iters=2",
+        "train.batch_size=4", "eval.batch_size=4"]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # From another folder: the default config is found through the package, not the working directory.
+    proc = subprocess.run([sys.executable, "-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY],
+                          cwd=out, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (out / "stdout.txt").write_text(proc.stdout)
+    return out
+
+
+def test_demo_writes_dataset_run_metrics_and_pictures(demo_dir: Path) -> None:
+    stdout = (demo_dir / "stdout.txt").read_text()
+    summary = stdout.strip().splitlines()[-1]
+    assert summary.startswith("demo: AP50 ") and "on 4 synthetic validation images after 2 iterations" in summary
+    assert str(demo_dir / "predictions") in summary
+    assert "AP50" in stdout and "COCO bbox evaluation (4 images)" in stdout
+
+    val = json.loads((demo_dir / "data" / "annotations_val.json").read_text())
+    assert len(val["images"]) == 4 and val["annotations"]
+    assert len(json.loads((demo_dir / "data" / "annotations_train.json").read_text())["images"]) == 8
+
+    metrics = json.loads((demo_dir / "run" / "metrics.json").read_text())
+    assert 0.0 <= metrics["bbox"]["AP50"] <= 1.0 and metrics["num_images"] == 4
+
+    model = detr_peg.load_model(demo_dir / "run" / "checkpoint.pth")
+    assert model.config.model.arch == "deformable_detr" and model.config.model.position.name == "peg"
+    assert model.config.model.backbone.norm == "bn" and model.config.train.max_iters == 2
+
+    pictures = sorted((demo_dir / "predictions").glob("*.png"))
+    assert [p.name for p in pictures] == ["000000.png", "000001.png", "000002.png"]
+    with Image.open(pictures[0]) as picture:
+        assert picture.size == (384, 384)  # 128-pixel images drawn three times larger
+    assert isinstance(json.loads((demo_dir / "predictions" / "predictions.json").read_text()), list)
+
+
+def test_rerun_reuses_the_dataset_and_trains_afresh(demo_dir: Path, capsys) -> None:
+    manifest = demo_dir / "data" / "manifest.json"
+    stamp = manifest.stat().st_mtime_ns
+    (demo_dir / "predictions" / "stale.png").write_bytes(b"")
+    assert main(["demo", "--output", str(demo_dir), *TINY, "--pictures", "1"]) == 0
+    assert manifest.stat().st_mtime_ns == stamp
+    starts = [json.loads(line) for line in (demo_dir / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["resumed_iteration"] for r in starts if r["type"] == "start"] == [0]  # a new log, not appended
+    assert [p.name for p in (demo_dir / "predictions").glob("*.png")] == ["000000.png"]
+    assert "after 2 iterations" in capsys.readouterr().out
+
+
+def test_run_folder_with_foreign_files_is_not_cleared(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.pth").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="notes.txt"):
+        clear_folder(tmp_path, is_run_file)
+    assert (tmp_path / "checkpoint.pth").exists()
+
+
+def test_default_config_is_the_repository_demo_config() -> None:
+    assert default_config() == REPO_ROOT / "configs" / "demo.yaml"
+    assert (format_elapsed(460), format_elapsed(12)) == ("7 min 40 s", "12 s")
