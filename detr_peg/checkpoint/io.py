@@ -71,9 +71,9 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     if local.suffix == ".safetensors":
         return _read_safetensors(local, what)
     try:
-        # The unpickler warns about pickle protocols it was not written by; the error below says enough.
+        # The unpickler warns about pickle protocols torch does not write; a failure is reported below.
         with torch.serialization.safe_globals(SAFE_GLOBALS), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(local, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         text = str(exc)

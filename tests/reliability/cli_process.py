@@ -43,6 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Environment of every command: single-threaded (small models, shared machine).
 BASE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 
+#: A process limit, e.g. ``("fsize", 4096)`` (see the module docstring).
 Limit = tuple
 
 
@@ -138,7 +139,7 @@ def can_drop_file_access_override() -> Optional[str]:
 # ------------------------------------------------------------------ runners
 
 
-def _cold_env(env: Optional[dict[str, str]]) -> dict[str, str]:
+def _child_env(env: Optional[dict[str, str]]) -> dict[str, str]:
     return {**os.environ, **BASE_ENV, **(env or {})}
 
 
@@ -174,7 +175,7 @@ class CliRunner:
         if self.mode == "cold":
             with open(out, "wb") as fo, open(err, "wb") as fe:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "detr_peg.cli.main", *map(str, args)], cwd=cwd, env=_cold_env(env),
+                    [sys.executable, "-m", "detr_peg.cli.main", *map(str, args)], cwd=cwd, env=_child_env(env),
                     stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
                     preexec_fn=(lambda: apply_limits(limits)) if limits else None)
             return CliProcess(self, proc.pid, out, err, timeout, proc)
@@ -198,7 +199,7 @@ class CliRunner:
     def _start_server(self) -> subprocess.Popen:
         if self._server is None or self._server.poll() is not None:
             self._server = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve())], cwd=REPO_ROOT, env=_cold_env(None),
+                [sys.executable, str(Path(__file__).resolve())], cwd=REPO_ROOT, env=_child_env(None),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
             ready = self._server.stdout.readline()
             if ready.strip() != "ready":
@@ -234,7 +235,7 @@ class CliProcess:
             os.kill(self.pid, sig)
 
     def poll(self) -> bool:
-        """Whether it has ended (cold mode only; a warm command is only known to end in ``wait``)."""
+        """Whether it has ended (a warm command counts as running until the helper has collected it)."""
         if self._popen is not None:
             return self._popen.poll() is not None
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -99,6 +100,21 @@ def test_a_pickled_callable_is_refused_and_never_runs(cli, case: Path, armed, en
     assert_one_line_error(result, checkpoint, "holds a pickled Python object", "system", "refusing to load it")
     assert not marker.exists(), "the payload ran"
     assert_outputs_kept(before, case / OUT)
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_a_plain_pickle_with_a_callable_is_refused(cli, case: Path, protocol: int) -> None:
+    marker = case / "MARKER"
+    with open(case / "plain.pkl", "wb") as f:
+        pickle.dump({"model": _Payload(f"touch {marker}")}, f, protocol=protocol)
+    with open(case / "plain.pkl", "rb") as f:
+        pickle.load(f)
+    assert marker.exists(), "the plain pickle does not run its payload when unpickled"
+    marker.unlink()
+    result = cli.run(["eval", "--checkpoint", "plain.pkl", "--output", OUT], cwd=case)
+    line = assert_one_line_error(result, "plain.pkl")
+    assert "holds a pickled Python object" in line or "not a PyTorch checkpoint" in line, line
+    assert not marker.exists(), "the payload ran"
 
 
 def test_a_pickled_model_object_is_refused_naming_its_class(cli, case: Path) -> None:
