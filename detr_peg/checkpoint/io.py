@@ -87,7 +87,8 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
             f"The {what} file {spec} is corrupt, truncated or not a PyTorch checkpoint ({_unpickler_reason(text)})."
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # The first sentence only: torch appends paragraphs of advice.
+        first = str(exc).splitlines()[0].split(". ")[0].rstrip(".") if str(exc) else type(exc).__name__
         raise CheckpointError(f"The {what} file {spec} is corrupt or truncated ({first}).") from None
 
 
