@@ -35,6 +35,13 @@ class BackboneConfig:
             (DETR ``[4]``, Deformable-DETR ``[2, 3, 4]``). Stages after the last
             one listed are not built.
         train: whether the backbone is trained at all (``lr_backbone > 0``).
+        memory_format: ``contiguous`` (NCHW, as the official models) or
+            ``channels_last`` (NHWC, set in the R50 configs): the backbone's
+            convolutions run about a third faster on the CPU (oneDNN) and suit
+            GPU tensor cores; results equal the NCHW ones up to float rounding,
+            not bit for bit (with the official R18 weights the features differ
+            by up to 5e-5, while outputs, losses and gradients still match the
+            official model at rtol 1e-4, atol 1e-5).
     """
 
     source: str = "torchvision"
@@ -45,6 +52,7 @@ class BackboneConfig:
     frozen_stages: int = 1
     out_stages: Optional[list[int]] = None
     train: bool = True
+    memory_format: Literal["contiguous", "channels_last"] = "contiguous"
 
 
 @dataclass

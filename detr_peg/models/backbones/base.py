@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
+
+#: ``model.backbone.memory_format`` values and the layouts they stand for.
+MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
 class Backbone(nn.Module):
@@ -16,10 +20,18 @@ class Backbone(nn.Module):
     Attributes:
         out_channels: channels ``C_l`` of each returned level.
         strides: total stride of each returned level relative to the input.
+        memory_format: layout the images are given to the body in
+            (``torch.contiguous_format`` or ``torch.channels_last``); the
+            returned maps keep the body's layout (``Tensor`` shapes are the same).
     """
 
     out_channels: list[int]
     strides: list[int]
+    memory_format: torch.memory_format = torch.contiguous_format
+
+    def to_memory_format(self, images: Tensor) -> Tensor:
+        """``images`` in :attr:`memory_format` (no copy when already in it)."""
+        return images.contiguous(memory_format=self.memory_format)
 
     def forward(self, images: Tensor) -> list[Tensor]:  # pragma: no cover - abstract
         """Extract features.

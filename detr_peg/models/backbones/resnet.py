@@ -8,7 +8,7 @@ from torchvision.ops import FrozenBatchNorm2d
 
 from detr_peg.config.schema import BackboneConfig
 from detr_peg.errors import ConfigError
-from detr_peg.models.backbones.base import Backbone
+from detr_peg.models.backbones.base import MEMORY_FORMATS, Backbone
 from detr_peg.models.backbones.registry import BACKBONES
 from detr_peg.models.backbones.resnet_forward import stage_forward, stem_forward
 from detr_peg.models.backbones.weights import load_backbone_weights
@@ -51,7 +51,7 @@ class ResNetBackbone(Backbone):
 
     def forward(self, images: Tensor) -> list[Tensor]:
         # Frozen BatchNorm runs in place (see resnet_forward); bit-identical results.
-        x = stem_forward(self.body, images)
+        x = stem_forward(self.body, self.to_memory_format(images))
         outs = []
         for stage in range(1, self.out_stages[-1] + 1):
             x = stage_forward(getattr(self.body, f"layer{stage}"), x)
@@ -95,6 +95,7 @@ def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetB
         norm_layer=NORM_LAYERS[cfg.norm],
     )
     backbone = ResNetBackbone(body=body, out_stages=out_stages)
+    backbone.memory_format = MEMORY_FORMATS[cfg.memory_format]
     if cfg.weights not in (None, "pretrained"):
         ignore = ("fc.", *[f"layer{s}." for s in range(max(out_stages) + 1, 5)])
         load_backbone_weights(backbone.body, cfg.weights, ignore_prefixes=ignore)

@@ -5,8 +5,9 @@ With ``FrozenBatchNorm2d`` every convolution is followed by a fixed affine map
 activation-sized tensors after each of the ~50 convolutions, which is
 memory-bound at detection resolutions. Here it is applied in place on the
 convolution's output (``mul_``, ``add_``): the same operations in the same
-order, so results are bit-identical, with no extra allocation. Autograd is
-unaffected (the convolution's backward needs its input, not its output).
+order, so results are bit-identical, with no extra allocation; the residual
+sum is accumulated in place likewise. Autograd is unaffected (the
+convolution's and the sum's backward need no output).
 
 ``fold=True`` goes further and applies the affine map to the convolution's
 *weights* (``conv(x, w * scale) + bias``): no pass over the activations at all,
@@ -55,7 +56,7 @@ def block_forward(block: nn.Module, x: Tensor, fold: bool = False) -> Tensor:
         out = conv_norm(block.conv2, block.bn2, out, fold)
     else:
         return block(x)
-    return F.relu(out + _downsample(block, x, fold), inplace=True)
+    return F.relu(out.add_(_downsample(block, x, fold)), inplace=True)
 
 
 def stem_forward(body: nn.Module, x: Tensor, fold: bool = False) -> Tensor:

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from detr_peg.config.schema import BackboneConfig
 from detr_peg.errors import CheckpointError, ConfigError
-from detr_peg.models.backbones.base import Backbone
+from detr_peg.models.backbones.base import MEMORY_FORMATS, Backbone
 from detr_peg.models.backbones.registry import BACKBONES
 from detr_peg.models.backbones.weights import (
     STRIP_PREFIXES,
@@ -84,7 +84,7 @@ class TimmBackbone(Backbone):
 
     def forward(self, images: Tensor) -> list[Tensor]:
         """``Tensor[B, 3, H, W]`` -> ``[Tensor[B, C_l, H_l, W_l], ...]`` by increasing stride."""
-        features = self.body(images)
+        features = self.body(self.to_memory_format(images))
         if isinstance(features, dict):
             features = list(features.values())
         if self.channels_last:
@@ -298,5 +298,7 @@ def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackb
         if name in frozen:
             param.requires_grad_(False)
     info = body.feature_info
-    return TimmBackbone(body=body, out_channels=info.channels(), strides=info.reduction(),
-                        channels_last=getattr(body, "output_fmt", "NCHW") == "NHWC")
+    backbone = TimmBackbone(body=body, out_channels=info.channels(), strides=info.reduction(),
+                            channels_last=getattr(body, "output_fmt", "NCHW") == "NHWC")
+    backbone.memory_format = MEMORY_FORMATS[cfg.memory_format]
+    return backbone

@@ -177,3 +177,28 @@ def test_convert_to_peg_keeps_shared_weights_and_reports_new_keys(run, tmp_path,
         if not key.endswith("num_batches_tracked"):
             assert key in printed
     assert "unused keys: 0" in printed
+
+
+def test_channels_last_backbone_keeps_outputs_losses_and_gradients(run, tmp_path):
+    """``model.backbone.memory_format=channels_last`` (the R50 configs' setting) stays within parity tolerance.
+
+    Its backbone features differ from the NCHW ones by float rounding only, so
+    the detector's outputs, losses and non-backbone gradients still match the
+    official model at rtol 1e-4, atol 1e-5.
+    """
+    dst = tmp_path / "channels_last.pth"
+    assert main(["convert", str(run["src"]), str(dst), "model.backbone.memory_format=channels_last"]) == 0
+    model = load_model(dst)
+    assert model.backbone.memory_format == torch.channels_last
+    inputs = load_fixture(run["reference_dir"], FIXTURE, "inputs")
+    outputs = model(inputs["images_padded"], inputs["mask"])
+    for name, tensor in load_fixture(run["reference_dir"], FIXTURE, "outputs").items():
+        assert_close(nested_output(outputs, name), tensor, name)
+    criterion = build_criterion(model.config)
+    losses = criterion(outputs, targets_from_fixture(load_fixture(run["reference_dir"], FIXTURE, "targets")))
+    total = criterion.weighted_total(losses)
+    assert_close(total.detach(), load_fixture(run["reference_dir"], FIXTURE, "losses")["total_weighted"], "total")
+    total.backward()
+    params = dict(model.named_parameters())
+    for name, grad in load_fixture(run["reference_dir"], FIXTURE, "grads_nonbackbone").items():
+        assert_close(params[DETR_KEY_MAP(name)].grad, grad, f"grad {name}")
