@@ -1,7 +1,8 @@
 """Building the official DETR and Deformable-DETR models from a local copy, for comparison.
 
-``detr-peg bench --official-detr PATH`` / ``--official-deformable PATH`` point
-at checkouts of facebookresearch/detr and fundamentalvision/Deformable-DETR.
+``detr-peg bench --official PATH`` points at a checkout of
+facebookresearch/detr (DETR configs) or fundamentalvision/Deformable-DETR
+(Deformable-DETR configs).
 Nothing of them is shipped with detr_peg. Each benchmark case runs in its own
 process, so their top-level packages (``models``, ``util``) never meet ours.
 
@@ -30,11 +31,23 @@ from torch import nn
 from detr_peg.errors import ConfigError
 
 
-def _import_repo(path: str, marker: str) -> None:
-    root = Path(path).resolve()
-    if not (root / marker).is_file():
-        raise ConfigError(f"{path} does not look like the official repository (no {marker}).")
-    sys.path.insert(0, str(root))
+#: A file every checkout of the official repository of each architecture has.
+MARKERS = {"detr": "models/detr.py", "deformable_detr": "models/deformable_detr.py"}
+REPOSITORIES = {"detr": "facebookresearch/detr", "deformable_detr": "fundamentalvision/Deformable-DETR"}
+
+
+def check_official_repo(path: str, arch: str) -> None:
+    """Raise a :class:`ConfigError` unless ``path`` is a checkout of ``arch``'s official repository."""
+    if not (Path(path) / MARKERS[arch]).is_file():
+        raise ConfigError(
+            f"--official {path} does not look like the official repository of {arch} "
+            f"(no {MARKERS[arch]}); point it at a checkout of github.com/{REPOSITORIES[arch]}."
+        )
+
+
+def _import_repo(path: str, arch: str) -> None:
+    check_official_repo(path, arch)
+    sys.path.insert(0, str(Path(path).resolve()))
 
 
 def _args(get_args_parser, argv: list[str]):
@@ -43,7 +56,7 @@ def _args(get_args_parser, argv: list[str]):
 
 def build_official_detr(path: str, argv: list[str]) -> tuple[nn.Module, nn.Module, object]:
     """The official DETR ``(model, criterion, args)`` from ``path`` (argv: their CLI flags)."""
-    _import_repo(path, "models/detr.py")
+    _import_repo(path, "detr")
     import models.backbone as official_backbone  # type: ignore[import-not-found]
 
     official_backbone.is_main_process = lambda: False
@@ -57,7 +70,7 @@ def build_official_detr(path: str, argv: list[str]) -> tuple[nn.Module, nn.Modul
 
 def build_official_deformable(path: str, argv: list[str]) -> tuple[nn.Module, nn.Module, object]:
     """The official Deformable-DETR ``(model, criterion, args)`` with its pure-PyTorch attention."""
-    _import_repo(path, "models/deformable_detr.py")
+    _import_repo(path, "deformable_detr")
     import torchvision
 
     torchvision.__version__ = "0.8.2"

@@ -77,11 +77,12 @@ class Built:
 
     model: nn.Module
     criterion: nn.Module
-    param_groups: list[dict]
+    #: Builds the implementation's own training optimizer (detr_peg: the
+    #: engine's fused AdamW; official: ``torch.optim.AdamW`` as its main.py).
+    make_optimizer: Callable[[], torch.optim.Optimizer]
     weighted_total: Callable
     forward: Callable
     num_classes: int
-    weight_decay: float
     clip_max_norm: float
 
 
@@ -100,11 +101,14 @@ def _build(case: Case, device: torch.device) -> Built:
         def total(losses):
             return sum(losses[k] * criterion.weight_dict[k] for k in losses if k in criterion.weight_dict)
 
-        return Built(model, criterion, official.official_param_groups(model, args), total, forward, 91,
-                     args.weight_decay, args.clip_max_norm)
+        def make_optimizer():
+            groups = official.official_param_groups(model, args)
+            return torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
+
+        return Built(model, criterion, make_optimizer, total, forward, 91, args.clip_max_norm)
 
     from detr_peg.config import load_config
-    from detr_peg.engine.param_groups import build_param_groups
+    from detr_peg.engine.optim import build_optimizer
     from detr_peg.models import build_criterion, build_model
 
     overrides = ["model.backbone.weights=null", *case.overrides]
@@ -113,8 +117,8 @@ def _build(case: Case, device: torch.device) -> Built:
         cfg = load_config(case.config, ["model.num_classes=91", *overrides])
     model = build_model(cfg).to(device)
     criterion = build_criterion(cfg).to(device)
-    return Built(model, criterion, build_param_groups(model, cfg.train), criterion.weighted_total, model,
-                 cfg.model.num_classes, cfg.train.weight_decay, cfg.train.clip_max_norm)
+    return Built(model, criterion, lambda: build_optimizer(model, cfg.train), criterion.weighted_total, model,
+                 cfg.model.num_classes, cfg.train.clip_max_norm)
 
 
 def run_case(case: Case) -> dict:
@@ -144,8 +148,7 @@ def run_case(case: Case) -> dict:
     else:
         model.train()
         targets = _targets(case.batch, built.num_classes, device)
-        groups = built.param_groups
-        optimizer = torch.optim.AdamW(groups, lr=groups[0]["lr"], weight_decay=built.weight_decay)
+        optimizer = built.make_optimizer()
         scaler = torch.amp.GradScaler(device.type, enabled=case.amp == "fp16")
 
         def step() -> None:

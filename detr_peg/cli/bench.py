@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda was requested but no CUDA device is available.")
+    if args.official:
+        from detr_peg.benchmark.official import check_official_repo
+
+        check_official_repo(args.official, cfg.model.arch)
     base = Case(label="detr_peg", impl="detr_peg", mode=modes[0], arch=cfg.model.arch, config=args.config,
                 overrides=list(args.overrides), batch=args.batch, device=args.device, threads=args.threads,
                 warmup=args.warmup, runs=args.runs, amp=args.amp, compile=args.compile, flops=not args.no_flops)
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                        sizes={"infer": parse_size(args.infer_size), "train": parse_size(args.train_size)},
                        compare=parse_compare(args.compare), official_repo=args.official,
                        official_args=args.official_args.split())
-    results = add_ratios(run_cases(cases))
+    results = add_ratios(run_cases(cases, progress=sys.stderr.isatty()))
     print(format_table(results))
     write_json(results, args.output)
     print(f"\nwrote {args.output}")

@@ -1,0 +1,78 @@
+"""``detr-peg bench`` end to end in a subprocess, on tiny models and small inputs.
+
+Timings themselves are never asserted (speed is reported by the command, not
+tested); what is checked is that every case runs, the table and the JSON
+report agree, medians are medians, FLOPs are counted and ratios are relative
+to the first row of each mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.engine.tiny_run import TINY_MODEL
+
+
+def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "detr_peg.cli.main", "bench", *args],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_compare_two_encodings_in_both_modes(tmp_path):
+    report = tmp_path / "bench.json"
+    proc = _bench(tmp_path, "--config", "configs/detr_r50_sine.yaml", *TINY_MODEL,
+                  "--infer-size", "64x96", "--train-size", "64x64", "--runs", "3", "--warmup", "1", "--threads", "1",
+                  "--compare", "model.position.name=sine,peg", "--output", str(report))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(report.read_text())["results"]
+    assert [(r["label"], r["mode"]) for r in results] == [
+        ("name=sine", "infer"), ("name=peg", "infer"), ("name=sine", "train"), ("name=peg", "train")]
+    for r in results:
+        assert len(r["runs_seconds"]) == 3 and r["seconds"] == statistics.median(r["runs_seconds"]) > 0
+        assert r["flops"] > 0 and r["achieved_flops_per_s"] == pytest.approx(r["flops"] / r["seconds"])
+        assert r["peak_memory_bytes"] > 0 and r["threads"] == 1
+        assert (r["height"], r["width"]) == ((64, 96) if r["mode"] == "infer" else (64, 64))
+    by = {(r["label"], r["mode"]): r for r in results}
+    for mode in ("infer", "train"):
+        sine, peg = by["name=sine", mode], by["name=peg", mode]
+        assert sine["ratio_to_baseline"] == 1.0
+        assert peg["ratio_to_baseline"] == pytest.approx(peg["seconds"] / sine["seconds"])
+        # The PEG model has the depthwise convolutions on top: more parameters and more FLOPs.
+        assert peg["parameters"] > sine["parameters"] and peg["flops"] > sine["flops"]
+    # A training step costs more FLOPs than inference of the same model (backward), despite the smaller input.
+    assert by["name=sine", "train"]["flops"] > by["name=sine", "infer"]["flops"]
+    table = proc.stdout
+    assert table.count("name=sine") == 2 and table.count("name=peg") == 2
+    assert f"{by['name=peg', 'infer']['seconds']:.3f}" in table
+
+
+def test_deformable_inference_only(tmp_path):
+    report = tmp_path / "deformable.json"
+    proc = _bench(tmp_path, "--config", "configs/demo.yaml", "--modes", "infer", "--infer-size", "96x128",
+                  "--runs", "2", "--warmup", "0", "--no-flops", "--output", str(report))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(report.read_text())["results"]
+    assert (row["label"], row["arch"], row["mode"], row["flops"]) == ("detr_peg", "deformable_detr", "infer", None)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--infer-size", "800by1066"], "is not HEIGHTxWIDTH"),
+    (["--compare", "model.position.name=peg"], "must be KEY=VALUE1,VALUE2"),
+    (["--modes", "infer,backward"], "valid modes are infer, train"),
+    (["--official", "."], "--official . does not look like the official repository of detr (no models/detr.py)"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, args, message):
+    proc = _bench(tmp_path, "--config", "configs/detr_r50_sine.yaml", *TINY_MODEL, "--runs", "1", "--warmup", "0",
+                  "--no-flops", "--modes", "infer", "--infer-size", "64x64", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
