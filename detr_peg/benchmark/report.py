@@ -45,8 +45,8 @@ def format_table(results: list[dict]) -> str:
     first = results[0] if results else {}
     footer = (f"device: {first.get('device_name', '?')} ({first.get('device', '?')}, "
               f"{first.get('threads', '?')} threads), torch {first.get('torch_version', '?')}, "
-              f"amp {first.get('amp', 'none')}; medians of {first.get('runs', '?')} runs after "
-              f"{first.get('warmup', '?')} warm-up")
+              f"amp {first.get('amp', 'none')}; medians of {len(first.get('runs_seconds', [])) or '?'} runs "
+              f"({first.get('rounds', 1)} rounds of {first.get('runs', '?')} after {first.get('warmup', '?')} warm-up)")
     return "\n".join(lines + ["", footer])
 
 

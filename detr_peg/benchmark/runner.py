@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -74,11 +75,36 @@ def run_case_subprocess(case: Case, timeout: float | None = None) -> dict:
     raise UserError(f"Benchmark case '{case.label}' ({case.mode}) failed: {last}")
 
 
-def run_cases(cases: list[Case], progress: bool = True) -> list[dict]:
-    """Run every case in order (one at a time, so they do not compete for the CPU)."""
-    results = []
-    with tqdm(cases, desc="bench", unit="case", disable=not progress) as bar:
-        for case in bar:
-            bar.set_postfix_str(f"{case.label} {case.mode} {case.height}x{case.width}")
-            results.append(run_case_subprocess(case))
+def run_cases(cases: list[Case], progress: bool = True, rounds: int = 1) -> list[dict]:
+    """Run every case in order, one at a time so they do not compete for the CPU.
+
+    With ``rounds > 1`` the whole list is run that many times, round after
+    round, and each case's runs are pooled: a slow spell of the machine then
+    falls on every case alike instead of on whichever ran during it. The
+    median is taken over the pooled runs, peak memory is the largest seen, and
+    FLOPs are counted in the first round only.
+    """
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {rounds}.")
+    results: list[dict] = []
+    with tqdm(total=len(cases) * rounds, desc="bench", unit="case", disable=not progress) as bar:
+        for round_index in range(rounds):
+            for i, case in enumerate(cases):
+                bar.set_postfix_str(f"{case.label} {case.mode} {case.height}x{case.width}")
+                if round_index == 0:
+                    results.append(run_case_subprocess(case))
+                else:
+                    merge_round(results[i], run_case_subprocess(replace(case, flops=False)))
+                bar.update()
     return results
+
+
+def merge_round(pooled: dict, new: dict) -> None:
+    """Add the runs of a later round of one case to its result (see :func:`run_cases`)."""
+    pooled["runs_seconds"] = pooled["runs_seconds"] + new["runs_seconds"]
+    pooled["seconds"] = statistics.median(pooled["runs_seconds"])
+    pooled["rounds"] = pooled.get("rounds", 1) + 1
+    if new["peak_memory_bytes"] is not None:
+        pooled["peak_memory_bytes"] = max(pooled["peak_memory_bytes"] or 0, new["peak_memory_bytes"])
+    if pooled["flops"]:
+        pooled["achieved_flops_per_s"] = pooled["flops"] / pooled["seconds"]

@@ -3,7 +3,9 @@
 Each case runs in a fresh process, one after another: inference (eval mode,
 no gradients) and a full training step (forward, loss, backward, gradient
 clipping, AdamW step) on random inputs with random weights, timed as the
-median over --runs after --warmup runs. Compare values of one config key side
+median over --runs after --warmup runs; --rounds N runs the whole list N
+times and pools each case's runs, so that a slow spell of a shared machine
+falls on every case alike. Compare values of one config key side
 by side with --compare, and the official implementation (a local checkout)
 with --official; the last column is the speed relative to the first row of
 each mode.
@@ -32,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs (default 1)")
     parser.add_argument("--runs", type=int, default=5, help="timed runs (default 5)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the list of cases this many times, pooling each case's runs (default 1)")
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast dtype (GPU)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
@@ -69,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                        sizes={"infer": parse_size(args.infer_size), "train": parse_size(args.train_size)},
                        compare=parse_compare(args.compare), official_repo=args.official,
                        official_args=args.official_args.split())
-    results = add_ratios(run_cases(cases, progress=sys.stderr.isatty()))
+    results = add_ratios(run_cases(cases, progress=sys.stderr.isatty(), rounds=args.rounds))
     print(format_table(results))
     write_json(results, args.output)
     print(f"\nwrote {args.output}")

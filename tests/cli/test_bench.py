@@ -30,14 +30,17 @@ def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_compare_two_encodings_in_both_modes(tmp_path):
     report = tmp_path / "bench.json"
     proc = _bench(tmp_path, "--config", "configs/detr_r50_sine.yaml", *TINY_MODEL,
-                  "--infer-size", "64x96", "--train-size", "64x64", "--runs", "3", "--warmup", "1", "--threads", "1",
+                  "--infer-size", "64x96", "--train-size", "64x64", "--runs", "2", "--rounds", "2", "--warmup", "1",
+                  "--threads", "1",
                   "--compare", "model.position.name=sine,peg", "--output", str(report))
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(report.read_text())["results"]
     assert [(r["label"], r["mode"]) for r in results] == [
         ("name=sine", "infer"), ("name=peg", "infer"), ("name=sine", "train"), ("name=peg", "train")]
     for r in results:
-        assert len(r["runs_seconds"]) == 3 and r["seconds"] == statistics.median(r["runs_seconds"]) > 0
+        # Two rounds of two runs each, pooled.
+        assert len(r["runs_seconds"]) == 4 and r["rounds"] == 2
+        assert r["seconds"] == statistics.median(r["runs_seconds"]) > 0
         assert r["flops"] > 0 and r["achieved_flops_per_s"] == pytest.approx(r["flops"] / r["seconds"])
         assert r["peak_memory_bytes"] > 0 and r["threads"] == 1
         assert (r["height"], r["width"]) == ((64, 96) if r["mode"] == "infer" else (64, 64))
@@ -68,6 +71,7 @@ def test_deformable_inference_only(tmp_path):
     (["--infer-size", "800by1066"], "is not HEIGHTxWIDTH"),
     (["--compare", "model.position.name=peg"], "must be KEY=VALUE1,VALUE2"),
     (["--modes", "infer,backward"], "valid modes are infer, train"),
+    (["--rounds", "0"], "--rounds must be at least 1, got 0"),
     (["--official", "."], "--official . does not look like the official repository of detr (no models/detr.py)"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path, args, message):
