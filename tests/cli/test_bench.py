@@ -80,3 +80,35 @@ def test_bad_arguments_are_one_line_errors(tmp_path, args, message):
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_deformable_flops_are_those_of_the_dense_formulation():
+    """The embedding_bag backward's sparse products would count as dense ones; FLOPs are counted without them."""
+    import torch
+
+    from detr_peg.benchmark.measure import count_flops
+    from detr_peg.config import load_config
+    from detr_peg.models import build_model
+    from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
+
+    torch.manual_seed(0)
+    model = build_model(load_config(REPO_ROOT / "configs/demo.yaml", ["model.num_classes=4"]))
+    images, mask = torch.randn(1, 3, 256, 384), torch.zeros(1, 256, 384, dtype=torch.bool)
+
+    def train_step():
+        out = model(images, mask)
+        (out["pred_logits"].sum() + out["pred_boxes"].sum()).backward()
+
+    # Forward: the two paths do the same dense work (the sampling is not counted by either).
+    assert _dense(model, lambda: model(images, mask)) == pytest.approx(count_flops(lambda: model(images, mask)),
+                                                                       rel=0.01)
+    assert _dense(model, train_step) < 0.97 * count_flops(train_step)
+    assert {m.impl for m in model.modules() if isinstance(m, MSDeformAttn)} == {"embedding_bag"}
+
+
+def _dense(model, fn) -> int:
+    from detr_peg.benchmark.measure import count_flops
+    from detr_peg.benchmark.worker import dense_attention
+
+    with dense_attention(model):
+        return count_flops(fn)
