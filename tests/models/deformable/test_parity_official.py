@@ -91,7 +91,7 @@ def run(request, tmp_path_factory, reference_dir):
     total.backward()
     results = build_postprocessor(model.config)(outputs, inputs["orig_target_sizes"])
     return dict(fixture=fixture, model=model, outputs=outputs, captured=captured, losses=losses,
-                indices=indices, total=total, results=results, reference_dir=reference_dir)
+                indices=indices, total=total, results=results, reference_dir=reference_dir, src=src)
 
 
 def _expected(run, name):
@@ -190,4 +190,23 @@ def test_gradients(run, reference_dir):
         omitted = {DEFORMABLE_KEY_MAP(k) for k in meta["grads"]["omitted_params"]}
         assert mapped | omitted == ours and not mapped & omitted
     for name, grad in expected.items():
+        assert_close(params[DEFORMABLE_KEY_MAP(name)].grad, grad, f"grad {name}")
+
+
+def test_channels_last_backbone_keeps_outputs_losses_and_gradients(run, tmp_path):
+    """``model.backbone.memory_format=channels_last`` (the R50 configs' setting) stays within parity tolerance."""
+    dst = tmp_path / "channels_last.pth"
+    assert main(["convert", str(run["src"]), str(dst), "model.backbone.memory_format=channels_last"]) == 0
+    model = load_model(dst)
+    assert model.backbone.memory_format == torch.channels_last
+    inputs = _expected(run, "inputs")
+    outputs = model(inputs["images_padded"], inputs["mask"])
+    for name, tensor in _expected(run, "outputs").items():
+        assert_close(nested_output(outputs, name), tensor, name)
+    criterion = build_criterion(model.config)
+    total = criterion.weighted_total(criterion(outputs, targets_from_fixture(_expected(run, "targets"))))
+    assert_close(total.detach(), _expected(run, "losses")["total_weighted"], "total")
+    total.backward()
+    params = dict(model.named_parameters())
+    for name, grad in _expected(run, "grads_nonbackbone").items():
         assert_close(params[DEFORMABLE_KEY_MAP(name)].grad, grad, f"grad {name}")
