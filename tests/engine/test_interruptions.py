@@ -10,12 +10,10 @@ uninterrupted run of the same 12 iterations (3 epochs) in this process.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,23 +22,9 @@ from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.engine.runner import run_training
 from tests.conftest import REPO_ROOT
 from tests.engine.test_training_runs import assert_same_weights, resume_overrides
-from tests.engine.tiny_run import tiny_config
+from tests.engine.tiny_run import logged_iterations, tiny_config, wait_for_iteration
 
 ITERATIONS = 12
-
-
-def _iterations(metrics: Path) -> list[int]:
-    if not metrics.is_file():
-        return []
-    out = []
-    for line in metrics.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line being written
-            continue
-        if record.get("type") == "iter":
-            out.append(record["iteration"])
-    return out
 
 
 def _start(args: list[str]) -> subprocess.Popen:
@@ -50,16 +34,9 @@ def _start(args: list[str]) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_iteration(proc: subprocess.Popen, metrics: Path, above: int, timeout: float = 120) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done = [i for i in _iterations(metrics) if i > above]
-        if done:
-            return max(done)
-        assert proc.poll() is None, f"training ended early: {proc.communicate()}"
-        time.sleep(0.02)
-    proc.kill()
-    raise AssertionError(f"no iteration after {above} within {timeout} s")
+def _watch(proc: subprocess.Popen) -> dict:
+    """``ended``/``kill`` of :func:`wait_for_iteration` for a started command."""
+    return dict(ended=lambda: proc.poll() is not None and proc.communicate(), kill=proc.kill, interval=0.02)
 
 
 def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tmp_path: Path) -> None:
@@ -72,14 +49,14 @@ def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tm
     args = [*resume_overrides(shapes, out, f"train.max_iters={ITERATIONS}", "train.checkpoint_every=1"), "--resume"]
 
     killed = _start(args)
-    _wait_for_iteration(killed, metrics, above=2)
+    wait_for_iteration(metrics, above=2, **_watch(killed))
     killed.send_signal(signal.SIGKILL)
     killed.communicate()
     kept = read_checkpoint(out / "checkpoint.pth")  # complete, whatever the moment of the kill
     assert 1 <= kept.extra["iteration"] < ITERATIONS
 
     stopped = _start(args)
-    last = _wait_for_iteration(stopped, metrics, above=max(_iterations(metrics)))
+    last = wait_for_iteration(metrics, above=max(logged_iterations(metrics)), **_watch(stopped))
     stopped.send_signal(signal.SIGTERM)
     _, stderr = stopped.communicate(timeout=120)
     assert stopped.returncode == 143, stderr

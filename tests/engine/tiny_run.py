@@ -9,8 +9,9 @@ of a second on one CPU core.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from detr_peg.config import Config, load_config
 from detr_peg.data.synthetic import SyntheticCoco, generate_synthetic_coco
@@ -74,3 +75,38 @@ def write_subset(annotation_file: Path, image_ids: Sequence[int], out: Path) -> 
     data["annotations"] = [a for a in data["annotations"] if a["image_id"] in keep]
     out.write_text(json.dumps(data))
     return out
+
+
+def logged_iterations(metrics: Path) -> list[int]:
+    """Iterations logged so far in a run's ``metrics.jsonl`` (a line still being written is skipped)."""
+    if not metrics.is_file():
+        return []
+    out = []
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if record.get("type") == "iter":
+            out.append(record["iteration"])
+    return out
+
+
+def wait_for_iteration(metrics: Path, above: int, *, ended: Callable[[], object], kill: Callable[[], None],
+                       timeout: float = 120, interval: float = 0.01) -> int:
+    """Wait until a running training logs an iteration after ``above``; return the latest one logged.
+
+    Args:
+        ended: falsy while the process runs, else a description of how it ended.
+        kill: stops the process when no iteration came within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [i for i in logged_iterations(metrics) if i > above]
+        if done:
+            return max(done)
+        end = ended()
+        assert not end, f"training ended early: {end}"
+        time.sleep(interval)
+    kill()
+    raise AssertionError(f"no iteration after {above} within {timeout} s")

@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
 import signal
@@ -39,6 +38,7 @@ from detr_peg.cli.main import main
 from detr_peg.config import load_config
 from detr_peg.engine import checkpointing
 from detr_peg.errors import CheckpointError
+from tests.engine.tiny_run import logged_iterations, wait_for_iteration
 from tests.reliability.cli_process import apply_limits, can_drop_file_access_override
 from tests.reliability.conftest import (
     BASE,
@@ -59,30 +59,10 @@ KILL_RUN = [*BASE, "train.epochs=6", "train.lr_drop=2", "train.lr=1e-3", "data.c
             "train.deterministic=true"]
 
 
-def _iterations(metrics: Path) -> list[int]:
-    if not metrics.is_file():
-        return []
-    out = []
-    for line in metrics.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line being written
-            continue
-        if record.get("type") == "iter":
-            out.append(record["iteration"])
-    return out
-
-
-def _wait_for_iteration(proc, metrics: Path, above: int, timeout: float = 120) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done = [i for i in _iterations(metrics) if i > above]
-        if done:
-            return max(done)
-        assert not proc.poll(), f"training ended early: {proc.wait()}"
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    raise AssertionError(f"no iteration after {above} within {timeout} s")
+def _watch(proc) -> dict:
+    """``ended``/``kill`` of :func:`wait_for_iteration` for a :class:`CliProcess`, polled every 5 ms."""
+    return dict(ended=lambda: proc.poll() and proc.wait(), kill=lambda: proc.send_signal(signal.SIGKILL),
+                interval=0.005)
 
 
 def _weights_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
@@ -104,8 +84,8 @@ def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_
     moments = []
     for _ in range(3):
         proc = cli.start(args, cwd=case)
-        seen = max(_iterations(metrics), default=0)
-        reached = _wait_for_iteration(proc, metrics, above=seen + rng.randint(0, 1))
+        seen = max(logged_iterations(metrics), default=0)
+        reached = wait_for_iteration(metrics, above=seen + rng.randint(0, 1), **_watch(proc))
         delay = rng.uniform(0.0, 0.3)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
@@ -118,7 +98,7 @@ def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_
         moments.append({"after_iteration": reached, "delay_s": round(delay, 3), "checkpoint_iteration": kept})
 
     proc = cli.start(args, cwd=case)
-    last = _wait_for_iteration(proc, metrics, above=max(_iterations(metrics), default=0))
+    last = wait_for_iteration(metrics, above=max(logged_iterations(metrics), default=0), **_watch(proc))
     proc.send_signal(signal.SIGINT)
     stopped = proc.wait()
     line = assert_one_line_error(stopped, "Stopped by SIGINT at iteration", "continue with --resume",

@@ -1,9 +1,10 @@
 """``model.backbone.memory_format``: channels_last changes the layout and the rounding, not the function.
 
-A float64 NCHW run is the ground truth; the float32 channels_last run must be
-as close to it as the float32 NCHW run is (random-init ResNets grow their
-activations layer by layer, so absolute rounding errors are compared, scaled
-by that of the NCHW run).
+A float64 NCHW run is the ground truth: the float32 channels_last features
+must be within four times the error of the float32 NCHW ones (random-init
+ResNets grow their activations layer by layer, so errors are compared with
+the NCHW run's rather than with a fixed tolerance), and both runs' gradients
+within 1e-3 relative.
 """
 
 from __future__ import annotations
