@@ -12,6 +12,9 @@ Public API::
     result = detr_peg.run_training(cfg)          # train as `detr-peg train` does -> TrainResult
 
 Names are imported lazily, so ``import detr_peg.data`` does not load the models.
+``detr_peg.load_config`` and ``detr_peg.Config`` import :mod:`detr_peg.models`
+first: the architectures and encodings register the config fields a config is
+checked against.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ _EXPORTS = {
     "build_model": "detr_peg.models",
     "build_criterion": "detr_peg.models",
     "build_postprocessor": "detr_peg.models",
-    "load_model": "detr_peg.checkpoint.format",
+    "load_model": "detr_peg.models.loading",
     "run_training": "detr_peg.engine.runner",
     "run_evaluation": "detr_peg.engine.evaluation_run",
 }
@@ -37,6 +40,8 @@ __all__ = ["__version__", *_EXPORTS]
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
+        if _EXPORTS[name] == "detr_peg.config":
+            importlib.import_module("detr_peg.models")  # registers the architectures and encodings
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'detr_peg' has no attribute {name!r}")
 

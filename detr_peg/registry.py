@@ -3,8 +3,8 @@
 Each registry states its contract in its docstring (what a registered builder
 takes and returns). Components are registered with a decorator::
 
-    @POSITION_ENCODINGS.register("sine")
-    def build_sine(cfg, *, dim, num_levels, arch): ...
+    @BACKBONES.register("timm")
+    def build_timm_backbone(cfg, out_stages): ...
 
 and looked up by the name given in a config. An unknown name raises
 :class:`~detr_peg.errors.ConfigError` listing the valid names, so a typo in a
@@ -13,7 +13,8 @@ config is one clear sentence, never a ``KeyError``.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from detr_peg.errors import ConfigError
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import detr_peg.models  # noqa: F401  (registers the architectures and encodings configs are checked against)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = Path(os.environ.get("DETR_PEG_SHARED", REPO_ROOT.parent / "shared"))
 REFERENCE_DIR = SHARED_DIR / "reference"

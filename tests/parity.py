@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,3 +54,59 @@ def nested_output(outputs: dict, dotted: str) -> torch.Tensor:
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
+
+
+def assert_outputs_match(outputs: dict, expected: dict[str, torch.Tensor]) -> None:
+    """Every tensor of a fixture's ``outputs`` (dotted names, see :func:`nested_output`) within tolerance."""
+    for name, tensor in expected.items():
+        assert_close(nested_output(outputs, name), tensor, name)
+
+
+def assert_losses_and_indices_match(
+    losses: dict[str, torch.Tensor], indices: dict, total: torch.Tensor, expected: dict[str, torch.Tensor]
+) -> int:
+    """A fixture's ``losses``: every loss term and ``total_weighted`` within tolerance, matcher indices exactly.
+
+    Args:
+        losses: the criterion's loss terms.
+        indices: ``{stage: [(query_index, target_index) per image]}`` as the
+            criterion returns them with ``return_indices=True``.
+        total: the weighted total.
+        expected: names ``loss_*``, ``total_weighted`` and
+            ``indices.<stage>.img<i>.query|target``.
+
+    Returns:
+        How many entries were checked.
+    """
+    checked = 0
+    for name, tensor in expected.items():
+        if name.startswith("indices."):
+            _, stage, image, which = name.split(".")
+            query, target = indices[stage][int(image[3:])]
+            assert torch.equal(query if which == "query" else target, tensor), name
+        elif name == "total_weighted":
+            assert_close(total.detach(), tensor, name)
+        else:
+            assert_close(losses[name].detach(), tensor, name)
+        checked += 1
+    return checked
+
+
+def assert_postprocessed_match(results: list[dict[str, torch.Tensor]], expected: dict[str, torch.Tensor]) -> None:
+    """A fixture's ``postprocess`` (``result<i>.<field>``): labels exactly, scores and boxes within tolerance."""
+    for name, tensor in expected.items():
+        result, field = name.split(".")
+        actual = results[int(result.removeprefix("result"))][field]
+        if tensor.dtype == torch.int64:
+            assert torch.equal(actual, tensor), name
+        else:
+            assert_close(actual, tensor, name)
+
+
+def assert_gradients_match(
+    model: torch.nn.Module, expected: dict[str, torch.Tensor], key_map: Callable[[str], str]
+) -> None:
+    """The gradients of ``model``'s parameters against a fixture's, whose official names ``key_map`` translates."""
+    params = dict(model.named_parameters())
+    for name, grad in expected.items():
+        assert_close(params[key_map(name)].grad, grad, f"grad {name}")

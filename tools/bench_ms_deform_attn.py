@@ -1,8 +1,9 @@
 """Micro-benchmark of the multi-scale deformable attention core.
 
 Times every implementation of :func:`detr_peg.models.deformable.ms_deform_attn_function.ms_deform_attn`
-plus a re-implementation of the official ``ms_deform_attn_core_pytorch``
-algorithm (per-level ``grid_sample``, stack, multiply, sum) at the shapes of
+plus the official ``ms_deform_attn_core_pytorch`` algorithm
+(:mod:`detr_peg.models.deformable.ms_deform_attn_official`: per-level
+``grid_sample``, stack, multiply, sum) at the shapes of
 Deformable-DETR-R50 on an 800x1066 image: 4 levels of (100, 134), (50, 67),
 (25, 34), (13, 17) = 17,821 tokens, 8 heads, head_dim 32, 4 points; the
 encoder has one query per token, the decoder 300 queries.
@@ -14,7 +15,8 @@ after training), so that memory access has the locality of the real model.
 Usage::
 
     python tools/bench_ms_deform_attn.py                 # CPU, 2 threads, batch 1
-    python tools/bench_ms_deform_attn.py --device cuda --batch 1 2
+    python tools/bench_ms_deform_attn.py --device cuda --batch 1 2   # adds impl="triton"
+    python tools/bench_ms_deform_attn.py --device cuda --official-op ../Deformable-DETR  # + its CUDA op
     python tools/bench_ms_deform_attn.py --impl embedding_bag official --repeats 9
 
 Prints one row per (device, batch, shape, implementation): the median (or
@@ -29,33 +31,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from detr_peg.models.deformable.ms_deform_attn_function import IMPLEMENTATIONS, ms_deform_attn
+from detr_peg.models.deformable.ms_deform_attn_function import CUDA_IMPLEMENTATIONS, IMPLEMENTATIONS, ms_deform_attn
+from detr_peg.models.deformable.ms_deform_attn_official import ms_deform_attn_core_pytorch
 
 SPATIAL_SHAPES = [(100, 134), (50, 67), (25, 34), (13, 17)]
 N_HEADS, HEAD_DIM, N_POINTS = 8, 32, 4
 DECODER_QUERIES = 300
-
-
-def official_core(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-    """The official pure-PyTorch algorithm: grid_sample per level, stack, weight, sum."""
-    b, _, m, d = value.shape
-    _, lq, _, n_levels, n_points, _ = sampling_locations.shape
-    shapes = spatial_shapes.tolist()
-    per_level = value.split([h * w for h, w in shapes], dim=1)
-    grids = 2 * sampling_locations - 1
-    samples = []
-    for level, (h, w) in enumerate(shapes):
-        value_l = per_level[level].flatten(2).transpose(1, 2).reshape(b * m, d, h, w)
-        grid_l = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
-        samples.append(F.grid_sample(value_l, grid_l, mode="bilinear", padding_mode="zeros", align_corners=False))
-    weights = attention_weights.transpose(1, 2).reshape(b * m, 1, lq, n_levels * n_points)
-    out = (torch.stack(samples, dim=-2).flatten(-2) * weights).sum(-1).view(b, m * d, lq)
-    return out.transpose(1, 2).contiguous()
+OFFICIAL_IM2COL_STEP = 64  # the official MSDeformAttn default
 
 
 def make_inputs(batch: int, queries: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
@@ -102,37 +88,68 @@ def time_ms(fn: Callable[[], object], repeats: int, device: torch.device, stat: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", nargs="+", default=None,
-                        help="devices to time (default: cpu, and cuda when available)")
-    parser.add_argument("--impl", nargs="+", default=["official", *IMPLEMENTATIONS],
-                        choices=["official", *IMPLEMENTATIONS], help="implementations to time")
+    parser.add_argument(
+        "--device", nargs="+", default=None, help="devices to time (default: cpu, and cuda when available)"
+    )
+    parser.add_argument(
+        "--impl",
+        nargs="+",
+        default=["official", *IMPLEMENTATIONS, *CUDA_IMPLEMENTATIONS],
+        choices=["official", *IMPLEMENTATIONS, *CUDA_IMPLEMENTATIONS],
+        help=f"implementations to time ({', '.join(CUDA_IMPLEMENTATIONS)}: CUDA devices only)",
+    )
     parser.add_argument("--batch", nargs="+", type=int, default=[1], help="batch sizes")
     parser.add_argument("--shape", nargs="+", default=["encoder", "decoder"], choices=["encoder", "decoder"])
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
-    parser.add_argument("--stat", default="median", choices=["median", "min"],
-                        help="statistic of the timed runs (min is steadier on a busy machine)")
+    parser.add_argument(
+        "--stat",
+        default="median",
+        choices=["median", "min"],
+        help="statistic of the timed runs (min is steadier on a busy machine)",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--no-backward", action="store_true", help="time the forward pass only")
+    parser.add_argument(
+        "--official-op",
+        metavar="PATH",
+        help="checkout of fundamentalvision/Deformable-DETR: also time its compiled CUDA op "
+        "(built here, see detr_peg/benchmark/official_cuda_op.py) as impl official_cuda",
+    )
     args = parser.parse_args()
+    official_op = None
+    if args.official_op:
+        from detr_peg.benchmark.official_cuda_op import build_official_op
+
+        official_op = build_official_op(args.official_op)
+        args.impl = [*args.impl, "official_cuda"]
 
     torch.set_num_threads(args.threads)
     devices = args.device or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     dtype = getattr(torch, args.dtype)
     print(f"torch {torch.__version__}, {args.threads} CPU threads, {args.dtype}, {args.stat} of {args.repeats} runs")
-    print(f"{'device':8s} {'batch':>5s} {'shape':8s} {'impl':14s} {'forward ms':>11s} {'fwd+bwd ms':>11s} "
-          f"{'max |diff|':>10s}")
+    print(
+        f"{'device':8s} {'batch':>5s} {'shape':8s} {'impl':14s} {'forward ms':>11s} {'fwd+bwd ms':>11s} "
+        f"{'max |diff|':>10s}"
+    )
     for device_name in devices:
         device = torch.device(device_name)
         for batch in args.batch:
             for shape in args.shape:
                 value, shapes, start, locations, weights = make_inputs(batch, shape, device, dtype)
                 with torch.no_grad():
-                    reference = official_core(value, shapes, start, locations, weights)
+                    reference = ms_deform_attn_core_pytorch(value, shapes, locations, weights)
                 for impl in args.impl:
+                    if (impl in CUDA_IMPLEMENTATIONS or impl == "official_cuda") and device.type != "cuda":
+                        continue
+
                     def run(impl=impl):
                         if impl == "official":
-                            return official_core(value, shapes, start, locations, weights)
+                            return ms_deform_attn_core_pytorch(value, shapes, locations, weights)
+                        if impl == "official_cuda":
+                            return official_op.ms_deform_attn_forward(
+                                value, shapes, start, locations, weights, OFFICIAL_IM2COL_STEP
+                            )
                         return ms_deform_attn(value, shapes, start, locations, weights, impl=impl)
 
                     with torch.no_grad():
@@ -145,15 +162,24 @@ def main() -> None:
 
                         def run_backward(impl=impl, inputs=inputs, grad=grad):
                             v, loc, w = inputs
+                            if impl == "official_cuda":
+                                # What the official MSDeformAttnFunction runs: its forward, then its backward.
+                                official_op.ms_deform_attn_forward(v, shapes, start, loc, w, OFFICIAL_IM2COL_STEP)
+                                official_op.ms_deform_attn_backward(
+                                    v, shapes, start, loc, w, grad, OFFICIAL_IM2COL_STEP
+                                )
+                                return
                             if impl == "official":
-                                out = official_core(v, shapes, start, loc, w)
+                                out = ms_deform_attn_core_pytorch(v, shapes, loc, w)
                             else:
                                 out = ms_deform_attn(v, shapes, start, loc, w, impl=impl)
                             torch.autograd.grad(out, inputs, grad)
 
                         both = time_ms(run_backward, args.repeats, device, args.stat)
-                    print(f"{device_name:8s} {batch:5d} {shape:8s} {impl:14s} {forward:11.1f} {both:11.1f} "
-                          f"{diff:10.2e}", flush=True)
+                    print(
+                        f"{device_name:8s} {batch:5d} {shape:8s} {impl:14s} {forward:11.1f} {both:11.1f} {diff:10.2e}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

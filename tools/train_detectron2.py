@@ -96,12 +96,23 @@ def main(args: argparse.Namespace):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = default_argument_parser(epilog=__doc__)
-    parser.add_argument("--register", nargs=3, action="append", metavar=("NAME", "JSON", "IMAGES"),
-                        help="register a COCO-format dataset under NAME (may be repeated)")
+    parser.add_argument(
+        "--register",
+        nargs=3,
+        action="append",
+        metavar=("NAME", "JSON", "IMAGES"),
+        help="register a COCO-format dataset under NAME (may be repeated)",
+    )
     return parser
 
 
 if __name__ == "__main__":
     arguments = build_parser().parse_args()
-    launch(main, arguments.num_gpus, num_machines=arguments.num_machines, machine_rank=arguments.machine_rank,
-           dist_url=arguments.dist_url, args=(arguments,))
+    launch(
+        main,
+        arguments.num_gpus,
+        num_machines=arguments.num_machines,
+        machine_rank=arguments.machine_rank,
+        dist_url=arguments.dist_url,
+        args=(arguments,),
+    )

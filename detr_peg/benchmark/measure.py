@@ -16,8 +16,8 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode

@@ -16,7 +16,9 @@ the parity fixtures were made with):
   imported (its ``float(__version__[:3])`` check fails on 0.10+), a stub
   ``MultiScaleDeformableAttention`` module stands in for the compiled op, and
   ``MSDeformAttnFunction`` is replaced by the repository's own pure-PyTorch
-  ``ms_deform_attn_core_pytorch`` (its documented CPU path).
+  ``ms_deform_attn_core_pytorch`` (its documented CPU path). On a GPU
+  (``cuda_op=True``) its compiled op is built on the machine instead, see
+  :mod:`detr_peg.benchmark.official_cuda_op`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from detr_peg.benchmark.official_cuda_op import float32_function, install_official_op
 from detr_peg.errors import ConfigError
-
 
 #: A file every checkout of the official repository of each architecture has.
 MARKERS = {"detr": "models/detr.py", "deformable_detr": "models/deformable_detr.py"}
@@ -68,19 +70,25 @@ def build_official_detr(path: str, argv: list[str]) -> tuple[nn.Module, nn.Modul
     return model, criterion, args
 
 
-def build_official_deformable(path: str, argv: list[str]) -> tuple[nn.Module, nn.Module, object]:
-    """The official Deformable-DETR ``(model, criterion, args)`` with its pure-PyTorch attention."""
+def build_official_deformable(
+    path: str, argv: list[str], *, cuda_op: bool = False
+) -> tuple[nn.Module, nn.Module, object]:
+    """The official Deformable-DETR ``(model, criterion, args)``: with its pure-PyTorch attention, or with
+    its compiled CUDA op built on this machine (``cuda_op=True``, run in float32 under autocast)."""
     _import_repo(path, "deformable_detr")
     import torchvision
 
     torchvision.__version__ = "0.8.2"
-    stub = types.ModuleType("MultiScaleDeformableAttention")
+    if cuda_op:
+        install_official_op(path)
+    else:
+        stub = types.ModuleType("MultiScaleDeformableAttention")
 
-    def _missing(*args, **kwargs):
-        raise RuntimeError("the compiled MultiScaleDeformableAttention op is not used in this benchmark")
+        def _missing(*args, **kwargs):
+            raise RuntimeError("the compiled MultiScaleDeformableAttention op is not used in this benchmark")
 
-    stub.ms_deform_attn_forward = stub.ms_deform_attn_backward = _missing
-    sys.modules["MultiScaleDeformableAttention"] = stub
+        stub.ms_deform_attn_forward = stub.ms_deform_attn_backward = _missing
+        sys.modules["MultiScaleDeformableAttention"] = stub
 
     import models.backbone as official_backbone  # type: ignore[import-not-found]
     import models.ops.modules.ms_deform_attn as official_msda  # type: ignore[import-not-found]
@@ -91,7 +99,9 @@ def build_official_deformable(path: str, argv: list[str]) -> tuple[nn.Module, nn
         def apply(value, shapes, level_start_index, locations, weights, im2col_step):
             return ms_deform_attn_core_pytorch(value, shapes, locations, weights)
 
-    official_msda.MSDeformAttnFunction = PurePyTorchFunction
+    official_msda.MSDeformAttnFunction = (
+        float32_function(official_msda.MSDeformAttnFunction) if cuda_op else PurePyTorchFunction
+    )
     official_backbone.is_main_process = lambda: False
     from main import get_args_parser  # type: ignore[import-not-found]
     from models import build_model  # type: ignore[import-not-found]

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from detr_peg.fileio.atomic import atomic_write_text
+
 
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f} MiB"
@@ -22,37 +24,55 @@ def add_ratios(results: list[dict]) -> list[dict]:
     return results
 
 
-def format_table(results: list[dict]) -> str:
-    """A plain-text table, one row per case."""
-    header = ["case", "mode", "input", "median s", "runs (s)", "peak mem", "GFLOPs", "TFLOP/s", "x baseline"]
+def format_table(results: list[dict], peak_line: str | None = None) -> str:
+    """A plain-text table, one row per case; ``% peak`` when the rows carry ``peak_fraction``.
+
+    Args:
+        results: the rows of :func:`add_ratios`.
+        peak_line: the matrix-multiply peak the fractions refer to, for the footer.
+    """
+    with_peak = any("peak_fraction" in r for r in results)
+    header = ["case", "mode", "input", "median s", "runs (s)", "peak mem", "GFLOPs", "TFLOP/s"]
+    header += ["% peak"] if with_peak else []
+    header += ["x baseline"]
     rows = [header]
     for r in results:
-        rows.append([
-            r["label"],
-            r["mode"],
-            f"{r['batch']}x{r['height']}x{r['width']}",
-            f"{r['seconds']:.3f}",
-            " ".join(f"{t:.2f}" for t in r["runs_seconds"]),
-            _mib(r["peak_memory_bytes"]),
-            "-" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}",
-            "-" if r["achieved_flops_per_s"] is None else f"{r['achieved_flops_per_s'] / 1e12:.3f}",
-            f"{r['speedup_vs_baseline']:.2f}x faster" if r["speedup_vs_baseline"] >= 1
-            else f"{r['ratio_to_baseline']:.3f}x time",
-        ])
+        fraction = r.get("peak_fraction")
+        percent = (["-" if fraction is None else f"{100 * fraction:.0f}%"]) if with_peak else []
+        rows.append(
+            [
+                r["label"],
+                r["mode"],
+                f"{r['batch']}x{r['height']}x{r['width']}",
+                f"{r['seconds']:.3f}",
+                " ".join(f"{t:.2f}" for t in r["runs_seconds"]),
+                _mib(r["peak_memory_bytes"]),
+                "-" if r["flops"] is None else f"{r['flops'] / 1e9:,.1f}",
+                "-" if r["achieved_flops_per_s"] is None else f"{r['achieved_flops_per_s'] / 1e12:.3f}",
+                *percent,
+                f"{r['speedup_vs_baseline']:.2f}x faster"
+                if r["speedup_vs_baseline"] >= 1
+                else f"{r['ratio_to_baseline']:.3f}x time",
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     first = results[0] if results else {}
-    footer = (f"device: {first.get('device_name', '?')} ({first.get('device', '?')}, "
-              f"{first.get('threads', '?')} threads), torch {first.get('torch_version', '?')}, "
-              f"amp {first.get('amp', 'none')}; medians of {len(first.get('runs_seconds', [])) or '?'} runs "
-              f"({first.get('rounds', 1)} rounds of {first.get('runs', '?')} after {first.get('warmup', '?')} warm-up)")
-    return "\n".join(lines + ["", footer])
+    footer = (
+        f"device: {first.get('device_name', '?')} ({first.get('device', '?')}, "
+        f"{first.get('threads', '?')} threads), torch {first.get('torch_version', '?')}, "
+        f"amp {first.get('amp', 'none')}; medians of {len(first.get('runs_seconds', [])) or '?'} runs "
+        f"({first.get('rounds', 1)} rounds of {first.get('runs', '?')} after {first.get('warmup', '?')} warm-up)"
+    )
+    return "\n".join(lines + ["", footer] + ([peak_line] if peak_line else []))
 
 
-def write_json(results: list[dict], path: str | os.PathLike) -> None:
+def write_json(results: list[dict], path: str | os.PathLike, matmul_peak: dict | None = None) -> None:
+    """Write ``{"results": results, "matmul_peak": ...}`` to ``path`` atomically, creating its folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"results": results}, indent=2))
-    os.replace(tmp, path)
+    report: dict = {"results": results}
+    if matmul_peak is not None:
+        report["matmul_peak"] = matmul_peak
+    atomic_write_text(path, json.dumps(report, indent=2))

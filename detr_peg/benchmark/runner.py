@@ -7,11 +7,12 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, replace
-from typing import Iterable
 
 from tqdm import tqdm
 
+from detr_peg.benchmark.onnx_case import ONNX_IMPL
 from detr_peg.benchmark.worker import Case
 from detr_peg.errors import ConfigError, UserError
 
@@ -36,28 +37,57 @@ def parse_compare(text: str | None) -> tuple[str, list[str]] | None:
     key, sep, values = text.partition("=")
     options = [v for v in values.split(",") if v]
     if not sep or not key or len(options) < 2:
-        raise ConfigError(f"--compare {text!r} must be KEY=VALUE1,VALUE2[,...] (for example model.position.name=sine,peg).")
+        raise ConfigError(
+            f"--compare {text!r} must be KEY=VALUE1,VALUE2[,...] (for example model.position.name=sine,peg)."
+        )
     return key, options
 
 
-def plan_cases(base: Case, *, modes: Iterable[str], sizes: dict[str, tuple[int, int]],
-               compare: tuple[str, list[str]] | None, official_repo: str | None,
-               official_args: list[str]) -> list[Case]:
-    """One case per (mode, compared value), plus the official code's case per mode."""
+def plan_cases(
+    base: Case,
+    *,
+    modes: Iterable[str],
+    sizes: dict[str, tuple[int, int]],
+    compare: tuple[str, list[str]] | None,
+    official_repo: str | None,
+    official_args: list[str],
+    onnx: bool = False,
+) -> list[Case]:
+    """One case per (mode, compared value), plus the official code's case per mode, and with
+    ``onnx`` an ONNX Runtime case after every detr_peg inference case."""
     cases = []
     for mode in modes:
         h, w = sizes[mode]
         sized = replace(base, mode=mode, height=h, width=w)
         if official_repo:
-            cases.append(replace(sized, label="official", impl="official", official_repo=official_repo,
-                                 config=None, overrides=list(official_args), compile=False, amp="none"))
+            cases.append(
+                replace(
+                    sized,
+                    label="official",
+                    impl="official",
+                    official_repo=official_repo,
+                    config=None,
+                    overrides=list(official_args),
+                    compile=False,
+                    amp="none",
+                )
+            )
         if compare is None:
-            cases.append(replace(sized, label="detr_peg"))
+            own = [replace(sized, label="detr_peg")]
         else:
             key, values = compare
-            for value in values:
-                cases.append(replace(sized, label=f"{key.rsplit('.', 1)[-1]}={value}",
-                                     overrides=[*base.overrides, f"{key}={value}"]))
+            own = [
+                replace(sized, label=f"{key.rsplit('.', 1)[-1]}={value}", overrides=[*base.overrides, f"{key}={value}"])
+                for value in values
+            ]
+        for case in own:
+            cases.append(case)
+            if onnx and mode == "infer":
+                cases.append(
+                    replace(
+                        case, label=f"{case.label} onnxruntime", impl=ONNX_IMPL, flops=False, compile=False, amp="none"
+                    )
+                )
     return cases
 
 
@@ -66,11 +96,14 @@ def run_case_subprocess(case: Case, timeout: float | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(case.threads), MKL_NUM_THREADS=str(case.threads))
     proc = subprocess.run(
         [sys.executable, "-m", "detr_peg.benchmark.worker", json.dumps(asdict(case))],
-        capture_output=True, text=True, env=env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
     )
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
+            return json.loads(line[len(RESULT_PREFIX) :])
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     raise UserError(f"Benchmark case '{case.label}' ({case.mode}) failed: {last}")
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
 
 import torch
 from torch import nn
+
+from detr_peg.benchmark.onnx_case import ONNX_IMPL, onnx_forward
 
 
 @dataclass
@@ -23,7 +25,8 @@ class Case:
 
     Attributes:
         label: the row label in the report.
-        impl: ``detr_peg`` or ``official``.
+        impl: ``detr_peg``, ``official`` or ``onnxruntime`` (the detr_peg model
+            exported to ONNX and run in ONNX Runtime, inference only).
         mode: ``infer`` (eval, no grad) or ``train`` (forward, loss, backward,
             gradient clipping, AdamW step).
         config: detr_peg config file (``impl == "detr_peg"``).
@@ -40,6 +43,8 @@ class Case:
         amp: ``none``, ``bf16`` or ``fp16`` autocast (CUDA).
         compile: wrap the model in ``torch.compile``.
         flops: count FLOPs (one extra forward).
+        attention_impl: detr_peg Deformable-DETR: the ``impl`` of every
+            deformable attention (``None``: as built).
     """
 
     label: str
@@ -59,6 +64,7 @@ class Case:
     amp: str = "none"
     compile: bool = False
     flops: bool = True
+    attention_impl: str | None = None
 
 
 def _targets(batch: int, num_classes: int, device: torch.device) -> list[dict]:
@@ -91,8 +97,12 @@ def _build(case: Case, device: torch.device) -> Built:
     if case.impl == "official":
         from detr_peg.benchmark import official
 
-        build = official.build_official_detr if case.arch == "detr" else official.build_official_deformable
-        model, criterion, args = build(case.official_repo, case.overrides)
+        if case.arch == "detr":
+            model, criterion, args = official.build_official_detr(case.official_repo, case.overrides)
+        else:
+            model, criterion, args = official.build_official_deformable(
+                case.official_repo, case.overrides, cuda_op=device.type == "cuda"
+            )
         model.to(device)
         criterion.to(device)
 
@@ -118,8 +128,24 @@ def _build(case: Case, device: torch.device) -> Built:
         cfg = load_config(case.config, ["model.num_classes=91", *overrides])
     model = build_model(cfg).to(device)
     criterion = build_criterion(cfg).to(device)
-    return Built(model, criterion, lambda: build_optimizer(model, cfg.train), criterion.weighted_total, model,
-                 cfg.model.num_classes, cfg.train.clip_max_norm)
+    if case.attention_impl is not None:
+        from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
+
+        for module in model.modules():
+            if isinstance(module, MSDeformAttn):
+                module.impl = case.attention_impl
+    forward = model
+    if case.impl == ONNX_IMPL:
+        forward = onnx_forward(model, case.threads)
+    return Built(
+        model,
+        criterion,
+        lambda: build_optimizer(model, cfg.train),
+        criterion.weighted_total,
+        forward,
+        cfg.model.num_classes,
+        cfg.train.clip_max_norm,
+    )
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The detr_peg checkpoint format and :func:`load_model`.
+"""The detr_peg checkpoint format: writing, reading and validating it, and loading weights strictly.
 
 A checkpoint is a ``torch.save`` of a plain dict (loadable with
 ``weights_only=True``)::
@@ -15,24 +15,27 @@ A checkpoint is a ``torch.save`` of a plain dict (loadable with
 
 or a ``.safetensors`` file holding the model tensors, with ``format``,
 ``config`` and ``label_map`` (JSON) in its metadata. The model is always
-rebuilt from the stored config, so a checkpoint is self-describing.
+rebuilt from the stored config, so a checkpoint is self-describing
+(:func:`detr_peg.models.loading.load_model` does that).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import torch
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
-from detr_peg.checkpoint.io import atomic_torch_save, atomic_write, read_checkpoint_file
-from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
+from detr_peg.checkpoint.weights_check import check_loaded_weights
+from detr_peg.config.loader import config_from_dict, config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.fileio.atomic import atomic_write
+from detr_peg.fileio.checkpoint_files import atomic_torch_save, read_checkpoint_file
 
 FORMAT = "detr_peg"
 FORMAT_VERSION = 1
@@ -57,8 +60,9 @@ class Checkpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def checkpoint_dict(cfg: Config, model_state: dict[str, Tensor], label_map: dict | None = None,
-                    **extra: Any) -> dict[str, Any]:
+def checkpoint_dict(
+    cfg: Config, model_state: dict[str, Tensor], label_map: dict | None = None, **extra: Any
+) -> dict[str, Any]:
     """The dict that :func:`save_checkpoint` writes."""
     return {
         "format": FORMAT,
@@ -70,8 +74,9 @@ def checkpoint_dict(cfg: Config, model_state: dict[str, Tensor], label_map: dict
     }
 
 
-def save_checkpoint(path: str | os.PathLike, cfg: Config, model_state: dict[str, Tensor],
-                    label_map: dict | None = None, **extra: Any) -> None:
+def save_checkpoint(
+    path: str | os.PathLike, cfg: Config, model_state: dict[str, Tensor], label_map: dict | None = None, **extra: Any
+) -> None:
     """Write a checkpoint atomically; ``.safetensors`` paths store the model only.
 
     Raises:
@@ -80,8 +85,6 @@ def save_checkpoint(path: str | os.PathLike, cfg: Config, model_state: dict[str,
     """
     path = Path(path)
     if path.suffix == ".safetensors":
-        from safetensors.torch import save
-
         metadata = {
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
@@ -90,8 +93,8 @@ def save_checkpoint(path: str | os.PathLike, cfg: Config, model_state: dict[str,
         }
         tensors = {k: v.detach().contiguous().clone() for k, v in model_state.items()}
         # Serialised in memory (the model alone), then written like every checkpoint.
-        data = save(tensors, metadata=metadata)
-        atomic_write(path, lambda handle: handle.write(data))
+        data = safetensors_bytes(tensors, metadata=metadata)
+        atomic_write(path, lambda handle: handle.write(data), error=CheckpointError)
         return
     atomic_torch_save(checkpoint_dict(cfg, model_state, label_map, **extra), path)
 
@@ -119,8 +122,10 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if not isinstance(obj, dict):
         raise CheckpointError(f"{spec} does not hold a checkpoint dict (found {type(obj).__name__}).")
     if obj.get("format") != FORMAT:
-        if "model" in obj and isinstance(obj["model"], dict) and any(
-            k.startswith("backbone.0.body.") for k in obj["model"]
+        if (
+            "model" in obj
+            and isinstance(obj["model"], dict)
+            and any(k.startswith("backbone.0.body.") for k in obj["model"])
         ):
             raise CheckpointError(
                 f"{spec} is an official DETR/Deformable-DETR checkpoint; convert it first with "
@@ -156,8 +161,11 @@ def load_weights(model: nn.Module, state: dict[str, Tensor], source: str) -> Non
     own = model.state_dict()
     missing = sorted(k for k in own.keys() - state.keys() if not k.endswith("num_batches_tracked"))
     unexpected = sorted(state.keys() - own.keys())
-    shapes = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in own.keys() & state.keys()
-              if state[k].shape != own[k].shape]
+    shapes = [
+        (k, tuple(state[k].shape), tuple(own[k].shape))
+        for k in own.keys() & state.keys()
+        if state[k].shape != own[k].shape
+    ]
     if missing or unexpected:
         raise CheckpointError(
             f"{source} does not fit the model: {len(missing)} missing keys (first: {missing[:3]}) and "
@@ -169,33 +177,5 @@ def load_weights(model: nn.Module, state: dict[str, Tensor], source: str) -> Non
             f"{source} does not fit the model: '{key}' has shape {got} but the model expects {want} "
             f"({len(shapes)} tensors differ)."
         )
+    check_loaded_weights(state, own, source)
     model.load_state_dict(state, strict=False)
-
-
-def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-               overrides: Iterable[str] = ()) -> nn.Module:
-    """Rebuild the model stored in a detr_peg checkpoint, ready for inference.
-
-    Args:
-        path: checkpoint file (``.pth`` or ``.safetensors``), or URL.
-        device: where to put the model.
-        overrides: ``key=value`` config changes that do not alter weights
-            (for example ``eval.num_select=50``).
-
-    Returns:
-        The model in eval mode, with attributes ``config`` (the resolved
-        :class:`Config`) and ``label_map`` (plain dict or None).
-    """
-    from detr_peg.models.builder import build_model
-
-    ckpt = read_checkpoint(path)
-    cfg = ckpt.config
-    if overrides:
-        cfg = load_config(None, overrides, base=config_to_dict(cfg), base_source=f"config stored in {path}")
-    # The checkpoint holds the backbone weights; do not load them from elsewhere.
-    cfg = replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
-    model = build_model(cfg)
-    load_weights(model, ckpt.model, f"Checkpoint {path}")
-    model.config = cfg
-    model.label_map = ckpt.label_map
-    return model.to(device).eval()

@@ -7,19 +7,30 @@ median over --runs after --warmup runs; --rounds N runs the whole list N
 times and pools each case's runs, so that a slow spell of a shared machine
 falls on every case alike. Compare values of one config key side
 by side with --compare, and the official implementation (a local checkout)
-with --official; the last column is the speed relative to the first row of
-each mode.
+with --official, and ONNX Runtime on the CPU with --onnx (the model exported
+as `detr-peg export` does, then timed); the last column is the speed relative
+to the first row of each mode. Before the cases, the machine's fp32
+matrix-multiply peak is measured (torch.mm, --peak-size) with the same
+threads and device, and each row's achieved FLOP/s is given as a fraction of
+it (% peak), so every figure says how far it is from the limit. --gpu measures training and inference images/s on a CUDA device
+under bf16 autocast and torch.compile, for each deformable-attention
+implementation (triton, embedding_bag) and for the official code with its
+compiled CUDA op.
 
 Examples:
   detr-peg bench --config configs/detr_r50_sine.yaml --compare model.position.name=sine,peg
   detr-peg bench --config configs/detr_r50_sine.yaml --official ../detr --train-size 512x512
   detr-peg bench --config configs/deformable_detr_r50_peg.yaml --device cuda --amp bf16
+  detr-peg bench --config configs/detr_r50_peg.yaml --modes infer --onnx
+  detr-peg bench --config configs/deformable_detr_r50_sine.yaml --gpu --official ../Deformable-DETR --batch 4
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from detr_peg.cli import option_types
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,14 +45,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs (default 1)")
     parser.add_argument("--runs", type=int, default=5, help="timed runs (default 5)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run the list of cases this many times, pooling each case's runs (default 1)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the list of cases this many times, pooling each case's runs (default 1)",
+    )
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast dtype (GPU)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
+    parser.add_argument(
+        "--peak-size",
+        type=option_types.integer(0, 16384),
+        default=4096,
+        metavar="N",
+        help="measure the fp32 matmul peak with N x N torch.mm before the cases and give each row's "
+        "FLOP/s as a fraction of it (default 4096; 0 skips it)",
+    )
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="GPU mode: --device cuda --amp bf16 --compile, images/s, one row per "
+        "deformable-attention implementation, the official code with its CUDA op",
+    )
     parser.add_argument("--compare", metavar="KEY=V1,V2", help="one row per value of a config key")
     parser.add_argument("--official", metavar="PATH", help="checkout of the official repository to compare with")
     parser.add_argument("--official-args", default="", help="extra flags for the official model (quoted)")
+    parser.add_argument(
+        "--onnx",
+        action="store_true",
+        help="add an ONNX Runtime (CPU) case after every inference case (needs detr_peg[onnx])",
+    )
     parser.add_argument("--output", metavar="FILE", default="bench.json", help="JSON report (default bench.json)")
 
 
@@ -51,8 +85,19 @@ def run(args: argparse.Namespace) -> int:
     from detr_peg.benchmark.worker import Case
     from detr_peg.config import load_config
     from detr_peg.errors import ConfigError
+    from detr_peg.guards.declared_io import bench_io
+    from detr_peg.guards.output_guard import guard_outputs
 
+    if args.gpu:
+        from detr_peg.benchmark.gpu import require_cuda
+
+        require_cuda()
+        if args.compare:
+            raise ConfigError(
+                "--gpu compares the attention implementations and the official code; run --compare without --gpu."
+            )
     cfg = load_config(args.config, args.overrides)  # validates the config before any work
+    guard_outputs("bench", *bench_io(args.output, args.config))
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ("infer", "train")]
     if bad or not modes:
@@ -62,19 +107,64 @@ def run(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda was requested but no CUDA device is available.")
+    if args.onnx:
+        from detr_peg.export.onnx_export import require_onnx
+
+        require_onnx()
+        if args.device != "cpu" or "infer" not in modes:
+            raise ConfigError("--onnx measures ONNX Runtime on the CPU: use it with --device cpu and the infer mode.")
     if args.official:
         from detr_peg.benchmark.official import check_official_repo
 
         check_official_repo(args.official, cfg.model.arch)
-    base = Case(label="detr_peg", impl="detr_peg", mode=modes[0], arch=cfg.model.arch, config=args.config,
-                overrides=list(args.overrides), batch=args.batch, device=args.device, threads=args.threads,
-                warmup=args.warmup, runs=args.runs, amp=args.amp, compile=args.compile, flops=not args.no_flops)
-    cases = plan_cases(base, modes=modes,
-                       sizes={"infer": parse_size(args.infer_size), "train": parse_size(args.train_size)},
-                       compare=parse_compare(args.compare), official_repo=args.official,
-                       official_args=args.official_args.split())
+    base = Case(
+        label="detr_peg",
+        impl="detr_peg",
+        mode=modes[0],
+        arch=cfg.model.arch,
+        config=args.config,
+        overrides=list(args.overrides),
+        batch=args.batch,
+        device=args.device,
+        threads=args.threads,
+        warmup=args.warmup,
+        runs=args.runs,
+        amp=args.amp,
+        compile=args.compile,
+        flops=not args.no_flops,
+    )
+    sizes = {"infer": parse_size(args.infer_size), "train": parse_size(args.train_size)}
+    if args.gpu:
+        from detr_peg.benchmark.gpu import plan_gpu_cases
+
+        cases = plan_gpu_cases(
+            base, modes=modes, sizes=sizes, official_repo=args.official, official_args=args.official_args.split()
+        )
+    else:
+        cases = plan_cases(
+            base,
+            modes=modes,
+            sizes=sizes,
+            compare=parse_compare(args.compare),
+            official_repo=args.official,
+            official_args=args.official_args.split(),
+            onnx=args.onnx,
+        )
+    peak = None
+    if args.peak_size:
+        from detr_peg.benchmark.matmul_peak import measure_matmul_peak
+
+        peak = measure_matmul_peak(args.device, args.threads, size=args.peak_size)
     results = add_ratios(run_cases(cases, progress=sys.stderr.isatty(), rounds=args.rounds))
-    print(format_table(results))
-    write_json(results, args.output)
+    if peak is not None:
+        from detr_peg.benchmark.matmul_peak import add_peak_fractions
+
+        add_peak_fractions(results, peak)
+    print(format_table(results, peak.describe() if peak else None))
+    if args.gpu:
+        from detr_peg.benchmark.gpu import add_throughput, format_throughput
+
+        print("\n" + format_throughput(add_throughput(results)))
+    write_json(results, args.output, matmul_peak=peak.to_dict() if peak else None)
     print(f"\nwrote {args.output}")
     return 0

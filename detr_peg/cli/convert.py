@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 
+from detr_peg.config.options import own_options
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -33,7 +35,10 @@ def _preview(keys: list[str], limit: int = 20) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from detr_peg.convert import convert_official_file
+    from detr_peg.guards.declared_io import convert_io
+    from detr_peg.guards.output_guard import guard_outputs
 
+    guard_outputs("convert", *convert_io(args.src, args.dst, args.config))
     report = convert_official_file(args.src, args.dst, config_path=args.config, overrides=args.overrides)
     m = report.config.model
     t = m.transformer
@@ -41,9 +46,11 @@ def run(args: argparse.Namespace) -> int:
         f"Converted {report.source_format} checkpoint {args.src} -> {args.dst}\n"
         f"  model: {m.arch}, backbone {m.backbone.name}, position {m.position.name}, hidden {t.hidden_dim}, "
         f"heads {t.nheads}, layers {t.enc_layers}+{t.dec_layers}, queries {m.num_queries}, classes {m.num_classes}"
-        + (f", levels {t.num_feature_levels}, points {t.enc_n_points}/{t.dec_n_points}, "
-           f"box refinement {'on' if m.with_box_refine else 'off'}, two-stage {'on' if m.two_stage else 'off'}"
-           if m.arch == "deformable_detr" else "")
+        + "".join(
+            f", {key.rpartition('.')[2]} {value}"
+            for key, value in own_options(report.config).items()
+            if key.startswith("model.")
+        )
     )
     print(f"  new keys (initialised fresh): {len(report.new_keys)}{_preview(report.new_keys)}")
     print(f"  unused keys: {len(report.unused_keys)}{_preview(report.unused_keys)}")

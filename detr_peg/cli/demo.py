@@ -25,8 +25,13 @@ import argparse
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+
+from detr_peg.cli import option_types
+
+#: Errors about these config keys name the option instead, when it was given.
+OPTION_KEYS = {"--resume": "train.resume"}
 
 #: The synthetic dataset of the demo (see detr_peg.data.synthetic): 128 x 128
 #: images with one to four shapes, random colours (shapes must be told apart
@@ -39,8 +44,16 @@ COLOR_BY_CLASS = False
 
 #: Files and folders a training run writes into its output folder; a run
 #: folder holding anything else is not replaced.
-RUN_FILES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json", "tensorboard",
-             "eval")
+RUN_FILES = (
+    "checkpoint.pth",
+    "config.yaml",
+    "metrics.jsonl",
+    "metrics.json",
+    "detections.json",
+    "tensorboard",
+    "eval",
+    "plots",
+)
 
 #: Pictures smaller than this (longer side, pixels) are enlarged for drawing, so labels stay legible.
 DRAW_MIN_SIDE = 384
@@ -53,20 +66,42 @@ def default_config() -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--output", metavar="DIR", default="outputs/demo",
-                        help="folder for the dataset, the run and the pictures (default: outputs/demo)")
-    parser.add_argument("--config", metavar="FILE",
-                        help="model and training config (default: configs/demo.yaml of this source tree)")
-    parser.add_argument("--num-train", type=int, default=1000, metavar="N",
-                        help="synthetic training images (default: 1000)")
-    parser.add_argument("--num-val", type=int, default=100, metavar="N",
-                        help="synthetic validation images (default: 100)")
-    parser.add_argument("--pictures", type=int, default=8, metavar="N",
-                        help="validation images to draw predictions on (default: 8)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run in <output>/run from its checkpoint instead of starting afresh")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. train.max_iters=200")
+    parser.add_argument(
+        "--output",
+        metavar="DIR",
+        default="outputs/demo",
+        help="folder for the dataset, the run and the pictures (default: outputs/demo)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="model and training config (default: configs/demo.yaml of this source tree)"
+    )
+    parser.add_argument(
+        "--num-train",
+        type=option_types.positive,
+        default=1000,
+        metavar="N",
+        help="synthetic training images (default: 1000)",
+    )
+    parser.add_argument(
+        "--num-val",
+        type=option_types.positive,
+        default=100,
+        metavar="N",
+        help="synthetic validation images (default: 100)",
+    )
+    parser.add_argument(
+        "--pictures",
+        type=option_types.non_negative,
+        default=8,
+        metavar="N",
+        help="validation images to draw predictions on (default: 8)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in <output>/run from its checkpoint instead of starting afresh",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.max_iters=200")
 
 
 def format_elapsed(seconds: float) -> str:
@@ -106,6 +141,7 @@ def clear_folder(folder: Path, ours: Callable[[Path], bool]) -> None:
         UserError: ``folder`` holds a file or folder for which ``ours`` is false.
     """
     from detr_peg.errors import UserError
+    from detr_peg.guards.output_guard import OWNERSHIP_FILE
 
     if not folder.is_dir():
         return
@@ -113,23 +149,15 @@ def clear_folder(folder: Path, ours: Callable[[Path], bool]) -> None:
     foreign = [p.name for p in entries if not ours(p)]
     if foreign:
         raise UserError(
-            f"{folder} holds files the demo did not write ({', '.join(sorted(foreign)[:3])}); "
-            "choose another --output."
+            f"{folder} holds files the demo did not write ({', '.join(sorted(foreign)[:3])}); choose another --output."
         )
     for path in entries:
+        if path.name == OWNERSHIP_FILE:  # the record that the demo wrote the rest stays
+            continue
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink()
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    from detr_peg.errors import ConfigError
-
-    for flag, value, low in (("--num-train", args.num_train, 1), ("--num-val", args.num_val, 1),
-                             ("--pictures", args.pictures, 0)):
-        if value < low:
-            raise ConfigError(f"{flag} must be at least {low}, got {value}.")
 
 
 def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_threshold: float) -> int:
@@ -141,19 +169,26 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
     from PIL import Image
     from tqdm import tqdm
 
-    from detr_peg.checkpoint.format import load_model
     from detr_peg.data.label_map import LabelMap
     from detr_peg.engine.prediction import ImagePrediction, draw_prediction, predict_images
     from detr_peg.engine.run_setup import write_json
     from detr_peg.models.builder import build_postprocessor
+    from detr_peg.models.loading import load_model
 
     model = load_model(checkpoint)
     label_map = LabelMap.from_dict(model.label_map) if model.label_map else None
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     with tqdm(total=len(images), desc="pictures", unit="img", leave=False, disable=not sys.stderr.isatty()) as bar:
-        for pred in predict_images(model, build_postprocessor(model.config), images, label_map=label_map,
-                                   score_threshold=score_threshold, batch_size=8, progress=bar.update):
+        for pred in predict_images(
+            model,
+            build_postprocessor(model.config),
+            images,
+            label_map=label_map,
+            score_threshold=score_threshold,
+            batch_size=8,
+            progress=bar.update,
+        ):
             records.extend(pred.records)
             factor = max(1, -(-DRAW_MIN_SIDE // max(pred.image.size)))
             if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
@@ -166,22 +201,33 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
 
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    _check_counts(args)
     config_file = _config_file(args)
     from detr_peg.config.loader import load_config
     from detr_peg.data.synthetic import generate_synthetic_coco
+    from detr_peg.guards.declared_io import demo_io
+    from detr_peg.guards.output_guard import guard_outputs
 
     out = Path(args.output)
     run_dir, pictures_dir = out / "run", out / "predictions"
     # Validate the config before spending time on the data.
     load_config(config_file, args.overrides)
+    guard_outputs("demo", *demo_io(out, config_file))
 
-    print(f"demo: synthetic dataset in {out / 'data'} ({args.num_train} training, {args.num_val} validation images)",
-          flush=True)
+    print(
+        f"demo: synthetic dataset in {out / 'data'} ({args.num_train} training, {args.num_val} validation images)",
+        flush=True,
+    )
     data = generate_synthetic_coco(
-        out / "data", num_train=args.num_train, num_val=args.num_val, image_size=IMAGE_SIZE,
-        min_objects=MIN_OBJECTS, max_objects=MAX_OBJECTS, seed=DATA_SEED, color_by_class=COLOR_BY_CLASS,
-        progress=sys.stderr.isatty())
+        out / "data",
+        num_train=args.num_train,
+        num_val=args.num_val,
+        image_size=IMAGE_SIZE,
+        min_objects=MIN_OBJECTS,
+        max_objects=MAX_OBJECTS,
+        seed=DATA_SEED,
+        color_by_class=COLOR_BY_CLASS,
+        progress=sys.stderr.isatty(),
+    )
     # The demo's own data and folders come last, so they win over the file and the overrides.
     demo_values = [f"data.{key}={value}" for key, value in data.data_overrides().items()]
     demo_values += [f"train.output_dir={run_dir}", f"train.resume={'true' if args.resume else 'false'}"]
@@ -193,19 +239,26 @@ def run(args: argparse.Namespace) -> int:
 
     from detr_peg.engine.runner import run_training
 
-    print(f"demo: training {config_file.name} for {cfg.train.max_iters or cfg.train.epochs} "
-          f"{'iterations' if cfg.train.max_iters else 'epochs'} in {run_dir}", flush=True)
+    print(
+        f"demo: training {config_file.name} for {cfg.train.max_iters or cfg.train.epochs} "
+        f"{'iterations' if cfg.train.max_iters else 'epochs'} in {run_dir}",
+        flush=True,
+    )
     result = run_training(cfg)
     metrics = result.metrics or {}
 
-    images = sorted(data.val_images.glob("*.png"))[:args.pictures]
+    images = sorted(data.val_images.glob("*.png"))[: args.pictures]
     drawn = draw_pictures(result.checkpoint, images, pictures_dir, cfg.eval.score_threshold) if images else 0
 
     elapsed = format_elapsed(time.perf_counter() - start)
-    print(f"demo: dataset {data.root}; checkpoint {result.checkpoint}; metrics {result.metrics_file}; "
-          f"{drawn} detections (score >= {cfg.eval.score_threshold:g}) drawn on {len(images)} pictures in "
-          f"{pictures_dir}")
-    print(f"demo: AP50 {metrics.get('AP50', float('nan')):.2f} (AP {metrics.get('AP', float('nan')):.2f}) on "
-          f"{args.num_val} synthetic validation images after {result.iterations} iterations ({elapsed}); "
-          f"pictures in {pictures_dir}/")
+    print(
+        f"demo: dataset {data.root}; checkpoint {result.checkpoint}; metrics {result.metrics_file}; "
+        f"{drawn} detections (score >= {cfg.eval.score_threshold:g}) drawn on {len(images)} pictures in "
+        f"{pictures_dir}"
+    )
+    print(
+        f"demo: AP50 {metrics.get('AP50', float('nan')):.2f} (AP {metrics.get('AP', float('nan')):.2f}) on "
+        f"{args.num_val} synthetic validation images after {result.iterations} iterations ({elapsed}); "
+        f"pictures in {pictures_dir}/"
+    )
     return 0

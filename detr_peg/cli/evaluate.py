@@ -7,6 +7,15 @@ holds the twelve COCO numbers (AP, AP50, AP75, APs, APm, APl, AR1, AR10,
 AR100, ARs, ARm, ARl) and <output>/detections.json every detection in the
 COCO results format, with the dataset's original category ids.
 
+Multi-resolution evaluation (files next to metrics.json; see the README, "Multi-resolution evaluation"):
+  --scales 1,1.5,2        the validation images resized to these multiples of data.val_scale and
+                          data.val_max_size -> scales_resized.json
+  --canvas-scales 1.5,2   synthetic data only: validation images on a canvas this many times larger
+                          whose objects keep the training sizes, generated once next to the dataset
+                          -> scales_canvas.json
+  --padding               mixed-size batches vs one image at a time vs eval.padding_mode=exact
+                          -> padding.json
+
 Official DETR/Deformable-DETR checkpoints must be converted first
 (detr-peg convert). Several GPUs: torchrun --nproc_per_node N -m detr_peg.cli.main eval ...
 
@@ -14,6 +23,7 @@ Examples:
   detr-peg eval --checkpoint runs/peg/checkpoint.pth
   detr-peg eval --checkpoint detr_r50.pth --config configs/detr_r50_sine.yaml --output runs/official
   detr-peg eval --checkpoint runs/peg/checkpoint.pth data.val_annotations=other/val.json data.val_images=other/images
+  detr-peg eval --checkpoint runs/peg/checkpoint.pth --scales 0.75,1,1.5,2 --canvas-scales 1.5,2 --padding
 """
 
 from __future__ import annotations
@@ -21,14 +31,51 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+#: Errors about these config keys name the option instead, when it was given (the folder checks name the run's).
+OPTION_KEYS = {"--output": "train.output_dir"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)")
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)"
+    )
     parser.add_argument("--config", metavar="FILE", help="YAML config applied over the checkpoint's own")
-    parser.add_argument("--output", metavar="DIR",
-                        help="folder for metrics.json and detections.json (default: <checkpoint folder>/eval)")
+    parser.add_argument(
+        "--output",
+        metavar="DIR",
+        help="folder for metrics.json and detections.json (default: <checkpoint folder>/eval)",
+    )
+    parser.add_argument(
+        "--scales",
+        type=scale_list,
+        default=[],
+        metavar="S1,S2,...",
+        help="also evaluate the validation images resized by these factors (scales_resized.json)",
+    )
+    parser.add_argument(
+        "--canvas-scales",
+        type=scale_list,
+        default=[],
+        metavar="S1,S2,...",
+        help="synthetic data: also evaluate on canvases this many times larger, objects at "
+        "their training size (scales_canvas.json)",
+    )
+    parser.add_argument(
+        "--padding", action="store_true", help="also measure the effect of batch padding (padding.json)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. eval.batch_size=8")
+
+
+def scale_list(text: str) -> list[float]:
+    """``"1,1.5,2"`` -> ``[1.0, 1.5, 2.0]`` (positive numbers)."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,1.5,2, got {text!r}") from None
+    if not values or not all(v > 0 and v != float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers such as 1,1.5,2, got {text!r}")
+    return values
 
 
 def config_over_checkpoint(checkpoint: str, config_file: str | None, overrides: list[str]):
@@ -47,10 +94,30 @@ def config_over_checkpoint(checkpoint: str, config_file: str | None, overrides: 
 
 def run(args: argparse.Namespace) -> int:
     from detr_peg.engine.evaluation_run import run_evaluation
+    from detr_peg.guards.output_guard import Input
 
     cfg = config_over_checkpoint(args.checkpoint, args.config, args.overrides)
+    if args.scales or args.canvas_scales:
+        from detr_peg.engine.scale_evaluation import canvas_side, check_scales, synthetic_params
+
+        # Refused before the first evaluation, not after it.
+        check_scales(cfg.data, args.scales, args.canvas_scales)
+        if args.canvas_scales:
+            _, params = synthetic_params(cfg.data)
+            for scale in args.canvas_scales:
+                if scale != 1:
+                    canvas_side(params, scale)
     output = Path(args.output) if args.output else Path(args.checkpoint).resolve().parent / "eval"
-    result = run_evaluation(cfg, args.checkpoint, output)
+    config_input = [Input(Path(args.config), "--config")] if args.config else []
+    result = run_evaluation(cfg, args.checkpoint, output, extra_inputs=config_input)
     if result.metrics_file is not None:
         print(f"Wrote {result.metrics_file} and {result.detections_file} ({result.num_detections} detections).")
+    if args.scales or args.canvas_scales or args.padding:
+        from detr_peg.engine.scale_evaluation import run_scale_evaluation
+
+        written = run_scale_evaluation(
+            cfg, args.checkpoint, output, scales=args.scales, canvas_scales=args.canvas_scales, padding=args.padding
+        )
+        if written:
+            print(f"Wrote {', '.join(str(path) for path in written.values())}.")
     return 0

@@ -14,9 +14,13 @@ import argparse
 import importlib
 import importlib.util
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
+# The architectures and positional encodings register the config fields that every command validates.
+import detr_peg.models  # noqa: F401
+from detr_peg.cli.command_line import OneLineParser, command_argv, in_users_words, parse_command_line
 from detr_peg.errors import UserError
+from detr_peg.guards.output_guard import claims_mark, settle_claims
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -26,6 +30,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("detr_peg.cli.demo", "generate a synthetic dataset, train, evaluate and predict on the CPU"),
     "convert": ("detr_peg.cli.convert", "convert an official DETR/Deformable-DETR checkpoint"),
     "bench": ("detr_peg.cli.bench", "measure latency, training-step time, memory and FLOPs"),
+    "study": ("detr_peg.cli.study", "run a grid of trainings over configs, values and seeds; tables and plots"),
+    "plot": ("detr_peg.cli.plot", "redraw the figures of a study or of a training run"),
+    "export": ("detr_peg.cli.export", "export a checkpoint to ONNX (any batch and image size)"),
 }
 
 
@@ -35,7 +42,7 @@ def available_commands() -> dict[str, tuple[str, str]]:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="detr-peg",
         description="DETR and Deformable-DETR with CPVT's Positional Encoding Generator.",
     )
@@ -55,16 +62,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser, modules = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, modules, argv)
+    mark = claims_mark()  # a command run inside another (a study's cells) settles only its own claims
     try:
         return int(modules[args.command].run(args) or 0)
     except UserError as exc:
-        print(f"detr-peg {args.command}: error: {exc}", file=sys.stderr)
+        message = in_users_words(str(exc), modules[args.command], command_argv(argv))
+        print(f"detr-peg {args.command}: error: {message}", file=sys.stderr)
         # A stop on a signal exits with 128 + its number (130 SIGINT, 143 SIGTERM).
         return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         print(f"detr-peg {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        settle_claims(mark)
 
 
 if __name__ == "__main__":

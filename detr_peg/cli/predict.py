@@ -1,5 +1,8 @@
 """Detect objects in images; write predictions.json and one PNG per image with the boxes drawn.
 
+The model is a checkpoint (PyTorch) or, with --onnx, a graph written by
+`detr-peg export` (ONNX Runtime on the CPU); both give the same files.
+
 Inputs are image files and/or folders (every image inside, recursively).
 predictions.json is a list of COCO-style results with the file name added:
 {"image_id", "file_name", "category_id", "category_name", "bbox": [x, y, w, h],
@@ -14,6 +17,7 @@ earlier run as they were.
 Examples:
   detr-peg predict --checkpoint runs/peg/checkpoint.pth photos/ --output predictions
   detr-peg predict --checkpoint runs/peg/checkpoint.pth a.jpg b.jpg --score-threshold 0.3 data.val_scale=512
+  detr-peg predict --onnx model.onnx photos/ --output predictions
 """
 
 from __future__ import annotations
@@ -24,17 +28,37 @@ import shutil
 import sys
 from pathlib import Path
 
+from detr_peg.cli import option_types
+
+#: Words left after the options (image paths and key=value overrides) join ``inputs``.
+POSITIONAL_DEST = "inputs"
+#: Errors about these config keys name the option instead, when it was given.
+OPTION_KEYS = {"--device": "train.device"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)")
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
-                        help="image files or folders, then optional key=value config overrides")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)")
+    source.add_argument(
+        "--onnx", metavar="FILE", help="a graph from `detr-peg export`, run in ONNX Runtime on the CPU instead"
+    )
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="image files or folders, then optional key=value config overrides"
+    )
     parser.add_argument("--output", metavar="DIR", default="predictions", help="output folder (default: predictions)")
-    parser.add_argument("--score-threshold", type=float, metavar="X",
-                        help="keep detections scoring at least X (default: eval.score_threshold)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    parser.add_argument("--batch-size", type=int, default=1, metavar="N", help="images per forward pass (default: 1)")
+    parser.add_argument(
+        "--score-threshold",
+        type=option_types.fraction,
+        metavar="X",
+        help="keep detections scoring at least X (default: eval.score_threshold)",
+    )
+    parser.add_argument(
+        "--device", type=option_types.device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)"
+    )
+    parser.add_argument(
+        "--batch-size", type=option_types.positive, default=1, metavar="N", help="images per forward pass (default: 1)"
+    )
 
 
 def _split(inputs: list[str]) -> tuple[list[str], list[str]]:
@@ -48,25 +72,46 @@ def _split(inputs: list[str]) -> tuple[list[str], list[str]]:
     return paths, overrides
 
 
+def _onnx_model(path: str, overrides: list[str]):
+    """The exported graph in ONNX Runtime, with the config and label map stored in it."""
+    from detr_peg.errors import CheckpointError
+    from detr_peg.export.onnx_runtime import OnnxDetector
+
+    model = OnnxDetector(path, overrides=overrides)
+    if model.config is None:
+        raise CheckpointError(f"{path} holds no detr_peg config; export it with `detr-peg export`.")
+    return model
+
+
 def run(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
-    from detr_peg.checkpoint.format import load_model
     from detr_peg.data.label_map import LabelMap
     from detr_peg.engine.distributed import resolve_device
     from detr_peg.engine.prediction import collect_images, draw_prediction, predict_images, unique_png_name
     from detr_peg.engine.run_setup import write_json
     from detr_peg.errors import ConfigError, UserError
+    from detr_peg.guards.declared_io import predict_io
+    from detr_peg.guards.output_guard import guard_outputs
     from detr_peg.models.builder import build_postprocessor
+    from detr_peg.models.loading import load_model
 
     paths, overrides = _split(args.inputs)
     if not paths:
         raise ConfigError("predict needs at least one image file or folder.")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}.")
     images = collect_images(paths)
-    device = resolve_device(args.device)
-    model = load_model(args.checkpoint, device=device, overrides=overrides)
+    png_names: set[str] = set()
+    for image in images:
+        unique_png_name(image, png_names)
+    model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
+    guard_outputs("predict", *predict_io(paths, model_file, args.output, sorted(png_names), model_option=model_option))
+    if args.onnx:
+        model = _onnx_model(args.onnx, overrides)
+        device = torch.device("cpu")
+    else:
+        device = resolve_device(args.device)
+        model = load_model(args.checkpoint, device=device, overrides=overrides)
     threshold = model.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
     label_map = LabelMap.from_dict(model.label_map) if model.label_map else None
     out = Path(args.output)
@@ -81,9 +126,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         stage.mkdir()
         with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
-            for prediction in predict_images(model, build_postprocessor(model.config), images, label_map=label_map,
-                                             score_threshold=threshold, batch_size=args.batch_size, device=device,
-                                             progress=bar.update):
+            for prediction in predict_images(
+                model,
+                build_postprocessor(model.config),
+                images,
+                label_map=label_map,
+                score_threshold=threshold,
+                batch_size=args.batch_size,
+                device=device,
+                progress=bar.update,
+            ):
                 records.extend(prediction.records)
                 name = unique_png_name(prediction.path, used)
                 try:
@@ -97,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"Could not write into {out}: {exc.strerror or exc}.") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    print(f"{len(records)} detections (score >= {threshold:g}) in {len(images)} images; wrote "
-          f"{out / 'predictions.json'} and {len(images)} PNG files to {out}.")
+    print(
+        f"{len(records)} detections (score >= {threshold:g}) in {len(images)} images; wrote "
+        f"{out / 'predictions.json'} and {len(images)} PNG files to {out}."
+    )
     return 0

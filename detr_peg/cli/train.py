@@ -29,15 +29,22 @@ import sys
 
 import yaml
 
+#: Errors about these config keys name the option instead, when it was given.
+OPTION_KEYS = {"--output": "train.output_dir", "--resume": "train.resume"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--config", metavar="FILE", help="YAML config (configs/*.yaml)")
     parser.add_argument("--output", metavar="DIR", help="output folder (sets train.output_dir)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from <output>/checkpoint.pth if it exists (sets train.resume=true)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config and the recipe it gives, then exit")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from <output>/checkpoint.pth if it exists (sets train.resume=true)",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and the recipe it gives, then exit"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=2e-4")
 
 
@@ -68,12 +75,18 @@ def recipe_summary(cfg, world_size: int | None = None) -> str:
     lines = [
         f"# recipe: AdamW, lr {t.lr:g} (backbone {t.lr_backbone:g}), weight decay {t.weight_decay:g}, "
         f"gradient clipping {t.clip_max_norm:g}",
-        f"# schedule: {t.epochs} epochs, StepLR x{t.lr_gamma:g} every {t.lr_drop} epochs",
+        (
+            f"# schedule: {t.epochs} epochs, StepLR x{t.lr_gamma:g} every {t.lr_drop} epochs"
+            + (f", linear warm-up over the first {t.warmup_iters} iterations" if t.warmup_iters else "")
+        ),
         f"# batch: {t.batch_size} per process x {world_size} processes = total {total}"
         + (f" (recipe total {t.total_batch_size})" if t.total_batch_size else ""),
     ]
-    if t.lr_linear_proj_mult != 1.0 and cfg.model.arch != "detr":
-        lines.append(f"# {', '.join(t.lr_linear_proj_names)}: lr x{t.lr_linear_proj_mult:g}")
+    if t.lr_linear_proj_mult != 1.0:
+        lines.append(
+            f"# parameters named {', '.join(t.lr_linear_proj_names)} (where the model has them): "
+            f"lr x{t.lr_linear_proj_mult:g}"
+        )
     return "\n".join(lines)
 
 

@@ -3,11 +3,14 @@
 Composition: a YAML file may name one or more parent files under ``_base_``
 (paths relative to the file); parents are merged first, then the file itself,
 then ``key=value`` overrides from the command line. Under everything lie the
-dataclass defaults of :mod:`detr_peg.config.schema` and the per-architecture
-defaults of :mod:`detr_peg.config.defaults` for the resolved ``model.arch``.
+dataclass defaults of :mod:`detr_peg.config.schema` and the defaults that the
+resolved ``model.arch`` registered (:mod:`detr_peg.config.options`).
 
-Every value is checked against the dataclass field it lands in. An unknown key,
-a value of the wrong type or a malformed override is a
+The config is built from the sections of the resolved ``model.arch`` and
+``model.position.name``, and every value is checked against the dataclass
+field it lands in, before anything is built. An unknown key, an option of
+another architecture or encoding, a value of the wrong type, out of its range
+or too large for the memory of the machine, or a malformed override is a
 :class:`~detr_peg.errors.ConfigError` naming the source (file or
 "command line"), the dotted key and the value.
 """
@@ -19,14 +22,18 @@ import math
 import os
 import types
 import typing
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Union
+from typing import Any, Literal, Union
 
 import yaml
 
-from detr_peg.config.defaults import ARCH_DEFAULTS
+from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of, section_of
+from detr_peg.config.ranges import field_memory, field_range, format_bytes, machine_memory, out_of_range
 from detr_peg.config.schema import Config
 from detr_peg.errors import ConfigError
+from detr_peg.fileio.atomic import atomic_write_text
+from detr_peg.fileio.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
 
 BASE_KEY = "_base_"
 
@@ -47,8 +54,11 @@ def load_config(
         path: YAML config file, or ``None`` for defaults only.
         overrides: ``"dotted.key=value"`` strings; values are parsed as YAML
             (``train.lr=2e-4``, ``model.position.peg_layers=[0,1]``).
-        base: a nested dict applied under the file (for example the config
-            stored in a checkpoint).
+        base: a complete stored config (as :func:`config_to_dict` writes it,
+            for example the one in a checkpoint) applied under the file. Its
+            fields that the resolved architecture or encoding does not have
+            are left out, so a file or override may change ``model.arch`` or
+            ``model.position.name`` over it.
         base_source: how ``base`` is named in error messages.
 
     Returns:
@@ -56,15 +66,14 @@ def load_config(
 
     Raises:
         ConfigError: missing or unreadable file, invalid YAML, unknown key,
-            wrong type, bad override syntax or unknown architecture.
+            option of another architecture or encoding, wrong type, value out
+            of range, bad override syntax or unknown architecture or encoding.
     """
-    layers: list[Layer] = []
-    if base is not None:
-        layers.append(_flatten(base, base_source))
+    layers: list[Layer] = [] if base is None else [_flatten(base, base_source)]
     if path is not None:
         layers.extend(_read_file_layers(Path(path), seen=()))
     layers.append(parse_overrides(overrides))
-    return build_config(layers)
+    return build_config(layers, lenient={0} if base is not None else ())
 
 
 def file_layers(path: str | os.PathLike) -> list[Layer]:
@@ -78,8 +87,12 @@ def dotted_layer(values: Mapping[str, Any], source: str) -> Layer:
 
 
 def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
-    """Validate a nested dict (as written by :func:`config_to_dict`) into a Config."""
-    return build_config([_flatten(data, source)])
+    """Validate a stored nested dict (as written by :func:`config_to_dict`) into a Config.
+
+    Fields that the stored architecture or encoding does not have are left out
+    (see ``base`` in :func:`load_config`).
+    """
+    return build_config([_flatten(data, source)], lenient={0})
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -88,15 +101,13 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config as YAML (atomically: temporary file then rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not leave a partial file behind
-        raise
+    """Write the resolved config as YAML atomically (see :func:`~detr_peg.fileio.atomic_write`).
+
+    Raises:
+        OSError: the folder is not writable or the disk is full (no partial
+            file is left behind).
+    """
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def parse_overrides(overrides: Iterable[str], source: str = "command line") -> Layer:
@@ -106,34 +117,67 @@ def parse_overrides(overrides: Iterable[str], source: str = "command line") -> L
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(
-                f"{source}: override {item!r} is not of the form key=value "
-                "(for example train.lr=2e-4)."
-            )
+            raise ConfigError(f"{source}: override {item!r} is not of the form key=value (for example train.lr=2e-4).")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = load_yaml_text(raw, key, f"{source}: override", "config", ConfigError) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
         layer.update(_flatten({key: value} if "." not in key else _nest(key, value), source))
     return layer
 
 
-def build_config(layers: list[Layer]) -> Config:
-    """Merge flattened layers over the defaults of the resolved architecture."""
+def build_config(layers: list[Layer], *, lenient: Collection[int] = ()) -> Config:
+    """Merge flattened layers over the defaults of the resolved architecture and encoding.
+
+    Args:
+        layers: layers in order, later ones win.
+        lenient: indices of layers that hold a complete or derived config (a
+            stored config, values read from weights) rather than choices: their
+            keys that the resolved architecture or encoding does not have are
+            left out instead of refused.
+    """
     merged: Layer = {}
     for layer in layers:
         merged.update(layer)
-    arch, arch_source = merged.get("model.arch", ("detr", "defaults"))
-    if arch not in ARCH_DEFAULTS:
-        valid = ", ".join(repr(a) for a in sorted(ARCH_DEFAULTS))
-        raise ConfigError(f"{arch_source}: unknown model.arch {arch!r}: valid are {valid}.")
-    merged = {**_flatten(ARCH_DEFAULTS[arch], f"defaults of {arch}"), **merged}
+    arch = _registered(merged, "model.arch", "detr", ARCHITECTURE_SCHEMAS)
+    encoding = _registered(merged, "model.position.name", "sine", ENCODING_OPTIONS)
+    cfg = new_config(arch, encoding)
+    defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
+    # Conditional defaults (the sine offset) and stored fields of another arch or encoding fall away.
+    merged = {key: entry for key, entry in defaults.items() if _has_field(cfg, key)}
+    for index, layer in enumerate(layers):
+        merged.update((key, entry) for key, entry in layer.items() if index not in lenient or _has_field(cfg, key))
 
-    cfg = Config()
     for key, (value, source) in merged.items():
-        owner, name, hint = _resolve(cfg, key, source)
-        setattr(owner, name, _coerce(value, hint, key, source))
+        owner, name, hint = _resolve(cfg, key, source, arch, encoding)
+        value = _coerce(value, hint, key, source)
+        _check_range(owner, name, value, key, source)
+        setattr(owner, name, value)
+    _check_memory(cfg, _defaults_config(arch, encoding, defaults), {key: src for key, (_, src) in merged.items()})
     return cfg
+
+
+def _defaults_config(arch: str, encoding: str, defaults: Layer) -> Config:
+    """The config of ``arch`` and ``encoding`` with nothing but their defaults."""
+    cfg = new_config(arch, encoding)
+    for key, (value, source) in defaults.items():
+        if _has_field(cfg, key):
+            owner, name, hint = _resolve(cfg, key, source, arch, encoding)
+            setattr(owner, name, _coerce(value, hint, key, source))
+    return cfg
+
+
+def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
+    name, source = merged.get(key, (default, "defaults"))
+    if not isinstance(name, str) or name not in registry:
+        if not len(registry):
+            raise ConfigError(
+                f"No {registry.name} is registered, so '{key}' cannot be checked: import detr_peg.models "
+                "(which registers the built-in ones) or use detr_peg.load_config."
+            )
+        valid = ", ".join(repr(n) for n in registry.names())
+        raise ConfigError(f"{source}: unknown {key} {name!r}: valid are {valid}.")
+    return name
 
 
 # --------------------------------------------------------------------------- files
@@ -141,15 +185,14 @@ def build_config(layers: list[Layer]) -> Config:
 
 def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
     source = str(path)
-    if not path.is_file():
-        raise ConfigError(f"Config file {source} does not exist.")
+    raw = read_bounded_bytes(path, "Config file", "config", ConfigError)
     resolved = path.resolve()
     if resolved in seen:
         raise ConfigError(f"{source}: '_base_' files include each other in a cycle.")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"Config file {source} cannot be read: {exc.strerror}.") from None
+        data = load_yaml_text(
+            decode_utf8(raw, path, "Config file", ConfigError), path, "Config file", "config", ConfigError
+        )
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -191,9 +234,7 @@ def _flatten(data: Mapping[str, Any], source: str, prefix: str = "", node: Any =
         child = getattr(node, key, None) if dataclasses.is_dataclass(node) else None
         if dataclasses.is_dataclass(child):
             if not isinstance(value, Mapping):
-                raise ConfigError(
-                    f"{source}: '{dotted}' is a section and needs a mapping of keys, got {value!r}."
-                )
+                raise ConfigError(f"{source}: '{dotted}' is a section and needs a mapping of keys, got {value!r}.")
             out.update(_flatten(value, source, dotted + ".", child))
         else:
             out[dotted] = (value, source)
@@ -203,23 +244,96 @@ def _flatten(data: Mapping[str, Any], source: str, prefix: str = "", node: Any =
 # ------------------------------------------------------------------ validation
 
 
-def _resolve(cfg: Config, key: str, source: str) -> tuple[Any, str, Any]:
+def _has_field(cfg: Config, key: str) -> bool:
+    section, _, name = key.rpartition(".")
+    try:
+        owner = section_of(cfg, section)
+    except AttributeError:
+        return False
+    return dataclasses.is_dataclass(owner) and name in {f.name for f in dataclasses.fields(owner)}
+
+
+def _resolve(cfg: Config, key: str, source: str, arch: str, encoding: str) -> tuple[Any, str, Any]:
     owner: Any = cfg
     parts = key.split(".")
     for depth, part in enumerate(parts):
         names = [f.name for f in dataclasses.fields(owner)]
         if part not in names:
+            owners = owners_of(key) if depth == len(parts) - 1 else []
+            if owners:
+                chosen = (
+                    f"model.position.name {encoding!r}"
+                    if owners[0].startswith("model.position")
+                    else f"model.arch {arch!r}"
+                )
+                raise ConfigError(
+                    f"{source}: '{key}' is an option of {' and '.join(owners)}, not of {chosen}; "
+                    "remove it or choose one of those."
+                )
             section = ".".join(parts[:depth]) or "the top level"
             valid = ", ".join(names)
             raise ConfigError(f"{source}: unknown key '{key}'; valid keys in {section} are: {valid}.")
         if depth < len(parts) - 1:
             owner = getattr(owner, part)
             if not dataclasses.is_dataclass(owner):
-                raise ConfigError(f"{source}: unknown key '{key}'; '{'.'.join(parts[:depth + 1])}' is not a section.")
+                raise ConfigError(f"{source}: unknown key '{key}'; '{'.'.join(parts[: depth + 1])}' is not a section.")
     hints = typing.get_type_hints(type(owner))
     if dataclasses.is_dataclass(getattr(owner, parts[-1])):
         raise ConfigError(f"{source}: '{key}' is a section and needs a mapping of keys.")
     return owner, parts[-1], hints[parts[-1]]
+
+
+def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> None:
+    """A numeric value outside its field's range (or a non-finite float) is an error naming the range."""
+    metadata = next(f.metadata for f in dataclasses.fields(owner) if f.name == name)
+    why = out_of_range(value, field_range(metadata))
+    if why is not None:
+        raise ConfigError(f"{source}: '{key}' must be {why}, got {value!r}.")
+
+
+def _check_memory(cfg: Config, baseline: Config, sources: Mapping[str, str]) -> None:
+    """Each resource-sized value alone must fit the memory of this machine (see :mod:`detr_peg.config.ranges`)."""
+    available = machine_memory()
+    fields = list(_fields_with_memory(cfg))
+    # First each value alone (the others at most their defaults), so the line names the value at fault;
+    # then all values together, naming the first whose estimate is too large with the others as given.
+    for alone in (True, False):
+        for key, metadata in fields:
+
+            def get(other: str, key: str = key, alone: bool = alone) -> Any:
+                value = _value(cfg, other)
+                return value if other == key or not alone else _smaller(value, _value(baseline, other))
+
+            need = field_memory(metadata)(get)
+            if need > available:
+                together = "" if alone else " with the other values given"
+                raise ConfigError(
+                    f"{sources.get(key, 'defaults')}: '{key}' = {_value(cfg, key)!r}{together} needs at least "
+                    f"{format_bytes(need)} of memory, more than this machine has ({format_bytes(available)})."
+                )
+
+
+def _fields_with_memory(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for f in dataclasses.fields(node):
+        child = getattr(node, f.name)
+        if dataclasses.is_dataclass(child):
+            yield from _fields_with_memory(child, f"{prefix}{f.name}.")
+        elif field_memory(f.metadata) is not None and child is not None:
+            yield f"{prefix}{f.name}", f.metadata
+
+
+def _value(cfg: Config, key: str) -> Any:
+    section, _, name = key.rpartition(".")
+    return getattr(section_of(cfg, section), name)
+
+
+def _smaller(value: Any, default: Any) -> Any:
+    """The smaller of a value and its default (lists by their largest item; ``None`` counts as unset)."""
+    if value is None or default is None:
+        return value if default is None else default
+    if isinstance(value, list):
+        return value if max(value, default=0) <= max(default, default=0) else default
+    return min(value, default)
 
 
 def _type_name(hint: Any) -> str:

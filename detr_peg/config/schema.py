@@ -3,14 +3,41 @@
 A config is data. YAML files in ``configs/`` and ``key=value`` overrides are
 validated against these dataclasses by :mod:`detr_peg.config.loader`: unknown
 keys and values of the wrong type are errors that name the file and the key.
-The defaults here are the official DETR ones; :mod:`detr_peg.config.defaults`
-holds what differs for other architectures (``model.arch``).
+The defaults here are the official DETR ones.
+
+These sections hold what every architecture and encoding shares. Fields of one
+detector family (Deformable-DETR's ``model.transformer.num_feature_levels``)
+or one positional encoding (``model.position.peg_kernel``) are declared by
+that family or encoding in subclasses of these sections and registered in
+:mod:`detr_peg.config.options`, with the family's own defaults.
+
+Every numeric field states its valid range (and, where its value sizes what
+a run allocates, a memory estimate) in its metadata (:mod:`detr_peg.config.ranges`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
+
+from detr_peg.config.ranges import (
+    batch_memory,
+    classes_memory,
+    eval_batch_memory,
+    feedforward_memory,
+    heads_memory,
+    query_memory,
+    train_scales_memory,
+    transformer_width_memory,
+    val_scale_memory,
+    valid,
+)
+
+#: Data-loader worker processes per training process, at most.
+MAX_WORKERS = 1024
+
+#: Largest seed: NumPy takes seeds below 2**32, and the seed is offset by the process rank.
+MAX_SEED = 2**31 - 1
 
 
 @dataclass
@@ -46,11 +73,11 @@ class BackboneConfig:
 
     source: str = "torchvision"
     name: str = "resnet50"
-    weights: Optional[str] = None
+    weights: str | None = None
     norm: Literal["frozen_bn", "bn", "sync_bn"] = "frozen_bn"
     dilation: bool = False
-    frozen_stages: int = 1
-    out_stages: Optional[list[int]] = None
+    frozen_stages: int = field(default=1, metadata=valid(0))
+    out_stages: list[int] | None = field(default=None, metadata=valid(1))
     train: bool = True
     memory_format: Literal["contiguous", "channels_last"] = "contiguous"
 
@@ -59,34 +86,20 @@ class BackboneConfig:
 class PositionConfig:
     """The positional encoding, chosen by name from ``POSITION_ENCODINGS``.
 
+    Each encoding's options are fields of its own subclass of this section,
+    defined and registered in the encoding's module
+    (``detr_peg/models/position/<name>.py``).
+
     Attributes:
         name: ``sine``, ``learned``, ``none`` or ``peg``.
-        temperature: sine wavelength base.
-        normalize: sine: normalise cumulative positions to ``[0, scale]``.
-        scale: sine: normalisation range; ``None`` means ``2 * pi``.
-        offset: sine: added to the cumulative position before normalising;
-            ``None`` means the architecture's official form (DETR 0.0,
-            Deformable-DETR -0.5).
-        num_embeddings: learned: rows/columns of the embedding tables (the
-            largest feature map side it can encode).
-        peg_layers: peg: 0-based encoder layer indices after which a PEG is
-            applied (``[0]``: after the first layer, as in CPVT).
-        peg_kernel: peg: depthwise convolution kernel size (odd).
     """
 
     name: str = "sine"
-    temperature: float = 10000.0
-    normalize: bool = True
-    scale: Optional[float] = None
-    offset: Optional[float] = None
-    num_embeddings: int = 50
-    peg_layers: list[int] = field(default_factory=lambda: [0])
-    peg_kernel: int = 3
 
 
 @dataclass
 class TransformerConfig:
-    """Transformer sizes; deformable-only fields are ignored by DETR.
+    """Transformer sizes shared by every architecture (each may add its own fields).
 
     Attributes:
         hidden_dim: token width ``d``.
@@ -95,33 +108,21 @@ class TransformerConfig:
         dec_layers: decoder layers.
         dim_feedforward: hidden width of the feed-forward blocks.
         dropout: dropout in attention and feed-forward blocks.
-        activation: feed-forward activation (``relu``, ``gelu``, ``glu``).
-        pre_norm: DETR: LayerNorm before each block instead of after.
-        num_feature_levels: Deformable: feature levels (backbone stages plus
-            strided extra levels).
-        enc_n_points: Deformable: sampling points per head and level, encoder.
-        dec_n_points: Deformable: sampling points per head and level, decoder.
-        two_stage_num_proposals: Deformable two-stage: proposals kept, which
-            are the decoder queries (``model.num_queries`` is then unused).
+        activation: feed-forward activation (``relu`` or ``gelu``).
     """
 
-    hidden_dim: int = 256
-    nheads: int = 8
-    enc_layers: int = 6
-    dec_layers: int = 6
-    dim_feedforward: int = 2048
-    dropout: float = 0.1
-    activation: Literal["relu", "gelu", "glu"] = "relu"
-    pre_norm: bool = False
-    num_feature_levels: int = 4
-    enc_n_points: int = 4
-    dec_n_points: int = 4
-    two_stage_num_proposals: int = 300
+    hidden_dim: int = field(default=256, metadata=valid(1, memory=transformer_width_memory))
+    nheads: int = field(default=8, metadata=valid(1, memory=heads_memory))
+    enc_layers: int = field(default=6, metadata=valid(0, memory=transformer_width_memory))
+    dec_layers: int = field(default=6, metadata=valid(1, memory=transformer_width_memory))
+    dim_feedforward: int = field(default=2048, metadata=valid(1, memory=feedforward_memory))
+    dropout: float = field(default=0.1, metadata=valid(0, 1, high_open=True))
+    activation: Literal["relu", "gelu"] = "relu"
 
 
 @dataclass
 class ModelConfig:
-    """The detector.
+    """The detector (each architecture may add its own fields).
 
     Attributes:
         arch: ``detr`` or ``deformable_detr`` (``MODELS`` registry).
@@ -131,16 +132,12 @@ class ModelConfig:
             ``data.contiguous_labels``).
         num_queries: object queries.
         aux_loss: return and supervise every decoder layer's predictions.
-        with_box_refine: Deformable: iterative box refinement.
-        two_stage: Deformable: encoder proposals (needs ``with_box_refine``).
     """
 
     arch: str = "detr"
-    num_classes: Optional[int] = None
-    num_queries: int = 100
+    num_classes: int | None = field(default=None, metadata=valid(1, memory=classes_memory))
+    num_queries: int = field(default=100, metadata=valid(1, memory=query_memory))
     aux_loss: bool = True
-    with_box_refine: bool = False
-    two_stage: bool = False
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     position: PositionConfig = field(default_factory=PositionConfig)
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
@@ -157,20 +154,14 @@ class LossConfig:
         ce_loss_coef: classification loss weight.
         bbox_loss_coef: L1 box loss weight.
         giou_loss_coef: GIoU loss weight.
-        eos_coef: DETR: relative weight of the "no object" class.
-        focal_alpha: Deformable: focal loss alpha.
-        focal_gamma: Deformable: focal loss gamma.
     """
 
-    set_cost_class: float = 1.0
-    set_cost_bbox: float = 5.0
-    set_cost_giou: float = 2.0
-    ce_loss_coef: float = 1.0
-    bbox_loss_coef: float = 5.0
-    giou_loss_coef: float = 2.0
-    eos_coef: float = 0.1
-    focal_alpha: float = 0.25
-    focal_gamma: float = 2.0
+    set_cost_class: float = field(default=1.0, metadata=valid(0))
+    set_cost_bbox: float = field(default=5.0, metadata=valid(0))
+    set_cost_giou: float = field(default=2.0, metadata=valid(0))
+    ce_loss_coef: float = field(default=1.0, metadata=valid(0))
+    bbox_loss_coef: float = field(default=5.0, metadata=valid(0))
+    giou_loss_coef: float = field(default=2.0, metadata=valid(0))
 
 
 @dataclass
@@ -199,20 +190,22 @@ class DataConfig:
             counts it and reports the count.
     """
 
-    train_images: Optional[str] = None
-    train_annotations: Optional[str] = None
-    val_images: Optional[str] = None
-    val_annotations: Optional[str] = None
+    train_images: str | None = None
+    train_annotations: str | None = None
+    val_images: str | None = None
+    val_annotations: str | None = None
     contiguous_labels: bool = True
-    train_scales: list[int] = field(default_factory=lambda: list(range(480, 801, 32)))
-    train_max_size: int = 1333
-    crop_scales: list[int] = field(default_factory=lambda: [400, 500, 600])
-    crop_size: list[int] = field(default_factory=lambda: [384, 600])
-    crop_prob: float = 0.5
-    hflip_prob: float = 0.5
-    val_scale: int = 800
-    val_max_size: int = 1333
-    num_workers: int = 2
+    train_scales: list[int] = field(
+        default_factory=lambda: list(range(480, 801, 32)), metadata=valid(1, memory=train_scales_memory)
+    )
+    train_max_size: int = field(default=1333, metadata=valid(1))
+    crop_scales: list[int] = field(default_factory=lambda: [400, 500, 600], metadata=valid(1))
+    crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1))
+    crop_prob: float = field(default=0.5, metadata=valid(0, 1))
+    hflip_prob: float = field(default=0.5, metadata=valid(0, 1))
+    val_scale: int = field(default=800, metadata=valid(1, memory=val_scale_memory))
+    val_max_size: int = field(default=1333, metadata=valid(1))
+    num_workers: int = field(default=2, metadata=valid(0, MAX_WORKERS))
     on_bad_sample: Literal["error", "skip"] = "error"
 
 
@@ -237,6 +230,9 @@ class TrainConfig:
         weight_decay: AdamW weight decay.
         lr_drop: StepLR step (epochs).
         lr_gamma: StepLR factor.
+        warmup_iters: linear learning-rate warm-up over this many first
+            iterations, from 0.001 times every learning rate to its value
+            (0: none; at least 0).
         clip_max_norm: gradient clipping max norm (0 disables).
         amp: mixed precision on GPU: ``none``, ``bf16`` or ``fp16``.
         compile: wrap the model in ``torch.compile``.
@@ -248,6 +244,10 @@ class TrainConfig:
         reset_classifier: with ``init_from``: allow a different number of classes
             by re-initialising the class head.
         eval_every: evaluate every this many epochs (0: only at the end).
+        eval_every_iters: also evaluate every this many iterations, within
+            epochs too (0: off); for learning curves of short runs. Each
+            evaluation appends an ``eval`` record with the iteration to
+            ``metrics.jsonl``.
         checkpoint_every: also write the checkpoint every this many iterations
             within an epoch, so ``resume`` continues mid-epoch (0: at the end
             of each epoch only).
@@ -257,48 +257,50 @@ class TrainConfig:
     """
 
     output_dir: str = "outputs/run"
-    epochs: int = 50
-    max_iters: Optional[int] = None
-    batch_size: int = 4
-    total_batch_size: Optional[int] = None
-    lr: float = 1e-4
-    lr_backbone: float = 2e-5
-    lr_linear_proj_mult: float = 0.1
-    lr_linear_proj_names: list[str] = field(
-        default_factory=lambda: ["sampling_offsets", "reference_points"]
-    )
-    weight_decay: float = 1e-4
-    lr_drop: int = 40
-    lr_gamma: float = 0.1
-    clip_max_norm: float = 0.1
+    epochs: int = field(default=50, metadata=valid(1))
+    max_iters: int | None = field(default=None, metadata=valid(1))
+    batch_size: int = field(default=4, metadata=valid(1, memory=batch_memory))
+    total_batch_size: int | None = field(default=None, metadata=valid(1))
+    lr: float = field(default=1e-4, metadata=valid(0))
+    lr_backbone: float = field(default=2e-5, metadata=valid(0))
+    lr_linear_proj_mult: float = field(default=0.1, metadata=valid(0))
+    lr_linear_proj_names: list[str] = field(default_factory=lambda: ["sampling_offsets", "reference_points"])
+    weight_decay: float = field(default=1e-4, metadata=valid(0))
+    lr_drop: int = field(default=40, metadata=valid(1))
+    lr_gamma: float = field(default=0.1, metadata=valid(0, 1))
+    warmup_iters: int = field(default=0, metadata=valid(0))
+    clip_max_norm: float = field(default=0.1, metadata=valid(0))
     amp: Literal["none", "bf16", "fp16"] = "none"
     compile: bool = False
-    seed: int = 42
+    seed: int = field(default=42, metadata=valid(0, MAX_SEED))
     deterministic: bool = False
     resume: bool = False
-    init_from: Optional[str] = None
+    init_from: str | None = None
     reset_classifier: bool = False
-    eval_every: int = 1
-    checkpoint_every: int = 0
-    log_every: int = 20
+    eval_every: int = field(default=1, metadata=valid(0))
+    eval_every_iters: int = field(default=0, metadata=valid(0))
+    checkpoint_every: int = field(default=0, metadata=valid(0))
+    log_every: int = field(default=20, metadata=valid(1))
     tensorboard: bool = False
     device: str = "auto"
 
 
 @dataclass
 class EvalConfig:
-    """Evaluation and prediction.
+    """Evaluation and prediction (each architecture may add its own fields).
 
     Attributes:
         batch_size: images per process during evaluation.
-        num_select: Deformable: detections kept per image (top-k over
-            queries x classes).
         score_threshold: ``predict``: detections below this score are not drawn.
+        padding_mode: ``mixed`` batches images in dataset order, padded to the
+            largest of each batch; ``exact`` batches only images of equal size,
+            so no image is padded and the outputs equal those of one image at a
+            time (see the README, "Padding").
     """
 
-    batch_size: int = 2
-    num_select: int = 100
-    score_threshold: float = 0.5
+    batch_size: int = field(default=2, metadata=valid(1, memory=eval_batch_memory))
+    score_threshold: float = field(default=0.5, metadata=valid(0, 1))
+    padding_mode: Literal["mixed", "exact"] = "mixed"
 
 
 @dataclass

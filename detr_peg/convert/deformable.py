@@ -122,16 +122,20 @@ def _complete_deformable(state: dict[str, Tensor], cfg: Config) -> dict[str, Any
     t = cfg.model.transformer
     values = {}
     if f"{ENCODER_ATTN}.attention_weights.weight" in state:
-        values["model.transformer.enc_n_points"] = _sampling_points(state, ENCODER_ATTN, t.nheads,
-                                                                    t.num_feature_levels)
+        values["model.transformer.enc_n_points"] = _sampling_points(state, ENCODER_ATTN, t.nheads, t.num_feature_levels)
     if f"{DECODER_ATTN}.attention_weights.weight" in state:
-        values["model.transformer.dec_n_points"] = _sampling_points(state, DECODER_ATTN, t.nheads,
-                                                                    t.num_feature_levels)
+        values["model.transformer.dec_n_points"] = _sampling_points(state, DECODER_ATTN, t.nheads, t.num_feature_levels)
     return values
 
 
 OFFICIAL_FORMATS.register("deformable_detr")(
-    OfficialFormat(name="Deformable-DETR", arch="deformable_detr", matches=_is_deformable,
-                   infer=_infer_deformable, key_map=DEFORMABLE_KEY_MAP, args_map=DEFORMABLE_ARGS,
-                   complete=_complete_deformable)
+    OfficialFormat(
+        name="Deformable-DETR",
+        arch="deformable_detr",
+        matches=_is_deformable,
+        infer=_infer_deformable,
+        key_map=DEFORMABLE_KEY_MAP,
+        args_map=DEFORMABLE_ARGS,
+        complete=_complete_deformable,
+    )
 )

@@ -110,6 +110,7 @@ def _infer_detr(state: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, Any
 
 
 OFFICIAL_FORMATS.register("detr")(
-    OfficialFormat(name="DETR", arch="detr", matches=_is_detr, infer=_infer_detr,
-                   key_map=DETR_KEY_MAP, args_map=DETR_ARGS)
+    OfficialFormat(
+        name="DETR", arch="detr", matches=_is_detr, infer=_infer_detr, key_map=DETR_KEY_MAP, args_map=DETR_ARGS
+    )
 )

@@ -13,8 +13,9 @@ which keys were new and which were unused.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,11 +23,13 @@ from torch import Tensor
 import detr_peg.convert.deformable  # noqa: F401  (registers the Deformable-DETR format)
 import detr_peg.convert.detr  # noqa: F401  (registers the DETR format)
 from detr_peg.checkpoint.format import save_checkpoint
-from detr_peg.checkpoint.io import read_checkpoint_file
 from detr_peg.config.loader import Layer, build_config, dotted_layer, file_layers, parse_overrides
 from detr_peg.config.schema import Config
 from detr_peg.convert.registry import OFFICIAL_FORMATS, OfficialFormat
 from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.fileio.checkpoint_files import read_checkpoint_file
+from detr_peg.models.builder import build_model
+from detr_peg.models.loading import without_backbone_weights
 
 
 @dataclass
@@ -100,8 +103,14 @@ def _refuse_contradictions(hard: dict[str, Any], cli: Layer, src: str) -> None:
             )
 
 
-def resolve_config(state: dict[str, Tensor], args: dict[str, Any] | None, fmt: OfficialFormat, src: str,
-                   config_path: str | os.PathLike | None, overrides: Iterable[str]) -> Config:
+def resolve_config(
+    state: dict[str, Tensor],
+    args: dict[str, Any] | None,
+    fmt: OfficialFormat,
+    src: str,
+    config_path: str | os.PathLike | None,
+    overrides: Iterable[str],
+) -> Config:
     """Merge config file, stored args and overrides around what the weights determine."""
     hard, soft = fmt.infer(state)
     cli = parse_overrides(overrides)
@@ -109,19 +118,22 @@ def resolve_config(state: dict[str, Tensor], args: dict[str, Any] | None, fmt: O
     layers: list[Layer] = []
     if config_path is not None:
         layers.extend(file_layers(config_path))
+    # What the weights and their stored args say is kept where the chosen architecture and encoding have the field
+    # (learned tables read from the weights are no error when converting to peg).
+    read = len(layers)
     layers.append(dotted_layer(soft, f"weights in {src}"))
     if args:
         layers.append(_args_layer(args, fmt, f"args stored in {src}"))
     layers.append(dotted_layer(hard, f"weights in {src}"))
     layers.append(cli)
-    cfg = build_config(layers)
+    cfg = build_config(layers, lenient=range(read, len(layers) - 1))
     if fmt.complete is not None:
         derived = fmt.complete(state, cfg)
         _refuse_contradictions(derived, cli, src)
         layers.insert(len(layers) - 1, dotted_layer(derived, f"weights in {src}"))
-        cfg = build_config(layers)
+        cfg = build_config(layers, lenient=range(read, len(layers) - 1))
     # Weights travel inside the converted checkpoint; never load backbone weights again.
-    return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
+    return without_backbone_weights(cfg)
 
 
 def map_state_dict(state: dict[str, Tensor], fmt: OfficialFormat, src: str) -> tuple[dict[str, Tensor], list[str]]:
@@ -147,8 +159,9 @@ def map_state_dict(state: dict[str, Tensor], fmt: OfficialFormat, src: str) -> t
     return mapped, aliases
 
 
-def convert_official(src: str | os.PathLike, *, config_path: str | os.PathLike | None = None,
-                     overrides: Iterable[str] = ()) -> ConversionReport:
+def convert_official(
+    src: str | os.PathLike, *, config_path: str | os.PathLike | None = None, overrides: Iterable[str] = ()
+) -> ConversionReport:
     """Convert an official checkpoint in memory.
 
     Args:
@@ -160,8 +173,6 @@ def convert_official(src: str | os.PathLike, *, config_path: str | os.PathLike |
     Returns:
         The report, including the converted state dict and config.
     """
-    from detr_peg.models.builder import build_model
-
     src = str(src)
     state, args, ignored = _load_official(src)
     fmt = detect_format(state, src)
@@ -184,6 +195,11 @@ def convert_official(src: str | os.PathLike, *, config_path: str | os.PathLike |
 def convert_official_file(src: str | os.PathLike, dst: str | os.PathLike, **kwargs: Any) -> ConversionReport:
     """:func:`convert_official`, then write the detr_peg checkpoint ``dst`` atomically."""
     report = convert_official(src, **kwargs)
-    save_checkpoint(dst, report.config, report.state_dict, label_map=None,
-                    converted_from={"format": report.source_format, "path": os.path.basename(str(src))})
+    save_checkpoint(
+        dst,
+        report.config,
+        report.state_dict,
+        label_map=None,
+        converted_from={"format": report.source_format, "path": os.path.basename(str(src))},
+    )
     return report

@@ -10,8 +10,9 @@ leave crowd regions out.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -93,11 +94,11 @@ class CocoDetection(Dataset):
     def __init__(
         self,
         *,
-        images_dir: Union[str, Path],
-        annotation_file: Union[str, Path],
-        transforms: Optional[Transforms] = None,
+        images_dir: str | Path,
+        annotation_file: str | Path,
+        transforms: Transforms | None = None,
         contiguous_labels: bool = True,
-        label_map: Optional[LabelMap] = None,
+        label_map: LabelMap | None = None,
         on_bad_sample: OnBadSample = "error",
     ):
         super().__init__()
@@ -223,7 +224,7 @@ def count_boxes_outside(data: dict[str, Any]) -> int:
 
 
 def build_coco_dataset(
-    cfg: DataConfig, split: Literal["train", "val"], *, label_map: Optional[LabelMap] = None
+    cfg: DataConfig, split: Literal["train", "val"], *, label_map: LabelMap | None = None
 ) -> CocoDetection:
     """The ``train`` or ``val`` dataset of a config, with the split's transforms.
 

@@ -32,11 +32,12 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pycocotools.coco import COCO
 
 from detr_peg.errors import DataError
+from detr_peg.fileio.bounded_read import check_tree, read_bounded_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ class SampleProblem:
     """
 
     message: str
-    image_id: Optional[int]
-    annotation_index: Optional[int] = None
+    image_id: int | None
+    annotation_index: int | None = None
 
 
 @dataclass
@@ -93,25 +94,23 @@ def _type_name(value: Any) -> str:
 
 def read_json_file(path: Path) -> Any:
     """Parse a JSON file, turning every failure into a :class:`DataError`."""
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise DataError(f"Annotation file {path} {what}; pass the path of a COCO-format JSON file.")
+    raw = read_bounded_bytes(path, "Annotation file", "annotations", DataError)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as err:
-        raise DataError(f"Annotation file {path} cannot be read: {err.strerror or err}.") from err
-    try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except UnicodeDecodeError as err:
         raise DataError(f"Annotation file {path} is not UTF-8 text ({err.reason} at byte {err.start}).") from err
     except json.JSONDecodeError as err:
         raise DataError(
             f"Annotation file {path} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}."
         ) from err
+    except RecursionError:
+        raise DataError(f"Annotation file {path} is nested too deeply to parse; refusing to use it.") from None
+    except ValueError as err:  # an integer of more digits than Python converts
+        raise DataError(f"Annotation file {path} holds a value that cannot be read ({err}).") from None
+    return check_tree(data, path, "Annotation file", "annotations", DataError)
 
 
-def file_name_problem(file_name: Any) -> Optional[str]:
+def file_name_problem(file_name: Any) -> str | None:
     """A clause saying why an image ``file_name`` is unusable, or ``None`` if it is fine.
 
     A file name must be a non-empty relative path that stays inside the image
@@ -133,7 +132,7 @@ def file_name_problem(file_name: Any) -> Optional[str]:
     return None
 
 
-def bbox_problem(bbox: Any) -> Optional[str]:
+def bbox_problem(bbox: Any) -> str | None:
     """A phrase naming a COCO ``bbox`` (``[x, y, width, height]`` in pixels) and its fault, or ``None``."""
     if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
         length = f" of length {len(bbox)}" if isinstance(bbox, (list, tuple)) else ""
@@ -289,7 +288,7 @@ def build_coco_index(data: dict) -> COCO:
     return coco
 
 
-def read_coco_file(path: Union[str, Path], *, on_bad_sample: OnBadSample = "error") -> CocoFile:
+def read_coco_file(path: str | Path, *, on_bad_sample: OnBadSample = "error") -> CocoFile:
     """Read, validate and index a COCO-format annotation file.
 
     Args:
@@ -321,8 +320,6 @@ def read_coco_file(path: Union[str, Path], *, on_bad_sample: OnBadSample = "erro
             logger.warning("Skipping: %s", problem.message)
         data = _without_problems(data, problems)
         if not data["images"]:
-            raise DataError(
-                f"Annotation file {path} has no valid image left after skipping {len(problems)} problems."
-            )
+            raise DataError(f"Annotation file {path} has no valid image left after skipping {len(problems)} problems.")
     _fill_missing_areas(data, path)
     return CocoFile(path=path, data=data, coco=build_coco_index(data), problems=problems)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 from PIL import Image, ImageFile
 
 from detr_peg.errors import DataError
+from detr_peg.fileio.bounded_read import check_image_shape, check_regular_file
 
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
@@ -47,7 +47,7 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_rgb_image(path: Union[str, Path]) -> Image.Image:
+def load_rgb_image(path: str | Path) -> Image.Image:
     """Read and fully decode an image file as 8-bit RGB.
 
     Args:
@@ -64,9 +64,7 @@ def load_rgb_image(path: Union[str, Path]) -> Image.Image:
             that limit in your own code if you trust the file).
     """
     path = Path(path)
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise DataError(f"Image file {path} {what}; check the image folder and the file_name in the annotations.")
+    check_regular_file(path, "Image file", "image", DataError)
     truncated_setting = ImageFile.LOAD_TRUNCATED_IMAGES
     try:
         # Pillow only warns between MAX_IMAGE_PIXELS and twice that; both are errors here.
@@ -74,6 +72,7 @@ def load_rgb_image(path: Union[str, Path]) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             ImageFile.LOAD_TRUNCATED_IMAGES = False
             with Image.open(path) as img:
+                check_image_shape(img.width, img.height, path, DataError)
                 img.load()
                 rgb = _to_rgb(img)
                 # Closing the file destroys the decoded pixels of ``img`` itself.

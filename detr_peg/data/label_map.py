@@ -17,7 +17,8 @@ of the dataset a model was trained on.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,9 +46,7 @@ class LabelMap:
 
     def __init__(self, *, category_ids: Sequence[int], names: Sequence[str], contiguous: bool = True):
         if len(category_ids) != len(names):
-            raise ValueError(
-                f"LabelMap got {len(category_ids)} category ids but {len(names)} names"
-            )
+            raise ValueError(f"LabelMap got {len(category_ids)} category ids but {len(names)} names")
         if len(category_ids) == 0:
             raise ValueError("LabelMap needs at least one category")
         pairs = sorted(zip((int(c) for c in category_ids), (str(n) for n in names)))
@@ -59,15 +58,11 @@ class LabelMap:
         self.contiguous = bool(contiguous)
         self.category_ids: list[int] = ids
         self.names: list[str] = [n for _, n in pairs]
-        self._label_of_id = {
-            cid: (index if self.contiguous else cid) for index, cid in enumerate(ids)
-        }
+        self._label_of_id = {cid: (index if self.contiguous else cid) for index, cid in enumerate(ids)}
         self.num_classes = len(ids) if self.contiguous else ids[-1] + 1
 
     @classmethod
-    def from_coco_categories(
-        cls, categories: Sequence[Mapping[str, Any]], *, contiguous: bool = True
-    ) -> "LabelMap":
+    def from_coco_categories(cls, categories: Sequence[Mapping[str, Any]], *, contiguous: bool = True) -> LabelMap:
         """Build the map from the ``categories`` list of a COCO annotation file.
 
         Args:
@@ -90,10 +85,7 @@ class LabelMap:
         return self.to_dict() == other.to_dict()
 
     def __repr__(self) -> str:
-        return (
-            f"LabelMap(num_categories={len(self)}, num_classes={self.num_classes}, "
-            f"contiguous={self.contiguous})"
-        )
+        return f"LabelMap(num_categories={len(self)}, num_classes={self.num_classes}, contiguous={self.contiguous})"
 
     def label_of(self, category_id: int) -> int:
         """The model label of a category id; ``KeyError`` if the id is unknown."""
@@ -124,7 +116,7 @@ class LabelMap:
         category_id = self.category_id_of(label)
         return self.names[self.category_ids.index(category_id)]
 
-    def labels_to_category_ids(self, labels: Union[Tensor, Sequence[int]]) -> Tensor:
+    def labels_to_category_ids(self, labels: Tensor | Sequence[int]) -> Tensor:
         """Map model labels back to category ids, for COCO result files.
 
         Args:
@@ -142,8 +134,7 @@ class LabelMap:
         labels = torch.as_tensor(labels, dtype=torch.int64)
         if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
             raise ValueError(
-                f"labels must lie in 0..{self.num_classes - 1}, got values "
-                f"{labels.min().item()}..{labels.max().item()}"
+                f"labels must lie in 0..{self.num_classes - 1}, got values {labels.min().item()}..{labels.max().item()}"
             )
         if not self.contiguous:
             return labels.clone()
@@ -159,7 +150,7 @@ class LabelMap:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "LabelMap":
+    def from_dict(cls, data: Mapping[str, Any]) -> LabelMap:
         """Inverse of :meth:`to_dict`.
 
         Raises:

@@ -13,6 +13,14 @@ the split and ``i``, so the same arguments give byte-identical images and
 annotation files. A ``manifest.json`` records the arguments; calling the
 generator again with the same arguments on a complete folder does nothing.
 
+The canvas (``image_size``) and the object sizes are separate: object sides
+and the scale of the background patterns follow ``reference_size`` (by
+default the image size), in pixels. A larger-canvas set for evaluation keeps
+``reference_size`` at the training image size, so its objects have the
+training size distribution and only the image (the token grid) grows; see
+:func:`larger_canvas`, which also scales the object count with the area so
+the density stays the same.
+
 Layout of ``out_dir``::
 
     train/000000.png ...        val/000000.png ...
@@ -28,9 +36,10 @@ from __future__ import annotations
 import colorsys
 import json
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -74,8 +83,13 @@ class SyntheticCoco:
         }
 
 
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
-    """A muted textured background, ``uint8[size, size, 3]``, channels within about 70 of each other."""
+def _background(rng: np.random.Generator, size: int, pattern_scale: float = 1.0) -> np.ndarray:
+    """A muted textured background, ``uint8[size, size, 3]``, channels within about 70 of each other.
+
+    ``pattern_scale`` (``size / reference_size``) keeps the stripes' period and
+    the gradient's slope in pixels when the canvas grows; the noise cells are
+    16 pixels at any size.
+    """
     grey = rng.uniform(90, 165)
     base = grey + rng.uniform(-15, 15, size=3)
     kind = rng.integers(3)
@@ -89,9 +103,9 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
         angle = rng.uniform(0, np.pi)
         t = np.cos(angle) * xx + np.sin(angle) * yy
         if kind == 1:  # linear gradient
-            texture = 40 * (t - t.mean()) / max(float(np.ptp(t)), 1e-6)
+            texture = 40 * pattern_scale * (t - t.mean()) / max(float(np.ptp(t)), 1e-6)
         else:  # stripes
-            texture = 15 * np.sin(2 * np.pi * rng.uniform(3, 10) * t + rng.uniform(0, 2 * np.pi))
+            texture = 15 * np.sin(2 * np.pi * (rng.uniform(3, 10) * pattern_scale) * t + rng.uniform(0, 2 * np.pi))
     fine = rng.normal(0, 3, size=(size, size, 1))
     pixels = base[None, None, :] + texture[:, :, None] + fine
     return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
@@ -128,19 +142,37 @@ def _colour(rng: np.random.Generator, class_index: int, color_by_class: bool) ->
     return int(round(r * 255)), int(round(g * 255)), int(round(b * 255))
 
 
+def object_sides(reference_size: int) -> tuple[int, int]:
+    """The smallest and largest shape side in pixels for a reference image size (both included)."""
+    min_side = max(8, reference_size // 8)
+    return min_side, max(min_side, reference_size // 2)
+
+
 def render_image(
-    rng: np.random.Generator, *, size: int, min_objects: int, max_objects: int, color_by_class: bool
+    rng: np.random.Generator,
+    *,
+    size: int,
+    min_objects: int,
+    max_objects: int,
+    color_by_class: bool,
+    reference_size: int | None = None,
 ) -> tuple[Image.Image, list[dict[str, Any]]]:
     """Draw one image.
+
+    Args:
+        size: the canvas side in pixels.
+        reference_size: the image size whose object sides
+            (:func:`object_sides`) and background pattern scale are used
+            (default ``size``).
 
     Returns:
         ``(image, objects)``: an ``RGB`` image of ``size x size`` and one dict per
         shape with ``category_index`` (into ``SHAPES``), ``bbox`` (COCO
         ``[x, y, w, h]``, ints) and ``area`` (pixel count).
     """
-    image = Image.fromarray(_background(rng, size))
-    min_side = max(8, size // 8)
-    max_side = max(min_side, size // 2)
+    reference = size if reference_size is None else reference_size
+    image = Image.fromarray(_background(rng, size, size / reference))
+    min_side, max_side = object_sides(reference)
     wanted = int(rng.integers(min_objects, max_objects + 1))
     objects: list[dict[str, Any]] = []
     for _ in range(wanted):
@@ -177,6 +209,7 @@ def _write_split(
             min_objects=params["min_objects"],
             max_objects=params["max_objects"],
             color_by_class=params["color_by_class"],
+            reference_size=params["reference_size"],
         )
         file_name = f"{index:06d}.{suffix}"
         if suffix == "png":
@@ -207,7 +240,7 @@ def _write_split(
 
 
 def generate_synthetic_coco(
-    out_dir: Union[str, Path],
+    out_dir: str | Path,
     *,
     num_train: int = 1000,
     num_val: int = 100,
@@ -217,6 +250,7 @@ def generate_synthetic_coco(
     seed: int = 0,
     color_by_class: bool = False,
     image_format: Literal["png", "jpg"] = "png",
+    reference_size: int | None = None,
     progress: bool = True,
 ) -> SyntheticCoco:
     """Write a synthetic shapes dataset in COCO format (or reuse a matching one).
@@ -225,10 +259,12 @@ def generate_synthetic_coco(
         out_dir: output folder; created if needed. A folder that already holds
             ``train/`` or ``val/`` without a ``manifest.json`` of this generator
             is refused rather than overwritten.
-        num_train: training images.
+        num_train: training images (0: a validation-only set, no ``train/``).
         num_val: validation images.
-        image_size: side of the square images in pixels (at least 32); shapes
-            have sides from ``image_size // 8`` (at least 8) to ``image_size // 2``.
+        image_size: side of the square images (the canvas) in pixels, at least 32.
+        reference_size: the image size the objects are drawn for (default
+            ``image_size``): shapes have sides from ``reference_size // 8`` (at
+            least 8) to ``reference_size // 2`` pixels, at most ``image_size``.
         min_objects: fewest shapes drawn per image (at least 1).
         max_objects: most shapes per image; fewer are drawn when no free place
             is found.
@@ -244,10 +280,16 @@ def generate_synthetic_coco(
         ValueError: an argument is out of range.
         DataError: ``out_dir`` holds files this generator did not write.
     """
-    if num_train < 1 or num_val < 1:
-        raise ValueError(f"num_train and num_val must be >= 1, got {num_train} and {num_val}")
+    if num_train < 0 or num_val < 1:
+        raise ValueError(f"need num_train >= 0 and num_val >= 1, got {num_train} and {num_val}")
     if image_size < 32:
         raise ValueError(f"image_size must be >= 32, got {image_size}")
+    reference_size = image_size if reference_size is None else int(reference_size)
+    if not 32 <= reference_size or object_sides(reference_size)[1] > image_size:
+        raise ValueError(
+            f"reference_size must be >= 32 and its largest object side fit in image_size "
+            f"{image_size}, got {reference_size}"
+        )
     if not 1 <= min_objects <= max_objects:
         raise ValueError(f"need 1 <= min_objects <= max_objects, got {min_objects} and {max_objects}")
     if image_format not in ("png", "jpg"):
@@ -271,6 +313,7 @@ def generate_synthetic_coco(
         "seed": seed,
         "color_by_class": bool(color_by_class),
         "image_format": image_format,
+        "reference_size": reference_size,
     }
     manifest_path = root / MANIFEST_NAME
     manifest = None
@@ -280,7 +323,12 @@ def generate_synthetic_coco(
         except (OSError, ValueError):
             manifest = None
     ours = isinstance(manifest, dict) and manifest.get("params", {}).get("generator") == params["generator"]
-    if ours and manifest.get("complete") and manifest.get("params") == params and _is_complete(result, params):
+    if (
+        ours
+        and manifest.get("complete")
+        and _with_defaults(manifest.get("params")) == params
+        and _is_complete(result, params)
+    ):
         return result
     for folder in (result.train_images, result.val_images):
         if folder.exists() and any(folder.iterdir()):
@@ -291,20 +339,98 @@ def generate_synthetic_coco(
                 )
             shutil.rmtree(folder)
     root.mkdir(parents=True, exist_ok=True)
-    manifest_path.write_text(json.dumps({"params": params, "complete": False}, indent=1) + "\n")
-    _write_split("train", result.train_images, result.train_annotations, num_train, params, progress)
+    info = {"object_sides": list(object_sides(reference_size))}
+    manifest_path.write_text(json.dumps({"params": params, **info, "complete": False}, indent=1) + "\n")
+    if num_train > 0:
+        _write_split("train", result.train_images, result.train_annotations, num_train, params, progress)
     _write_split("val", result.val_images, result.val_annotations, num_val, params, progress)
-    manifest_path.write_text(json.dumps({"params": params, "complete": True}, indent=1) + "\n")
+    manifest_path.write_text(json.dumps({"params": params, **info, "complete": True}, indent=1) + "\n")
     return result
+
+
+def _with_defaults(params: Any) -> Any:
+    """Manifest parameters with the defaults of arguments added after version 1's first release filled in.
+
+    A manifest written before ``reference_size`` existed describes the same
+    files as one with ``reference_size == image_size``.
+    """
+    if not isinstance(params, dict) or "image_size" not in params:
+        return params
+    return {**params, "reference_size": params.get("reference_size", params["image_size"])}
+
+
+def read_manifest(root: str | Path) -> dict[str, Any] | None:
+    """The generator arguments of a complete synthetic dataset in ``root``, or None if it is not one."""
+    path = Path(root) / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not manifest.get("complete"):
+        return None
+    params = _with_defaults(manifest.get("params"))
+    if not isinstance(params, dict) or params.get("generator") != "detr_peg.data.synthetic":
+        return None
+    return params
+
+
+def larger_canvas(
+    params: dict[str, Any], scale: float, out_dir: str | Path, *, progress: bool = False
+) -> SyntheticCoco:
+    """A validation set like the one ``params`` describes, on a canvas ``scale`` times larger.
+
+    The objects keep the original set's size distribution in pixels
+    (``reference_size`` stays), the background patterns keep their scale, and
+    the number of objects per image is scaled with the canvas area (rounded,
+    at least 1) so the object density stays the same. Image ``i`` is drawn
+    from the same random stream as image ``i`` of the original validation set
+    (a different picture, since the canvas differs). Only a validation split
+    is written.
+
+    Args:
+        params: the original set's generator arguments (:func:`read_manifest`).
+        scale: canvas side over the original image size (> 0).
+        out_dir: where the set goes (reused when complete and equal).
+    """
+    if not scale > 0:
+        raise ValueError(f"the canvas scale must be positive, got {scale}")
+    area = scale * scale
+    min_objects = max(1, round(params["min_objects"] * area))
+    arguments = {
+        "num_train": 0,
+        "num_val": params["num_val"],
+        "image_size": max(32, round(params["image_size"] * scale)),
+        "reference_size": params["reference_size"],
+        "min_objects": min_objects,
+        "max_objects": max(min_objects, round(params["max_objects"] * area)),
+        "seed": params["seed"],
+        "color_by_class": params["color_by_class"],
+        "image_format": params["image_format"],
+        "progress": progress,
+    }
+    target = Path(out_dir)
+    if not (target / MANIFEST_NAME).is_file():
+        # Written next to the target and renamed into place, so evaluations running at the same
+        # time never see (or delete) each other's half-written set; the sets are identical anyway.
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        generate_synthetic_coco(staging, **arguments)
+        try:
+            staging.rename(target)
+        except OSError:  # another process was first
+            shutil.rmtree(staging, ignore_errors=True)
+    return generate_synthetic_coco(target, **arguments)
 
 
 def _is_complete(result: SyntheticCoco, params: dict[str, Any]) -> bool:
     """Whether the files a manifest describes are all there (counted, not re-checked byte by byte)."""
-    for folder, annotations, count in (
+    for folder, annotation_file, count in (
         (result.train_images, result.train_annotations, params["num_train"]),
         (result.val_images, result.val_annotations, params["num_val"]),
     ):
-        if not annotations.is_file() or not folder.is_dir():
+        if count == 0:
+            continue
+        if not annotation_file.is_file() or not folder.is_dir():
             return False
         if sum(1 for _ in folder.glob(f"*.{params['image_format']}")) != count:
             return False

@@ -22,7 +22,8 @@ which case the long side becomes exactly ``max_size``.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -110,7 +111,7 @@ def sanitize_boxes() -> v2.SanitizeBoundingBoxes:
     return v2.SanitizeBoundingBoxes(min_size=1.0, min_area=1.0, labels_getter=_per_box_fields)
 
 
-def short_side_resize(scales: Sequence[int], max_size: Optional[int] = None) -> v2.Transform:
+def short_side_resize(scales: Sequence[int], max_size: int | None = None) -> v2.Transform:
     """Resize so the short side is a random choice of ``scales``, the long side at most ``max_size``.
 
     Args:
@@ -124,7 +125,8 @@ def short_side_resize(scales: Sequence[int], max_size: Optional[int] = None) -> 
     side (a 103 px side asked to become 128 becomes 127).
     """
     choices = [
-        v2.Resize(None, max_size=max_size) if max_size is not None and s >= max_size
+        v2.Resize(None, max_size=max_size)
+        if max_size is not None and s >= max_size
         else v2.Resize(int(s), max_size=max_size)
         for s in scales
     ]
@@ -182,9 +184,7 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
         crop_size = _check_sizes("crop_size", cfg.crop_size)
         if len(crop_size) != 2 or crop_size[0] > crop_size[1]:
             raise ConfigError(f"data.crop_size is {crop_size!r}; it must be [min, max] with min <= max.")
-        crop_branch = v2.Compose(
-            [short_side_resize(crop_scales), RandomSizeCrop(*crop_size), sanitize_boxes(), resize]
-        )
+        crop_branch = v2.Compose([short_side_resize(crop_scales), RandomSizeCrop(*crop_size), sanitize_boxes(), resize])
         if crop_prob < 1:
             crop_branch = v2.RandomChoice([resize, crop_branch], p=[1 - crop_prob, crop_prob])
         steps.append(crop_branch)

@@ -12,6 +12,7 @@ state::
     "rng"                   list over processes of their generator states
     "world_size"            processes of the run that wrote it
     "skipped_image_ids"     unreadable images left out so far
+    "train_images"          images in the training set (to refuse a mid-epoch resume on other data)
 
 It is replaced atomically (temporary file, then rename) after every epoch,
 every ``train.checkpoint_every`` iterations, at the iteration budget and on a
@@ -26,12 +27,13 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint, save_checkpoint
+from detr_peg.checkpoint.weights_check import check_saved_weights
 from detr_peg.config.schema import Config
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.seeding import restore_rng_state
@@ -132,8 +134,9 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     They are never read: the file under the final name is always complete.
     """
     removed = []
-    for name in (CHECKPOINT_NAME, "metrics.json", "detections.json"):
-        for tmp in folder.glob(f".{name}.tmp-*"):
+    for name in (CHECKPOINT_NAME, "metrics.json", "detections.json", "config.yaml"):
+        # ``config.yaml.tmp``: the name earlier releases used for the config's temporary file.
+        for tmp in [*folder.glob(f".{name}.tmp-*"), folder / f"{name}.tmp"]:
             try:
                 tmp.unlink()
                 removed.append(tmp)
@@ -142,16 +145,27 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return removed
 
 
-def save_training_checkpoint(path: str | Path, *, cfg: Config, model: nn.Module,
-                             optimizer: torch.optim.Optimizer, lr_scheduler: Any,
-                             grad_scaler: Optional[torch.amp.GradScaler], label_map: LabelMap,
-                             progress: Progress, rng_states: list[dict], world_size: int) -> None:
+def save_training_checkpoint(
+    path: str | Path,
+    *,
+    cfg: Config,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: Any,
+    grad_scaler: torch.amp.GradScaler | None,
+    label_map: LabelMap,
+    progress: Progress,
+    rng_states: list[dict],
+    world_size: int,
+    train_images: int | None = None,
+) -> None:
     """Write the training checkpoint atomically (main process only).
 
     Raises:
         TrainingError: the file cannot be written (full disk, permissions);
             the previous checkpoint is left intact.
     """
+    check_saved_weights(model.state_dict(), progress.iteration, path)
     extra: dict[str, Any] = {
         "optimizer": optimizer.state_dict(),
         "lr_scheduler": lr_scheduler.state_dict(),
@@ -162,6 +176,8 @@ def save_training_checkpoint(path: str | Path, *, cfg: Config, model: nn.Module,
         "world_size": world_size,
         "skipped_image_ids": sorted(progress.skipped_image_ids),
     }
+    if train_images is not None:
+        extra["train_images"] = train_images
     if grad_scaler is not None:
         extra["grad_scaler"] = grad_scaler.state_dict()
     try:
@@ -172,9 +188,17 @@ def save_training_checkpoint(path: str | Path, *, cfg: Config, model: nn.Module,
         ) from None
 
 
-def restore_training_state(ckpt: Checkpoint, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                           lr_scheduler: Any, grad_scaler: Optional[torch.amp.GradScaler],
-                           rank: int, world_size: int, device: torch.device) -> Progress:
+def restore_training_state(
+    ckpt: Checkpoint,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: Any,
+    grad_scaler: torch.amp.GradScaler | None,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+) -> Progress:
     """Load model, optimizer, schedule, scaler and this process's RNG state from ``ckpt``.
 
     Raises:
@@ -215,8 +239,9 @@ def restore_training_state(ckpt: Checkpoint, *, model: nn.Module, optimizer: tor
     )
 
 
-def load_initial_weights(model: nn.Module, path: str, *, num_classes: int, label_map: LabelMap,
-                         reset_classifier: bool) -> Checkpoint:
+def load_initial_weights(
+    model: nn.Module, path: str, *, num_classes: int, label_map: LabelMap, reset_classifier: bool
+) -> Checkpoint:
     """Start a new run from the weights of another run (``train.init_from``).
 
     Args:

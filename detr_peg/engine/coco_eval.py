@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -48,8 +48,9 @@ _DESCRIPTIONS = {
 }
 
 
-def detections_to_coco(image_ids: Sequence[int], detections: Sequence[dict[str, Tensor]],
-                       label_map: LabelMap) -> list[dict]:
+def detections_to_coco(
+    image_ids: Sequence[int], detections: Sequence[dict[str, Tensor]], label_map: LabelMap
+) -> list[dict]:
     """Per-image post-processed detections as COCO result entries.
 
     Args:
@@ -64,8 +65,10 @@ def detections_to_coco(image_ids: Sequence[int], detections: Sequence[dict[str, 
         rounded to 0.01 px and scores to 1e-5.
     """
     results: list[dict] = []
-    valid = torch.tensor([label_map.contiguous or label_map.has_category(label)
-                          for label in range(label_map.num_classes)], dtype=torch.bool)
+    valid = torch.tensor(
+        [label_map.contiguous or label_map.has_category(label) for label in range(label_map.num_classes)],
+        dtype=torch.bool,
+    )
     for image_id, det in zip(image_ids, detections):
         labels = det["labels"].detach().cpu().long()
         keep = valid[labels.clamp(0, label_map.num_classes - 1)] & (labels < label_map.num_classes)
@@ -76,12 +79,14 @@ def detections_to_coco(image_ids: Sequence[int], detections: Sequence[dict[str, 
         cats = label_map.labels_to_category_ids(labels[keep]).tolist()
         scores = det["scores"].detach().cpu().double()[keep].tolist()
         for box, cat, score in zip(xywh.tolist(), cats, scores):
-            results.append({
-                "image_id": int(image_id),
-                "category_id": int(cat),
-                "bbox": [round(v, 2) for v in box],
-                "score": round(float(score), 5),
-            })
+            results.append(
+                {
+                    "image_id": int(image_id),
+                    "category_id": int(cat),
+                    "bbox": [round(v, 2) for v in box],
+                    "score": round(float(score), 5),
+                }
+            )
     return results
 
 

@@ -78,9 +78,7 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
             raise ConfigError(f"train.device is {spec!r} but CUDA is not available; use train.device=cpu.")
         index = local_rank if spec == "cuda" else int(spec.split(":", 1)[1])
         if index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"train.device asks for GPU {index} but only {torch.cuda.device_count()} are visible."
-            )
+            raise ConfigError(f"train.device asks for GPU {index} but only {torch.cuda.device_count()} are visible.")
         return torch.device("cuda", index)
     raise ConfigError(f"train.device is {spec!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'.")
 

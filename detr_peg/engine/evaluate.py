@@ -8,19 +8,21 @@ id), runs ``COCOeval`` and shares the metrics with every process.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
 
 import torch
 from pycocotools.coco import COCO
 from torch import nn
 
+from detr_peg.checkpoint.weights_check import check_outputs
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.coco_eval import detections_to_coco, evaluate_coco
 from detr_peg.engine.distributed import all_gather_objects, broadcast_object
 from detr_peg.engine.loader import iterate_batches
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.optim import autocast, outputs_to_float
+from detr_peg.errors import UserError
 
 
 @dataclass
@@ -41,9 +43,16 @@ class EvalOutput:
 
 
 @torch.no_grad()
-def predict_coco(model: nn.Module, postprocessor: nn.Module, loader: Iterable, *, device: torch.device,
-                 label_map: LabelMap, amp: str = "none",
-                 log: Optional[MetricsLog] = None) -> list[tuple[int, list[dict]]]:
+def predict_coco(
+    model: nn.Module,
+    postprocessor: nn.Module,
+    loader: Iterable,
+    *,
+    device: torch.device,
+    label_map: LabelMap,
+    amp: str = "none",
+    log: MetricsLog | None = None,
+) -> list[tuple[int, list[dict]]]:
     """This process's detections as ``(image_id, COCO results of that image)`` in loader order.
 
     Args:
@@ -66,6 +75,7 @@ def predict_coco(model: nn.Module, postprocessor: nn.Module, loader: Iterable, *
         for images, mask, targets in batches:
             with autocast(amp, device):
                 outputs = model(images.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+            check_outputs(outputs)
             sizes = torch.stack([t["orig_size"] for t in targets]).to(device)
             detections = postprocessor(outputs_to_float(outputs), sizes)
             for target, det in zip(targets, detections):
@@ -94,9 +104,18 @@ def merge_shards(shards: list[list[tuple[int, list[dict]]]]) -> tuple[list[dict]
     return merged, len(per_image)
 
 
-def evaluate(model: nn.Module, postprocessor: nn.Module, loader: Iterable, *, coco_gt: COCO,
-             device: torch.device, label_map: LabelMap, is_main: bool = True, amp: str = "none",
-             log: Optional[MetricsLog] = None) -> EvalOutput:
+def evaluate(
+    model: nn.Module,
+    postprocessor: nn.Module,
+    loader: Iterable,
+    *,
+    coco_gt: COCO,
+    device: torch.device,
+    label_map: LabelMap,
+    is_main: bool = True,
+    amp: str = "none",
+    log: MetricsLog | None = None,
+) -> EvalOutput:
     """COCO bbox metrics of ``model`` on the images of ``loader`` (all processes together).
 
     Args:
@@ -114,8 +133,17 @@ def evaluate(model: nn.Module, postprocessor: nn.Module, loader: Iterable, *, co
         :class:`EvalOutput`; every image of ``coco_gt`` counts, so images
         a skipped sample left out count as misses.
     """
-    local = predict_coco(model, postprocessor, loader, device=device, label_map=label_map, amp=amp, log=log)
-    shards = all_gather_objects(local)
+    local: list[tuple[int, list[dict]]] = []
+    error: UserError | None = None
+    try:
+        local = predict_coco(model, postprocessor, loader, device=device, label_map=label_map, amp=amp, log=log)
+    except UserError as exc:  # non-finite outputs, a bad image: every process must learn of it, or the rest wait
+        error = exc
+    gathered = all_gather_objects((local, None if error is None else str(error)))
+    problems = [problem for _, problem in gathered if problem is not None]
+    if problems:
+        raise error if error is not None else UserError(f"Another process stopped: {problems[0]}")
+    shards = [shard for shard, _ in gathered]
     if is_main:
         detections, num_images = merge_shards(shards)
         metrics = evaluate_coco(coco_gt, detections)

@@ -14,9 +14,10 @@ processes and gathered for ``COCOeval``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch.distributed as dist
 from torch import nn
@@ -32,7 +33,11 @@ from detr_peg.engine.evaluate import evaluate
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.optim import check_amp
-from detr_peg.engine.run_setup import on_main, resolve_num_classes, without_backbone_weights, write_json
+from detr_peg.engine.run_setup import on_main, resolve_num_classes, write_json
+from detr_peg.guards.declared_io import eval_io
+from detr_peg.guards.output_guard import Input, guard_outputs
+from detr_peg.models.builder import build_model, build_postprocessor
+from detr_peg.models.loading import without_backbone_weights
 
 METRICS_JSON = "metrics.json"
 DETECTIONS_JSON = "detections.json"
@@ -51,22 +56,30 @@ class EvalResult:
     """
 
     metrics: dict[str, float]
-    metrics_file: Optional[Path]
-    detections_file: Optional[Path]
+    metrics_file: Path | None
+    detections_file: Path | None
     num_images: int
     num_detections: int = 0
 
 
-def evaluate_and_write(model: nn.Module, postprocessor: nn.Module, dataset: CocoDetection, cfg: Config,
-                       env: DistEnv, output_dir: Path, log: Optional[MetricsLog],
-                       extra: Optional[dict[str, Any]] = None, amp: Optional[str] = None) -> EvalResult:
+def evaluate_and_write(
+    model: nn.Module,
+    postprocessor: nn.Module,
+    dataset: CocoDetection,
+    cfg: Config,
+    env: DistEnv,
+    output_dir: Path,
+    log: MetricsLog | None,
+    extra: dict[str, Any] | None = None,
+    amp: str | None = None,
+) -> EvalResult:
     """Evaluate ``model`` on ``dataset``, print the table, write the two JSON files.
 
     Args:
         model: the bare detector.
         postprocessor: its post-processor.
         dataset: the validation set (its ``label_map`` maps labels back).
-        cfg: uses ``eval.batch_size``, ``data.num_workers`` and ``train.amp``.
+        cfg: uses ``eval.batch_size``, ``eval.padding_mode``, ``data.num_workers`` and ``train.amp``.
         env: this process.
         output_dir: where the files go.
         log: the main process's log (an ``eval`` record is appended), or None.
@@ -74,30 +87,107 @@ def evaluate_and_write(model: nn.Module, postprocessor: nn.Module, dataset: Coco
         amp: mixed precision for the forward pass (default ``train.amp``).
     """
     extra = dict(extra or {})
-    loader = build_eval_loader(dataset, cfg.eval.batch_size, cfg.data.num_workers, env)
-    out = evaluate(model, postprocessor, loader, coco_gt=dataset.coco, device=env.device,
-                   label_map=dataset.label_map, is_main=env.is_main,
-                   amp=cfg.train.amp if amp is None else amp, log=log)
+    loader = build_eval_loader(
+        dataset, cfg.eval.batch_size, cfg.data.num_workers, env, padding_mode=cfg.eval.padding_mode
+    )
+    out = evaluate(
+        model,
+        postprocessor,
+        loader,
+        coco_gt=dataset.coco,
+        device=env.device,
+        label_map=dataset.label_map,
+        is_main=env.is_main,
+        amp=cfg.train.amp if amp is None else amp,
+        log=log,
+    )
 
     def write() -> tuple[Path, Path]:
         detections = write_json(output_dir / DETECTIONS_JSON, out.detections, indent=None)
-        metrics = write_json(output_dir / METRICS_JSON, {
-            "bbox": out.metrics, "num_images": out.num_images, "num_detections": len(out.detections),
-            "annotations": str(dataset.annotation_file), **extra})
+        metrics = write_json(
+            output_dir / METRICS_JSON,
+            {
+                "bbox": out.metrics,
+                "num_images": out.num_images,
+                "num_detections": len(out.detections),
+                "annotations": str(dataset.annotation_file),
+                **extra,
+            },
+        )
         return metrics, detections
 
     files = on_main(env, write)
     if log is not None:
-        log.write({"type": "eval", **{k: v for k, v in extra.items() if isinstance(v, (int, float, str))},
-                   **out.metrics})
+        log.write(
+            {"type": "eval", **{k: v for k, v in extra.items() if isinstance(v, (int, float, str))}, **out.metrics}
+        )
         log.info(format_metrics_table(out.metrics, f"COCO bbox evaluation ({out.num_images} images)"))
     metrics_file, detections_file = files if files else (None, None)
-    return EvalResult(metrics=out.metrics, metrics_file=metrics_file, detections_file=detections_file,
-                      num_images=out.num_images, num_detections=len(out.detections))
+    return EvalResult(
+        metrics=out.metrics,
+        metrics_file=metrics_file,
+        detections_file=detections_file,
+        num_images=out.num_images,
+        num_detections=len(out.detections),
+    )
 
 
-def run_evaluation(cfg: Config, checkpoint: str | Path, output_dir: str | Path, *,
-                   progress_bars: Optional[bool] = None) -> EvalResult:
+@dataclass
+class LoadedModel:
+    """A checkpoint's model ready for evaluation.
+
+    Attributes:
+        model: the bare detector in eval mode on the device.
+        postprocessor: its post-processor.
+        cfg: the config with ``model.num_classes`` resolved.
+        label_map: model label <-> category id (the checkpoint's, else the dataset's).
+        amp: mixed precision for the forward pass (``none`` on the CPU).
+        iteration: the training iteration the checkpoint was written at, if stored.
+    """
+
+    model: nn.Module
+    postprocessor: nn.Module
+    cfg: Config
+    label_map: LabelMap
+    amp: str
+    iteration: int | None
+
+
+def load_for_evaluation(cfg: Config, checkpoint: str | Path, env: DistEnv) -> tuple[LoadedModel, CocoDetection]:
+    """Read ``checkpoint``, build its model on ``env.device`` and the validation set of ``cfg``.
+
+    Raises:
+        UserError: a missing or unfitting checkpoint, bad data.
+    """
+    ckpt = read_checkpoint(checkpoint)
+    stored = LabelMap.from_dict(ckpt.label_map) if ckpt.label_map else None
+    dataset = build_coco_dataset(cfg.data, "val", label_map=stored)
+    cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
+    model = build_model(without_backbone_weights(cfg))
+    load_weights(model, ckpt.model, f"Checkpoint {checkpoint}")
+    model.to(env.device).eval()
+    # Mixed precision only where it exists: a GPU-trained checkpoint evaluates on the CPU in float32.
+    amp = cfg.train.amp if env.device.type == "cuda" else "none"
+    check_amp(amp, env.device)
+    loaded = LoadedModel(
+        model=model,
+        postprocessor=build_postprocessor(cfg),
+        cfg=cfg,
+        label_map=dataset.label_map,
+        amp=amp,
+        iteration=ckpt.extra.get("iteration"),
+    )
+    return loaded, dataset
+
+
+def run_evaluation(
+    cfg: Config,
+    checkpoint: str | Path,
+    output_dir: str | Path,
+    *,
+    progress_bars: bool | None = None,
+    extra_inputs: Sequence[Input] = (),
+) -> EvalResult:
     """Evaluate a detr_peg checkpoint on ``cfg.data.val_images`` / ``val_annotations``.
 
     Args:
@@ -107,6 +197,8 @@ def run_evaluation(cfg: Config, checkpoint: str | Path, output_dir: str | Path, 
         checkpoint: a detr_peg checkpoint (official ones need ``detr-peg convert``).
         output_dir: where ``metrics.json`` and ``detections.json`` go.
         progress_bars: show a progress bar; ``None``: when stderr is a terminal.
+        extra_inputs: more files the caller read (``--config``), which the
+            outputs must not overlap.
 
     Raises:
         UserError: a missing or unfitting checkpoint, bad data, an unwritable
@@ -115,24 +207,22 @@ def run_evaluation(cfg: Config, checkpoint: str | Path, output_dir: str | Path, 
     owns_group = not (dist.is_available() and dist.is_initialized())
     env = init_distributed(cfg.train.device)
     try:
-        ckpt = read_checkpoint(checkpoint)
-        stored = LabelMap.from_dict(ckpt.label_map) if ckpt.label_map else None
-        dataset = build_coco_dataset(cfg.data, "val", label_map=stored)
-        cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
-        from detr_peg.models.builder import build_model, build_postprocessor
-
-        model = build_model(without_backbone_weights(cfg))
-        load_weights(model, ckpt.model, f"Checkpoint {checkpoint}")
-        model.to(env.device)
-        # Mixed precision only where it exists: a GPU-trained checkpoint evaluates on the CPU in float32.
-        amp = cfg.train.amp if env.device.type == "cuda" else "none"
-        check_amp(amp, env.device)
+        on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, checkpoint, output_dir, extra_inputs)))
+        loaded, dataset = load_for_evaluation(cfg, checkpoint, env)
         out = Path(output_dir)
         log = on_main(env, lambda: _open(out, progress_bars))
         try:
-            return evaluate_and_write(model, build_postprocessor(cfg), dataset, cfg, env, out, log,
-                                      extra={"checkpoint": str(checkpoint),
-                                             "iteration": ckpt.extra.get("iteration")}, amp=amp)
+            return evaluate_and_write(
+                loaded.model,
+                loaded.postprocessor,
+                dataset,
+                loaded.cfg,
+                env,
+                out,
+                log,
+                extra={"checkpoint": str(checkpoint), "iteration": loaded.iteration},
+                amp=loaded.amp,
+            )
         finally:
             if log is not None:
                 log.close()
@@ -141,6 +231,6 @@ def run_evaluation(cfg: Config, checkpoint: str | Path, output_dir: str | Path, 
             shutdown_distributed()
 
 
-def _open(out: Path, progress_bars: Optional[bool]) -> MetricsLog:
+def _open(out: Path, progress_bars: bool | None) -> MetricsLog:
     check_output_dir(out, 0)
     return MetricsLog(out, progress_bars=progress_bars, jsonl=False)

@@ -13,7 +13,8 @@ Resuming mid-epoch skips the batches already done without reading them.
 from __future__ import annotations
 
 import signal
-from typing import Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
@@ -40,12 +41,22 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         start_batch: batches of the epoch to skip (resuming mid-epoch).
     """
 
-    def __init__(self, *, num_samples: int, batch_size: int, epoch: int, seed: int, rank: int = 0,
-                 world_size: int = 1, start_batch: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        num_samples: int,
+        batch_size: int,
+        epoch: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        start_batch: int = 0,
+    ) -> None:
         self.epoch = epoch
         self.start_batch = start_batch
-        order = DistributedSampler(range(num_samples), num_replicas=world_size, rank=rank, shuffle=True,
-                                   seed=seed, drop_last=False)
+        order = DistributedSampler(
+            range(num_samples), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
+        )
         order.set_epoch(epoch)
         self._batches = list(BatchSampler(list(order), batch_size, drop_last=True))
 
@@ -58,7 +69,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         return max(len(self._batches) - self.start_batch, 0)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        for batch in self._batches[self.start_batch:]:
+        for batch in self._batches[self.start_batch :]:
             yield [(self.epoch, index) for index in batch]
 
 
@@ -126,8 +137,7 @@ def _ignore_interrupts(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def build_train_loader(dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: int,
-                       start_batch: int = 0) -> DataLoader:
+def build_train_loader(dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: int, start_batch: int = 0) -> DataLoader:
     """The training loader of one epoch.
 
     Args:
@@ -142,9 +152,15 @@ def build_train_loader(dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: in
         :func:`~detr_peg.data.collate.collate_detection`; each target also has
         ``skipped_image_ids``.
     """
-    sampler = EpochBatchSampler(num_samples=len(dataset), batch_size=cfg.train.batch_size, epoch=epoch,
-                                seed=cfg.train.seed, rank=env.rank, world_size=env.world_size,
-                                start_batch=start_batch)
+    sampler = EpochBatchSampler(
+        num_samples=len(dataset),
+        batch_size=cfg.train.batch_size,
+        epoch=epoch,
+        seed=cfg.train.seed,
+        rank=env.rank,
+        world_size=env.world_size,
+        start_batch=start_batch,
+    )
     workers = max(cfg.data.num_workers, 0)
     return DataLoader(
         EpochSampleDataset(dataset, cfg.train.seed),
@@ -167,21 +183,81 @@ def _private_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
 
 
-def build_eval_loader(dataset: Dataset, batch_size: int, num_workers: int, env: DistEnv) -> DataLoader:
+def image_sizes(dataset: Dataset) -> list[tuple[int, int]]:
+    """The stored ``(height, width)`` of every image of a :class:`~detr_peg.data.coco_dataset.CocoDetection`.
+
+    Taken from the annotation file; an image it gives no size for is measured
+    from its file header.
+    """
+    from PIL import Image
+
+    sizes = []
+    for index, image_id in enumerate(dataset.ids):
+        info = dataset.coco.imgs[image_id]
+        if "height" in info and "width" in info:
+            sizes.append((int(info["height"]), int(info["width"])))
+        else:
+            with Image.open(dataset.image_path(index)) as img:
+                sizes.append((img.height, img.width))
+    return sizes
+
+
+class SizeGroupedBatchSampler(Sampler[list[int]]):
+    """Batches of indices whose images have the same stored size, so no batch needs padding.
+
+    The evaluation resize is deterministic, so images of equal stored size
+    have equal model-input size. Groups keep the order of their first image;
+    each group is cut into batches of at most ``batch_size``.
+
+    Args:
+        indices: this process's dataset indices, in order.
+        sizes: the stored size of every dataset index.
+        batch_size: most images per batch.
+    """
+
+    def __init__(self, indices: Iterable[int], sizes: list[tuple[int, int]], batch_size: int) -> None:
+        groups: dict[tuple[int, int], list[int]] = {}
+        for index in indices:
+            groups.setdefault(sizes[index], []).append(index)
+        self._batches = [
+            group[i : i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)
+        ]
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self._batches)
+
+
+#: ``eval.padding_mode`` values: ``mixed`` batches images in dataset order (padding to the largest);
+#: ``exact`` batches only images of equal size (no padding, so outputs equal one image at a time).
+PADDING_MODES = ("mixed", "exact")
+
+
+def build_eval_loader(
+    dataset: Dataset, batch_size: int, num_workers: int, env: DistEnv, *, padding_mode: str = "mixed"
+) -> DataLoader:
     """The evaluation loader: this process's shard in dataset order.
 
     ``DistributedSampler`` pads the shards to equal length by repeating
-    images; the evaluation removes the repeats by image id.
+    images; the evaluation removes the repeats by image id. With
+    ``padding_mode="exact"`` the shard is batched by equal image size
+    (:class:`SizeGroupedBatchSampler`; needs a
+    :class:`~detr_peg.data.coco_dataset.CocoDetection`).
     """
     if batch_size < 1:
         raise ConfigError(f"eval.batch_size must be at least 1, got {batch_size}.")
-    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=False,
-                                 drop_last=False)
+    if padding_mode not in PADDING_MODES:
+        raise ConfigError(f"eval.padding_mode is {padding_mode!r}; valid values are {', '.join(PADDING_MODES)}.")
+    sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=False, drop_last=False)
+    batching: dict = {"batch_size": batch_size, "sampler": sampler}
+    if padding_mode == "exact":
+        batching = {"batch_sampler": SizeGroupedBatchSampler(sampler, image_sizes(dataset), batch_size)}
     workers = max(num_workers, 0)
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=sampler,
+        **batching,
         collate_fn=collate_detection,
         num_workers=workers,
         pin_memory=env.device.type == "cuda",

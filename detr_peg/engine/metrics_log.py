@@ -31,7 +31,9 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
+
+from tqdm import tqdm
 
 from detr_peg.errors import ConfigError, TrainingError
 
@@ -72,8 +74,15 @@ class MetricsLog:
         TrainingError: ``metrics.jsonl`` cannot be opened.
     """
 
-    def __init__(self, output_dir: str | Path, *, tensorboard: bool = False,
-                 progress_bars: Optional[bool] = None, jsonl: bool = True, append: bool = True) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        tensorboard: bool = False,
+        progress_bars: bool | None = None,
+        jsonl: bool = True,
+        append: bool = True,
+    ) -> None:
         self.path = Path(output_dir) / METRICS_FILE
         self._file = None
         if jsonl:
@@ -86,6 +95,7 @@ class MetricsLog:
         self._writer = None
         if tensorboard:
             try:
+                # An optional dependency (the `tensorboard` extra): imported only when asked for.
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 self.close()
@@ -135,8 +145,6 @@ class MetricsLog:
         """A progress bar for one loop, or None when bars are off."""
         if not self.progress_bars:
             return None
-        from tqdm import tqdm
-
         self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)
         return self._bar
 

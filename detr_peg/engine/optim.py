@@ -6,15 +6,16 @@ AdamW over the parameter groups of
 at ``train.lr * train.lr_linear_proj_mult``, everything else at ``train.lr``),
 with ``train.weight_decay`` on every group (the fused implementation when every
 parameter is on the CPU or a CUDA device: one pass over the parameters instead
-of a dozen, four times faster for DETR-R50 on the CPU), and a StepLR schedule
-stepped once per epoch: the learning rate is multiplied by ``train.lr_gamma`` every
-``train.lr_drop`` epochs.
+of a dozen, four times faster for DETR-R50 on the CPU), and the learning-rate
+schedule (:class:`LrSchedule`): an optional linear warm-up over the first
+``train.warmup_iters`` iterations, and a StepLR stepped once per epoch that
+multiplies the learning rate by ``train.lr_gamma`` every ``train.lr_drop`` epochs.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -45,19 +46,73 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     if not groups:
         raise ConfigError("The model has no trainable parameter; check model.backbone.train and frozen_stages.")
     devices = {param.device.type for group in groups for param in group["params"]}
-    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             fused=devices <= FUSED_DEVICES or None)
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=devices <= FUSED_DEVICES or None)
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.StepLR:
-    """StepLR with ``step_size=train.lr_drop`` and ``gamma=train.lr_gamma`` (stepped per epoch).
+#: Warm-up starts every learning rate at this fraction of its value.
+WARMUP_START_FACTOR = 0.001
+
+
+class LrSchedule:
+    """Linear warm-up per iteration, then a step drop per epoch; one state dict for checkpoints.
+
+    Both parts are torch schedulers in their chainable form (each multiplies
+    the current learning rate), so a drop that falls inside the warm-up still
+    applies.
+
+    Args:
+        optimizer: the optimizer whose group learning rates are scheduled.
+        lr_drop: epochs between drops.
+        lr_gamma: factor of each drop.
+        warmup_iters: iterations over which every learning rate rises linearly
+            from ``WARMUP_START_FACTOR`` times its value to its value (0: none).
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, *, lr_drop: int, lr_gamma: float, warmup_iters: int = 0
+    ) -> None:
+        self.drop = torch.optim.lr_scheduler.StepLR(optimizer, step_size=lr_drop, gamma=lr_gamma)
+        self.warmup = None
+        if warmup_iters > 0:
+            self.warmup = torch.optim.lr_scheduler.LinearLR(
+                optimizer, start_factor=WARMUP_START_FACTOR, total_iters=warmup_iters
+            )
+
+    def step_iteration(self) -> None:
+        """Call after every optimizer step (advances the warm-up; a no-op after it)."""
+        if self.warmup is not None and self.warmup.last_epoch < self.warmup.total_iters:
+            self.warmup.step()
+
+    def step(self) -> None:
+        """Call after every completed epoch (the step drop)."""
+        self.drop.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"drop": self.drop.state_dict(), "warmup": self.warmup.state_dict() if self.warmup is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` (or a bare StepLR state of older checkpoints)."""
+        if "drop" not in state:
+            self.drop.load_state_dict(state)
+            return
+        self.drop.load_state_dict(state["drop"])
+        if self.warmup is not None and state.get("warmup") is not None:
+            self.warmup.load_state_dict(state["warmup"])
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LrSchedule:
+    """The schedule of ``train.warmup_iters``, ``train.lr_drop`` and ``train.lr_gamma``.
 
     Raises:
-        ConfigError: ``lr_drop`` is not positive.
+        ConfigError: ``lr_drop`` is not positive or ``warmup_iters`` is negative.
     """
     if cfg.lr_drop < 1:
         raise ConfigError(f"train.lr_drop must be a positive number of epochs, got {cfg.lr_drop}.")
-    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=cfg.lr_drop, gamma=cfg.lr_gamma)
+    if cfg.warmup_iters < 0:
+        raise ConfigError(
+            f"train.warmup_iters must be 0 (no warm-up) or a positive number of iterations, got {cfg.warmup_iters}."
+        )
+    return LrSchedule(optimizer, lr_drop=cfg.lr_drop, lr_gamma=cfg.lr_gamma, warmup_iters=cfg.warmup_iters)
 
 
 def check_amp(amp: str, device: torch.device) -> None:
@@ -78,7 +133,7 @@ def check_amp(amp: str, device: torch.device) -> None:
         raise ConfigError("train.amp=bf16: this GPU does not support bfloat16; use train.amp=fp16.")
 
 
-def autocast(amp: str, device: torch.device) -> ContextManager:
+def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The forward-pass context for ``train.amp`` (a no-op for ``none``)."""
     if amp == "none":
         return contextlib.nullcontext()

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import colorsys
 import inspect
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -28,11 +29,13 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
+from detr_peg.checkpoint.weights_check import check_outputs
 from detr_peg.data.image_file import load_rgb_image
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.padding import pad_images
 from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.errors import DataError
+from detr_peg.fileio.bounded_read import check_regular_file
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
@@ -65,19 +68,19 @@ def collect_images(inputs: Sequence[str | Path]) -> list[Path]:
     found: list[Path] = []
     for item in inputs:
         path = Path(item)
-        if path.is_dir():
+        if os.path.isdir(path):
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
             if not files:
                 raise DataError(f"Folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
             found.extend(files)
-        elif path.is_file():
-            found.append(path)
         else:
-            raise DataError(f"Input {path} does not exist.")
+            # Names a FIFO, a device, a link loop or a missing file precisely.
+            check_regular_file(path, "Input", "image", DataError)
+            found.append(path)
     return found
 
 
-def _names(label_map: Optional[LabelMap], label: int) -> tuple[int, str]:
+def _names(label_map: LabelMap | None, label: int) -> tuple[int, str]:
     if label_map is None:
         return label, f"class {label}"
     try:
@@ -87,9 +90,17 @@ def _names(label_map: Optional[LabelMap], label: int) -> tuple[int, str]:
 
 
 @torch.no_grad()
-def predict_images(model: nn.Module, postprocessor: nn.Module, paths: Iterable[Path], *,
-                   label_map: Optional[LabelMap], score_threshold: float, batch_size: int = 1,
-                   device: torch.device | str = "cpu", progress=None) -> Iterable[ImagePrediction]:
+def predict_images(
+    model: nn.Module,
+    postprocessor: nn.Module,
+    paths: Iterable[Path],
+    *,
+    label_map: LabelMap | None,
+    score_threshold: float,
+    batch_size: int = 1,
+    device: torch.device | str = "cpu",
+    progress=None,
+) -> Iterable[ImagePrediction]:
     """Yield the detections of each image, in input order.
 
     Args:
@@ -106,11 +117,12 @@ def predict_images(model: nn.Module, postprocessor: nn.Module, paths: Iterable[P
     transform = build_eval_transforms(model.config.data)
     paths = list(paths)
     for start in range(0, len(paths), batch_size):
-        chunk = paths[start:start + batch_size]
+        chunk = paths[start : start + batch_size]
         pictures = [load_rgb_image(p) for p in chunk]
         tensors = [transform(tv_tensors.Image(F.pil_to_tensor(pic))) for pic in pictures]
         images, mask = pad_images(tensors)
         outputs = model(images.to(device), mask.to(device))
+        check_outputs(outputs)
         sizes = torch.tensor([[pic.height, pic.width] for pic in pictures], device=device)
         for offset, (path, pic, det) in enumerate(zip(chunk, pictures, postprocessor(outputs, sizes))):
             keep = det["scores"] >= score_threshold
@@ -119,11 +131,16 @@ def predict_images(model: nn.Module, postprocessor: nn.Module, paths: Iterable[P
             for box, label, score in zip(boxes.tolist(), det["labels"][keep].tolist(), det["scores"][keep].tolist()):
                 category_id, name = _names(label_map, int(label))
                 x0, y0, x1, y1 = box
-                records.append({
-                    "image_id": start + offset + 1, "file_name": str(path), "category_id": category_id,
-                    "category_name": name, "bbox": [round(v, 2) for v in (x0, y0, x1 - x0, y1 - y0)],
-                    "score": round(float(score), 5),
-                })
+                records.append(
+                    {
+                        "image_id": start + offset + 1,
+                        "file_name": str(path),
+                        "category_id": category_id,
+                        "category_name": name,
+                        "bbox": [round(v, 2) for v in (x0, y0, x1 - x0, y1 - y0)],
+                        "score": round(float(score), 5),
+                    }
+                )
             if progress is not None:
                 progress(1)
             yield ImagePrediction(start + offset + 1, path, pic, records, boxes)
@@ -139,11 +156,12 @@ def _color(category_id: int) -> tuple[int, int, int]:
 #: Label text on a filled box of the box's colour, where torchvision supports it (>= 0.23).
 _LABEL_STYLE = (
     {"fill_labels": True, "label_colors": "white"}
-    if "fill_labels" in inspect.signature(draw_bounding_boxes).parameters else {}
+    if "fill_labels" in inspect.signature(draw_bounding_boxes).parameters
+    else {}
 )
 
 
-def draw_prediction(prediction: ImagePrediction, width: Optional[int] = None) -> Image.Image:
+def draw_prediction(prediction: ImagePrediction, width: int | None = None) -> Image.Image:
     """The picture with each record's box, category name and score drawn.
 
     Args:
@@ -157,8 +175,7 @@ def draw_prediction(prediction: ImagePrediction, width: Optional[int] = None) ->
         width = max(2, round(max(prediction.image.size) / 320))
     labels = [f"{r['category_name']} {r['score']:.2f}" for r in prediction.records]
     colors = [_color(r["category_id"]) for r in prediction.records]
-    drawn = draw_bounding_boxes(pixels, prediction.boxes, labels=labels, colors=colors, width=width,
-                                **_LABEL_STYLE)
+    drawn = draw_bounding_boxes(pixels, prediction.boxes, labels=labels, colors=colors, width=width, **_LABEL_STYLE)
     return F.to_pil_image(drawn)
 
 

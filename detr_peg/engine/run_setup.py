@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -23,6 +24,8 @@ from detr_peg.config.schema import Config
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.distributed import DistEnv, broadcast_object
 from detr_peg.errors import ConfigError, TrainingError, UserError
+from detr_peg.fileio.atomic import atomic_write_text
+from detr_peg.models.position.peg import PEG
 
 T = TypeVar("T")
 
@@ -52,11 +55,6 @@ def resolve_num_classes(cfg: Config, label_map: LabelMap, source: str) -> Config
     return cfg
 
 
-def without_backbone_weights(cfg: Config) -> Config:
-    """``cfg`` whose backbone starts from random weights (a checkpoint provides them)."""
-    return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
-
-
 @contextlib.contextmanager
 def determinism(cfg: Config, device: torch.device) -> Iterator[None]:
     """``train.deterministic``: deterministic kernels (a warning where none exists), no cuDNN autotuning.
@@ -67,8 +65,11 @@ def determinism(cfg: Config, device: torch.device) -> Iterator[None]:
     if not cfg.train.deterministic:
         yield
         return
-    previous = (torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark)
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+    )
     if device.type == "cuda":
         # cuBLAS needs this before its first use to be deterministic.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -82,10 +83,29 @@ def determinism(cfg: Config, device: torch.device) -> Iterator[None]:
 
 
 def wrap_sync_batchnorm(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
-    """Convert BatchNorm layers to ``SyncBatchNorm`` when ``model.backbone.norm=sync_bn`` runs on several processes."""
+    """Convert BatchNorm layers to ``SyncBatchNorm`` when ``model.backbone.norm=sync_bn`` runs on several processes.
+
+    The PEG's BatchNorm is left as it is: the PEG computes its statistics over
+    valid (unpadded) tokens only with its own masked update
+    (:func:`~detr_peg.models.position.peg.masked_batch_norm`), which
+    ``SyncBatchNorm`` would not follow, so each process keeps the statistics
+    of its own batch there (as with ``model.backbone.norm=bn``).
+    """
     if cfg.model.backbone.norm == "sync_bn" and env.distributed:
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return _convert_except_peg(model)
     return model
+
+
+def _convert_except_peg(module: nn.Module) -> nn.Module:
+    if isinstance(module, (PEG, nn.SyncBatchNorm)):  # the PEG's masked statistics; already synchronised
+        return module
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    for name, child in module.named_children():
+        converted = _convert_except_peg(child)
+        if converted is not child:
+            setattr(module, name, converted)
+    return module
 
 
 def config_differences(cfg: Config, stored: Config, sections: tuple[str, ...] = ("model", "loss", "data")) -> list[str]:
@@ -136,14 +156,12 @@ def on_main(env: DistEnv, step: Callable[[], T]) -> T | None:
 
 
 def write_json(path: str | Path, data: Any, *, indent: int | None = 1) -> Path:
-    """Write ``data`` as JSON atomically (temporary file, then rename); ``indent=None`` writes it compactly."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        separators = None if indent is not None else (",", ":")
-        tmp.write_text(json.dumps(data, indent=indent, separators=separators) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise TrainingError(f"Could not write {path}: {exc.strerror or exc}.") from None
-    return path
+    """Write ``data`` as JSON atomically (see :func:`~detr_peg.fileio.atomic_write`); ``indent=None`` writes it
+    compactly.
+
+    Raises:
+        TrainingError: the folder is not writable or the disk is full.
+    """
+    separators = None if indent is not None else (",", ":")
+    text = json.dumps(data, indent=indent, separators=separators) + "\n"
+    return atomic_write_text(path, text, error=TrainingError)

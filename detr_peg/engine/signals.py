@@ -15,7 +15,6 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-from typing import Optional
 
 from detr_peg.errors import TrainingError
 
@@ -46,7 +45,7 @@ class StopRequest:
     """
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
     @property
@@ -57,12 +56,12 @@ class StopRequest:
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
-    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in HANDLED:
                 self._previous[sig] = signal.signal(sig, self._handle)

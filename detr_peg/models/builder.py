@@ -8,7 +8,7 @@ from detr_peg.config.schema import Config
 from detr_peg.models.criterion import SetCriterion
 from detr_peg.models.registry import MODELS, Architecture
 
-# Importing a family registers it in MODELS.
+# Importing a family registers it in MODELS, with its config fields and defaults (the list of families).
 import detr_peg.models.detr  # noqa: E402,F401  isort: skip
 import detr_peg.models.deformable  # noqa: E402,F401  isort: skip
 

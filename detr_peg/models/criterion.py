@@ -58,9 +58,17 @@ class SetCriterion(nn.Module):
         focal_gamma: focal loss gamma.
     """
 
-    def __init__(self, *, num_classes: int, matcher: HungarianMatcher, weight_dict: dict[str, float],
-                 class_loss: str = "ce", eos_coef: float = 0.1, focal_alpha: float = 0.25,
-                 focal_gamma: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        matcher: HungarianMatcher,
+        weight_dict: dict[str, float],
+        class_loss: str = "ce",
+        eos_coef: float = 0.1,
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ) -> None:
         super().__init__()
         if class_loss not in ("ce", "focal"):
             raise ConfigError(f"Unknown class loss {class_loss!r}: valid are 'ce', 'focal'.")
@@ -77,8 +85,9 @@ class SetCriterion(nn.Module):
 
     # ----------------------------------------------------------------- terms
 
-    def loss_labels(self, outputs: dict, targets: list[dict], indices: Indices, num_boxes: Tensor,
-                    log: bool = True) -> dict[str, Tensor]:
+    def loss_labels(
+        self, outputs: dict, targets: list[dict], indices: Indices, num_boxes: Tensor, log: bool = True
+    ) -> dict[str, Tensor]:
         logits = outputs["pred_logits"]
         idx = _src_permutation_idx(indices)
         matched_labels = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
@@ -87,9 +96,7 @@ class SetCriterion(nn.Module):
         if self.class_loss == "ce":
             loss = F.cross_entropy(logits.transpose(1, 2), target_classes, self.empty_weight.to(logits.dtype))
         else:
-            onehot = torch.zeros(
-                (*logits.shape[:2], logits.shape[2] + 1), dtype=logits.dtype, device=logits.device
-            )
+            onehot = torch.zeros((*logits.shape[:2], logits.shape[2] + 1), dtype=logits.dtype, device=logits.device)
             onehot.scatter_(2, target_classes.unsqueeze(-1), 1)
             focal = sigmoid_focal_loss(
                 logits, onehot[..., :-1], alpha=self.focal_alpha, gamma=self.focal_gamma, reduction="none"
@@ -102,8 +109,9 @@ class SetCriterion(nn.Module):
         return losses
 
     @torch.no_grad()
-    def loss_cardinality(self, outputs: dict, targets: list[dict], indices: Indices,
-                         num_boxes: Tensor) -> dict[str, Tensor]:
+    def loss_cardinality(
+        self, outputs: dict, targets: list[dict], indices: Indices, num_boxes: Tensor
+    ) -> dict[str, Tensor]:
         """Logging only: |predicted non-"no object" count - target count|, averaged.
 
         Kept as the official code computes it, also for focal models where the
@@ -114,21 +122,24 @@ class SetCriterion(nn.Module):
         card_pred = (logits.argmax(-1) != logits.shape[-1] - 1).sum(1)
         return {"cardinality_error": F.l1_loss(card_pred.float(), lengths.float())}
 
-    def loss_boxes(self, outputs: dict, targets: list[dict], indices: Indices,
-                   num_boxes: Tensor) -> dict[str, Tensor]:
+    def loss_boxes(self, outputs: dict, targets: list[dict], indices: Indices, num_boxes: Tensor) -> dict[str, Tensor]:
         idx = _src_permutation_idx(indices)
         src = outputs["pred_boxes"][idx]
         tgt = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)], dim=0)
         loss_bbox = F.l1_loss(src, tgt, reduction="none").sum() / num_boxes
-        loss_giou = generalized_box_iou_loss(
-            box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"), reduction="sum"
-        ) / num_boxes
+        loss_giou = (
+            generalized_box_iou_loss(
+                box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy"), reduction="sum"
+            )
+            / num_boxes
+        )
         return {"loss_bbox": loss_bbox, "loss_giou": loss_giou}
 
     # ------------------------------------------------------------------ main
 
-    def _stage(self, outputs: dict, targets: list[dict], num_boxes: Tensor, suffix: str,
-               log: bool) -> tuple[dict[str, Tensor], Indices]:
+    def _stage(
+        self, outputs: dict, targets: list[dict], num_boxes: Tensor, suffix: str, log: bool
+    ) -> tuple[dict[str, Tensor], Indices]:
         indices = self.matcher(outputs, targets)
         device = outputs["pred_logits"].device
         on_device = [(i.to(device), j.to(device)) for i, j in indices]

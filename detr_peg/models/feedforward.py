@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from detr_peg.errors import ConfigError
 
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "glu": F.glu}
+# Only width-preserving activations: the feed-forward block maps d -> ff -> d, so a gated
+# unit such as GLU (which halves its input) would need a 2*ff-wide first layer.
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
 
 
 def get_activation(name: str) -> Callable[[Tensor], Tensor]:
-    """The activation function called ``name`` (``relu``, ``gelu`` or ``glu``)."""
+    """The activation function called ``name`` (``relu`` or ``gelu``)."""
     try:
         return ACTIVATIONS[name]
     except KeyError:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from detr_peg.data.padding import pad_images
+
 
 def downsample_mask(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
     """Resize a padding mask to a feature map's size.
@@ -21,7 +23,34 @@ def downsample_mask(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
     Returns:
         ``Tensor[B, H_l, W_l]`` bool, True = padding.
     """
+    if torch.compiler.is_exporting():
+        # ONNX's Resize picks other source pixels for some sizes; index explicitly instead.
+        return select_nearest(mask, size)
     return F.interpolate(mask[None].float(), size=tuple(size)).to(torch.bool)[0]
+
+
+def select_nearest(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
+    """``downsample_mask`` written as two index selections (exact in any runtime).
+
+    Source index ``min(floor(i * (in / out)), in - 1)`` with the scale in
+    float32, as PyTorch's legacy ``nearest`` computes it on CPU and GPU.
+
+    Args:
+        mask: ``Tensor[B, H, W]`` bool, True = padding.
+        size: ``(H_l, W_l)``.
+
+    Returns:
+        ``Tensor[B, H_l, W_l]`` bool, True = padding.
+    """
+    rows = _nearest_source(mask.shape[1], size[0], mask.device)
+    cols = _nearest_source(mask.shape[2], size[1], mask.device)
+    return mask.index_select(1, rows).index_select(2, cols)
+
+
+def _nearest_source(in_size, out_size, device: torch.device) -> Tensor:
+    scale = torch.full((), in_size, dtype=torch.float32, device=device) / out_size
+    index = (torch.arange(out_size, dtype=torch.float32, device=device) * scale).floor().to(torch.int64)
+    return index.clamp(max=in_size - 1)
 
 
 def batch_with_mask(images, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -36,8 +65,6 @@ def batch_with_mask(images, mask: Tensor | None = None) -> tuple[Tensor, Tensor]
     Returns:
         ``(Tensor[B, 3, H, W], Tensor[B, H, W] bool)``.
     """
-    from detr_peg.data.padding import pad_images
-
     if isinstance(images, (list, tuple)):
         if mask is not None:
             raise ValueError("pass either a list of unpadded images or a batch tensor with its mask, not both")

@@ -31,11 +31,21 @@ class HungarianMatcher(nn.Module):
         focal_gamma: focal class cost gamma.
     """
 
-    def __init__(self, *, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0,
-                 class_cost: str = "softmax", focal_alpha: float = 0.25, focal_gamma: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        cost_class: float = 1.0,
+        cost_bbox: float = 5.0,
+        cost_giou: float = 2.0,
+        class_cost: str = "softmax",
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+    ) -> None:
         super().__init__()
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
-            raise ConfigError("loss.set_cost_class, set_cost_bbox and set_cost_giou are all 0; at least one must be non-zero.")
+            raise ConfigError(
+                "loss.set_cost_class, set_cost_bbox and set_cost_giou are all 0; at least one must be non-zero."
+            )
         if class_cost not in ("softmax", "focal"):
             raise ConfigError(f"Unknown class cost {class_cost!r}: valid are 'focal', 'softmax'.")
         self.cost_class = cost_class
@@ -50,7 +60,7 @@ class HungarianMatcher(nn.Module):
             return -logits.softmax(-1)[:, tgt_ids]
         prob = logits.sigmoid()
         alpha, gamma = self.focal_alpha, self.focal_gamma
-        neg = (1 - alpha) * (prob ** gamma) * (-(1 - prob + 1e-8).log())
+        neg = (1 - alpha) * (prob**gamma) * (-(1 - prob + 1e-8).log())
         pos = alpha * ((1 - prob) ** gamma) * (-(prob + 1e-8).log())
         return pos[:, tgt_ids] - neg[:, tgt_ids]
 

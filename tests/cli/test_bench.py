@@ -23,23 +23,52 @@ from tests.engine.tiny_run import TINY_MODEL
 
 def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "detr_peg.cli.main", "bench", *args],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "detr_peg.cli.main", "bench", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_compare_two_encodings_in_both_modes(tmp_path):
     report = tmp_path / "bench.json"
-    proc = _bench(tmp_path, "--config", "configs/detr_r50_sine.yaml", *TINY_MODEL,
-                  "--infer-size", "64x96", "--train-size", "64x64", "--runs", "2", "--rounds", "2", "--warmup", "1",
-                  "--threads", "1",
-                  "--compare", "model.position.name=sine,peg", "--output", str(report))
+    proc = _bench(
+        tmp_path,
+        "--config",
+        "configs/detr_r50_sine.yaml",
+        *TINY_MODEL,
+        "--infer-size",
+        "64x96",
+        "--train-size",
+        "64x64",
+        "--runs",
+        "2",
+        "--rounds",
+        "1",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--compare",
+        "model.position.name=sine,peg",
+        "--peak-size",
+        "512",
+        "--output",
+        str(report),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(report.read_text())["results"]
     assert [(r["label"], r["mode"]) for r in results] == [
-        ("name=sine", "infer"), ("name=peg", "infer"), ("name=sine", "train"), ("name=peg", "train")]
+        ("name=sine", "infer"),
+        ("name=peg", "infer"),
+        ("name=sine", "train"),
+        ("name=peg", "train"),
+    ]
     for r in results:
-        # Two rounds of two runs each, pooled.
-        assert len(r["runs_seconds"]) == 4 and r["rounds"] == 2
+        assert len(r["runs_seconds"]) == 2 and r.get("rounds", 1) == 1
         assert r["seconds"] == statistics.median(r["runs_seconds"]) > 0
         assert r["flops"] > 0 and r["achieved_flops_per_s"] == pytest.approx(r["flops"] / r["seconds"])
         assert r["peak_memory_bytes"] > 0 and r["threads"] == 1
@@ -53,6 +82,13 @@ def test_compare_two_encodings_in_both_modes(tmp_path):
         assert peg["parameters"] > sine["parameters"] and peg["flops"] > sine["flops"]
     # A training step costs more FLOPs than inference of the same model (backward), despite the smaller input.
     assert by["name=sine", "train"]["flops"] > by["name=sine", "infer"]["flops"]
+    # The matmul peak of the same run: every row's achieved FLOP/s as a fraction of it, in the JSON and the table.
+    peak = json.loads(report.read_text())["matmul_peak"]
+    assert (peak["size"], peak["threads"], peak["device"]) == (512, 1, "cpu") and peak["flops_per_s"] > 0
+    for r in results:
+        assert r["peak_fraction"] == pytest.approx(r["achieved_flops_per_s"] / peak["flops_per_s"])
+    assert f"fp32 matmul peak {peak['flops_per_s'] / 1e9:,.1f} GFLOP/s" in proc.stdout
+    assert f"{100 * by['name=peg', 'train']['peak_fraction']:.0f}%" in proc.stdout.splitlines()[5]
     table = proc.stdout
     assert table.count("name=sine") == 2 and table.count("name=peg") == 2
     assert f"{by['name=peg', 'infer']['seconds']:.3f}" in table
@@ -60,23 +96,64 @@ def test_compare_two_encodings_in_both_modes(tmp_path):
 
 def test_deformable_inference_only(tmp_path):
     report = tmp_path / "deformable.json"
-    proc = _bench(tmp_path, "--config", "configs/demo.yaml", "--modes", "infer", "--infer-size", "96x128",
-                  "--runs", "2", "--warmup", "0", "--no-flops", "--output", str(report))
+    proc = _bench(
+        tmp_path,
+        "--config",
+        "configs/demo.yaml",
+        "--modes",
+        "infer",
+        "--infer-size",
+        "96x128",
+        "--runs",
+        "2",
+        "--rounds",
+        "2",
+        "--warmup",
+        "0",
+        "--no-flops",
+        "--peak-size",
+        "0",
+        "--output",
+        str(report),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads(report.read_text())["results"]
     assert (row["label"], row["arch"], row["mode"], row["flops"]) == ("detr_peg", "deformable_detr", "infer", None)
+    assert "matmul_peak" not in json.loads(report.read_text()) and "% peak" not in proc.stdout
+    # Two rounds (fresh processes) of two runs each, pooled.
+    assert len(row["runs_seconds"]) == 4 and row["rounds"] == 2
+    assert row["seconds"] == statistics.median(row["runs_seconds"]) > 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--infer-size", "800by1066"], "is not HEIGHTxWIDTH"),
-    (["--compare", "model.position.name=peg"], "must be KEY=VALUE1,VALUE2"),
-    (["--modes", "infer,backward"], "valid modes are infer, train"),
-    (["--rounds", "0"], "--rounds must be at least 1, got 0"),
-    (["--official", "."], "--official . does not look like the official repository of detr (no models/detr.py)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--infer-size", "800by1066"], "is not HEIGHTxWIDTH"),
+        (["--compare", "model.position.name=peg"], "must be KEY=VALUE1,VALUE2"),
+        (["--modes", "infer,backward"], "valid modes are infer, train"),
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--official", "."], "--official . does not look like the official repository of detr (no models/detr.py)"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(tmp_path, args, message):
-    proc = _bench(tmp_path, "--config", "configs/detr_r50_sine.yaml", *TINY_MODEL, "--runs", "1", "--warmup", "0",
-                  "--no-flops", "--modes", "infer", "--infer-size", "64x64", *args)
+    proc = _bench(
+        tmp_path,
+        "--config",
+        "configs/detr_r50_sine.yaml",
+        *TINY_MODEL,
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--no-flops",
+        "--peak-size",
+        "0",
+        "--modes",
+        "infer",
+        "--infer-size",
+        "64x64",
+        *args,
+    )
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -100,8 +177,9 @@ def test_deformable_flops_are_those_of_the_dense_formulation():
         (out["pred_logits"].sum() + out["pred_boxes"].sum()).backward()
 
     # Forward: the two paths do the same dense work (the sampling is not counted by either).
-    assert _dense(model, lambda: model(images, mask)) == pytest.approx(count_flops(lambda: model(images, mask)),
-                                                                       rel=0.01)
+    assert _dense(model, lambda: model(images, mask)) == pytest.approx(
+        count_flops(lambda: model(images, mask)), rel=0.01
+    )
     assert _dense(model, train_step) < 0.97 * count_flops(train_step)
     assert {m.impl for m in model.modules() if isinstance(m, MSDeformAttn)} == {"embedding_bag"}
 

@@ -24,20 +24,44 @@ from detr_peg.engine.coco_eval import STAT_NAMES
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides
 
-SMALL = ["model.backbone.out_stages=[2]", "data.train_scales=[96]", "data.train_max_size=128",
-         "data.crop_scales=[96]", "data.crop_size=[64,96]", "data.val_scale=96", "data.val_max_size=128"]
+SMALL = [
+    "model.backbone.out_stages=[2]",
+    "data.train_scales=[96]",
+    "data.train_max_size=128",
+    "data.crop_scales=[96]",
+    "data.crop_size=[64,96]",
+    "data.val_scale=96",
+    "data.val_max_size=128",
+]
 
 
 @pytest.fixture(scope="module")
 def trained(coco128_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("coco128_run")
-    args = [*TINY_MODEL, *SMALL, *RUN, "data.num_workers=2", "train.batch_size=2", "train.max_iters=3",
-            "train.tensorboard=true",
-            *data_overrides(coco128_dir / "images", coco128_dir / "annotations_train.json",
-                            coco128_dir / "images", coco128_dir / "annotations_val.json")]
+    args = [
+        *TINY_MODEL,
+        *SMALL,
+        *RUN,
+        "data.num_workers=2",
+        "train.batch_size=2",
+        "train.max_iters=3",
+        "train.tensorboard=true",
+        *data_overrides(
+            coco128_dir / "images",
+            coco128_dir / "annotations_train.json",
+            coco128_dir / "images",
+            coco128_dir / "annotations_val.json",
+        ),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "detr_peg.cli.main", "train", "--output", str(out), *args],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "detr_peg.cli.main", "train", "--output", str(out), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "AP50" in proc.stdout and "Done: 3 iterations" in proc.stdout
     return out
@@ -55,7 +79,8 @@ def test_train_writes_config_log_metrics_detections_and_checkpoint(trained: Path
     kinds = [r["type"] for r in records]
     assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("iter") == 3 and "eval" in kinds
     assert {"loss", "loss_ce", "loss_bbox", "loss_giou", "lr_transformer", "lr_backbone", "grad_norm"} <= set(
-        records[1])
+        records[1]
+    )
     assert list((trained / "tensorboard").glob("events.out.tfevents.*"))
 
     metrics = json.loads((trained / "metrics.json").read_text())
@@ -71,8 +96,9 @@ def test_train_writes_config_log_metrics_detections_and_checkpoint(trained: Path
 
 def test_eval_writes_metrics_and_detections(trained: Path, coco128_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "eval"
-    assert main(["eval", "--checkpoint", str(trained / "checkpoint.pth"), "--output", str(out),
-                 "data.num_workers=0"]) == 0
+    assert (
+        main(["eval", "--checkpoint", str(trained / "checkpoint.pth"), "--output", str(out), "data.num_workers=0"]) == 0
+    )
     printed = capsys.readouterr().out
     assert all(name in printed for name in STAT_NAMES)
     metrics = json.loads((out / "metrics.json").read_text())
@@ -89,8 +115,24 @@ def test_predict_writes_json_and_pictures(trained: Path, coco128_dir: Path, tmp_
         shutil.copy(coco128_dir / "images" / name, folder / name)
     single = coco128_dir / "images" / names[2]
     out = tmp_path / "predictions"
-    assert main(["predict", "--checkpoint", str(trained / "checkpoint.pth"), str(folder), str(single),
-                 "--output", str(out), "--score-threshold", "0.0", "--batch-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--checkpoint",
+                str(trained / "checkpoint.pth"),
+                str(folder),
+                str(single),
+                "--output",
+                str(out),
+                "--score-threshold",
+                "0.0",
+                "--batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     records = json.loads((out / "predictions.json").read_text())
     categories = {c["id"]: c["name"] for c in json.loads((coco128_dir / "annotations.json").read_text())["categories"]}
     assert {r["image_id"] for r in records} == {1, 2, 3}

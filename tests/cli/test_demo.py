@@ -7,6 +7,8 @@ same folder reuses the dataset and replaces the finished run.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -15,16 +17,34 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
 
 import detr_peg
 from detr_peg.cli.demo import clear_folder, default_config, format_elapsed, is_run_file
 from detr_peg.cli.main import main
+from detr_peg.data.label_map import LabelMap
+from detr_peg.engine.coco_eval import STAT_NAMES
+from detr_peg.engine.prediction import predict_images
 from detr_peg.errors import UserError
+from detr_peg.models import build_postprocessor
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import TINY_MODEL
 
-TINY = ["--num-train", "8", "--num-val", "4", "--pictures", "3", *TINY_MODEL, "train.max_iters=2",
-        "train.batch_size=4", "eval.batch_size=4"]
+# Score threshold 0: every detection is drawn and listed, so predictions.json is never empty.
+TINY = [
+    "--num-train",
+    "8",
+    "--num-val",
+    "4",
+    "--pictures",
+    "3",
+    *TINY_MODEL,
+    "train.max_iters=2",
+    "train.batch_size=4",
+    "eval.batch_size=4",
+    "eval.score_threshold=0.0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +52,14 @@ def demo_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     # From another folder: the default config is found through the package, not the working directory.
-    proc = subprocess.run([sys.executable, "-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY],
-                          cwd=out, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (out / "stdout.txt").write_text(proc.stdout)
     return out
@@ -50,8 +76,15 @@ def test_demo_writes_dataset_run_metrics_and_pictures(demo_dir: Path) -> None:
     assert len(val["images"]) == 4 and val["annotations"]
     assert len(json.loads((demo_dir / "data" / "annotations_train.json").read_text())["images"]) == 8
 
+    # metrics.json is COCOeval of the run's detections.json, and the summary line prints it.
     metrics = json.loads((demo_dir / "run" / "metrics.json").read_text())
-    assert 0.0 <= metrics["bbox"]["AP50"] <= 1.0 and metrics["num_images"] == 4
+    assert metrics["num_images"] == 4
+    detections = json.loads((demo_dir / "run" / "detections.json").read_text())
+    assert len(detections) == metrics["num_detections"] > 0
+    recomputed = coco_metrics(demo_dir / "data" / "annotations_val.json", detections)
+    assert metrics["bbox"] == pytest.approx(recomputed, abs=1e-12)
+    bbox = metrics["bbox"]
+    assert summary.startswith(f"demo: AP50 {bbox['AP50']:.2f} (AP {bbox['AP']:.2f}) on 4 ")
 
     model = detr_peg.load_model(demo_dir / "run" / "checkpoint.pth")
     assert model.config.model.arch == "deformable_detr" and model.config.model.position.name == "peg"
@@ -61,7 +94,36 @@ def test_demo_writes_dataset_run_metrics_and_pictures(demo_dir: Path) -> None:
     assert [p.name for p in pictures] == ["000000.png", "000001.png", "000002.png"]
     with Image.open(pictures[0]) as picture:
         assert picture.size == (384, 384)  # 128-pixel images drawn three times larger
-    assert isinstance(json.loads((demo_dir / "predictions" / "predictions.json").read_text()), list)
+
+    # predictions.json holds exactly what the checkpoint predicts on the first three validation images.
+    records = json.loads((demo_dir / "predictions" / "predictions.json").read_text())
+    images = sorted((demo_dir / "data" / "val").glob("*.png"))[:3]
+    expected = [
+        r
+        for p in predict_images(
+            model,
+            build_postprocessor(model.config),
+            images,
+            label_map=LabelMap.from_dict(model.label_map),
+            score_threshold=0.0,
+            batch_size=8,
+        )
+        for r in p.records
+    ]
+    assert records == expected and {r["image_id"] for r in records} == {1, 2, 3}
+    assert {r["file_name"] for r in records} == {str(p) for p in images}
+    assert f"{len(records)} detections (score >= 0) drawn on 3 pictures" in stdout
+
+
+def coco_metrics(annotation_file: Path, detections: list[dict]) -> dict[str, float]:
+    """COCOeval bbox metrics of ``detections`` against ``annotation_file``, by the names of STAT_NAMES."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(annotation_file))
+        evaluator = COCOeval(gt, gt.loadRes(detections), "bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return dict(zip(STAT_NAMES, (float(v) for v in evaluator.stats)))
 
 
 def test_rerun_reuses_the_dataset_and_trains_afresh(demo_dir: Path, capsys) -> None:

@@ -20,15 +20,18 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["train", "--config", CONFIG, "train.lrr=1e-4", "--print-config"], "unknown key 'train.lrr'"),
-    (["train", "--config", CONFIG, "train.epochs=many", "--print-config"], "'train.epochs' must be an integer"),
-    (["train", "--config", CONFIG, "train.lr"], "is not of the form key=value"),
-    (["train", "--config", "no/such.yaml"], "Config file no/such.yaml does not exist"),
-    (["train", "--config", CONFIG, "train.amp=bf16", "train.device=cpu"], "train.amp=bf16 needs a CUDA device"),
-    (["train", "--config", CONFIG, "data.train_images=null"], "data.train_images is not set"),
-    (["eval", "--checkpoint", "missing.pth"], "The checkpoint file missing.pth does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "--config", CONFIG, "train.lrr=1e-4", "--print-config"], "unknown key 'train.lrr'"),
+        (["train", "--config", CONFIG, "train.epochs=many", "--print-config"], "'train.epochs' must be an integer"),
+        (["train", "--config", CONFIG, "train.lr"], "is not of the form key=value"),
+        (["train", "--config", "no/such.yaml"], "Config file no/such.yaml does not exist"),
+        (["train", "--config", CONFIG, "train.amp=bf16", "train.device=cpu"], "train.amp=bf16 needs a CUDA device"),
+        (["train", "--config", CONFIG, "data.train_images=null"], "data.train_images is not set"),
+        (["eval", "--checkpoint", "missing.pth"], "The checkpoint file missing.pth does not exist"),
+    ],
+)
 def test_user_errors_are_one_line(argv, expected, capsys) -> None:
     assert expected in _one_line_error(capsys, argv)
 
@@ -36,5 +39,6 @@ def test_user_errors_are_one_line(argv, expected, capsys) -> None:
 def test_predict_errors(capsys, tmp_path: Path) -> None:
     assert "does not exist" in _one_line_error(capsys, ["predict", "--checkpoint", "x.pth", str(tmp_path / "nope.jpg")])
     (tmp_path / "empty").mkdir()
-    assert "holds no image files" in _one_line_error(capsys, ["predict", "--checkpoint", "x.pth",
-                                                              str(tmp_path / "empty")])
+    assert "holds no image files" in _one_line_error(
+        capsys, ["predict", "--checkpoint", "x.pth", str(tmp_path / "empty")]
+    )

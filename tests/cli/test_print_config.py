@@ -8,8 +8,13 @@ import yaml
 from detr_peg.cli.main import main
 from tests.conftest import REPO_ROOT
 
-PAPER_CONFIGS = ["detr_r50_sine", "detr_r50_none", "detr_r50_peg", "deformable_detr_r50_sine",
-                 "deformable_detr_r50_peg"]
+PAPER_CONFIGS = [
+    "detr_r50_sine",
+    "detr_r50_none",
+    "detr_r50_peg",
+    "deformable_detr_r50_sine",
+    "deformable_detr_r50_peg",
+]
 
 
 @pytest.mark.parametrize("name", PAPER_CONFIGS)
@@ -31,8 +36,18 @@ def test_print_config_shows_the_recipe(name: str, capsys, monkeypatch) -> None:
 
 
 def test_print_config_applies_overrides_and_reads_no_data(capsys, tmp_path) -> None:
-    status = main(["train", "--config", str(REPO_ROOT / "configs" / "detr_r50_peg.yaml"), "--print-config",
-                   "--output", str(tmp_path / "run"), "train.batch_size=2", "data.train_images=/does/not/exist"])
+    status = main(
+        [
+            "train",
+            "--config",
+            str(REPO_ROOT / "configs" / "detr_r50_peg.yaml"),
+            "--print-config",
+            "--output",
+            str(tmp_path / "run"),
+            "train.batch_size=2",
+            "data.train_images=/does/not/exist",
+        ]
+    )
     assert status == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["train"]["batch_size"] == 2 and cfg["train"]["output_dir"] == str(tmp_path / "run")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from detr_peg.config import Config, config_to_dict, load_config, save_config
+from detr_peg.config import config_to_dict, load_config, save_config
+from detr_peg.config.options import new_config
 from detr_peg.errors import ConfigError
 
 
@@ -16,7 +17,7 @@ def write(path, data):
 
 def test_defaults_are_the_official_detr_values():
     cfg = load_config()
-    assert cfg == Config()
+    assert cfg == new_config("detr", "sine")
     assert (cfg.model.arch, cfg.model.num_queries, cfg.model.transformer.dim_feedforward) == ("detr", 100, 2048)
     assert (cfg.loss.set_cost_class, cfg.loss.ce_loss_coef, cfg.loss.eos_coef) == (1.0, 1.0, 0.1)
 
@@ -32,8 +33,10 @@ def test_architecture_defaults_apply_under_files_and_overrides(tmp_path):
 
 def test_base_files_compose_and_children_win(tmp_path):
     (tmp_path / "base").mkdir()
-    write(tmp_path / "base" / "model.yaml", {"model": {"num_queries": 50, "position": {"name": "sine"}},
-                                             "train": {"epochs": 10}})
+    write(
+        tmp_path / "base" / "model.yaml",
+        {"model": {"num_queries": 50, "position": {"name": "sine"}}, "train": {"epochs": 10}},
+    )
     child = write(tmp_path / "exp.yaml", {"_base_": "base/model.yaml", "model": {"position": {"name": "peg"}}})
     cfg = load_config(child, ["train.epochs=3", "model.position.peg_layers=[0, 1]"])
     assert cfg.model.num_queries == 50
@@ -43,8 +46,9 @@ def test_base_files_compose_and_children_win(tmp_path):
 
 
 def test_values_are_coerced_and_checked():
-    cfg = load_config(None, ["train.lr=1e-4", "train.epochs=12", "model.backbone.weights=null",
-                             "train.clip_max_norm=0"])
+    cfg = load_config(
+        None, ["train.lr=1e-4", "train.epochs=12", "model.backbone.weights=null", "train.clip_max_norm=0"]
+    )
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
     assert cfg.train.clip_max_norm == 0.0 and isinstance(cfg.train.clip_max_norm, float)
 
@@ -57,7 +61,7 @@ def test_values_are_coerced_and_checked():
         ("train.epochs=1.5", ["'train.epochs' must be an integer", "1.5"]),
         ("model.aux_loss=1", ["'model.aux_loss' must be true or false"]),
         ("model.backbone.norm=group", ["'model.backbone.norm' must be one of", "'frozen_bn'"]),
-        ("model.position.peg_layers=0", ["'model.position.peg_layers' must be a list of an integer"]),
+        ("data.train_scales=800", ["'data.train_scales' must be a list of an integer"]),
         ("model.transformer=3", ["'model.transformer' is a section"]),
         ("model.arch=yolo", ["unknown model.arch 'yolo'", "'deformable_detr'"]),
         ("nonsense", ["not of the form key=value"]),

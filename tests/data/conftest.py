@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,7 +75,7 @@ def assert_one_sentence(message: str, *fragments: str) -> None:
 def coco_tmp(tmp_path: Path):
     """Write a dataset (``base_coco()`` or a given dict) into ``tmp_path``; returns (images_dir, ann_file)."""
 
-    def make(data: Optional[dict[str, Any]] = None, *, images: bool = True) -> tuple[Path, Path]:
+    def make(data: dict[str, Any] | None = None, *, images: bool = True) -> tuple[Path, Path]:
         data = base_coco() if data is None else data
         images_dir = tmp_path / "images"
         images_dir.mkdir(exist_ok=True)

@@ -6,8 +6,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

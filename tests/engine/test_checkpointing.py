@@ -65,8 +65,16 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
     opt = build_optimizer(model, cfg.train)
     sched = build_lr_scheduler(opt, cfg.train)
     path = tmp_path / "checkpoint.pth"
-    kwargs = dict(cfg=cfg, model=model, optimizer=opt, lr_scheduler=sched, grad_scaler=None,
-                  label_map=_label_map(3), rng_states=[], world_size=1)
+    kwargs = dict(
+        cfg=cfg,
+        model=model,
+        optimizer=opt,
+        lr_scheduler=sched,
+        grad_scaler=None,
+        label_map=_label_map(3),
+        rng_states=[],
+        world_size=1,
+    )
     save_training_checkpoint(path, progress=Progress(epoch=1, iteration=4), **kwargs)
     before = path.read_bytes()
 
@@ -88,8 +96,9 @@ def test_init_from_another_class_count_needs_reset_classifier(tmp_path: Path) ->
     save_checkpoint(src, cfg3, model3.state_dict(), _label_map(3).to_dict())
     _, model5 = _model(5)
     fresh_head = model5.class_embed.weight.detach().clone()
-    with pytest.raises(CheckpointError, match="trained with 3 classes but this dataset needs 5; set "
-                                              "train.reset_classifier=true"):
+    with pytest.raises(
+        CheckpointError, match="trained with 3 classes but this dataset needs 5; set train.reset_classifier=true"
+    ):
         load_initial_weights(model5, str(src), num_classes=5, label_map=_label_map(5), reset_classifier=False)
     load_initial_weights(model5, str(src), num_classes=5, label_map=_label_map(5), reset_classifier=True)
     assert torch.equal(model5.class_embed.weight, fresh_head)

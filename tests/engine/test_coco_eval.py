@@ -11,8 +11,10 @@ from detr_peg.engine.evaluate import merge_shards
 
 # Two images, categories 3 ("cat") and 7 ("dog"): non-contiguous ids.
 GT = {
-    "images": [{"id": 1, "width": 200, "height": 100, "file_name": "a.png"},
-               {"id": 5, "width": 120, "height": 120, "file_name": "b.png"}],
+    "images": [
+        {"id": 1, "width": 200, "height": 100, "file_name": "a.png"},
+        {"id": 5, "width": 120, "height": 120, "file_name": "b.png"},
+    ],
     "annotations": [
         {"id": 1, "image_id": 1, "category_id": 3, "bbox": [10, 10, 50, 40], "area": 2000, "iscrowd": 0},
         {"id": 2, "image_id": 1, "category_id": 7, "bbox": [100, 20, 60, 70], "area": 4200, "iscrowd": 0},
@@ -39,9 +41,14 @@ def _perfect(label_map: LabelMap):
     for ann in GT["annotations"]:
         per_image.setdefault(ann["image_id"], []).append(ann)
     ids = sorted(per_image)
-    dets = [{"boxes": torch.tensor([_xyxy(a["bbox"]) for a in per_image[i]], dtype=torch.float32),
-             "labels": torch.tensor([label_map.label_of(a["category_id"]) for a in per_image[i]]),
-             "scores": torch.tensor([0.9] * len(per_image[i]))} for i in ids]
+    dets = [
+        {
+            "boxes": torch.tensor([_xyxy(a["bbox"]) for a in per_image[i]], dtype=torch.float32),
+            "labels": torch.tensor([label_map.label_of(a["category_id"]) for a in per_image[i]]),
+            "scores": torch.tensor([0.9] * len(per_image[i])),
+        }
+        for i in ids
+    ]
     return ids, dets
 
 
@@ -61,8 +68,11 @@ def test_ground_truth_as_detections_scores_one_with_original_category_ids() -> N
 
 def test_raw_labels_that_are_no_category_are_left_out() -> None:
     label_map = LabelMap.from_coco_categories(GT["categories"], contiguous=False)  # 8 labels, 2 categories
-    det = {"boxes": torch.tensor([[0.0, 0, 10, 10]] * 3), "labels": torch.tensor([3, 4, 7]),
-           "scores": torch.tensor([0.5, 0.6, 0.7])}
+    det = {
+        "boxes": torch.tensor([[0.0, 0, 10, 10]] * 3),
+        "labels": torch.tensor([3, 4, 7]),
+        "scores": torch.tensor([0.5, 0.6, 0.7]),
+    }
     results = detections_to_coco([1], [det], label_map)
     assert [r["category_id"] for r in results] == [3, 7]
 

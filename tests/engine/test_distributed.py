@@ -43,9 +43,16 @@ from detr_peg.engine.runner import run_training
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
-DECOMPOSABLE = ["model.backbone.out_stages=[2]", "model.backbone.norm=frozen_bn", "model.position.name=sine",
-                "model.transformer.dropout=0.0", "loss.eos_coef=1.0", "data.crop_prob=0", "train.max_iters=2",
-                "train.eval_every=0"]
+DECOMPOSABLE = [
+    "model.backbone.out_stages=[2]",
+    "model.backbone.norm=frozen_bn",
+    "model.position.name=sine",
+    "model.transformer.dropout=0.0",
+    "loss.eos_coef=1.0",
+    "data.crop_prob=0",
+    "train.max_iters=2",
+    "train.eval_every=0",
+]
 
 
 def _records(path: Path, kind: str) -> list[dict]:
@@ -55,13 +62,25 @@ def _records(path: Path, kind: str) -> list[dict]:
 @pytest.mark.slow
 def test_two_processes_train_evaluate_and_match_one_process(tmp_path: Path) -> None:
     data = synthetic_data(tmp_path / "shapes", num_train=8, num_val=5)  # 5: the shards need padding
-    single = run_training(tiny_config(synthetic_overrides(data, tmp_path / "single", *DECOMPOSABLE,
-                                                          "train.batch_size=4")), progress_bars=False)
+    single = run_training(
+        tiny_config(synthetic_overrides(data, tmp_path / "single", *DECOMPOSABLE, "train.batch_size=4")),
+        progress_bars=False,
+    )
 
     out = tmp_path / "ddp"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "detr_peg.cli.main", "train", *synthetic_overrides(data, out, *DECOMPOSABLE, "train.batch_size=2")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "detr_peg.cli.main",
+        "train",
+        *synthetic_overrides(data, out, *DECOMPOSABLE, "train.batch_size=2"),
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

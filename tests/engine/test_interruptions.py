@@ -30,8 +30,14 @@ ITERATIONS = 12
 def _start(args: list[str]) -> subprocess.Popen:
     # The same number of threads as this process: float sums depend on how work is split.
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    return subprocess.Popen([sys.executable, "-m", "detr_peg.cli.main", "train", *args], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "detr_peg.cli.main", "train", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _watch(proc: subprocess.Popen) -> dict:
@@ -40,8 +46,10 @@ def _watch(proc: subprocess.Popen) -> dict:
 
 
 def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tmp_path: Path) -> None:
-    reference = run_training(tiny_config(resume_overrides(shapes, tmp_path / "reference",
-                                                          f"train.max_iters={ITERATIONS}")), progress_bars=False)
+    reference = run_training(
+        tiny_config(resume_overrides(shapes, tmp_path / "reference", f"train.max_iters={ITERATIONS}")),
+        progress_bars=False,
+    )
     assert reference.iterations == ITERATIONS and reference.epochs_completed == 3
 
     out = tmp_path / "run"

@@ -25,10 +25,12 @@ def test_processes_together_cover_the_single_process_batches() -> None:
 def test_order_changes_with_epoch_and_seed_only() -> None:
     a = _batches(num_samples=20, batch_size=5, epoch=0, seed=1)
     assert a == _batches(num_samples=20, batch_size=5, epoch=0, seed=1)
-    assert [i for b in a for _, i in b] != [i for b in _batches(num_samples=20, batch_size=5, epoch=1, seed=1)
-                                            for _, i in b]
-    assert [i for b in a for _, i in b] != [i for b in _batches(num_samples=20, batch_size=5, epoch=0, seed=2)
-                                            for _, i in b]
+    assert [i for b in a for _, i in b] != [
+        i for b in _batches(num_samples=20, batch_size=5, epoch=1, seed=1) for _, i in b
+    ]
+    assert [i for b in a for _, i in b] != [
+        i for b in _batches(num_samples=20, batch_size=5, epoch=0, seed=2) for _, i in b
+    ]
     assert sorted(i for b in a for _, i in b) == list(range(20))
 
 

@@ -15,8 +15,9 @@ def _by_name(groups):
 
 
 def test_deformable_groups_follow_the_official_learning_rates():
-    model = small_model("model.with_box_refine=true", "train.lr=2e-4", "train.lr_backbone=2e-5",
-                        "train.lr_linear_proj_mult=0.1")
+    model = small_model(
+        "model.with_box_refine=true", "train.lr=2e-4", "train.lr_backbone=2e-5", "train.lr_linear_proj_mult=0.1"
+    )
     groups = build_param_groups(model, model.config.train)
     assert [g["name"] for g in groups] == ["transformer", "backbone", "linear_proj"]
     by_name = _by_name(groups)
@@ -44,8 +45,10 @@ def test_deformable_groups_follow_the_official_learning_rates():
     assert "transformer.encoder.layers.0.self_attn.sampling_offsets.bias" in linear
     assert "transformer.decoder.layers.1.cross_attn.sampling_offsets.weight" in linear
     # frozen stem and first stage are left out
-    assert not any(n.startswith(("backbone.body.conv1", "backbone.body.layer1.")) for n in
-                   (names[id(p)] for p in by_name["backbone"]["params"]))
+    assert not any(
+        n.startswith(("backbone.body.conv1", "backbone.body.layer1."))
+        for n in (names[id(p)] for p in by_name["backbone"]["params"])
+    )
     torch.optim.AdamW(groups, lr=2e-4, weight_decay=1e-4)
 
 
@@ -59,9 +62,19 @@ def test_shared_heads_count_once_and_custom_names_apply():
 
 
 def test_detr_has_no_linear_projection_group_and_frozen_backbone_none():
-    cfg = load_config(None, ["model.num_classes=3", "model.backbone.name=resnet18", "model.num_queries=4",
-                             "model.transformer.hidden_dim=16", "model.transformer.nheads=2",
-                             "model.transformer.enc_layers=1", "model.transformer.dec_layers=1",
-                             "model.transformer.dim_feedforward=32", "model.backbone.train=false"])
+    cfg = load_config(
+        None,
+        [
+            "model.num_classes=3",
+            "model.backbone.name=resnet18",
+            "model.num_queries=4",
+            "model.transformer.hidden_dim=16",
+            "model.transformer.nheads=2",
+            "model.transformer.enc_layers=1",
+            "model.transformer.dec_layers=1",
+            "model.transformer.dim_feedforward=32",
+            "model.backbone.train=false",
+        ],
+    )
     groups = build_param_groups(build_model(cfg), cfg.train)
     assert [g["name"] for g in groups] == ["transformer"]

@@ -22,8 +22,11 @@ def test_num_classes_comes_from_the_label_map_when_unset() -> None:
 
 def test_a_set_num_classes_must_cover_the_labels() -> None:
     assert resolve_num_classes(load_config(None, ["model.num_classes=100"]), COCO_LIKE, "x").model.num_classes == 100
-    with pytest.raises(ConfigError, match="model.num_classes is 80 but train.json needs 91 .3 categories, labels "
-                                          "equal to the category ids.; remove model.num_classes"):
+    with pytest.raises(
+        ConfigError,
+        match="model.num_classes is 80 but train.json needs 91 .3 categories, labels "
+        "equal to the category ids.; remove model.num_classes",
+    ):
         resolve_num_classes(load_config(None, ["model.num_classes=80"]), COCO_LIKE, "train.json")
 
 
@@ -42,3 +45,62 @@ def test_on_main_runs_only_in_the_main_process() -> None:
 
     with pytest.raises(TrainingError, match="disk full"):
         on_main(DistEnv(rank=0), fail)
+
+
+def test_sync_batchnorm_leaves_the_peg_out() -> None:
+    """``sync_bn`` on several processes: backbone BatchNorms become SyncBatchNorm, the PEG's masked one does not."""
+    import torch
+    from torch import nn
+
+    from detr_peg.engine.run_setup import wrap_sync_batchnorm
+    from detr_peg.models import build_model
+    from detr_peg.models.position.peg import PEG
+    from tests.engine.tiny_run import TINY_MODEL
+
+    cfg = load_config(
+        None, [*TINY_MODEL, "model.backbone.norm=sync_bn", "model.position.name=peg", "model.num_classes=2"]
+    )
+    torch.manual_seed(0)
+    model = wrap_sync_batchnorm(build_model(cfg), cfg, DistEnv(rank=0, world_size=2))
+    pegs = [m for m in model.modules() if isinstance(m, PEG)]
+    assert pegs and all(type(p.norm) is nn.BatchNorm2d for p in pegs)
+    synced = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+    assert synced and all(name.startswith("backbone.") for name in synced), synced
+
+
+def test_json_and_config_files_are_synced_before_they_replace_the_old_ones(tmp_path, monkeypatch) -> None:
+    """``metrics.json``-style files and ``config.yaml``: written, fsynced, renamed; the folder fsynced too."""
+    import os
+
+    from detr_peg.config.loader import save_config
+    from detr_peg.engine.run_setup import write_json
+    from detr_peg.fileio import atomic
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else str(fd))
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    write_json(tmp_path / "metrics.json", {"AP": 0.5})
+    save_config(load_config(None, []), tmp_path / "config.yaml")
+    assert (tmp_path / "metrics.json").read_text() == '{\n "AP": 0.5\n}\n'
+    assert load_config(tmp_path / "config.yaml").train.lr == load_config(None, []).train.lr
+    if os.path.exists("/proc/self/fd"):
+        names = [os.path.basename(p) for p in synced]
+        assert names[0].startswith(".metrics.json.tmp-") and names[2].startswith(".config.yaml.tmp-"), names
+        assert names[1] == names[3] == tmp_path.name  # the folder, after each rename
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "metrics.json"]
+
+
+def test_stale_temporaries_of_every_run_file_are_removed_at_start(tmp_path) -> None:
+    from detr_peg.engine.checkpointing import check_output_dir
+
+    stale = [".checkpoint.pth.tmp-12", ".metrics.json.tmp-3", ".config.yaml.tmp-99", "config.yaml.tmp"]
+    for name in stale:
+        (tmp_path / name).write_text("partial")
+    (tmp_path / "notes.tmp").write_text("mine")
+    check_output_dir(tmp_path, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp"]

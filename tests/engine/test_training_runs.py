@@ -24,9 +24,18 @@ from detr_peg.models.criterion import SetCriterion
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
 # Four iterations per epoch (8 images, batch 2); no validation set; StepLR every epoch.
-RESUME = ["model.backbone.out_stages=[2]", "train.batch_size=2", "train.epochs=3", "train.lr_drop=1",
-          "train.lr=1e-3", "data.crop_prob=0.5", "data.hflip_prob=0.5", "data.val_images=null",
-          "data.val_annotations=null", "train.deterministic=true"]
+RESUME = [
+    "model.backbone.out_stages=[2]",
+    "train.batch_size=2",
+    "train.epochs=3",
+    "train.lr_drop=1",
+    "train.lr=1e-3",
+    "data.crop_prob=0.5",
+    "data.hflip_prob=0.5",
+    "data.val_images=null",
+    "data.val_annotations=null",
+    "train.deterministic=true",
+]
 
 
 def resume_overrides(shapes, out: Path, *extra: str) -> list[str]:
@@ -104,8 +113,11 @@ def test_non_finite_gradient_norm_stops(shapes, tmp_path: Path, monkeypatch) -> 
         return norm * float("inf") if calls["n"] == 2 else norm
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
-    with pytest.raises(TrainingError, match=r"Non-finite gradient norm \(inf\) at iteration 2 \(epoch 0\); "
-                                            "training stopped and no checkpoint was written yet"):
+    with pytest.raises(
+        TrainingError,
+        match=r"Non-finite gradient norm \(inf\) at iteration 2 \(epoch 0\); "
+        "training stopped and no checkpoint was written yet",
+    ):
         _run(shapes, tmp_path, "train.max_iters=3")
 
 
@@ -115,9 +127,14 @@ def test_unreadable_images_are_skipped_and_counted_or_fatal(shapes, tmp_path: Pa
     broken = sorted((root / "train").iterdir())[5]
     broken.write_bytes(b"\xff\xd8 truncated")
     data = synthetic_data(root)
-    result = run_training(tiny_config(synthetic_overrides(
-        data, tmp_path / "skip", *RESUME, "train.max_iters=4", "data.on_bad_sample=skip", "data.num_workers=2")),
-        progress_bars=False)
+    result = run_training(
+        tiny_config(
+            synthetic_overrides(
+                data, tmp_path / "skip", *RESUME, "train.max_iters=4", "data.on_bad_sample=skip", "data.num_workers=2"
+            )
+        ),
+        progress_bars=False,
+    )
     assert result.skipped_images == 1
     epoch = [json.loads(line) for line in result.metrics_log.read_text().splitlines() if '"epoch"' in line][-1]
     assert epoch["type"] == "epoch" and epoch["skipped_images"] == 1
@@ -126,8 +143,12 @@ def test_unreadable_images_are_skipped_and_counted_or_fatal(shapes, tmp_path: Pa
     assert read_checkpoint(result.checkpoint).extra["skipped_image_ids"] == [broken_id]
 
     with pytest.raises(DataError) as info:
-        run_training(tiny_config(synthetic_overrides(
-            data, tmp_path / "error", *RESUME, "train.max_iters=4", "data.num_workers=2")), progress_bars=False)
+        run_training(
+            tiny_config(
+                synthetic_overrides(data, tmp_path / "error", *RESUME, "train.max_iters=4", "data.num_workers=2")
+            ),
+            progress_bars=False,
+        )
     message = str(info.value)
     assert str(broken) in message and "Traceback" not in message and "\n" not in message
 
@@ -148,3 +169,16 @@ def test_init_from_needs_reset_classifier_for_another_class_count(shapes, tmp_pa
         _run(shapes, tmp_path / "refused", *other)
     tuned = _run(shapes, tmp_path / "tuned", *other, "train.reset_classifier=true")
     assert tuned.num_classes == 5 and tuned.iterations == 1
+
+
+def test_warmup_rises_per_iteration_and_resumes_mid_warmup(shapes, tmp_path: Path) -> None:
+    """The logged learning rate of every iteration: linear warm-up over 6 iterations, the drop after the first epoch
+    (4 iterations) multiplying the rising rate, and a stop after 3 iterations continuing where it was."""
+    extra = ("train.warmup_iters=6", "train.log_every=1")
+    _run(shapes, tmp_path, "train.max_iters=3", *extra)
+    _run(shapes, tmp_path, "train.max_iters=8", "train.resume=true", *extra)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr_transformer"] for r in records if r["type"] == "iter"]
+    # Iteration k (1-based) trains at the warm-up factor of k - 1 finished steps, times 0.1 from epoch 1 on.
+    warm = [1e-3 * (0.001 + 0.999 * min(done, 6) / 6) for done in range(8)]
+    assert lrs == pytest.approx([w * (1.0 if i < 4 else 0.1) for i, w in enumerate(warm)])

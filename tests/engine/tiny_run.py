@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from detr_peg.config import Config, load_config
 from detr_peg.data.synthetic import SyntheticCoco, generate_synthetic_coco
@@ -44,12 +44,24 @@ RUN = ["train.device=cpu", "train.log_every=1", "data.num_workers=0", "eval.batc
 
 def synthetic_data(root: Path, num_train: int = 8, num_val: int = 4) -> SyntheticCoco:
     """A small synthetic shapes dataset (64 px square images)."""
-    return generate_synthetic_coco(root, num_train=num_train, num_val=num_val, image_size=64, max_objects=3,
-                                   seed=3, color_by_class=True, progress=False)
+    return generate_synthetic_coco(
+        root,
+        num_train=num_train,
+        num_val=num_val,
+        image_size=64,
+        max_objects=3,
+        seed=3,
+        color_by_class=True,
+        progress=False,
+    )
 
 
-def data_overrides(train_images: Path | str, train_annotations: Path | str, val_images: Path | str | None = None,
-                   val_annotations: Path | str | None = None) -> list[str]:
+def data_overrides(
+    train_images: Path | str,
+    train_annotations: Path | str,
+    val_images: Path | str | None = None,
+    val_annotations: Path | str | None = None,
+) -> list[str]:
     out = [f"data.train_images={train_images}", f"data.train_annotations={train_annotations}"]
     if val_images is not None:
         out += [f"data.val_images={val_images}", f"data.val_annotations={val_annotations}"]
@@ -58,9 +70,14 @@ def data_overrides(train_images: Path | str, train_annotations: Path | str, val_
 
 def synthetic_overrides(data: SyntheticCoco, output_dir: Path, *extra: str) -> list[str]:
     """Overrides of a tiny run on ``data`` writing to ``output_dir``."""
-    return [*TINY_MODEL, *SMALL_IMAGES, *RUN,
-            *data_overrides(data.train_images, data.train_annotations, data.val_images, data.val_annotations),
-            f"train.output_dir={output_dir}", *extra]
+    return [
+        *TINY_MODEL,
+        *SMALL_IMAGES,
+        *RUN,
+        *data_overrides(data.train_images, data.train_annotations, data.val_images, data.val_annotations),
+        f"train.output_dir={output_dir}",
+        *extra,
+    ]
 
 
 def tiny_config(overrides: Sequence[str]) -> Config:
@@ -92,8 +109,15 @@ def logged_iterations(metrics: Path) -> list[int]:
     return out
 
 
-def wait_for_iteration(metrics: Path, above: int, *, ended: Callable[[], object], kill: Callable[[], None],
-                       timeout: float = 120, interval: float = 0.01) -> int:
+def wait_for_iteration(
+    metrics: Path,
+    above: int,
+    *,
+    ended: Callable[[], object],
+    kill: Callable[[], None],
+    timeout: float = 120,
+    interval: float = 0.01,
+) -> int:
     """Wait until a running training logs an iteration after ``above``; return the latest one logged.
 
     Args:

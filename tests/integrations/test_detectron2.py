@@ -32,8 +32,6 @@ SMALL = [
     "model.transformer.enc_layers=1",
     "model.transformer.dec_layers=1",
     "model.transformer.dim_feedforward=64",
-    "model.transformer.enc_n_points=2",
-    "model.transformer.dec_n_points=2",
 ]
 NUM_CLASSES = 3
 ARCHS = {"DetrPeg": "detr", "DeformableDetrPeg": "deformable_detr"}
@@ -68,8 +66,10 @@ def test_import_without_detectron2_in_a_fresh_interpreter():
 
 
 def test_the_core_never_imports_detectron2():
-    code = ("import sys; import detr_peg, detr_peg.models.builder, detr_peg.data, detr_peg.checkpoint; "
-            "print(any(m == 'detectron2' or m.startswith('detectron2.') for m in sys.modules))")
+    code = (
+        "import sys; import detr_peg, detr_peg.models.builder, detr_peg.data, detr_peg.checkpoint; "
+        "print(any(m == 'detectron2' or m.startswith('detectron2.') for m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
@@ -103,10 +103,15 @@ def batched_inputs(with_instances: bool = True) -> list[dict]:
 
     g = torch.Generator().manual_seed(0)
     items = []
-    for (h, w), boxes, classes in [((60, 80), [[5.0, 6.0, 40.0, 50.0]], [2]),
-                                   ((72, 56), [[0.0, 0.0, 20.0, 30.0], [10.0, 30.0, 56.0, 72.0]], [0, 1])]:
-        item = {"image": torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8),
-                "height": 2 * h, "width": 2 * w}
+    for (h, w), boxes, classes in [
+        ((60, 80), [[5.0, 6.0, 40.0, 50.0]], [2]),
+        ((72, 56), [[0.0, 0.0, 20.0, 30.0], [10.0, 30.0, 56.0, 72.0]], [0, 1]),
+    ]:
+        item = {
+            "image": torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8),
+            "height": 2 * h,
+            "width": 2 * w,
+        }
         if with_instances:
             instances = Instances((h, w))
             instances.gt_boxes = Boxes(torch.tensor(boxes))
@@ -264,11 +269,17 @@ def write_image_dataset(root: Path) -> dict:
     rng = np.random.default_rng(0)
     path = root / "image.png"
     Image.fromarray(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8)).save(path)
-    return {"file_name": str(path), "height": 90, "width": 120, "image_id": 1, "annotations": [
-        {"bbox": [10.0, 20.0, 50.0, 40.0], "bbox_mode": 1, "category_id": 2, "iscrowd": 0},
-        {"bbox": [70.0, 10.0, 30.0, 60.0], "bbox_mode": 1, "category_id": 0, "iscrowd": 0},
-        {"bbox": [0.0, 0.0, 120.0, 90.0], "bbox_mode": 1, "category_id": 1, "iscrowd": 1},
-    ]}
+    return {
+        "file_name": str(path),
+        "height": 90,
+        "width": 120,
+        "image_id": 1,
+        "annotations": [
+            {"bbox": [10.0, 20.0, 50.0, 40.0], "bbox_mode": 1, "category_id": 2, "iscrowd": 0},
+            {"bbox": [70.0, 10.0, 30.0, 60.0], "bbox_mode": 1, "category_id": 0, "iscrowd": 0},
+            {"bbox": [0.0, 0.0, 120.0, 90.0], "bbox_mode": 1, "category_id": 1, "iscrowd": 1},
+        ],
+    }
 
 
 @pytest.mark.parametrize("crop_prob", [0.0, 1.0])
@@ -333,24 +344,73 @@ def test_training_script_trains_and_evaluates(d2, tmp_path, monkeypatch):
     spec.loader.exec_module(script)
     monkeypatch.chdir(REPO_ROOT)
     overrides = [
-        "MODEL.DEVICE", "cpu", "MODEL.META_ARCHITECTURE", "DetrPeg",
-        "MODEL.DETR_PEG.OVERRIDES", str(SMALL), "MODEL.DETR_PEG.CONFIG_FILE", "",
-        "MODEL.DETR_PEG.NUM_CLASSES", "4", "DATASETS.TRAIN", "('tiny_train',)", "DATASETS.TEST", "('tiny_val',)",
-        "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "2", "SOLVER.STEPS", "(1,)",
-        "SOLVER.CHECKPOINT_PERIOD", "1000", "TEST.EVAL_PERIOD", "0", "DATALOADER.NUM_WORKERS", "0",
-        "INPUT.MIN_SIZE_TRAIN", "(64,)", "INPUT.MAX_SIZE_TRAIN", "64", "INPUT.MIN_SIZE_TEST", "64",
-        "INPUT.MAX_SIZE_TEST", "64", "INPUT.CROP.RESIZE_SHORTEST_EDGE", "[64]", "INPUT.CROP.SIZE", "(32, 48)",
-        "OUTPUT_DIR", str(tmp_path / "out"),
+        "MODEL.DEVICE",
+        "cpu",
+        "MODEL.META_ARCHITECTURE",
+        "DetrPeg",
+        "MODEL.DETR_PEG.OVERRIDES",
+        str(SMALL),
+        "MODEL.DETR_PEG.CONFIG_FILE",
+        "",
+        "MODEL.DETR_PEG.NUM_CLASSES",
+        "4",
+        "DATASETS.TRAIN",
+        "('tiny_train',)",
+        "DATASETS.TEST",
+        "('tiny_val',)",
+        "SOLVER.IMS_PER_BATCH",
+        "2",
+        "SOLVER.MAX_ITER",
+        "2",
+        "SOLVER.STEPS",
+        "(1,)",
+        "SOLVER.CHECKPOINT_PERIOD",
+        "1000",
+        "TEST.EVAL_PERIOD",
+        "0",
+        "DATALOADER.NUM_WORKERS",
+        "0",
+        "INPUT.MIN_SIZE_TRAIN",
+        "(64,)",
+        "INPUT.MAX_SIZE_TRAIN",
+        "64",
+        "INPUT.MIN_SIZE_TEST",
+        "64",
+        "INPUT.MAX_SIZE_TEST",
+        "64",
+        "INPUT.CROP.RESIZE_SHORTEST_EDGE",
+        "[64]",
+        "INPUT.CROP.SIZE",
+        "(32, 48)",
+        "OUTPUT_DIR",
+        str(tmp_path / "out"),
     ]
-    registrations = ["--register", "tiny_train", str(data.train_annotations), str(data.train_images),
-                     "--register", "tiny_val", str(data.val_annotations), str(data.val_images)]
+    registrations = [
+        "--register",
+        "tiny_train",
+        str(data.train_annotations),
+        str(data.train_images),
+        "--register",
+        "tiny_val",
+        str(data.val_annotations),
+        str(data.val_images),
+    ]
     config = str(REPO_ROOT / "configs" / "detectron2" / "Base-DetrPeg.yaml")
     args = script.build_parser().parse_args(["--config-file", config, *registrations, *overrides])
     script.main(args)
     assert (tmp_path / "out" / "model_final.pth").is_file()
 
-    args = script.build_parser().parse_args(["--config-file", config, "--eval-only", *registrations, *overrides,
-                                             "MODEL.WEIGHTS", str(tmp_path / "out" / "model_final.pth")])
+    args = script.build_parser().parse_args(
+        [
+            "--config-file",
+            config,
+            "--eval-only",
+            *registrations,
+            *overrides,
+            "MODEL.WEIGHTS",
+            str(tmp_path / "out" / "model_final.pth"),
+        ]
+    )
     results = script.main(args)
     bbox = results["bbox"]
     assert {"AP", "AP50", "AP75"} <= set(bbox)

@@ -34,9 +34,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +121,7 @@ def apply_limits(limits: Sequence[Limit]) -> None:
             raise ValueError(f"unknown limit {limit!r}")
 
 
-def can_drop_file_access_override() -> Optional[str]:
+def can_drop_file_access_override() -> str | None:
     """``None`` if :func:`drop_file_access_override` works here, else why not."""
     if not sys.platform.startswith("linux"):
         return "dropping capabilities needs Linux"
@@ -139,7 +139,7 @@ def can_drop_file_access_override() -> Optional[str]:
 # ------------------------------------------------------------------ runners
 
 
-def _child_env(env: Optional[dict[str, str]]) -> dict[str, str]:
+def _child_env(env: dict[str, str] | None) -> dict[str, str]:
     return {**os.environ, **BASE_ENV, **(env or {})}
 
 
@@ -151,23 +151,37 @@ class CliRunner:
             ``DETR_PEG_TEST_COLD_CLI=1`` or ``os.fork`` is missing.
     """
 
-    def __init__(self, mode: Optional[str] = None) -> None:
+    def __init__(self, mode: str | None = None) -> None:
         if mode is None:
             cold = os.environ.get("DETR_PEG_TEST_COLD_CLI", "") not in ("", "0") or not hasattr(os, "fork")
             mode = "cold" if cold else "warm"
         self.mode = mode
-        self._server: Optional[subprocess.Popen] = None
+        self._server: subprocess.Popen | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="detr-peg-cli-")
         self._count = 0
-        self._active: Optional[CliProcess] = None
+        self._active: CliProcess | None = None
 
-    def run(self, args: Sequence[str], *, cwd: Path | str, env: Optional[dict[str, str]] = None,
-            limits: Sequence[Limit] = (), timeout: float = 300) -> CliResult:
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        cwd: Path | str,
+        env: dict[str, str] | None = None,
+        limits: Sequence[Limit] = (),
+        timeout: float = 300,
+    ) -> CliResult:
         """Run ``detr-peg ARGS`` in ``cwd`` and wait for it."""
         return self.start(args, cwd=cwd, env=env, limits=limits, timeout=timeout).wait()
 
-    def start(self, args: Sequence[str], *, cwd: Path | str, env: Optional[dict[str, str]] = None,
-              limits: Sequence[Limit] = (), timeout: float = 300) -> "CliProcess":
+    def start(
+        self,
+        args: Sequence[str],
+        *,
+        cwd: Path | str,
+        env: dict[str, str] | None = None,
+        limits: Sequence[Limit] = (),
+        timeout: float = 300,
+    ) -> CliProcess:
         """Start ``detr-peg ARGS`` in ``cwd``; signal it with ``send_signal``, collect it with ``wait``."""
         self._count += 1
         out = Path(self._tmp.name) / f"{self._count}.out"
@@ -175,16 +189,27 @@ class CliRunner:
         if self.mode == "cold":
             with open(out, "wb") as fo, open(err, "wb") as fe:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "detr_peg.cli.main", *map(str, args)], cwd=cwd, env=_child_env(env),
-                    stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
-                    preexec_fn=(lambda: apply_limits(limits)) if limits else None)
+                    [sys.executable, "-m", "detr_peg.cli.main", *map(str, args)],
+                    cwd=cwd,
+                    env=_child_env(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=fo,
+                    stderr=fe,
+                    preexec_fn=(lambda: apply_limits(limits)) if limits else None,
+                )
             return CliProcess(self, proc.pid, out, err, timeout, proc)
         server = self._start_server()
         if self._active is not None and self._active._result is None:
             raise RuntimeError("the command helper runs one command at a time; wait for the previous one")
-        request = {"argv": [str(a) for a in args], "cwd": str(cwd), "env": dict(env or {}),
-                   "limits": [list(limit) for limit in limits], "stdout": str(out), "stderr": str(err),
-                   "timeout": timeout}
+        request = {
+            "argv": [str(a) for a in args],
+            "cwd": str(cwd),
+            "env": dict(env or {}),
+            "limits": [list(limit) for limit in limits],
+            "stdout": str(out),
+            "stderr": str(err),
+            "timeout": timeout,
+        }
         server.stdin.write(json.dumps(request) + "\n")
         server.stdin.flush()
         self._active = CliProcess(self, int(self._reply()["pid"]), out, err, timeout, None)
@@ -199,8 +224,14 @@ class CliRunner:
     def _start_server(self) -> subprocess.Popen:
         if self._server is None or self._server.poll() is not None:
             self._server = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve())], cwd=REPO_ROOT, env=_child_env(None),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                [sys.executable, str(Path(__file__).resolve())],
+                cwd=REPO_ROOT,
+                env=_child_env(None),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
             ready = self._server.stdout.readline()
             if ready.strip() != "ready":
                 raise RuntimeError(f"the command helper did not start: {ready!r}")
@@ -224,11 +255,12 @@ class CliProcess:
         pid: its process id (a real process in both modes).
     """
 
-    def __init__(self, runner: CliRunner, pid: int, out: Path, err: Path, timeout: float,
-                 popen: Optional[subprocess.Popen]) -> None:
+    def __init__(
+        self, runner: CliRunner, pid: int, out: Path, err: Path, timeout: float, popen: subprocess.Popen | None
+    ) -> None:
         self.pid = pid
         self._runner, self._out, self._err, self._timeout, self._popen = runner, out, err, timeout, popen
-        self._result: Optional[CliResult] = None
+        self._result: CliResult | None = None
 
     def send_signal(self, sig: int) -> None:
         if self._result is None:
@@ -255,8 +287,9 @@ class CliProcess:
                 mode = "cold"
             else:
                 code, mode = int(self._runner._reply()["returncode"]), "warm"
-            self._result = CliResult(code, self._out.read_text(errors="replace"),
-                                     self._err.read_text(errors="replace"), mode)
+            self._result = CliResult(
+                code, self._out.read_text(errors="replace"), self._err.read_text(errors="replace"), mode
+            )
         return self._result
 
 

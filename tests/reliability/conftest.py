@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,11 +38,15 @@ OUT = Path("out")
 
 #: The tiny run of every case: two iterations per epoch (4 images, batch 2), COCO evaluation on the same images.
 BASE = [
-    *TINY_MODEL, *SMALL_IMAGES, *RUN,
+    *TINY_MODEL,
+    *SMALL_IMAGES,
+    *RUN,
     "model.backbone.out_stages=[2]",
     "train.batch_size=2",
-    f"data.train_images={IMAGES}", f"data.train_annotations={ANNOTATIONS}",
-    f"data.val_images={IMAGES}", f"data.val_annotations={ANNOTATIONS}",
+    f"data.train_images={IMAGES}",
+    f"data.train_annotations={ANNOTATIONS}",
+    f"data.val_images={IMAGES}",
+    f"data.val_annotations={ANNOTATIONS}",
     f"train.output_dir={OUT}",
 ]
 
@@ -59,7 +64,7 @@ def draw_image(index: int, boxes: list[list[float]], labels: list[int]) -> np.nd
     pixels = rng.integers(90, 160, size=(HEIGHT, WIDTH, 3), dtype=np.uint8)
     for (x, y, w, h), label in zip(boxes, labels):
         colour = (220, 30, 30) if label == 1 else (30, 30, 220)
-        pixels[int(y):int(y + h), int(x):int(x + w)] = colour
+        pixels[int(y) : int(y + h), int(x) : int(x + w)] = colour
     return pixels
 
 
@@ -77,8 +82,16 @@ def write_dataset(root: Path) -> dict[str, Any]:
         Image.fromarray(draw_image(index, boxes, labels)).save(root / IMAGES / name, quality=92)
         images.append({"id": index + 1, "file_name": name, "width": WIDTH, "height": HEIGHT})
         for box, label in zip(boxes, labels):
-            annotations.append({"id": len(annotations) + 1, "image_id": index + 1, "category_id": label,
-                                "bbox": box, "area": box[2] * box[3], "iscrowd": 0})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": index + 1,
+                    "category_id": label,
+                    "bbox": box,
+                    "area": box[2] * box[3],
+                    "iscrowd": 0,
+                }
+            )
     data = {"images": images, "annotations": annotations, "categories": CATEGORIES}
     (root / ANNOTATIONS).write_text(json.dumps(data))
     return data
@@ -167,11 +180,18 @@ def template(tmp_path_factory, cli) -> Path:
     root = tmp_path_factory.mktemp("template")
     write_dataset(root)
     assert_success(cli.run(FIRST_RUN, cwd=root))
-    assert_success(cli.run(["predict", "--checkpoint", OUT / "checkpoint.pth", IMAGES,
-                            "--output", OUT / "predictions"], cwd=root))
+    assert_success(
+        cli.run(["predict", "--checkpoint", OUT / "checkpoint.pth", IMAGES, "--output", OUT / "predictions"], cwd=root)
+    )
     names = set(snapshot(root / OUT))
-    assert {"checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json",
-            "predictions/predictions.json"} <= names, names
+    assert {
+        "checkpoint.pth",
+        "config.yaml",
+        "metrics.jsonl",
+        "metrics.json",
+        "detections.json",
+        "predictions/predictions.json",
+    } <= names, names
     return root
 
 

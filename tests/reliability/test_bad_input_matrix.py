@@ -25,9 +25,9 @@ import json
 import shutil
 import struct
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -76,7 +76,7 @@ def _damaged_jpeg_header(data: bytes) -> bytes:
     """The JPEG with its Huffman table overwritten (libjpeg cannot decode it)."""
     at = data.find(b"\xff\xc4")
     assert at > 0
-    return data[:at + 4] + b"\xff" * 36 + data[at + 40:]
+    return data[: at + 4] + b"\xff" * 36 + data[at + 40 :]
 
 
 def _png_chunk(kind: bytes, payload: bytes) -> bytes:
@@ -86,8 +86,12 @@ def _png_chunk(kind: bytes, payload: bytes) -> bytes:
 def _bomb_png(side: int = 40_000) -> bytes:
     """A 1.6-gigapixel PNG header with a few bytes of data: a decompression bomb (Pillow refuses at open)."""
     header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header)
-            + _png_chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + _png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+        + _png_chunk(b"IEND", b"")
+    )
 
 
 def _bomb(case: Path) -> None:
@@ -137,8 +141,16 @@ def _truncated_checkpoint(case: Path) -> None:
 
 def _other_architecture(case: Path) -> None:
     """A Deformable-DETR checkpoint with the same backbone and widths as the DETR of the runs."""
-    cfg = load_config(None, [*TINY_MODEL, "model.backbone.out_stages=[2]", "model.arch=deformable_detr",
-                             "model.transformer.num_feature_levels=1", "model.num_classes=2"])
+    cfg = load_config(
+        None,
+        [
+            *TINY_MODEL,
+            "model.backbone.out_stages=[2]",
+            "model.arch=deformable_detr",
+            "model.transformer.num_feature_levels=1",
+            "model.num_classes=2",
+        ],
+    )
     torch.manual_seed(0)
     save_checkpoint(case / "deformable.pth", cfg, build_model(cfg).state_dict())
 
@@ -146,15 +158,17 @@ def _other_architecture(case: Path) -> None:
 def _third_category(case: Path) -> None:
     def change(data: dict) -> None:
         data["categories"].append({"id": 3, "name": "green"})
-        data["annotations"].append({"id": 99, "image_id": 1, "category_id": 3, "bbox": [40.0, 4.0, 10.0, 10.0],
-                                    "area": 100.0, "iscrowd": 0})
+        data["annotations"].append(
+            {"id": 99, "image_id": 1, "category_id": 3, "bbox": [40.0, 4.0, 10.0, 10.0], "area": 100.0, "iscrowd": 0}
+        )
 
     edit_annotations(change)(case)
 
 
 def _deformable_config(case: Path) -> None:
-    (case / "deformable.yaml").write_text("model:\n  arch: deformable_detr\n  transformer:\n"
-                                          "    num_feature_levels: 1\n")
+    (case / "deformable.yaml").write_text(
+        "model:\n  arch: deformable_detr\n  transformer:\n    num_feature_levels: 1\n"
+    )
 
 
 # ------------------------------------------------------------------ the matrix
@@ -175,7 +189,7 @@ class Case:
     name: str
     args: Sequence
     fragments: Sequence[str]
-    prepare: Optional[Callable[[Path], None]] = None
+    prepare: Callable[[Path], None] | None = None
     needs_no_dac_override: bool = False
     marks: Sequence = field(default_factory=tuple)
 
@@ -184,86 +198,222 @@ ANN = str(ANNOTATIONS)
 CASES = [
     # annotation file
     Case("annotations-missing", RESUME, [ANN, "does not exist"], lambda c: (c / ANNOTATIONS).unlink()),
-    Case("annotations-unreadable", RESUME, [ANN, "cannot be read", "Permission denied"], _unreadable,
-         needs_no_dac_override=True),
+    Case(
+        "annotations-unreadable",
+        RESUME,
+        [ANN, "cannot be read", "Permission denied"],
+        _unreadable,
+        needs_no_dac_override=True,
+    ),
     Case("annotations-is-a-folder", RESUME, [ANN, "is a folder"], _folder_instead_of_file),
     Case("invalid-json", RESUME, [ANN, "is not valid JSON", "line 1 column"], _text(ANN, '{"images": [')),
     Case("not-utf8", RESUME, [ANN, "is not UTF-8"], lambda c: (c / ANNOTATIONS).write_bytes(b'{"images": "\xff"}')),
     Case("json-list-not-coco", RESUME, [ANN, "JSON list at the top level"], _text(ANN, "[1, 2]")),
-    *[Case(f"no-{key}-list", RESUME, [ANN, f"has no '{key}' list"], edit_annotations(lambda d, k=key: d.pop(k)))
-      for key in ("images", "annotations", "categories")],
-    Case("duplicate-image-id", RESUME, [ANN, "duplicate images id 1"],
-         edit_annotations(lambda d: d["images"][1].update(id=1))),
-    Case("annotation-of-unknown-image", RESUME, [ANN, "annotation id 1", "image_id 99", "not the id of an image"],
-         edit_annotations(lambda d: d["annotations"][0].update(image_id=99))),
-    Case("annotation-of-unknown-category", RESUME, [ANN, "annotation id 1", "category_id 42", "not the id of a category"],
-         edit_annotations(lambda d: d["annotations"][0].update(category_id=42))),
-    Case("bbox-negative-width", RESUME, [ANN, "annotation id 2", "width is -5.0"],
-         edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, -5.0, 4.0]))),
-    Case("bbox-zero-height", RESUME, [ANN, "annotation id 2", "height is 0"],
-         edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, 5.0, 0]))),
-    Case("bbox-nan", RESUME, [ANN, "annotation id 2", "width is nan"],
-         edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, float("nan"), 4.0]))),
-    Case("bbox-wrong-length", RESUME, [ANN, "annotation id 2", "of length 3"],
-         edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, 5.0]))),
-    Case("empty-dataset", RESUME, [ANN, "empty 'images' list"],
-         edit_annotations(lambda d: d.update(images=[], annotations=[]))),
+    *[
+        Case(f"no-{key}-list", RESUME, [ANN, f"has no '{key}' list"], edit_annotations(lambda d, k=key: d.pop(k)))
+        for key in ("images", "annotations", "categories")
+    ],
+    Case(
+        "duplicate-image-id",
+        RESUME,
+        [ANN, "duplicate images id 1"],
+        edit_annotations(lambda d: d["images"][1].update(id=1)),
+    ),
+    Case(
+        "annotation-of-unknown-image",
+        RESUME,
+        [ANN, "annotation id 1", "image_id 99", "not the id of an image"],
+        edit_annotations(lambda d: d["annotations"][0].update(image_id=99)),
+    ),
+    Case(
+        "annotation-of-unknown-category",
+        RESUME,
+        [ANN, "annotation id 1", "category_id 42", "not the id of a category"],
+        edit_annotations(lambda d: d["annotations"][0].update(category_id=42)),
+    ),
+    Case(
+        "bbox-negative-width",
+        RESUME,
+        [ANN, "annotation id 2", "width is -5.0"],
+        edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, -5.0, 4.0])),
+    ),
+    Case(
+        "bbox-zero-height",
+        RESUME,
+        [ANN, "annotation id 2", "height is 0"],
+        edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, 5.0, 0])),
+    ),
+    Case(
+        "bbox-nan",
+        RESUME,
+        [ANN, "annotation id 2", "width is nan"],
+        edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, float("nan"), 4.0])),
+    ),
+    Case(
+        "bbox-wrong-length",
+        RESUME,
+        [ANN, "annotation id 2", "of length 3"],
+        edit_annotations(lambda d: d["annotations"][1].update(bbox=[1.0, 2.0, 5.0])),
+    ),
+    Case(
+        "empty-dataset",
+        RESUME,
+        [ANN, "empty 'images' list"],
+        edit_annotations(lambda d: d.update(images=[], annotations=[])),
+    ),
     # image files, met while training
-    Case("image-missing", RESUME, [str(IMAGES / "img2.jpg"), "does not exist"],
-         lambda c: (c / IMAGES / "img2.jpg").unlink()),
-    Case("jpeg-truncated", RESUME, [str(IMAGES / "img2.jpg"), "truncated"],
-         _replace_image("img2.jpg", lambda b: b[: len(b) // 2])),
-    Case("jpeg-corrupt-header", RESUME, [str(IMAGES / "img2.jpg"), "corrupt"],
-         _replace_image("img2.jpg", _damaged_jpeg_header)),
-    Case("not-an-image", RESUME, [str(IMAGES / "img2.jpg"), "not an image"],
-         _replace_image("img2.jpg", lambda b: b"name,x,y\nimg2,1,2\n")),
-    Case("empty-image-file", RESUME, [str(IMAGES / "img2.jpg"), "not an image"],
-         _replace_image("img2.jpg", lambda b: b"")),
-    Case("decompression-bomb", RESUME, [str(IMAGES / "bomb.png"), "too large to decode safely",
-                                        "MAX_IMAGE_PIXELS"], _bomb),
-    Case("path-escapes-image-folder", RESUME, [ANN, "image id 3", "'../outside.jpg'", "leaves the image folder"],
-         _escaping_path),
+    Case(
+        "image-missing",
+        RESUME,
+        [str(IMAGES / "img2.jpg"), "does not exist"],
+        lambda c: (c / IMAGES / "img2.jpg").unlink(),
+    ),
+    Case(
+        "jpeg-truncated",
+        RESUME,
+        [str(IMAGES / "img2.jpg"), "truncated"],
+        _replace_image("img2.jpg", lambda b: b[: len(b) // 2]),
+    ),
+    Case(
+        "jpeg-corrupt-header",
+        RESUME,
+        [str(IMAGES / "img2.jpg"), "corrupt"],
+        _replace_image("img2.jpg", _damaged_jpeg_header),
+    ),
+    Case(
+        "not-an-image",
+        RESUME,
+        [str(IMAGES / "img2.jpg"), "not an image"],
+        _replace_image("img2.jpg", lambda b: b"name,x,y\nimg2,1,2\n"),
+    ),
+    Case(
+        "empty-image-file",
+        RESUME,
+        [str(IMAGES / "img2.jpg"), "not an image"],
+        _replace_image("img2.jpg", lambda b: b""),
+    ),
+    Case(
+        "decompression-bomb",
+        RESUME,
+        [str(IMAGES / "bomb.png"), "too large to decode safely", "MAX_IMAGE_PIXELS"],
+        _bomb,
+    ),
+    Case(
+        "path-escapes-image-folder",
+        RESUME,
+        [ANN, "image id 3", "'../outside.jpg'", "leaves the image folder"],
+        _escaping_path,
+    ),
     Case("absolute-image-path", RESUME, [ANN, "image id 3", "outside.jpg", "is absolute"], _absolute_path),
-    Case("image-size-differs-from-annotation", RESUME, [str(IMAGES / "img2.jpg"), "is 48x64", "says 48x60",
-                                                        "image id 3"],
-         edit_annotations(lambda d: d["images"][2].update(width=60))),
-    Case("eval-truncated-image", EVAL, [str(IMAGES / "img0.jpg"), "truncated"],
-         _replace_image("img0.jpg", lambda b: b[: len(b) // 2])),
+    Case(
+        "image-size-differs-from-annotation",
+        RESUME,
+        [str(IMAGES / "img2.jpg"), "is 48x64", "says 48x60", "image id 3"],
+        edit_annotations(lambda d: d["images"][2].update(width=60)),
+    ),
+    Case(
+        "eval-truncated-image",
+        EVAL,
+        [str(IMAGES / "img0.jpg"), "truncated"],
+        _replace_image("img0.jpg", lambda b: b[: len(b) // 2]),
+    ),
     # Threshold 0 draws every box, so a picture written before the failure would differ from the earlier one.
-    Case("predict-not-an-image", ["predict", "--checkpoint", CHECKPOINT, IMAGES / "img0.jpg", "data/notes.jpg",
-                                  "--output", OUT / "predictions", "--score-threshold", "0"],
-         ["data/notes.jpg", "not an image"], _text("data/notes.jpg", "not a picture\n")),
+    Case(
+        "predict-not-an-image",
+        [
+            "predict",
+            "--checkpoint",
+            CHECKPOINT,
+            IMAGES / "img0.jpg",
+            "data/notes.jpg",
+            "--output",
+            OUT / "predictions",
+            "--score-threshold",
+            "0",
+        ],
+        ["data/notes.jpg", "not an image"],
+        _text("data/notes.jpg", "not a picture\n"),
+    ),
     # config
-    Case("unknown-config-key", [*RESUME, "train.lrr=1e-4"], ["command line", "unknown key 'train.lrr'",
-                                                            "valid keys in train are"]),
-    Case("unknown-key-in-config-file", [*RESUME, "--config", "my.yaml"], ["my.yaml", "unknown key 'train.epoch'"],
-         _text("my.yaml", "train:\n  epoch: 3\n")),
+    Case(
+        "unknown-config-key",
+        [*RESUME, "train.lrr=1e-4"],
+        ["command line", "unknown key 'train.lrr'", "valid keys in train are"],
+    ),
+    Case(
+        "unknown-key-in-config-file",
+        [*RESUME, "--config", "my.yaml"],
+        ["my.yaml", "unknown key 'train.epoch'"],
+        _text("my.yaml", "train:\n  epoch: 3\n"),
+    ),
     Case("wrong-value-type", [*RESUME, "train.batch_size=two"], ["'train.batch_size' must be an integer", "'two'"]),
-    Case("wrong-value-in-config-file", [*RESUME, "--config", "my.yaml"], ["my.yaml", "'train.lr' must be a number"],
-         _text("my.yaml", "train:\n  lr: [1, 2]\n")),
-    Case("invalid-yaml", [*RESUME, "--config", "my.yaml"], ["my.yaml", "invalid YAML at line 3"],
-         _text("my.yaml", "train:\n  lr: [1, 2\n")),
+    Case(
+        "wrong-value-in-config-file",
+        [*RESUME, "--config", "my.yaml"],
+        ["my.yaml", "'train.lr' must be a number"],
+        _text("my.yaml", "train:\n  lr: [1, 2]\n"),
+    ),
+    Case(
+        "invalid-yaml",
+        [*RESUME, "--config", "my.yaml"],
+        ["my.yaml", "invalid YAML at line 3"],
+        _text("my.yaml", "train:\n  lr: [1, 2\n"),
+    ),
     Case("config-file-missing", [*RESUME, "--config", "missing.yaml"], ["Config file missing.yaml does not exist"]),
-    Case("unknown-option-value", [*RESUME, "data.on_bad_sample=ignore"],
-         ["'data.on_bad_sample' must be one of 'error', 'skip'", "'ignore'"]),
+    Case(
+        "unknown-option-value",
+        [*RESUME, "data.on_bad_sample=ignore"],
+        ["'data.on_bad_sample' must be one of 'error', 'skip'", "'ignore'"],
+    ),
     # checkpoints
-    Case("checkpoint-missing", ["eval", "--checkpoint", "missing.pth", "--output", OUT],
-         ["The checkpoint file missing.pth does not exist"]),
-    Case("checkpoint-truncated", ["eval", "--checkpoint", "truncated.pth", "--output", OUT],
-         ["truncated.pth", "corrupt or truncated"], _truncated_checkpoint),
-    Case("checkpoint-is-json", ["eval", "--checkpoint", ANN, "--output", OUT],
-         [ANN, "not a PyTorch checkpoint", "Unsupported operand 123"]),
-    Case("checkpoint-of-another-architecture", [*FINETUNE, "train.init_from=deformable.pth"],
-         ["train.init_from deformable.pth does not fit the model", "another architecture"], _other_architecture),
-    Case("config-of-another-architecture", [*EVAL, "--config", "deformable.yaml"],
-         [str(CHECKPOINT), "does not fit the model", "another architecture"], _deformable_config),
-    Case("checkpoint-with-another-class-count", [*FINETUNE, f"train.init_from={CHECKPOINT}"],
-         [f"train.init_from {CHECKPOINT} was trained with 2 classes but this dataset needs 3",
-          "train.reset_classifier=true"], _third_category),
-    Case("existing-run-without-resume", ["train", *BASE, "train.epochs=2"],
-         [str(OUT), "already holds a checkpoint of another run", "--resume"]),
-    Case("resume-checkpoint-truncated", RESUME, [str(CHECKPOINT), "corrupt or truncated"],
-         lambda c: (c / CHECKPOINT).write_bytes((c / CHECKPOINT).read_bytes()[:5000])),
+    Case(
+        "checkpoint-missing",
+        ["eval", "--checkpoint", "missing.pth", "--output", OUT],
+        ["The checkpoint file missing.pth does not exist"],
+    ),
+    Case(
+        "checkpoint-truncated",
+        ["eval", "--checkpoint", "truncated.pth", "--output", OUT],
+        ["truncated.pth", "corrupt or truncated"],
+        _truncated_checkpoint,
+    ),
+    Case(
+        "checkpoint-is-json",
+        ["eval", "--checkpoint", ANN, "--output", OUT],
+        [ANN, "not a PyTorch checkpoint", "Unsupported operand 123"],
+    ),
+    Case(
+        "checkpoint-of-another-architecture",
+        [*FINETUNE, "train.init_from=deformable.pth"],
+        ["train.init_from deformable.pth does not fit the model", "another architecture"],
+        _other_architecture,
+    ),
+    Case(
+        "config-of-another-architecture",
+        [*EVAL, "--config", "deformable.yaml"],
+        [str(CHECKPOINT), "does not fit the model", "another architecture"],
+        _deformable_config,
+    ),
+    Case(
+        "checkpoint-with-another-class-count",
+        [*FINETUNE, f"train.init_from={CHECKPOINT}"],
+        [
+            f"train.init_from {CHECKPOINT} was trained with 2 classes but this dataset needs 3",
+            "train.reset_classifier=true",
+        ],
+        _third_category,
+    ),
+    Case(
+        "existing-run-without-resume",
+        ["train", *BASE, "train.epochs=2"],
+        [str(OUT), "already holds a checkpoint of another run", "--resume"],
+    ),
+    Case(
+        "resume-checkpoint-truncated",
+        RESUME,
+        [str(CHECKPOINT), "corrupt or truncated"],
+        lambda c: (c / CHECKPOINT).write_bytes((c / CHECKPOINT).read_bytes()[:5000]),
+    ),
 ]
 
 
@@ -299,7 +449,9 @@ def test_a_fresh_interpreter_gives_the_same_result(cli, cold_cli, template: Path
         assert_outputs_kept(before, folder / OUT)
         results.append(result)
     assert results[0].returncode == results[1].returncode
-    assert results[0].stderr.replace(str(tmp_path / "cold"), "") == results[1].stderr.replace(str(tmp_path / "warm"), "")
+    assert results[0].stderr.replace(str(tmp_path / "cold"), "") == results[1].stderr.replace(
+        str(tmp_path / "warm"), ""
+    )
 
 
 # ------------------------------------------------------------------ inputs that must work
@@ -327,13 +479,27 @@ def _mode_images(case: Path) -> None:
         images.append({"id": index, "file_name": name, "width": 64, "height": 48})
         if name != "nothing.jpg":
             for ann_box, label in ((box, 1 + index % 2), (other, 2 - index % 2)):
-                annotations.append({"id": len(annotations) + 1, "image_id": index, "category_id": label,
-                                    "bbox": ann_box, "area": ann_box[2] * ann_box[3], "iscrowd": 0})
+                annotations.append(
+                    {
+                        "id": len(annotations) + 1,
+                        "image_id": index,
+                        "category_id": label,
+                        "bbox": ann_box,
+                        "area": ann_box[2] * ann_box[3],
+                        "iscrowd": 0,
+                    }
+                )
     modes = {name: Image.open(case / IMAGES / name).mode for name in pictures}
-    assert modes == {"grey.png": "L", "rgba.png": "RGBA", "palette.png": "P", "deep.png": "I;16",
-                     "nothing.jpg": "RGB"}, modes
-    write_annotations(case, {"images": images, "annotations": annotations,
-                             "categories": read_annotations(case)["categories"]})
+    assert modes == {
+        "grey.png": "L",
+        "rgba.png": "RGBA",
+        "palette.png": "P",
+        "deep.png": "I;16",
+        "nothing.jpg": "RGB",
+    }, modes
+    write_annotations(
+        case, {"images": images, "annotations": annotations, "categories": read_annotations(case)["categories"]}
+    )
 
 
 def test_grayscale_rgba_palette_16bit_and_unannotated_images_train_evaluate_and_predict(cli, case: Path) -> None:
@@ -346,7 +512,12 @@ def test_grayscale_rgba_palette_16bit_and_unannotated_images_train_evaluate_and_
     predicted = cli.run(["predict", "--checkpoint", CHECKPOINT, IMAGES, "--output", "pred"], cwd=case)
     assert_success(predicted)
     assert sorted(p.name for p in (case / "pred").glob("*.png")) == [
-        "deep.png", "grey.png", "nothing.png", "palette.png", "rgba.png"]
+        "deep.png",
+        "grey.png",
+        "nothing.png",
+        "palette.png",
+        "rgba.png",
+    ]
 
 
 def test_fine_tuning_to_another_class_count_with_reset_classifier(cli, case: Path) -> None:
@@ -366,8 +537,9 @@ def test_boxes_outside_their_image_are_counted(cli, case: Path) -> None:
     edit_annotations(lambda d: d["annotations"][0].update(bbox=[70.0, 5.0, 10.0, 10.0]))(case)  # 64 px wide
     result = cli.run(RESUME, cwd=case)
     assert_success(result)
-    assert ("1 boxes in data/annotations.json lie entirely outside their image and are left out of the "
-            "training targets.") in result.stdout, result.stdout
+    assert (
+        "1 boxes in data/annotations.json lie entirely outside their image and are left out of the training targets."
+    ) in result.stdout, result.stdout
 
 
 def test_bad_samples_are_skipped_and_counted_only_when_asked(cli, case: Path) -> None:

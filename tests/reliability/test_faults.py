@@ -33,11 +33,11 @@ import pytest
 import torch
 
 from detr_peg.checkpoint.format import read_checkpoint, save_checkpoint
-from detr_peg.checkpoint.io import atomic_torch_save
 from detr_peg.cli.main import main
 from detr_peg.config import load_config
 from detr_peg.engine import checkpointing
 from detr_peg.errors import CheckpointError
+from detr_peg.fileio import atomic_torch_save
 from tests.engine.tiny_run import logged_iterations, wait_for_iteration
 from tests.reliability.cli_process import apply_limits, can_drop_file_access_override
 from tests.reliability.conftest import (
@@ -54,15 +54,24 @@ from tests.reliability.conftest import (
 
 ITERATIONS = 12
 #: Six epochs of two iterations, the learning rate dropping every second epoch; no validation.
-KILL_RUN = [*BASE, "train.epochs=6", "train.lr_drop=2", "train.lr=1e-3", "data.crop_prob=0.5",
-            "data.hflip_prob=0.5", "data.val_images=null", "data.val_annotations=null",
-            "train.deterministic=true"]
+KILL_RUN = [
+    *BASE,
+    "train.epochs=6",
+    "train.lr_drop=2",
+    "train.lr=1e-3",
+    "data.crop_prob=0.5",
+    "data.hflip_prob=0.5",
+    "data.val_images=null",
+    "data.val_annotations=null",
+    "train.deterministic=true",
+]
 
 
 def _watch(proc) -> dict:
     """``ended``/``kill`` of :func:`wait_for_iteration` for a :class:`CliProcess`, polled every 5 ms."""
-    return dict(ended=lambda: proc.poll() and proc.wait(), kill=lambda: proc.send_signal(signal.SIGKILL),
-                interval=0.005)
+    return dict(
+        ended=lambda: proc.poll() and proc.wait(), kill=lambda: proc.send_signal(signal.SIGKILL), interval=0.005
+    )
 
 
 def _weights_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
@@ -70,8 +79,7 @@ def _weights_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> li
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_weights(
-        cli, case: Path) -> None:
+def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_weights(cli, case: Path) -> None:
     seed = int(os.environ.get("DETR_PEG_KILL_SEED", random.randrange(2**32)))
     rng = random.Random(seed)
     reference = cli.run(["train", *KILL_RUN, "train.output_dir=reference"], cwd=case)
@@ -101,8 +109,7 @@ def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_
     last = wait_for_iteration(metrics, above=max(logged_iterations(metrics), default=0), **_watch(proc))
     proc.send_signal(signal.SIGINT)
     stopped = proc.wait()
-    line = assert_one_line_error(stopped, "Stopped by SIGINT at iteration", "continue with --resume",
-                                 returncode=130)
+    line = assert_one_line_error(stopped, "Stopped by SIGINT at iteration", "continue with --resume", returncode=130)
     at = int(line.split("at iteration ")[1].split(";")[0])
     assert last <= at < ITERATIONS, f"seed {seed}, moments {moments}"
     assert read_checkpoint(case / "run" / "checkpoint.pth").extra["iteration"] == at
@@ -147,8 +154,12 @@ def test_a_full_disk_while_writing_a_checkpoint_keeps_the_previous_one(cli, case
     size = (case / OUT / "checkpoint.pth").stat().st_size
     before = snapshot(case / OUT)
     result = cli.run(RESUME, cwd=case, limits=[("fsize", size // 2)])
-    assert_one_line_error(result, "Could not write out/checkpoint.pth: File too large",
-                          "Training stopped at iteration 4", "the previous checkpoint (if any) is intact")
+    assert_one_line_error(
+        result,
+        "Could not write out/checkpoint.pth: File too large",
+        "Training stopped at iteration 4",
+        "the previous checkpoint (if any) is intact",
+    )
     assert_outputs_kept(before, case / OUT)  # byte-identical, no temporary file left
     assert read_checkpoint(case / OUT / "checkpoint.pth").extra["iteration"] == 2
 
@@ -156,10 +167,11 @@ def test_a_full_disk_while_writing_a_checkpoint_keeps_the_previous_one(cli, case
 def test_a_disk_without_room_for_one_file_fails_before_training(cli, case: Path) -> None:
     before = snapshot(case / OUT)
     result = cli.run(RESUME, cwd=case, limits=[("fsize", 1000)])
-    assert_one_line_error(result, "Output folder out has no room to write (File too large)",
-                          "choose another train.output_dir")
+    assert_one_line_error(
+        result, "Output folder out has no room to write (File too large)", "choose another train.output_dir"
+    )
     assert_outputs_kept(before, case / OUT)
-    assert "iter" not in (case / OUT / "metrics.jsonl").read_text()[len(before["metrics.jsonl"]):]
+    assert "iter" not in (case / OUT / "metrics.jsonl").read_text()[len(before["metrics.jsonl"]) :]
 
 
 def test_too_little_free_space_fails_before_training(case: Path, monkeypatch, capsys) -> None:
@@ -208,8 +220,9 @@ def test_an_output_folder_under_a_file_fails_before_training(cli, case: Path) ->
     (case / "taken").write_text("a file, not a folder\n")
     before = snapshot(case / OUT)
     result = cli.run(["train", *BASE, "train.output_dir=taken/run", "train.epochs=1"], cwd=case)
-    assert_one_line_error(result, "Output folder taken/run cannot be created (Not a directory)",
-                          "choose another train.output_dir")
+    assert_one_line_error(
+        result, "Output folder taken/run cannot be created (Not a directory)", "choose another train.output_dir"
+    )
     assert_outputs_kept(before, case / OUT)
 
 
@@ -229,8 +242,11 @@ def test_a_read_only_output_folder_is_reported(cli, case: Path, command: str) ->
         "predict": ["predict", "--checkpoint", OUT / "checkpoint.pth", IMAGES, "--output", "locked"],
     }[command]
     result = cli.run(args, cwd=case, limits=limits)
-    expected = ("Could not write into locked: Permission denied" if command == "predict"
-                else "Output folder locked is not writable (Permission denied)")
+    expected = (
+        "Could not write into locked: Permission denied"
+        if command == "predict"
+        else "Output folder locked is not writable (Permission denied)"
+    )
     assert_one_line_error(result, expected)
     assert list((case / "locked").iterdir()) == []
 

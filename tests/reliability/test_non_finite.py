@@ -35,11 +35,16 @@ def _all_finite(state: dict[str, torch.Tensor]) -> bool:
 
 
 def test_an_exploding_learning_rate_stops_naming_the_loss_term(cli, case: Path) -> None:
-    result = cli.run(["train", *BASE, "train.output_dir=blow", "train.epochs=3", "train.lr=1e30",
-                      "train.checkpoint_every=1"], cwd=case)
-    line = assert_one_line_error(result, "at iteration 2 (epoch 0)",
-                                 "the last good checkpoint blow/checkpoint.pth (iteration 1) is kept",
-                                 "Lower train.lr")
+    result = cli.run(
+        ["train", *BASE, "train.output_dir=blow", "train.epochs=3", "train.lr=1e30", "train.checkpoint_every=1"],
+        cwd=case,
+    )
+    line = assert_one_line_error(
+        result,
+        "at iteration 2 (epoch 0)",
+        "the last good checkpoint blow/checkpoint.pth (iteration 1) is kept",
+        "Lower train.lr",
+    )
     term = re.search(r"Non-finite loss term (\w+) \((nan|inf|-inf)\)", line)
     assert term and term.group(1) in TERMS, line
     kept = read_checkpoint(case / "blow" / "checkpoint.pth")
@@ -49,8 +54,9 @@ def test_an_exploding_learning_rate_stops_naming_the_loss_term(cli, case: Path) 
 def test_an_overflowing_loss_weight_stops_naming_the_gradient_norm(cli, case: Path) -> None:
     before = snapshot(case / OUT)
     result = cli.run([*RESUME, "loss.giou_loss_coef=1e38"], cwd=case)
-    line = assert_one_line_error(result, "at iteration 3 (epoch 1)",
-                                 "the last good checkpoint out/checkpoint.pth (iteration 2) is kept")
+    line = assert_one_line_error(
+        result, "at iteration 3 (epoch 1)", "the last good checkpoint out/checkpoint.pth (iteration 2) is kept"
+    )
     assert re.search(r"Non-finite gradient norm \((nan|inf)\)", line), line
     assert_outputs_kept(before, case / OUT)
 
@@ -71,7 +77,9 @@ def test_a_nan_loss_term_is_named(case: Path, monkeypatch, capsys) -> None:
     before = snapshot(case / OUT)
     assert main([*RESUME, "train.epochs=3"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("detr-peg train: error: Non-finite loss term loss_giou (nan) at iteration 4 (epoch 1); training "
-                   "stopped and the last good checkpoint out/checkpoint.pth (iteration 2) is kept. Lower train.lr, "
-                   "check the data, or keep train.clip_max_norm > 0.")
+    assert err == (
+        "detr-peg train: error: Non-finite loss term loss_giou (nan) at iteration 4 (epoch 1); training "
+        "stopped and the last good checkpoint out/checkpoint.pth (iteration 2) is kept. Lower train.lr, "
+        "check the data, or keep train.clip_max_norm > 0."
+    )
     assert_outputs_kept(before, case / OUT)

@@ -159,13 +159,24 @@ def test_safetensors_weights_are_accepted_everywhere(cli, case: Path) -> None:
     # Backbone weights: a torchvision state dict, or a detector checkpoint (its backbone part).
     body = torchvision.models.resnet18()
     save_file({k: v.contiguous() for k, v in body.state_dict().items()}, case / "resnet18.safetensors")
-    for weights, expected in (("resnet18.safetensors", body.state_dict()["layer1.0.conv1.weight"]),
-                              ("model.safetensors", ckpt.model["backbone.body.layer1.0.conv1.weight"])):
+    for weights, expected in (
+        ("resnet18.safetensors", body.state_dict()["layer1.0.conv1.weight"]),
+        ("model.safetensors", ckpt.model["backbone.body.layer1.0.conv1.weight"]),
+    ):
         cfg = load_config(None, [*BASE, "model.num_classes=2", f"model.backbone.weights={case / weights}"])
-        torch.testing.assert_close(build_model(cfg).backbone.body.layer1[0].conv1.weight, expected,
-                                   rtol=0, atol=0)
-        assert_success(cli.run(["train", *BASE, f"train.output_dir={OUT / weights}", "train.max_iters=1",
-                                f"model.backbone.weights={weights}"], cwd=case))
+        torch.testing.assert_close(build_model(cfg).backbone.body.layer1[0].conv1.weight, expected, rtol=0, atol=0)
+        assert_success(
+            cli.run(
+                [
+                    "train",
+                    *BASE,
+                    f"train.output_dir={OUT / weights}",
+                    "train.max_iters=1",
+                    f"model.backbone.weights={weights}",
+                ],
+                cwd=case,
+            )
+        )
 
 
 @pytest.mark.parametrize("name", ["sub/../../outside.jpg", "..\\outside.jpg", "images/../../outside.jpg"])

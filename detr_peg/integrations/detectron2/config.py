@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from detectron2.config import CfgNode as CN
 
+import detr_peg.models  # noqa: F401  (registers the architectures and encodings the config is checked against)
 from detr_peg.config import Config, load_config
 from detr_peg.errors import ConfigError
 

@@ -36,9 +36,15 @@ class DetrPegDatasetMapper:
     """
 
     @configurable
-    def __init__(self, *, is_train: bool, augmentations: list[T.Augmentation],
-                 crop_augmentations: list[T.Augmentation] | None = None, crop_prob: float = 0.5,
-                 image_format: str = "RGB") -> None:
+    def __init__(
+        self,
+        *,
+        is_train: bool,
+        augmentations: list[T.Augmentation],
+        crop_augmentations: list[T.Augmentation] | None = None,
+        crop_prob: float = 0.5,
+        image_format: str = "RGB",
+    ) -> None:
         self.is_train = is_train
         self.augmentations = T.AugmentationList(augmentations)
         self.crop_augmentations = None if crop_augmentations is None else T.AugmentationList(crop_augmentations)
@@ -55,10 +61,19 @@ class DetrPegDatasetMapper:
         resize = T.ResizeShortestEdge(inp.MIN_SIZE_TRAIN, inp.MAX_SIZE_TRAIN, inp.MIN_SIZE_TRAIN_SAMPLING)
         crop = None
         if inp.CROP.ENABLED:
-            crop = [*flip, T.ResizeShortestEdge(inp.CROP.RESIZE_SHORTEST_EDGE, sample_style="choice"),
-                    T.RandomCrop(inp.CROP.TYPE, inp.CROP.SIZE), resize]
-        return {"is_train": True, "augmentations": [*flip, resize], "crop_augmentations": crop,
-                "crop_prob": inp.CROP.PROB, "image_format": inp.FORMAT}
+            crop = [
+                *flip,
+                T.ResizeShortestEdge(inp.CROP.RESIZE_SHORTEST_EDGE, sample_style="choice"),
+                T.RandomCrop(inp.CROP.TYPE, inp.CROP.SIZE),
+                resize,
+            ]
+        return {
+            "is_train": True,
+            "augmentations": [*flip, resize],
+            "crop_augmentations": crop,
+            "crop_prob": inp.CROP.PROB,
+            "image_format": inp.FORMAT,
+        }
 
     def __call__(self, dataset_dict: dict) -> dict:
         """Read, augment and convert one image.

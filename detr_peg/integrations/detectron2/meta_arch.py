@@ -58,8 +58,16 @@ class DetrPeg(nn.Module):
     arch = "detr"
 
     @configurable
-    def __init__(self, *, detector: nn.Module, criterion: nn.Module, postprocessor: nn.Module,
-                 pixel_mean: list[float], pixel_std: list[float], input_format: str = "RGB") -> None:
+    def __init__(
+        self,
+        *,
+        detector: nn.Module,
+        criterion: nn.Module,
+        postprocessor: nn.Module,
+        pixel_mean: list[float],
+        pixel_std: list[float],
+        input_format: str = "RGB",
+    ) -> None:
         super().__init__()
         if input_format not in INPUT_FORMATS:
             raise ConfigError(f"cfg.INPUT.FORMAT {input_format!r} is not supported: use 'RGB' or 'BGR'.")
@@ -146,8 +154,9 @@ class DetrPeg(nn.Module):
         return self.inference(outputs, batched_inputs, sizes)
 
     @torch.no_grad()
-    def inference(self, outputs: dict, batched_inputs: list[dict],
-                  sizes: list[tuple[int, int]]) -> list[dict[str, Instances]]:
+    def inference(
+        self, outputs: dict, batched_inputs: list[dict], sizes: list[tuple[int, int]]
+    ) -> list[dict[str, Instances]]:
         """Post-process, wrap in ``Instances`` and rescale to the requested output sizes."""
         target_sizes = torch.tensor(sizes, device=self.device)
         results = []

@@ -69,8 +69,13 @@ def build_detr_peg_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
     if solver.OPTIMIZER.upper() != "ADAMW":
         raise ConfigError(f"cfg.SOLVER.OPTIMIZER {solver.OPTIMIZER!r} is not supported for DETR-PEG: use 'ADAMW'.")
     detector = getattr(model, "module", model).detector
-    train_cfg = replace(TrainConfig(), lr=solver.BASE_LR, lr_backbone=solver.BASE_LR * solver.BACKBONE_MULTIPLIER,
-                        lr_linear_proj_mult=solver.LINEAR_PROJ_MULTIPLIER, weight_decay=solver.WEIGHT_DECAY)
+    train_cfg = replace(
+        TrainConfig(),
+        lr=solver.BASE_LR,
+        lr_backbone=solver.BASE_LR * solver.BACKBONE_MULTIPLIER,
+        lr_linear_proj_mult=solver.LINEAR_PROJ_MULTIPLIER,
+        weight_decay=solver.WEIGHT_DECAY,
+    )
     groups = build_param_groups(detector, train_cfg)
     if not groups:
         raise ConfigError("The model has no trainable parameter; check model.backbone.train and frozen_stages.")
@@ -80,7 +85,13 @@ def build_detr_peg_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
     if clip.ENABLED and clip.CLIP_TYPE == "full_model":
         if clip.CLIP_VALUE <= 0:
             raise ConfigError(f"cfg.SOLVER.CLIP_GRADIENTS.CLIP_VALUE must be positive, got {clip.CLIP_VALUE}.")
-        return FullModelClippedAdamW(groups, max_norm=clip.CLIP_VALUE, norm_type=clip.NORM_TYPE, lr=solver.BASE_LR,
-                                     weight_decay=solver.WEIGHT_DECAY)
-    return maybe_add_gradient_clipping(cfg, torch.optim.AdamW)(groups, lr=solver.BASE_LR,
-                                                               weight_decay=solver.WEIGHT_DECAY)
+        return FullModelClippedAdamW(
+            groups,
+            max_norm=clip.CLIP_VALUE,
+            norm_type=clip.NORM_TYPE,
+            lr=solver.BASE_LR,
+            weight_decay=solver.WEIGHT_DECAY,
+        )
+    return maybe_add_gradient_clipping(cfg, torch.optim.AdamW)(
+        groups, lr=solver.BASE_LR, weight_decay=solver.WEIGHT_DECAY
+    )

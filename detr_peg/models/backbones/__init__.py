@@ -1,7 +1,9 @@
 """Backbones, chosen by ``model.backbone.source`` from :data:`BACKBONES`."""
 
-from detr_peg.models.backbones import resnet  # noqa: F401  (registers "torchvision")
-from detr_peg.models.backbones import timm_backbone  # noqa: F401  (registers "timm")
+from detr_peg.models.backbones import (
+    resnet,  # noqa: F401  (registers "torchvision")
+    timm_backbone,  # noqa: F401  (registers "timm")
+)
 from detr_peg.models.backbones.base import Backbone
 from detr_peg.models.backbones.registry import BACKBONES
 

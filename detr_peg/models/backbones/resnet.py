@@ -13,9 +13,18 @@ from detr_peg.models.backbones.registry import BACKBONES
 from detr_peg.models.backbones.resnet_forward import stage_forward, stem_forward
 from detr_peg.models.backbones.weights import load_backbone_weights
 
-RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-           "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
-           "wide_resnet50_2", "wide_resnet101_2")
+RESNETS = (
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "resnext50_32x4d",
+    "resnext101_32x8d",
+    "resnext101_64x4d",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
+)
 
 NORM_LAYERS = {"frozen_bn": FrozenBatchNorm2d, "bn": nn.BatchNorm2d, "sync_bn": nn.BatchNorm2d}
 
@@ -37,9 +46,7 @@ class ResNetBackbone(Backbone):
     def __init__(self, *, body: torchvision.models.ResNet, out_stages: list[int]) -> None:
         super().__init__()
         if not out_stages or sorted(set(out_stages)) != list(out_stages) or not set(out_stages) <= {1, 2, 3, 4}:
-            raise ConfigError(
-                f"model.backbone.out_stages must be ascending stage numbers in 1..4, got {out_stages}."
-            )
+            raise ConfigError(f"model.backbone.out_stages must be ascending stage numbers in 1..4, got {out_stages}.")
         last = max(out_stages)
         for name in ("fc", "avgpool", *[f"layer{s}" for s in range(last + 1, 5)]):
             delattr(body, name)

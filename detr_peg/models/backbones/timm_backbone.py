@@ -74,8 +74,9 @@ class TimmBackbone(Backbone):
             output format); they are permuted to ``[B, C, H, W]``.
     """
 
-    def __init__(self, *, body: nn.Module, out_channels: list[int], strides: list[int],
-                 channels_last: bool = False) -> None:
+    def __init__(
+        self, *, body: nn.Module, out_channels: list[int], strides: list[int], channels_last: bool = False
+    ) -> None:
         super().__init__()
         self.body = body
         self.out_channels = list(out_channels)
@@ -180,8 +181,9 @@ def dependent_parameters(model: nn.Module, level: int) -> set[str]:
                 ) from None
             if isinstance(features, dict):
                 features = list(features.values())
-            grads = torch.autograd.grad(features[out_indices.index(level)].sum(), list(params.values()),
-                                        allow_unused=True)
+            grads = torch.autograd.grad(
+                features[out_indices.index(level)].sum(), list(params.values()), allow_unused=True
+            )
     finally:
         model.train(was_training)
     return {name for name, grad in zip(params, grads) if grad is not None}
@@ -258,8 +260,7 @@ def apply_norm(body: nn.Module, norm: str) -> nn.Module:
     return body
 
 
-def frozen_parameter_names(cfg: BackboneConfig, layout: nn.Module, body: nn.Module,
-                           last_stage: int) -> set[str]:
+def frozen_parameter_names(cfg: BackboneConfig, layout: nn.Module, body: nn.Module, last_stage: int) -> set[str]:
     """Parameters of ``body`` that ``cfg.frozen_stages`` and ``cfg.train`` freeze."""
     names = {name for name, _ in body.named_parameters()}
     if not cfg.train or cfg.frozen_stages >= last_stage:
@@ -298,7 +299,11 @@ def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackb
         if name in frozen:
             param.requires_grad_(False)
     info = body.feature_info
-    backbone = TimmBackbone(body=body, out_channels=info.channels(), strides=info.reduction(),
-                            channels_last=getattr(body, "output_fmt", "NCHW") == "NHWC")
+    backbone = TimmBackbone(
+        body=body,
+        out_channels=info.channels(),
+        strides=info.reduction(),
+        channels_last=getattr(body, "output_fmt", "NCHW") == "NHWC",
+    )
     backbone.memory_format = MEMORY_FORMATS[cfg.memory_format]
     return backbone

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from detr_peg.checkpoint.io import read_checkpoint_file
 from detr_peg.errors import CheckpointError
+from detr_peg.fileio.checkpoint_files import read_checkpoint_file
 
 # Keys under which common checkpoint layouts nest the state dict.
 _NESTED_KEYS = ("state_dict", "model", "module")
@@ -58,7 +58,7 @@ def strip_key_prefixes(state: dict[str, Tensor], prefixes: tuple[str, ...]) -> d
     for key, value in state.items():
         for prefix in prefixes:
             if key.startswith(prefix):
-                key = key[len(prefix):]
+                key = key[len(prefix) :]
                 break
         out[key] = value
     return out

@@ -11,15 +11,13 @@ from detr_peg.models.deformable.decoder import DeformableDecoder, DeformableDeco
 from detr_peg.models.deformable.deformable_detr import GROUP_NORM_GROUPS, DeformableDETR
 from detr_peg.models.deformable.encoder import DeformableEncoder, DeformableEncoderLayer
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
+from detr_peg.models.deformable.options import DEFAULTS, OPTIONS
 from detr_peg.models.deformable.transformer import DeformableTransformer
 from detr_peg.models.detr.build import require_num_classes
 from detr_peg.models.matcher import HungarianMatcher
 from detr_peg.models.position import build_position_encoding
 from detr_peg.models.postprocess import TopKPostProcess
-from detr_peg.models.registry import MODELS, Architecture
-
-# The official Deformable-DETR sine encoding measures positions from pixel centres.
-SINE_OFFSET = -0.5
+from detr_peg.models.registry import Architecture, register_architecture
 
 
 def default_out_stages(num_feature_levels: int) -> list[int]:
@@ -31,13 +29,11 @@ def default_out_stages(num_feature_levels: int) -> list[int]:
     """
     if num_feature_levels <= 1:
         return [4]
-    return [2, 3, 4][-min(num_feature_levels, 3):]
+    return [2, 3, 4][-min(num_feature_levels, 3) :]
 
 
 def _check(cfg: Config) -> None:
     m, t = cfg.model, cfg.model.transformer
-    if t.num_feature_levels < 1:
-        raise ConfigError(f"model.transformer.num_feature_levels must be at least 1, got {t.num_feature_levels}.")
     if t.hidden_dim % t.nheads:
         raise ConfigError(
             f"model.transformer.hidden_dim {t.hidden_dim} is not divisible by model.transformer.nheads {t.nheads}."
@@ -47,15 +43,10 @@ def _check(cfg: Config) -> None:
             f"model.transformer.hidden_dim {t.hidden_dim} must be a multiple of {GROUP_NORM_GROUPS} "
             "for the GroupNorm of the Deformable-DETR input projections."
         )
-    for name in ("enc_n_points", "dec_n_points", "enc_layers", "dec_layers"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"model.transformer.{name} must be at least 1, got {getattr(t, name)}.")
+    if t.enc_layers < 1:  # DETR can do without an encoder; the deformable decoder samples encoder memory
+        raise ConfigError(f"model.transformer.enc_layers must be at least 1 for Deformable-DETR, got {t.enc_layers}.")
     if m.two_stage and not m.with_box_refine:
         raise ConfigError("model.two_stage needs model.with_box_refine=true (as in the official Deformable-DETR).")
-    if m.two_stage and t.two_stage_num_proposals < 1:
-        raise ConfigError(
-            f"model.transformer.two_stage_num_proposals must be at least 1, got {t.two_stage_num_proposals}."
-        )
     stages = m.backbone.out_stages
     if stages is not None and len(stages) > t.num_feature_levels:
         raise ConfigError(
@@ -70,28 +61,44 @@ def build_deformable_detr(cfg: Config) -> DeformableDETR:
     m, t = cfg.model, cfg.model.transformer
     num_classes = require_num_classes(cfg)
     backbone = build_backbone(m.backbone, m.backbone.out_stages or default_out_stages(t.num_feature_levels))
-    position = build_position_encoding(m.position, dim=t.hidden_dim, num_levels=t.num_feature_levels,
-                                       num_layers=t.enc_layers, default_offset=SINE_OFFSET)
+    position = build_position_encoding(
+        m.position, dim=t.hidden_dim, num_levels=t.num_feature_levels, num_layers=t.enc_layers
+    )
     d, levels = t.hidden_dim, t.num_feature_levels
     encoder_layer = DeformableEncoderLayer(
         self_attn=MSDeformAttn(d_model=d, n_levels=levels, n_heads=t.nheads, n_points=t.enc_n_points),
-        d_model=d, dim_feedforward=t.dim_feedforward, dropout=t.dropout, activation=t.activation,
+        d_model=d,
+        dim_feedforward=t.dim_feedforward,
+        dropout=t.dropout,
+        activation=t.activation,
     )
     decoder_layer = DeformableDecoderLayer(
         self_attn=MultiheadAttention(d, t.nheads, dropout=t.dropout),
         cross_attn=MSDeformAttn(d_model=d, n_levels=levels, n_heads=t.nheads, n_points=t.dec_n_points),
-        d_model=d, dim_feedforward=t.dim_feedforward, dropout=t.dropout, activation=t.activation,
+        d_model=d,
+        dim_feedforward=t.dim_feedforward,
+        dropout=t.dropout,
+        activation=t.activation,
     )
     transformer = DeformableTransformer(
         encoder=DeformableEncoder(layer=encoder_layer, num_layers=t.enc_layers),
         decoder=DeformableDecoder(layer=decoder_layer, num_layers=t.dec_layers),
-        position=position, d_model=d, num_feature_levels=levels, two_stage=m.two_stage,
+        position=position,
+        d_model=d,
+        num_feature_levels=levels,
+        two_stage=m.two_stage,
         two_stage_num_proposals=t.two_stage_num_proposals,
     )
     num_queries = t.two_stage_num_proposals if m.two_stage else m.num_queries
-    return DeformableDETR(backbone=backbone, transformer=transformer, num_classes=num_classes,
-                          num_queries=num_queries, aux_loss=m.aux_loss, with_box_refine=m.with_box_refine,
-                          two_stage=m.two_stage)
+    return DeformableDETR(
+        backbone=backbone,
+        transformer=transformer,
+        num_classes=num_classes,
+        num_queries=num_queries,
+        aux_loss=m.aux_loss,
+        with_box_refine=m.with_box_refine,
+        two_stage=m.two_stage,
+    )
 
 
 def build_deformable_criterion(cfg: Config) -> SetCriterion:
@@ -101,14 +108,30 @@ def build_deformable_criterion(cfg: Config) -> SetCriterion:
     two-stage (the official code weights them only together with ``aux_loss``).
     """
     loss = cfg.loss
-    matcher = HungarianMatcher(cost_class=loss.set_cost_class, cost_bbox=loss.set_cost_bbox,
-                               cost_giou=loss.set_cost_giou, class_cost="focal",
-                               focal_alpha=loss.focal_alpha, focal_gamma=loss.focal_gamma)
+    matcher = HungarianMatcher(
+        cost_class=loss.set_cost_class,
+        cost_bbox=loss.set_cost_bbox,
+        cost_giou=loss.set_cost_giou,
+        class_cost="focal",
+        focal_alpha=loss.focal_alpha,
+        focal_gamma=loss.focal_gamma,
+    )
     num_aux = cfg.model.transformer.dec_layers - 1 if cfg.model.aux_loss else 0
-    weight_dict = build_weight_dict(ce=loss.ce_loss_coef, bbox=loss.bbox_loss_coef, giou=loss.giou_loss_coef,
-                                    num_aux=num_aux, two_stage=cfg.model.two_stage)
-    return SetCriterion(num_classes=require_num_classes(cfg), matcher=matcher, weight_dict=weight_dict,
-                        class_loss="focal", focal_alpha=loss.focal_alpha, focal_gamma=loss.focal_gamma)
+    weight_dict = build_weight_dict(
+        ce=loss.ce_loss_coef,
+        bbox=loss.bbox_loss_coef,
+        giou=loss.giou_loss_coef,
+        num_aux=num_aux,
+        two_stage=cfg.model.two_stage,
+    )
+    return SetCriterion(
+        num_classes=require_num_classes(cfg),
+        matcher=matcher,
+        weight_dict=weight_dict,
+        class_loss="focal",
+        focal_alpha=loss.focal_alpha,
+        focal_gamma=loss.focal_gamma,
+    )
 
 
 def build_deformable_postprocessor(cfg: Config) -> TopKPostProcess:
@@ -116,7 +139,13 @@ def build_deformable_postprocessor(cfg: Config) -> TopKPostProcess:
     return TopKPostProcess(num_select=cfg.eval.num_select)
 
 
-MODELS.register("deformable_detr")(
-    Architecture(build_model=build_deformable_detr, build_criterion=build_deformable_criterion,
-                 build_postprocessor=build_deformable_postprocessor, sine_offset=SINE_OFFSET)
+register_architecture(
+    "deformable_detr",
+    Architecture(
+        build_model=build_deformable_detr,
+        build_criterion=build_deformable_criterion,
+        build_postprocessor=build_deformable_postprocessor,
+        options=OPTIONS,
+        defaults=DEFAULTS,
+    ),
 )

@@ -20,7 +20,7 @@ detached before it feeds the next layer, as in the official code.
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -69,8 +69,16 @@ class DeformableDecoderLayer(nn.Module):
         activation: feed-forward activation name.
     """
 
-    def __init__(self, *, self_attn: MultiheadAttention, cross_attn: nn.Module, d_model: int,
-                 dim_feedforward: int, dropout: float, activation: str = "relu") -> None:
+    def __init__(
+        self,
+        *,
+        self_attn: MultiheadAttention,
+        cross_attn: nn.Module,
+        d_model: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str = "relu",
+    ) -> None:
         super().__init__()
         self.cross_attn = cross_attn
         self.dropout1 = nn.Dropout(dropout)
@@ -85,8 +93,9 @@ class DeformableDecoderLayer(nn.Module):
         self.dropout4 = nn.Dropout(dropout)
         self.norm3 = nn.LayerNorm(d_model)
 
-    def forward(self, tgt: Tensor, query_pos: Tensor, reference_points: Tensor, memory: Tensor,
-                layout: LevelLayout) -> Tensor:
+    def forward(
+        self, tgt: Tensor, query_pos: Tensor, reference_points: Tensor, memory: Tensor, layout: LevelLayout
+    ) -> Tensor:
         """Decode one layer.
 
         Args:
@@ -102,8 +111,9 @@ class DeformableDecoderLayer(nn.Module):
         """
         q = tgt + query_pos
         tgt = self.norm2(tgt + self.dropout2(self.self_attn(q, q, tgt)))
-        attn = self.cross_attn(tgt + query_pos, reference_points, memory, layout.spatial_shapes,
-                               layout.level_start_index, layout.mask)
+        attn = self.cross_attn(
+            tgt + query_pos, reference_points, memory, layout.spatial_shapes, layout.level_start_index, layout.mask
+        )
         tgt = self.norm1(tgt + self.dropout1(attn))
         ffn = self.linear2(self.dropout3(self.activation(self.linear1(tgt))))
         return self.norm3(tgt + self.dropout4(ffn))
@@ -122,8 +132,15 @@ class DeformableDecoder(nn.Module):
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.num_layers = num_layers
 
-    def forward(self, tgt: Tensor, reference_points: Tensor, memory: Tensor, layout: LevelLayout,
-                query_pos: Tensor, box_heads: Sequence[nn.Module] | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        tgt: Tensor,
+        reference_points: Tensor,
+        memory: Tensor,
+        layout: LevelLayout,
+        query_pos: Tensor,
+        box_heads: Sequence[nn.Module] | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Decode the queries.
 
         Args:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -77,9 +77,17 @@ class DeformableDETR(nn.Module):
         two_stage: queries from the encoder's top proposals (needs ``with_box_refine``).
     """
 
-    def __init__(self, *, backbone: Backbone, transformer: DeformableTransformer, num_classes: int,
-                 num_queries: int, aux_loss: bool = True, with_box_refine: bool = False,
-                 two_stage: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        backbone: Backbone,
+        transformer: DeformableTransformer,
+        num_classes: int,
+        num_queries: int,
+        aux_loss: bool = True,
+        with_box_refine: bool = False,
+        two_stage: bool = False,
+    ) -> None:
         super().__init__()
         if two_stage and not with_box_refine:
             raise ValueError("two_stage needs with_box_refine (as in the official Deformable-DETR)")
@@ -157,7 +165,9 @@ class DeformableDETR(nn.Module):
         masks = [downsample_mask(mask, s.shape[-2:]) for s in srcs]
 
         out_t = self.transformer(
-            srcs, masks, None if self.two_stage else self.query_embed.weight,
+            srcs,
+            masks,
+            None if self.two_stage else self.query_embed.weight,
             box_heads=self.bbox_embed if self.with_box_refine else None,
             proposal_heads=(self.class_embed[-1], self.bbox_embed[-1]) if self.two_stage else None,
         )
@@ -170,6 +180,8 @@ class DeformableDETR(nn.Module):
         if self.aux_loss:
             out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
         if self.two_stage:
-            out["enc_outputs"] = {"pred_logits": out_t.enc_outputs_class,
-                                  "pred_boxes": out_t.enc_outputs_coord_unact.sigmoid()}
+            out["enc_outputs"] = {
+                "pred_logits": out_t.enc_outputs_class,
+                "pred_boxes": out_t.enc_outputs_coord_unact.sigmoid(),
+            }
         return out

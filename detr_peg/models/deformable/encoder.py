@@ -40,8 +40,9 @@ class DeformableEncoderLayer(nn.Module):
         activation: feed-forward activation name.
     """
 
-    def __init__(self, *, self_attn: nn.Module, d_model: int, dim_feedforward: int, dropout: float,
-                 activation: str = "relu") -> None:
+    def __init__(
+        self, *, self_attn: nn.Module, d_model: int, dim_feedforward: int, dropout: float, activation: str = "relu"
+    ) -> None:
         super().__init__()
         self.self_attn = self_attn
         self.dropout1 = nn.Dropout(dropout)
@@ -66,8 +67,9 @@ class DeformableEncoderLayer(nn.Module):
         Returns:
             ``Tensor[B, S, C]``.
         """
-        attn = self.self_attn(with_pos(src, pos), reference_points, src, layout.spatial_shapes,
-                              layout.level_start_index, layout.mask)
+        attn = self.self_attn(
+            with_pos(src, pos), reference_points, src, layout.spatial_shapes, layout.level_start_index, layout.mask
+        )
         src = self.norm1(src + self.dropout1(attn))
         ffn = self.linear2(self.dropout2(self.activation(self.linear1(src))))
         return self.norm2(src + self.dropout3(ffn))
@@ -86,8 +88,7 @@ class DeformableEncoder(nn.Module):
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.num_layers = num_layers
 
-    def forward(self, src: Tensor, pos: Tensor | None, layout: LevelLayout,
-                position: PositionalEncoding) -> Tensor:
+    def forward(self, src: Tensor, pos: Tensor | None, layout: LevelLayout, position: PositionalEncoding) -> Tensor:
         """Encode the multi-scale token sequence.
 
         Args:

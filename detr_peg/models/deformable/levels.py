@@ -79,17 +79,31 @@ def flatten_levels(srcs: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Lev
     Returns:
         ``(tokens, layout)`` with ``tokens`` ``Tensor[B, S, C]``.
     """
-    shapes = [(int(s.shape[-2]), int(s.shape[-1])) for s in srcs]
+    # Sizes stay as they are (no int()): under torch.export they are symbolic.
+    shapes = [(s.shape[-2], s.shape[-1]) for s in srcs]
     device = srcs[0].device
     tokens = torch.cat([s.flatten(2).transpose(1, 2) for s in srcs], 1)
     mask = torch.cat([m.flatten(1) for m in masks], 1)
-    spatial_shapes = torch.as_tensor(shapes, dtype=torch.long, device=device)
     starts = [0]
     for h, w in shapes[:-1]:
         starts.append(starts[-1] + h * w)
-    level_start_index = torch.as_tensor(starts, dtype=torch.long, device=device)
+    spatial_shapes = _long_tensor(shapes, device)
+    level_start_index = _long_tensor(starts, device)
     valid_ratios = torch.stack([valid_ratio(m) for m in masks], 1)
     return tokens, LevelLayout(shapes, spatial_shapes, level_start_index, mask, valid_ratios)
+
+
+def _long_tensor(values: list, device: torch.device) -> Tensor:
+    """``torch.as_tensor(values, dtype=torch.long)``, keeping symbolic sizes symbolic under ``torch.export``.
+
+    (``as_tensor`` would read them as the traced example's numbers and fix the
+    exported graph to that image size.)
+    """
+    if not torch.compiler.is_exporting():
+        return torch.as_tensor(values, dtype=torch.long, device=device)
+    flat = [v for item in values for v in (item if isinstance(item, tuple) else (item,))]
+    out = torch.stack([torch.full((), v, dtype=torch.long, device=device) for v in flat])
+    return out.view(len(values), -1) if isinstance(values[0], tuple) else out
 
 
 def encoder_reference_points(layout: LevelLayout) -> Tensor:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from detr_peg.models.deformable.ms_deform_attn_function import IMPLEMENTATIONS, ms_deform_attn
+from detr_peg.models.deformable.ms_deform_attn_function import CUDA_IMPLEMENTATIONS, IMPLEMENTATIONS, ms_deform_attn
 
 __all__ = ["MSDeformAttn", "ms_deform_attn"]
 
@@ -39,25 +39,30 @@ class MSDeformAttn(nn.Module):
         n_levels: number of feature levels ``L``.
         n_heads: number of attention heads ``M``; must divide ``d_model``.
         n_points: sampling points ``P`` per head and level.
-        impl: implementation of the sampling core, ``"embedding_bag"`` (default)
-            or ``"grid_sample"``; see :func:`ms_deform_attn`. Both give the same
-            result to float rounding.
+        impl: implementation of the sampling core, ``"embedding_bag"`` (default),
+            ``"grid_sample"``, ``"triton"`` (CUDA only) or ``"gather"`` (the ONNX
+            export path); see :func:`ms_deform_attn`. All give the same result to float rounding.
 
     Raises:
         ValueError: if ``d_model`` is not divisible by ``n_heads``, a size is
             not positive, or ``impl`` is unknown.
     """
 
-    def __init__(self, *, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4,
-                 impl: str = "embedding_bag") -> None:
+    def __init__(
+        self, *, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4, impl: str = "embedding_bag"
+    ) -> None:
         super().__init__()
         if min(d_model, n_levels, n_heads, n_points) <= 0:
-            raise ValueError(f"MSDeformAttn sizes must be positive, got d_model={d_model}, n_levels={n_levels}, "
-                             f"n_heads={n_heads}, n_points={n_points}.")
+            raise ValueError(
+                f"MSDeformAttn sizes must be positive, got d_model={d_model}, n_levels={n_levels}, "
+                f"n_heads={n_heads}, n_points={n_points}."
+            )
         if d_model % n_heads != 0:
             raise ValueError(f"MSDeformAttn d_model must be divisible by n_heads, got {d_model} and {n_heads}.")
-        if impl not in IMPLEMENTATIONS:
-            raise ValueError(f"Unknown ms_deform_attn impl {impl!r}: valid are {', '.join(IMPLEMENTATIONS)}.")
+        if impl not in IMPLEMENTATIONS + CUDA_IMPLEMENTATIONS:
+            raise ValueError(
+                f"Unknown ms_deform_attn impl {impl!r}: valid are {', '.join(IMPLEMENTATIONS + CUDA_IMPLEMENTATIONS)}."
+            )
         self.d_model = d_model
         self.n_levels = n_levels
         self.n_heads = n_heads
@@ -93,8 +98,15 @@ class MSDeformAttn(nn.Module):
         nn.init.xavier_uniform_(self.output_proj.weight)
         nn.init.constant_(self.output_proj.bias, 0.0)
 
-    def forward(self, query: Tensor, reference_points: Tensor, input_flatten: Tensor, input_spatial_shapes: Tensor,
-                input_level_start_index: Tensor, input_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        query: Tensor,
+        reference_points: Tensor,
+        input_flatten: Tensor,
+        input_spatial_shapes: Tensor,
+        input_level_start_index: Tensor,
+        input_padding_mask: Tensor | None = None,
+    ) -> Tensor:
         """Attend from every query to sampled points of the multi-level input.
 
         Args:
@@ -126,13 +138,18 @@ class MSDeformAttn(nn.Module):
         b, len_q, _ = query.shape
         _, len_in, _ = input_flatten.shape
         if reference_points.shape[-1] not in (2, 4):
-            raise ValueError("MSDeformAttn reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), "
-                             f"got shape {tuple(reference_points.shape)}.")
-        if input_spatial_shapes.device.type == "cpu":  # checking a GPU tensor would sync with the host
+            raise ValueError(
+                "MSDeformAttn reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), "
+                f"got shape {tuple(reference_points.shape)}."
+            )
+        # Checking a GPU tensor would sync with the host; under torch.export the sizes are symbolic.
+        if input_spatial_shapes.device.type == "cpu" and not torch.compiler.is_exporting():
             total = int((input_spatial_shapes[:, 0] * input_spatial_shapes[:, 1]).sum())
             if total != len_in:
-                raise ValueError(f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes "
-                                 f"{input_spatial_shapes.tolist()} add up to {total}.")
+                raise ValueError(
+                    f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes "
+                    f"{input_spatial_shapes.tolist()} add up to {total}."
+                )
 
         value = self.value_proj(input_flatten)
         if input_padding_mask is not None:
@@ -145,12 +162,17 @@ class MSDeformAttn(nn.Module):
             normalizer = torch.stack([input_spatial_shapes[..., 1], input_spatial_shapes[..., 0]], -1)
             locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
         else:
-            locations = reference_points[:, :, None, :, None, :2] \
+            locations = (
+                reference_points[:, :, None, :, None, :2]
                 + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5
-        output = ms_deform_attn(value, input_spatial_shapes, input_level_start_index, locations, weights,
-                                impl=self.impl)
+            )
+        output = ms_deform_attn(
+            value, input_spatial_shapes, input_level_start_index, locations, weights, impl=self.impl
+        )
         return self.output_proj(output)
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, "
-                f"n_points={self.n_points}, impl={self.impl!r}")
+        return (
+            f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, "
+            f"n_points={self.n_points}, impl={self.impl!r}"
+        )

@@ -7,7 +7,7 @@ normalized location, with ``F.grid_sample(mode="bilinear",
 padding_mode="zeros", align_corners=False)`` semantics, and sums the samples
 weighted by the attention weights.
 
-Two implementations are kept, chosen by ``impl=``:
+Three implementations are kept, chosen by ``impl=``:
 
 ``"embedding_bag"`` (default)
     A custom autograd function. The forward turns every sample into its four
@@ -33,6 +33,16 @@ Two implementations are kept, chosen by ``impl=``:
     spatial shapes are a list of ``(H, W)``; given a tensor it reads them on
     the host (a sync on GPUs). The default path also runs under
     ``torch.compile``, with a graph break around it.
+``"gather"``
+    Gather-multiply-sum in plain tensor ops
+    (:mod:`~detr_peg.models.deformable.ms_deform_attn_gather`): the path the
+    ONNX export uses, where ``embedding_bag`` with per-sample weights would
+    become a loop over every bag. Plain autograd.
+``"triton"`` (CUDA tensors only)
+    Triton kernels for the forward and the backward, in
+    :mod:`detr_peg.models.deformable.ms_deform_attn_triton`; needs the
+    ``triton`` package. Listed in :data:`CUDA_IMPLEMENTATIONS`, not in
+    :data:`IMPLEMENTATIONS` (the implementations that run on every device).
 
 Timings (``tools/bench_ms_deform_attn.py`` inputs: Deformable-DETR-R50 at
 800x1066, S = 17,821 tokens, 8 heads, head_dim 32, 4 levels, 4 points;
@@ -66,15 +76,19 @@ that fall outside their level read zeros.
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["IMPLEMENTATIONS", "ms_deform_attn"]
+from detr_peg.models.deformable.ms_deform_attn_gather import ms_deform_attn_gather
 
-IMPLEMENTATIONS = ("embedding_bag", "grid_sample")
+__all__ = ["CUDA_IMPLEMENTATIONS", "IMPLEMENTATIONS", "ms_deform_attn"]
+
+IMPLEMENTATIONS = ("embedding_bag", "grid_sample", "gather")
+#: Implementations that run on CUDA tensors only (and in Triton's interpreter for tests).
+CUDA_IMPLEMENTATIONS = ("triton",)
 
 # Coordinates are clamped to [-2, _COORD_LIMIT] before the float -> int cast so
 # that the cast never overflows; any pixel coordinate beyond is outside every
@@ -109,9 +123,11 @@ def ms_deform_attn(
             ``[0, 1]`` are allowed and sample zeros beyond the border.
         attention_weights: ``Tensor[B, Lq, n_heads, L, P]``, already normalized
             (the official module takes a softmax over ``L * P``).
-        impl: ``"embedding_bag"`` (default, fastest on CPU, no host sync) or
-            ``"grid_sample"`` (one ``grid_sample`` per level); see the module
-            docstring.
+        impl: ``"embedding_bag"`` (default, fastest on CPU, no host sync),
+            ``"grid_sample"`` (one ``grid_sample`` per level), ``"gather"``
+            (gather-multiply-sum in plain tensor ops, the ONNX export path; see
+            :mod:`~detr_peg.models.deformable.ms_deform_attn_gather`) or
+            ``"triton"`` (CUDA tensors only); see the module docstring.
 
     Returns:
         ``Tensor[B, Lq, n_heads * head_dim]``, heads concatenated (head-major),
@@ -119,10 +135,14 @@ def ms_deform_attn(
         ``attention_weights`` promote to.
 
     Raises:
-        ValueError: for an unknown ``impl`` or inconsistent tensor shapes.
+        ValueError: for an unknown ``impl``, inconsistent tensor shapes, or
+            ``impl="triton"`` on tensors that are not on a CUDA device.
+        RuntimeError: for ``impl="triton"`` when the ``triton`` package is missing.
     """
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"Unknown ms_deform_attn impl {impl!r}: valid are {', '.join(IMPLEMENTATIONS)}.")
+    if impl not in IMPLEMENTATIONS + CUDA_IMPLEMENTATIONS:
+        raise ValueError(
+            f"Unknown ms_deform_attn impl {impl!r}: valid are {', '.join(IMPLEMENTATIONS + CUDA_IMPLEMENTATIONS)}."
+        )
     _check_shapes(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
     dtype = torch.promote_types(torch.promote_types(value.dtype, sampling_locations.dtype), attention_weights.dtype)
     value = value.to(dtype)
@@ -132,31 +152,58 @@ def ms_deform_attn(
         return _ms_deform_attn_grid_sample(value, spatial_shapes, sampling_locations, attention_weights)
     if not isinstance(spatial_shapes, Tensor):
         spatial_shapes = torch.as_tensor(spatial_shapes, dtype=torch.int64, device=value.device)
+    if impl == "triton":
+        return _triton_function()(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    if impl == "gather":
+        return ms_deform_attn_gather(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
     return _EmbeddingBagMSDA.apply(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
 
 
-def _check_shapes(value: Tensor, spatial_shapes, level_start_index: Tensor, sampling_locations: Tensor,
-                  attention_weights: Tensor) -> None:
+def _triton_function():
+    """:func:`ms_deform_attn_triton`, imported on first use: ``triton`` is optional, and whether its
+    kernels run in the interpreter (``TRITON_INTERPRET=1``) is fixed when they are defined."""
+    try:
+        from detr_peg.models.deformable.ms_deform_attn_triton import ms_deform_attn_triton
+    except ModuleNotFoundError as error:
+        if error.name != "triton" and not (error.name or "").startswith("triton."):
+            raise
+        raise RuntimeError(
+            "ms_deform_attn impl='triton' needs the triton package (pip install triton); "
+            "use impl='embedding_bag' without it."
+        ) from None
+    return ms_deform_attn_triton
+
+
+def _check_shapes(
+    value: Tensor, spatial_shapes, level_start_index: Tensor, sampling_locations: Tensor, attention_weights: Tensor
+) -> None:
     """Cheap shape checks that need no host sync."""
     if value.dim() != 4:
         raise ValueError(f"value must be [B, S, n_heads, head_dim], got shape {tuple(value.shape)}.")
     if sampling_locations.dim() != 6 or sampling_locations.shape[-1] != 2:
-        raise ValueError("sampling_locations must be [B, Lq, n_heads, L, P, 2], "
-                         f"got shape {tuple(sampling_locations.shape)}.")
+        raise ValueError(
+            f"sampling_locations must be [B, Lq, n_heads, L, P, 2], got shape {tuple(sampling_locations.shape)}."
+        )
     b, lq, m, n_levels, n_points, _ = sampling_locations.shape
     if value.shape[0] != b or value.shape[2] != m:
-        raise ValueError(f"value {tuple(value.shape)} and sampling_locations {tuple(sampling_locations.shape)} "
-                         "disagree on batch size or number of heads.")
+        raise ValueError(
+            f"value {tuple(value.shape)} and sampling_locations {tuple(sampling_locations.shape)} "
+            "disagree on batch size or number of heads."
+        )
     if tuple(attention_weights.shape) != (b, lq, m, n_levels, n_points):
-        raise ValueError(f"attention_weights must be [B, Lq, n_heads, L, P] = {(b, lq, m, n_levels, n_points)}, "
-                         f"got {tuple(attention_weights.shape)}.")
+        raise ValueError(
+            f"attention_weights must be [B, Lq, n_heads, L, P] = {(b, lq, m, n_levels, n_points)}, "
+            f"got {tuple(attention_weights.shape)}."
+        )
     if isinstance(spatial_shapes, Tensor) and (spatial_shapes.dim() != 2 or spatial_shapes.shape[1] != 2):
         raise ValueError(f"spatial_shapes must be [L, 2] (H, W), got shape {tuple(spatial_shapes.shape)}.")
     n_shapes = spatial_shapes.shape[0] if isinstance(spatial_shapes, Tensor) else len(spatial_shapes)
     if n_shapes != n_levels or level_start_index.shape[0] != n_levels:
-        raise ValueError(f"spatial_shapes ({n_shapes} levels) and level_start_index "
-                         f"({level_start_index.shape[0]} levels) must match the {n_levels} levels "
-                         "of sampling_locations.")
+        raise ValueError(
+            f"spatial_shapes ({n_shapes} levels) and level_start_index "
+            f"({level_start_index.shape[0]} levels) must match the {n_levels} levels "
+            "of sampling_locations."
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,9 +211,14 @@ def _check_shapes(value: Tensor, spatial_shapes, level_start_index: Tensor, samp
 # ----------------------------------------------------------------------------------------------
 
 
-def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, sampling_locations: Tensor,
-                      num_values: int, index_dtype: torch.dtype,
-                      index_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def _bilinear_corners(
+    spatial_shapes: Tensor,
+    level_start_index: Tensor,
+    sampling_locations: Tensor,
+    num_values: int,
+    index_dtype: torch.dtype,
+    index_out: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Row indices and bilinear weights of the four corners of every sample.
 
     The work is laid out "planar" (coordinate and corner first, then
@@ -216,7 +268,9 @@ def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, samplin
     frac = xy.sub_(corner0)
 
     # Integer corner coordinates [2 (x, y), 2 (corner 0, 1), ...], clamped into the level.
-    corner = corner0.to(index_dtype)[:, None] + torch.arange(2, dtype=index_dtype, device=device).view(1, 2, 1, 1, 1, 1, 1)
+    corner = corner0.to(index_dtype)[:, None] + torch.arange(2, dtype=index_dtype, device=device).view(
+        1, 2, 1, 1, 1, 1, 1
+    )
     clamped = corner.clamp_min(0)
     torch.minimum(clamped, per_level((size - 1).to(index_dtype))[:, None], out=clamped)
     outside = clamped != corner
@@ -230,11 +284,17 @@ def _bilinear_corners(spatial_shapes: Tensor, level_start_index: Tensor, samplin
     # Flattened row of value.reshape(B * S * M, D): ((b * S + start_l + y * W_l + x) * M + m).
     stride = torch.stack([torch.full_like(size[0], m), size[0] * m]).to(index_dtype)  # x -> M, y -> W * M
     clamped.mul_(per_level(stride)[:, None])
-    row_base = (torch.arange(b, device=device) * (num_values * m))[:, None, None] \
-        + torch.arange(m, device=device)[:, None] + (level_start_index * m)  # [B, M, L]
+    row_base = (
+        (torch.arange(b, device=device) * (num_values * m))[:, None, None]
+        + torch.arange(m, device=device)[:, None]
+        + (level_start_index * m)
+    )  # [B, M, L]
     clamped[1].add_(row_base.to(index_dtype)[:, None, :, :, None].expand(b, 1, m, n_levels, n_points).contiguous())
-    index = index_out if index_out is not None else \
-        torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=index_dtype, device=device)
+    index = (
+        index_out
+        if index_out is not None
+        else torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=index_dtype, device=device)
+    )
     torch.add(clamped[1][:, None], clamped[0][None, :], out=index.permute(3, 4, 0, 1, 2, 5, 6))
     return index, weight, outside
 
@@ -272,8 +332,14 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
     """Deformable attention as one ``embedding_bag`` per query block; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor, sampling_locations: Tensor,
-                attention_weights: Tensor) -> Tensor:
+    def forward(
+        ctx,
+        value: Tensor,
+        spatial_shapes: Tensor,
+        level_start_index: Tensor,
+        sampling_locations: Tensor,
+        attention_weights: Tensor,
+    ) -> Tensor:
         b, s, m, d = value.shape
         lq, n_levels, n_points = sampling_locations.shape[1], sampling_locations.shape[3], sampling_locations.shape[4]
         bag_size = n_levels * n_points * 4
@@ -281,12 +347,14 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
         index_dtype = _index_dtype(table.shape[0])
         output = value.new_empty(b, lq, m * d)
         for chunk in _query_chunks(sampling_locations):
-            index, weight, _ = _bilinear_corners(spatial_shapes, level_start_index, sampling_locations[:, chunk], s,
-                                                 index_dtype)
+            index, weight, _ = _bilinear_corners(
+                spatial_shapes, level_start_index, sampling_locations[:, chunk], s, index_dtype
+            )
             sample_weight = _sample_weights(weight, attention_weights[:, chunk], value.dtype)
             bags = index.shape[0] * index.shape[1] * m
-            sampled = F.embedding_bag(index.view(bags, bag_size), table,
-                                      per_sample_weights=sample_weight.view(bags, bag_size), mode="sum")
+            sampled = F.embedding_bag(
+                index.view(bags, bag_size), table, per_sample_weights=sample_weight.view(bags, bag_size), mode="sum"
+            )
             output[:, chunk] = sampled.view(b, -1, m * d)
         ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
         return output
@@ -314,16 +382,22 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
         grad_attn = torch.empty_like(attention_weights) if need_attn else None
         size = None
         if need_loc:
-            size = spatial_shapes.flip(-1).t().to(work_dtype)[:, None, None, None, :, None] \
-                .expand(2, 1, 1, m, n_levels, n_points).contiguous()  # [2 (W, H), 1, 1, M, L, P]
+            size = (
+                spatial_shapes.flip(-1)
+                .t()
+                .to(work_dtype)[:, None, None, None, :, None]
+                .expand(2, 1, 1, m, n_levels, n_points)
+                .contiguous()
+            )  # [2 (W, H), 1, 1, M, L, P]
 
         for chunk in chunks:
             attn = attention_weights[:, chunk]
             lq = chunk.stop - chunk.start
             nnz = b * lq * m * bag_size
             index_out = coo_indices[0, :nnz].view(b, lq, m, 2, 2, n_levels, n_points)
-            _, weight, outside = _bilinear_corners(spatial_shapes, level_start_index, sampling_locations[:, chunk],
-                                                   s, torch.int64, index_out)
+            _, weight, outside = _bilinear_corners(
+                spatial_shapes, level_start_index, sampling_locations[:, chunk], s, torch.int64, index_out
+            )
             flat_index = coo_indices[0, :nnz]
             grad_bags = grad_output[:, chunk].reshape(b * lq * m, d)
             if need_loc or need_attn:
@@ -344,8 +418,9 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
                     grad_loc[:, chunk] = grad_frac.permute(1, 2, 3, 4, 5, 0)
             if need_value:
                 sample_weight = _sample_weights(weight, attn, work_dtype).view(-1)
-                scatter = torch.sparse_coo_tensor(coo_indices[:, :nnz], sample_weight, (table.shape[0], b * lq * m),
-                                                  check_invariants=False)
+                scatter = torch.sparse_coo_tensor(
+                    coo_indices[:, :nnz], sample_weight, (table.shape[0], b * lq * m), check_invariants=False
+                )
                 # addmm into its own input accumulates in place (beta = 1: no copy, no extra zero-fill).
                 torch.addmm(grad_value, scatter, grad_bags, out=grad_value)
         if need_value:
@@ -361,8 +436,13 @@ def _sampled_dots(grad_bags: Tensor, table: Tensor, flat_index: Tensor, bag_size
         # Sparse CSR tensors announce their "beta" status once per process.
         warnings.simplefilter("ignore", UserWarning)
         # beta=0 still multiplies the pattern's values by 0, so they must be finite.
-        pattern = torch.sparse_csr_tensor(crow, flat_index, torch.zeros_like(flat_index, dtype=table.dtype),
-                                          size=(num_bags, table.shape[0]), check_invariants=False)
+        pattern = torch.sparse_csr_tensor(
+            crow,
+            flat_index,
+            torch.zeros_like(flat_index, dtype=table.dtype),
+            size=(num_bags, table.shape[0]),
+            check_invariants=False,
+        )
         return torch.sparse.sampled_addmm(pattern, grad_bags, table.t(), beta=0.0).values()
 
 
@@ -371,8 +451,9 @@ def _sampled_dots(grad_bags: Tensor, table: Tensor, flat_index: Tensor, bag_size
 # ----------------------------------------------------------------------------------------------
 
 
-def _ms_deform_attn_grid_sample(value: Tensor, spatial_shapes, sampling_locations: Tensor,
-                                attention_weights: Tensor) -> Tensor:
+def _ms_deform_attn_grid_sample(
+    value: Tensor, spatial_shapes, sampling_locations: Tensor, attention_weights: Tensor
+) -> Tensor:
     """One ``grid_sample`` per level, weighted by a batched matrix product."""
     b, s, m, d = value.shape
     _, lq, _, n_levels, n_points, _ = sampling_locations.shape

@@ -42,15 +42,15 @@ def encoder_proposals(layout: LevelLayout) -> tuple[Tensor, Tensor]:
     parts = []
     start = 0
     for lvl, (h, w) in enumerate(layout.shapes):
-        level_mask = mask[:, start:start + h * w].view(b, h, w)
+        level_mask = mask[:, start : start + h * w].view(b, h, w)
         valid_h = (~level_mask[:, :, 0]).sum(1)
         valid_w = (~level_mask[:, 0, :]).sum(1)
         ys = torch.arange(h, dtype=torch.float32, device=device)
         xs = torch.arange(w, dtype=torch.float32, device=device)
-        grid = torch.stack([xs[None, :].expand(h, w), ys[:, None].expand(h, w)], -1)   # [H, W, 2] (x, y)
+        grid = torch.stack([xs[None, :].expand(h, w), ys[:, None].expand(h, w)], -1)  # [H, W, 2] (x, y)
         scale = torch.stack([valid_w, valid_h], -1).view(b, 1, 1, 2)
         centre = (grid.unsqueeze(0) + 0.5) / scale
-        size = torch.full_like(centre, BASE_SIZE * 2.0 ** lvl)
+        size = torch.full_like(centre, BASE_SIZE * 2.0**lvl)
         parts.append(torch.cat([centre, size], -1).view(b, -1, 4))
         start += h * w
     proposals = torch.cat(parts, 1)

@@ -32,8 +32,8 @@ heads (refinement) and its last class and box heads (two-stage proposals) to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -86,9 +86,17 @@ class DeformableTransformer(nn.Module):
             capped at the number of tokens ``S``.
     """
 
-    def __init__(self, *, encoder: DeformableEncoder, decoder: DeformableDecoder, position: PositionalEncoding,
-                 d_model: int, num_feature_levels: int, two_stage: bool = False,
-                 two_stage_num_proposals: int = 300) -> None:
+    def __init__(
+        self,
+        *,
+        encoder: DeformableEncoder,
+        decoder: DeformableDecoder,
+        position: PositionalEncoding,
+        d_model: int,
+        num_feature_levels: int,
+        two_stage: bool = False,
+        two_stage_num_proposals: int = 300,
+    ) -> None:
         super().__init__()
         self.d_model = d_model
         self.num_feature_levels = num_feature_levels
@@ -124,9 +132,15 @@ class DeformableTransformer(nn.Module):
             nn.init.zeros_(self.reference_points.bias)
         nn.init.normal_(self.level_embed)
 
-    def forward(self, srcs: list[Tensor], masks: list[Tensor], query_embed: Tensor | None = None, *,
-                box_heads: Sequence[nn.Module] | None = None,
-                proposal_heads: tuple[nn.Module, nn.Module] | None = None) -> DeformableTransformerOutput:
+    def forward(
+        self,
+        srcs: list[Tensor],
+        masks: list[Tensor],
+        query_embed: Tensor | None = None,
+        *,
+        box_heads: Sequence[nn.Module] | None = None,
+        proposal_heads: tuple[nn.Module, nn.Module] | None = None,
+    ) -> DeformableTransformerOutput:
         """Encode the feature levels and decode the queries.
 
         Args:
@@ -167,11 +181,11 @@ class DeformableTransformer(nn.Module):
             tgt = tgt.unsqueeze(0).expand(b, -1, -1)
             reference_points = self.reference_points(query_pos).sigmoid()
         hs, inter_references = self.decoder(tgt, reference_points, memory, layout, query_pos, box_heads)
-        return DeformableTransformerOutput(hs, reference_points, inter_references, memory, layout,
-                                           enc_class, enc_coord)
+        return DeformableTransformerOutput(hs, reference_points, inter_references, memory, layout, enc_class, enc_coord)
 
-    def _score_proposals(self, memory: Tensor, layout: LevelLayout, class_head: nn.Module,
-                         box_head: nn.Module) -> tuple[Tensor, Tensor]:
+    def _score_proposals(
+        self, memory: Tensor, layout: LevelLayout, class_head: nn.Module, box_head: nn.Module
+    ) -> tuple[Tensor, Tensor]:
         """Two-stage: class logits ``Tensor[B, S, K]`` and unactivated boxes ``Tensor[B, S, 4]`` per token."""
         proposals, valid = encoder_proposals(layout)
         keep = valid & ~layout.mask.unsqueeze(-1)

@@ -9,13 +9,12 @@ from detr_peg.errors import ConfigError
 from detr_peg.models.backbones import build_backbone
 from detr_peg.models.criterion import SetCriterion, build_weight_dict
 from detr_peg.models.detr.detr import DETR
+from detr_peg.models.detr.options import DEFAULTS, OPTIONS
 from detr_peg.models.detr.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
 from detr_peg.models.matcher import HungarianMatcher
 from detr_peg.models.position import build_position_encoding
 from detr_peg.models.postprocess import PostProcess
-from detr_peg.models.registry import MODELS, Architecture
-
-SINE_OFFSET = 0.0
+from detr_peg.models.registry import Architecture, register_architecture
 
 
 def require_num_classes(cfg: Config) -> int:
@@ -34,40 +33,56 @@ def build_detr(cfg: Config) -> DETR:
     """Build :class:`DETR` from ``cfg.model``."""
     m, t = cfg.model, cfg.model.transformer
     num_classes = require_num_classes(cfg)
-    out_stages = m.backbone.out_stages or [4]
-    backbone = build_backbone(m.backbone, out_stages)
-    position = build_position_encoding(
-        m.position, dim=t.hidden_dim, num_levels=1, num_layers=t.enc_layers, default_offset=SINE_OFFSET
-    )
     if t.hidden_dim % t.nheads:
         raise ConfigError(
             f"model.transformer.hidden_dim {t.hidden_dim} is not divisible by model.transformer.nheads {t.nheads}."
         )
+    out_stages = m.backbone.out_stages or [4]
+    backbone = build_backbone(m.backbone, out_stages)
+    position = build_position_encoding(m.position, dim=t.hidden_dim, num_levels=1, num_layers=t.enc_layers)
     args = (t.hidden_dim, t.nheads, t.dim_feedforward, t.dropout, t.activation, t.pre_norm)
     encoder = Encoder(EncoderLayer(*args), t.enc_layers, norm=nn.LayerNorm(t.hidden_dim) if t.pre_norm else None)
     decoder = Decoder(DecoderLayer(*args), t.dec_layers, norm=nn.LayerNorm(t.hidden_dim))
     transformer = Transformer(encoder=encoder, decoder=decoder, position=position, d_model=t.hidden_dim)
-    return DETR(backbone=backbone, transformer=transformer, num_classes=num_classes,
-                num_queries=m.num_queries, aux_loss=m.aux_loss)
+    return DETR(
+        backbone=backbone,
+        transformer=transformer,
+        num_classes=num_classes,
+        num_queries=m.num_queries,
+        aux_loss=m.aux_loss,
+    )
 
 
 def build_detr_criterion(cfg: Config) -> SetCriterion:
     """The DETR loss: softmax class cost and cross-entropy with ``eos_coef``."""
     loss = cfg.loss
-    matcher = HungarianMatcher(cost_class=loss.set_cost_class, cost_bbox=loss.set_cost_bbox,
-                               cost_giou=loss.set_cost_giou, class_cost="softmax")
+    matcher = HungarianMatcher(
+        cost_class=loss.set_cost_class, cost_bbox=loss.set_cost_bbox, cost_giou=loss.set_cost_giou, class_cost="softmax"
+    )
     num_aux = cfg.model.transformer.dec_layers - 1 if cfg.model.aux_loss else 0
-    weight_dict = build_weight_dict(ce=loss.ce_loss_coef, bbox=loss.bbox_loss_coef, giou=loss.giou_loss_coef,
-                                    num_aux=num_aux, two_stage=False)
-    return SetCriterion(num_classes=require_num_classes(cfg), matcher=matcher, weight_dict=weight_dict,
-                        class_loss="ce", eos_coef=loss.eos_coef)
+    weight_dict = build_weight_dict(
+        ce=loss.ce_loss_coef, bbox=loss.bbox_loss_coef, giou=loss.giou_loss_coef, num_aux=num_aux, two_stage=False
+    )
+    return SetCriterion(
+        num_classes=require_num_classes(cfg),
+        matcher=matcher,
+        weight_dict=weight_dict,
+        class_loss="ce",
+        eos_coef=loss.eos_coef,
+    )
 
 
 def build_detr_postprocessor(cfg: Config) -> PostProcess:
     return PostProcess()
 
 
-MODELS.register("detr")(
-    Architecture(build_model=build_detr, build_criterion=build_detr_criterion,
-                 build_postprocessor=build_detr_postprocessor, sine_offset=SINE_OFFSET)
+register_architecture(
+    "detr",
+    Architecture(
+        build_model=build_detr,
+        build_criterion=build_detr_criterion,
+        build_postprocessor=build_detr_postprocessor,
+        options=OPTIONS,
+        defaults=DEFAULTS,
+    ),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
@@ -24,8 +24,9 @@ class DETR(nn.Module):
         aux_loss: also return the predictions of every earlier decoder layer.
     """
 
-    def __init__(self, *, backbone: Backbone, transformer: Transformer, num_classes: int, num_queries: int,
-                 aux_loss: bool = True) -> None:
+    def __init__(
+        self, *, backbone: Backbone, transformer: Transformer, num_classes: int, num_queries: int, aux_loss: bool = True
+    ) -> None:
         super().__init__()
         d = transformer.d_model
         self.num_classes = num_classes

@@ -38,8 +38,15 @@ class EncoderLayer(nn.Module):
         pre_norm: LayerNorm before each sub-block instead of after.
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
-                 activation: str = "relu", pre_norm: bool = False) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str = "relu",
+        pre_norm: bool = False,
+    ) -> None:
         super().__init__()
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
@@ -73,8 +80,15 @@ class DecoderLayer(nn.Module):
     ``cross_attn`` is the official ``multihead_attn``.
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
-                 activation: str = "relu", pre_norm: bool = False) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int,
+        dropout: float,
+        activation: str = "relu",
+        pre_norm: bool = False,
+    ) -> None:
         super().__init__()
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout)
         self.cross_attn = MultiheadAttention(d_model, nhead, dropout=dropout)
@@ -93,8 +107,9 @@ class DecoderLayer(nn.Module):
     def _ffn(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
-    def forward(self, tgt: Tensor, memory: Tensor, memory_key: Tensor, memory_key_padding_mask: Tensor | None,
-                query_pos: Tensor) -> Tensor:
+    def forward(
+        self, tgt: Tensor, memory: Tensor, memory_key: Tensor, memory_key_padding_mask: Tensor | None, query_pos: Tensor
+    ) -> Tensor:
         """Decode one layer.
 
         Args:
@@ -126,8 +141,14 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.norm = norm
 
-    def forward(self, src: Tensor, key_padding_mask: Tensor, pos: Tensor | None,
-                position: PositionalEncoding, spatial_shapes: list[tuple[int, int]]) -> Tensor:
+    def forward(
+        self,
+        src: Tensor,
+        key_padding_mask: Tensor,
+        pos: Tensor | None,
+        position: PositionalEncoding,
+        spatial_shapes: list[tuple[int, int]],
+    ) -> Tensor:
         """``src`` ``Tensor[B, N, C]`` -> memory ``Tensor[B, N, C]``."""
         if position.mixes_after(-1):
             src = position.mix(-1, src, key_padding_mask, spatial_shapes)
@@ -146,8 +167,9 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
         self.norm = norm
 
-    def forward(self, tgt: Tensor, memory: Tensor, memory_key: Tensor, memory_key_padding_mask: Tensor,
-                query_pos: Tensor) -> Tensor:
+    def forward(
+        self, tgt: Tensor, memory: Tensor, memory_key: Tensor, memory_key_padding_mask: Tensor, query_pos: Tensor
+    ) -> Tensor:
         """Returns ``Tensor[L, B, Q, C]``, the normalised output of each of the ``L`` layers."""
         outputs = []
         for layer in self.layers:

@@ -1,21 +1,58 @@
-"""Positional encodings, chosen by ``model.position.name`` from :data:`POSITION_ENCODINGS`."""
+"""Positional encodings, chosen by ``model.position.name`` from :data:`POSITION_ENCODINGS`.
 
-from detr_peg.models.position import learned, none, peg, sine  # noqa: F401  (register the encodings)
+Every module of this package is imported when the package is, and an encoding
+module registers itself (:func:`register_encoding`), so adding an encoding is
+one new file here: its module, its options dataclass and its registered
+builder. :func:`discover_encodings` does the importing; a plug-in package
+can add its own folder to ``detr_peg.models.position.__path__`` and call it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
 from detr_peg.models.position.base import PositionalEncoding
-from detr_peg.models.position.learned import LearnedPositionalEncoding
+from detr_peg.models.position.learned import LearnedOptions, LearnedPositionalEncoding
 from detr_peg.models.position.none import NoPositionalEncoding
-from detr_peg.models.position.peg import PEG, PEGEncoding, masked_batch_norm
-from detr_peg.models.position.registry import POSITION_ENCODINGS, build_position_encoding
-from detr_peg.models.position.sine import SinePositionalEncoding
+from detr_peg.models.position.peg import PEG, PEGEncoding, PEGOptions, masked_batch_norm
+from detr_peg.models.position.registry import POSITION_ENCODINGS, build_position_encoding, register_encoding
+from detr_peg.models.position.sine import SineOptions, SinePositionalEncoding
+
+#: Modules of this package that define no encoding.
+INFRASTRUCTURE = frozenset({"base", "registry"})
+
+
+def discover_encodings() -> list[str]:
+    """Import every encoding module on this package's ``__path__`` (each registers its encoding).
+
+    Returns:
+        The module names imported, sorted. Importing a module twice does
+        nothing, so calling this again after extending ``__path__`` imports
+        only the new modules.
+    """
+    names = sorted({info.name for info in pkgutil.iter_modules(__path__)} - INFRASTRUCTURE)
+    for name in names:
+        importlib.import_module(f"{__name__}.{name}")
+    return names
+
+
+# The modules above are the built-in encodings with public classes; this also imports any other one.
+discover_encodings()
 
 __all__ = [
     "PEG",
     "POSITION_ENCODINGS",
+    "LearnedOptions",
     "LearnedPositionalEncoding",
     "NoPositionalEncoding",
     "PEGEncoding",
+    "PEGOptions",
     "PositionalEncoding",
+    "SineOptions",
     "SinePositionalEncoding",
     "build_position_encoding",
+    "discover_encodings",
     "masked_batch_norm",
+    "register_encoding",
 ]

@@ -15,7 +15,7 @@ never needs to know which encoding it holds.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 

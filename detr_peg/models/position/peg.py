@@ -30,16 +30,38 @@ the only source of position for the image tokens.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from detr_peg.config.ranges import FLOAT, Lookup, valid
 from detr_peg.config.schema import PositionConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.position.base import PositionalEncoding
-from detr_peg.models.position.registry import POSITION_ENCODINGS
+from detr_peg.models.position.registry import register_encoding
+
+
+def _kernel_memory(get: Lookup) -> float:
+    """One depthwise ``k x k`` kernel per channel."""
+    return FLOAT * get("model.position.peg_kernel") ** 2 * get("model.transformer.hidden_dim")
+
+
+@dataclass
+class PEGOptions(PositionConfig):
+    """``model.position`` options of ``peg``.
+
+    Attributes:
+        peg_layers: 0-based encoder layer indices after which a PEG is applied
+            (``[0]``: after the first layer, as in CPVT; ``-1``: before the first).
+        peg_kernel: depthwise convolution kernel size (odd).
+    """
+
+    name: str = "peg"
+    peg_layers: list[int] = field(default_factory=lambda: [0], metadata=valid(-1))
+    peg_kernel: int = field(default=3, metadata=valid(1, memory=_kernel_memory))
 
 
 def masked_batch_norm(x: Tensor, valid: Tensor, bn: nn.BatchNorm2d) -> Tensor:
@@ -165,8 +187,8 @@ class PEGEncoding(PositionalEncoding):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-@POSITION_ENCODINGS.register("peg")
-def build_peg(cfg: PositionConfig, *, dim: int, num_levels: int, num_layers: int, default_offset: float) -> PEGEncoding:
+@register_encoding("peg", options=PEGOptions)
+def build_peg(cfg: PEGOptions, *, dim: int, num_levels: int, num_layers: int) -> PEGEncoding:
     if not cfg.peg_layers:
         raise ConfigError("model.position.peg_layers is empty; list at least one encoder layer (for example [0]).")
     bad = [i for i in cfg.peg_layers if not -1 <= i < num_layers]

@@ -1,7 +1,10 @@
-"""The positional-encoding registry."""
+"""The positional-encoding registry: one registration per encoding, with its options."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from detr_peg.config.options import register_encoding_options
 from detr_peg.config.schema import PositionConfig
 from detr_peg.models.position.base import PositionalEncoding
 from detr_peg.registry import Registry
@@ -10,21 +13,35 @@ POSITION_ENCODINGS = Registry(
     "positional encoding",
     """Positional encodings by ``model.position.name``.
 
-    Each entry is called as ``builder(cfg: PositionConfig, *, dim, num_levels,
-    num_layers, default_offset)`` and returns a
-    :class:`~detr_peg.models.position.base.PositionalEncoding` for tokens of
-    width ``dim`` on ``num_levels`` feature levels, used by an encoder of
-    ``num_layers`` layers. ``default_offset`` is the architecture's sine
-    offset (DETR 0.0, Deformable-DETR -0.5), used when ``cfg.offset`` is None.
-    Adding an encoding is one new file with one registered builder; the
-    parametrized tests in ``tests/models/position`` then cover it.
+    Each entry is called as ``builder(cfg, *, dim, num_levels, num_layers)``
+    with ``cfg`` the encoding's own options (a subclass of ``PositionConfig``)
+    and returns a :class:`~detr_peg.models.position.base.PositionalEncoding`
+    for tokens of width ``dim`` on ``num_levels`` feature levels, used by an
+    encoder of ``num_layers`` layers. Register with :func:`register_encoding`.
     """,
 )
 
+Builder = Callable[..., PositionalEncoding]
 
-def build_position_encoding(
-    cfg: PositionConfig, *, dim: int, num_levels: int, num_layers: int, default_offset: float = 0.0
-) -> PositionalEncoding:
+
+def register_encoding(name: str, *, options: type[PositionConfig] = PositionConfig) -> Callable[[Builder], Builder]:
+    """Decorator registering an encoding builder as ``model.position.name: name``.
+
+    Args:
+        name: the name configs use.
+        options: the dataclass of the encoding's options, a subclass of
+            ``PositionConfig`` (``model.position.<field>``); an option of
+            another encoding is a config error naming the key and the encoding.
+    """
+
+    def decorator(builder: Builder) -> Builder:
+        register_encoding_options(name, options)
+        return POSITION_ENCODINGS.register(name)(builder)
+
+    return decorator
+
+
+def build_position_encoding(cfg: PositionConfig, *, dim: int, num_levels: int, num_layers: int) -> PositionalEncoding:
     """Build the encoding named ``cfg.name`` (see :data:`POSITION_ENCODINGS`)."""
     builder = POSITION_ENCODINGS.get(cfg.name)
-    return builder(cfg, dim=dim, num_levels=num_levels, num_layers=num_layers, default_offset=default_offset)
+    return builder(cfg, dim=dim, num_levels=num_levels, num_layers=num_layers)

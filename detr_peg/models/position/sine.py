@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from detr_peg.config.ranges import valid
 from detr_peg.config.schema import PositionConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.position.base import PositionalEncoding
-from detr_peg.models.position.registry import POSITION_ENCODINGS
+from detr_peg.models.position.registry import register_encoding
+
+
+@dataclass
+class SineOptions(PositionConfig):
+    """``model.position`` options of ``sine``.
+
+    Attributes:
+        temperature: wavelength base.
+        normalize: normalise cumulative positions to ``[0, scale]``.
+        scale: normalisation range; ``None`` means ``2 * pi``.
+        offset: added to the cumulative position before normalising; the
+            architecture's official form by default (DETR 0.0, Deformable-DETR
+            -0.5, set by the Deformable-DETR registration's defaults).
+    """
+
+    temperature: float = field(default=10000.0, metadata=valid(0, low_open=True))
+    normalize: bool = True
+    scale: float | None = field(default=None, metadata=valid(0, low_open=True))
+    offset: float = field(default=0.0, metadata=valid())
 
 
 class SinePositionalEncoding(PositionalEncoding):
@@ -66,9 +87,8 @@ class SinePositionalEncoding(PositionalEncoding):
         return torch.cat((pos_y, pos_x), dim=3).permute(0, 3, 1, 2)
 
 
-@POSITION_ENCODINGS.register("sine")
-def build_sine(cfg: PositionConfig, *, dim: int, num_levels: int, num_layers: int, default_offset: float) -> SinePositionalEncoding:
-    offset = default_offset if cfg.offset is None else cfg.offset
+@register_encoding("sine", options=SineOptions)
+def build_sine(cfg: SineOptions, *, dim: int, num_levels: int, num_layers: int) -> SinePositionalEncoding:
     return SinePositionalEncoding(
-        dim, temperature=cfg.temperature, normalize=cfg.normalize, scale=cfg.scale, offset=offset
+        dim, temperature=cfg.temperature, normalize=cfg.normalize, scale=cfg.scale, offset=cfg.offset
     )

@@ -22,11 +22,14 @@ def _error(actual: list[torch.Tensor], truth: list[torch.Tensor]) -> float:
     return max((a.double() - t).abs().max().item() for a, t in zip(actual, truth))
 
 
-@pytest.mark.parametrize("source, name, norm, out_stages", [
-    ("torchvision", "resnet18", "frozen_bn", [2, 3, 4]),
-    ("torchvision", "resnet50", "frozen_bn", [4]),
-    ("timm", "resnet18", "frozen_bn", [3, 4]),
-])
+@pytest.mark.parametrize(
+    "source, name, norm, out_stages",
+    [
+        ("torchvision", "resnet18", "frozen_bn", [2, 3, 4]),
+        ("torchvision", "resnet50", "frozen_bn", [4]),
+        ("timm", "resnet18", "frozen_bn", [3, 4]),
+    ],
+)
 def test_channels_last_is_as_accurate_as_contiguous(source, name, norm, out_stages):
     torch.manual_seed(0)
     cfg = BackboneConfig(source=source, name=name, norm=norm, frozen_stages=0)
@@ -44,7 +47,7 @@ def test_channels_last_is_as_accurate_as_contiguous(source, name, norm, out_stag
 
     # Gradients: the relative error of all parameter gradients together stays
     # below 1e-3 for both layouts (channels_last's is a few times NCHW's).
-    for model, out in ((truth_model, truth), (nchw, a), (nhwc, b)):
+    for _model, out in ((truth_model, truth), (nchw, a), (nhwc, b)):
         sum(t.square().mean() for t in out).backward()
     keys = [k for k, p in nchw.named_parameters() if p.requires_grad]
     assert len(keys) > 10

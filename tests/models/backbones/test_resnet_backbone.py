@@ -77,12 +77,15 @@ def test_dilation_keeps_stride_16():
     assert backbone(torch.randn(1, 3, 64, 64))[0].shape[-2:] == (4, 4)
 
 
-@pytest.mark.parametrize("frozen, train, trainable", [
-    (1, True, {"layer2", "layer3", "layer4"}),
-    (0, True, {"conv1", "bn1", "layer1", "layer2", "layer3", "layer4"}),
-    (3, True, {"layer4"}),
-    (1, False, set()),
-])
+@pytest.mark.parametrize(
+    "frozen, train, trainable",
+    [
+        (1, True, {"layer2", "layer3", "layer4"}),
+        (0, True, {"conv1", "bn1", "layer1", "layer2", "layer3", "layer4"}),
+        (3, True, {"layer4"}),
+        (1, False, set()),
+    ],
+)
 def test_frozen_stages(frozen, train, trainable):
     backbone = build_backbone(BackboneConfig(name="resnet18", norm="bn", frozen_stages=frozen, train=train), [4])
     got = {n.split(".")[1] for n, p in backbone.named_parameters() if p.requires_grad}

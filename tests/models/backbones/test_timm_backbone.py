@@ -67,9 +67,7 @@ def test_unused_stages_are_not_built(name):
     out.sum().backward()
     unused = [n for n, p in backbone.named_parameters() if p.grad is None]
     assert unused == []
-    assert sum(p.numel() for p in backbone.parameters()) < sum(
-        p.numel() for p in timm_backbone(name, [4]).parameters()
-    )
+    assert sum(p.numel() for p in backbone.parameters()) < sum(p.numel() for p in timm_backbone(name, [4]).parameters())
 
 
 # -------------------------------------------------------------------- norm
@@ -128,10 +126,17 @@ def test_frozen_bn_leaves_layernorm_models_unchanged():
 # ----------------------------------------------------------- frozen stages
 
 
-@pytest.mark.parametrize("name,frozen_stages", [
-    ("resnet18", 0), ("resnet18", 1), ("resnet18", 2), ("resnet18", 3),
-    ("convnext_atto", 1), ("convnext_atto", 3),
-])
+@pytest.mark.parametrize(
+    "name,frozen_stages",
+    [
+        ("resnet18", 0),
+        ("resnet18", 1),
+        ("resnet18", 2),
+        ("resnet18", 3),
+        ("convnext_atto", 1),
+        ("convnext_atto", 3),
+    ],
+)
 def test_frozen_stages_cut_the_gradient_after_stage_n(name, frozen_stages):
     backbone = timm_backbone(name, [1, 2, 3, 4], frozen_stages=frozen_stages)
     outs = backbone(image_batch())
@@ -172,7 +177,10 @@ def test_frozen_stages_fall_back_to_a_cpu_probe(monkeypatch):
     backbone = timm_backbone("resnet18", [2, 3, 4], frozen_stages=1)
     assert devices == ["meta", "cpu"]
     assert {n.split(".")[1] for n, p in backbone.named_parameters() if not p.requires_grad} == {
-        "conv1", "bn1", "layer1"}
+        "conv1",
+        "bn1",
+        "layer1",
+    }
 
 
 @pytest.mark.parametrize("fields", [dict(train=False), dict(frozen_stages=4), dict(frozen_stages=9)])
@@ -212,8 +220,9 @@ def test_detr_peg_checkpoint_layout_round_trip(tmp_path, name):
     torch.testing.assert_close(loaded.state_dict(), source.state_dict())
     if name == "resnet18":
         shorter = timm_backbone(name, [3], weights=str(path))  # stages that are not built are skipped
-        torch.testing.assert_close(shorter.state_dict(), {k: v for k, v in source.state_dict().items()
-                                                          if k in shorter.state_dict()})
+        torch.testing.assert_close(
+            shorter.state_dict(), {k: v for k, v in source.state_dict().items() if k in shorter.state_dict()}
+        )
 
 
 def test_weights_of_another_model_are_refused(tmp_path):
@@ -249,11 +258,14 @@ def test_model_without_the_stride_lists_its_strides():
         timm_backbone("vit_tiny_patch16_224", [4])
 
 
-@pytest.mark.parametrize("fields,stages,match", [
-    (dict(dilation=True), [4], "dilation"),
-    (dict(), [3, 2], "ascending"),
-    (dict(), [5], "ascending"),
-])
+@pytest.mark.parametrize(
+    "fields,stages,match",
+    [
+        (dict(dilation=True), [4], "dilation"),
+        (dict(), [3, 2], "ascending"),
+        (dict(), [5], "ascending"),
+    ],
+)
 def test_invalid_settings(fields, stages, match):
     with pytest.raises(ConfigError, match=match):
         timm_backbone("resnet18", stages, **fields)

@@ -22,8 +22,14 @@ from tests.parity import assert_close, load_fixture, official_state_dict, write_
 SINGLE_STAGE = "deformable_detr_r18"
 REFINE_TWO_STAGE = "deformable_detr_r18_refine_twostage"
 
-PEG_KEYS = ("norm.bias", "norm.num_batches_tracked", "norm.running_mean", "norm.running_var", "norm.weight",
-            "proj.weight")
+PEG_KEYS = (
+    "norm.bias",
+    "norm.num_batches_tracked",
+    "norm.running_mean",
+    "norm.running_var",
+    "norm.weight",
+    "proj.weight",
+)
 
 
 def _to_official(state: dict[str, torch.Tensor], two_stage: bool) -> dict[str, torch.Tensor]:
@@ -167,8 +173,9 @@ def test_heads_and_proposals_come_from_overrides_without_args(reference_dir, tmp
     assert "model.transformer.nheads=32" in err and "sampling offsets" in err
 
     # a sampling-point override that contradicts the weights is refused
-    status, dst = _convert(tmp_path, src, "model.transformer.nheads=4", "model.transformer.enc_n_points=2",
-                           name="p2.pth")
+    status, dst = _convert(
+        tmp_path, src, "model.transformer.nheads=4", "model.transformer.enc_n_points=2", name="p2.pth"
+    )
     assert status == 2 and not dst.exists()
     assert "model.transformer.enc_n_points=2" in capsys.readouterr().err
 

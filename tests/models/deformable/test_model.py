@@ -76,7 +76,7 @@ def test_encoder_proposals_are_pixel_boxes_with_inf_where_invalid():
             for j in range(w):
                 for b in range(2):
                     vh, vw = (h, w) if b == 0 else VALID[lvl]
-                    box = torch.tensor([(j + 0.5) / vw, (i + 0.5) / vh, 0.05 * 2 ** lvl, 0.05 * 2 ** lvl])
+                    box = torch.tensor([(j + 0.5) / vw, (i + 0.5) / vh, 0.05 * 2**lvl, 0.05 * 2**lvl])
                     ok = bool(((box > 0.01) & (box < 0.99)).all()) and not bool(layout.mask[b, token])
                     assert bool(valid[b, token]) == bool(((box > 0.01) & (box < 0.99)).all())
                     if ok:
@@ -146,8 +146,9 @@ def test_heads_are_shared_without_refinement_and_per_layer_with_it():
 
 
 def test_two_stage_trains_and_caps_proposals_at_the_token_count():
-    model = small_model("model.with_box_refine=true", "model.two_stage=true",
-                        "model.transformer.two_stage_num_proposals=500").train()
+    model = small_model(
+        "model.with_box_refine=true", "model.two_stage=true", "model.transformer.two_stage_num_proposals=500"
+    ).train()
     images = [torch.randn(3, 40, 48), torch.randn(3, 32, 64)]
     out = model(images)
     tokens = out["enc_outputs"]["pred_logits"].shape[1]

@@ -1,5 +1,6 @@
 """Multi-scale deformable attention: the functional core against a direct bilinear
-reference and against per-level grid_sample (the official algorithm), and the
+reference and against per-level grid_sample (the official algorithm, kept in
+:mod:`detr_peg.models.deformable.ms_deform_attn_official`), and the
 MSDeformAttn module's official contract (layouts, init, masks, reference boxes)."""
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from detr_peg.models.deformable import ms_deform_attn_function as msda_function
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
 from detr_peg.models.deformable.ms_deform_attn_function import IMPLEMENTATIONS, ms_deform_attn
+from detr_peg.models.deformable.ms_deform_attn_official import ms_deform_attn_core_pytorch
 
 SHAPES = [(7, 5), (4, 3), (1, 1), (2, 9)]  # (H, W) per level: odd sizes and a single pixel
 B, LQ, M, D, P = 2, 5, 3, 4, 3
@@ -54,22 +55,6 @@ def reference_ms_deform_attn(value, shapes, sampling_locations, attention_weight
                 out = out + (corner * weight[..., None]).sum(3)
         start += h * w
     return out.reshape(b, lq, m * d)
-
-
-def official_algorithm(value, shapes, sampling_locations, attention_weights):
-    """The official ms_deform_attn_core_pytorch algorithm: grid_sample per level, stack, weight."""
-    b, _, m, d = value.shape
-    _, lq, _, n_levels, n_points, _ = sampling_locations.shape
-    per_level = value.split([h * w for h, w in shapes], dim=1)
-    grids = 2 * sampling_locations - 1
-    samples = []
-    for level, (h, w) in enumerate(shapes):
-        value_l = per_level[level].flatten(2).transpose(1, 2).reshape(b * m, d, h, w)
-        grid_l = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
-        samples.append(F.grid_sample(value_l, grid_l, mode="bilinear", padding_mode="zeros", align_corners=False))
-    weights = attention_weights.transpose(1, 2).reshape(b * m, 1, lq, n_levels * n_points)
-    out = (torch.stack(samples, dim=-2).flatten(-2) * weights).sum(-1).view(b, m * d, lq)
-    return out.transpose(1, 2)
 
 
 def make_inputs(dtype=torch.float64, seed=0, shapes=SHAPES, lq=LQ):
@@ -120,7 +105,7 @@ def test_float32_matches_official_grid_sample_algorithm(impl):
     inputs = [t.clone().requires_grad_(True) for t in (value, loc, weights)]
     ref_inputs = [t.clone().requires_grad_(True) for t in (value, loc, weights)]
     out = ms_deform_attn(inputs[0], shapes, start, inputs[1], inputs[2], impl=impl)
-    expected = official_algorithm(ref_inputs[0], SHAPES, ref_inputs[1], ref_inputs[2])
+    expected = ms_deform_attn_core_pytorch(ref_inputs[0], SHAPES, ref_inputs[1], ref_inputs[2])
     torch.testing.assert_close(out, expected)
     grad = torch.randn_like(out)
     for got, want in zip(torch.autograd.grad(out, inputs, grad), torch.autograd.grad(expected, ref_inputs, grad)):
@@ -197,7 +182,7 @@ def test_no_queries(impl):
 
 def test_bad_arguments_raise():
     value, shapes, start, loc, weights = make_inputs(torch.float32)
-    with pytest.raises(ValueError, match="valid are embedding_bag, grid_sample"):
+    with pytest.raises(ValueError, match="valid are embedding_bag, grid_sample, gather"):
         ms_deform_attn(value, shapes, start, loc, weights, impl="cuda")
     with pytest.raises(ValueError, match="attention_weights"):
         ms_deform_attn(value, shapes, start, loc, weights[..., :1])
@@ -237,13 +222,19 @@ def test_parameter_names_and_shapes_follow_official_layout():
     module = MSDeformAttn(d_model=256, n_levels=4, n_heads=8, n_points=4)
     shapes = {name: tuple(p.shape) for name, p in module.state_dict().items()}
     assert shapes == {
-        "sampling_offsets.weight": (8 * 4 * 4 * 2, 256), "sampling_offsets.bias": (8 * 4 * 4 * 2,),
-        "attention_weights.weight": (8 * 4 * 4, 256), "attention_weights.bias": (8 * 4 * 4,),
-        "value_proj.weight": (256, 256), "value_proj.bias": (256,),
-        "output_proj.weight": (256, 256), "output_proj.bias": (256,),
+        "sampling_offsets.weight": (8 * 4 * 4 * 2, 256),
+        "sampling_offsets.bias": (8 * 4 * 4 * 2,),
+        "attention_weights.weight": (8 * 4 * 4, 256),
+        "attention_weights.bias": (8 * 4 * 4,),
+        "value_proj.weight": (256, 256),
+        "value_proj.bias": (256,),
+        "output_proj.weight": (256, 256),
+        "output_proj.bias": (256,),
     }
-    assert all(isinstance(getattr(module, n), torch.nn.Linear)
-               for n in ("sampling_offsets", "attention_weights", "value_proj", "output_proj"))
+    assert all(
+        isinstance(getattr(module, n), torch.nn.Linear)
+        for n in ("sampling_offsets", "attention_weights", "value_proj", "output_proj")
+    )
 
 
 @pytest.mark.parametrize("heads,levels,points", [(8, 4, 4), (3, 2, 5)])
@@ -268,8 +259,9 @@ def test_init_matches_official_grid(heads, levels, points):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_module_forward_follows_official_contract(ref_dim, impl):
     module = randomized_module(impl=impl)
-    query, ref, flat, shapes, start = (t.double() if t.is_floating_point() else t
-                                       for t in module_inputs(ref_dim=ref_dim))
+    query, ref, flat, shapes, start = (
+        t.double() if t.is_floating_point() else t for t in module_inputs(ref_dim=ref_dim)
+    )
     mask = torch.zeros(B, flat.shape[1], dtype=torch.bool)
     mask[1, -7:] = True
     out = module(query, ref, flat, shapes, start, mask)
@@ -311,10 +303,11 @@ def test_module_implementations_agree_in_float32():
         out = module(query, ref, flat, shapes, start)
         out.square().sum().backward()
         outs.append((out, [p.grad for p in module.parameters()]))
-    (out0, grads0), (out1, grads1) = outs
-    torch.testing.assert_close(out0, out1)
-    for g0, g1 in zip(grads0, grads1):
-        torch.testing.assert_close(g0, g1, rtol=1e-4, atol=1e-5)
+    (out0, grads0), *others = outs
+    for out1, grads1 in others:
+        torch.testing.assert_close(out0, out1)
+        for g0, g1 in zip(grads0, grads1):
+            torch.testing.assert_close(g0, g1, rtol=1e-4, atol=1e-5)
 
 
 def test_module_bad_arguments_raise():

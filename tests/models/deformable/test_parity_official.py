@@ -12,6 +12,8 @@ atol 1e-5.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -20,6 +22,10 @@ from detr_peg.cli.main import main
 from detr_peg.convert.deformable import DEFORMABLE_KEY_MAP
 from tests.parity import (
     assert_close,
+    assert_gradients_match,
+    assert_losses_and_indices_match,
+    assert_outputs_match,
+    assert_postprocessed_match,
     load_fixture,
     nested_output,
     targets_from_fixture,
@@ -51,16 +57,18 @@ def _capture(model) -> dict:
 
     def transformer(module, inputs, output):
         layout = output.layout
-        captured.update({
-            "encoder.spatial_shapes": layout.spatial_shapes,
-            "encoder.level_start_index": layout.level_start_index,
-            "encoder.mask_flatten": layout.mask,
-            "encoder.valid_ratios": layout.valid_ratios,
-            "encoder.memory": output.memory,
-            "transformer.hs": output.hs,
-            "transformer.init_reference": output.init_reference,
-            "transformer.inter_references": output.inter_references,
-        })
+        captured.update(
+            {
+                "encoder.spatial_shapes": layout.spatial_shapes,
+                "encoder.level_start_index": layout.level_start_index,
+                "encoder.mask_flatten": layout.mask,
+                "encoder.valid_ratios": layout.valid_ratios,
+                "encoder.memory": output.memory,
+                "transformer.hs": output.hs,
+                "transformer.init_reference": output.init_reference,
+                "transformer.inter_references": output.inter_references,
+            }
+        )
         if output.enc_outputs_coord_unact is not None:
             captured["transformer.enc_outputs_coord_unact"] = output.enc_outputs_coord_unact
 
@@ -90,8 +98,18 @@ def run(request, tmp_path_factory, reference_dir):
     total = criterion.weighted_total(losses)
     total.backward()
     results = build_postprocessor(model.config)(outputs, inputs["orig_target_sizes"])
-    return dict(fixture=fixture, model=model, outputs=outputs, captured=captured, losses=losses,
-                indices=indices, total=total, results=results, reference_dir=reference_dir, src=src)
+    return dict(
+        fixture=fixture,
+        model=model,
+        outputs=outputs,
+        captured=captured,
+        losses=losses,
+        indices=indices,
+        total=total,
+        results=results,
+        reference_dir=reference_dir,
+        src=src,
+    )
 
 
 def _expected(run, name):
@@ -148,17 +166,7 @@ def test_losses_and_matcher_indices(run):
     expected = _expected(run, "losses")
     stages = {"final", "aux0"} | ({"enc"} if run["fixture"] == REFINE_TWO_STAGE else set())
     assert set(run["indices"]) == stages
-    checked = 0
-    for name, tensor in expected.items():
-        if name.startswith("indices."):
-            _, stage, image, which = name.split(".")
-            query, target = run["indices"][stage][int(image[3:])]
-            assert torch.equal(query if which == "query" else target, tensor), name
-        elif name == "total_weighted":
-            assert_close(run["total"].detach(), tensor, name)
-        else:
-            assert_close(run["losses"][name].detach(), tensor, name)
-        checked += 1
+    checked = assert_losses_and_indices_match(run["losses"], run["indices"], run["total"], expected)
     assert checked == (26 if run["fixture"] == REFINE_TWO_STAGE else 18)
     assert set(run["losses"]) == {k for k in expected if not k.startswith("indices.") and k != "total_weighted"}
 
@@ -166,13 +174,7 @@ def test_losses_and_matcher_indices(run):
 def test_postprocessed_results(run):
     expected = _expected(run, "postprocess")
     assert len(run["results"]) == 2
-    for name, tensor in expected.items():
-        result, field = name.split(".")
-        actual = run["results"][int(result.removeprefix("result"))][field]
-        if tensor.dtype == torch.int64:
-            assert torch.equal(actual, tensor), name
-        else:
-            assert_close(actual, tensor, name)
+    assert_postprocessed_match(run["results"], expected)
 
 
 def test_gradients(run, reference_dir):
@@ -184,13 +186,10 @@ def test_gradients(run, reference_dir):
     if run["fixture"] == SINGLE_STAGE:
         assert mapped == ours  # every non-backbone parameter is stored
     else:
-        import json
-
         meta = json.loads((reference_dir / run["fixture"] / "meta.json").read_text())
         omitted = {DEFORMABLE_KEY_MAP(k) for k in meta["grads"]["omitted_params"]}
         assert mapped | omitted == ours and not mapped & omitted
-    for name, grad in expected.items():
-        assert_close(params[DEFORMABLE_KEY_MAP(name)].grad, grad, f"grad {name}")
+    assert_gradients_match(run["model"], expected, DEFORMABLE_KEY_MAP)
 
 
 def test_channels_last_backbone_keeps_outputs_losses_and_gradients(run, tmp_path):
@@ -201,12 +200,9 @@ def test_channels_last_backbone_keeps_outputs_losses_and_gradients(run, tmp_path
     assert model.backbone.memory_format == torch.channels_last
     inputs = _expected(run, "inputs")
     outputs = model(inputs["images_padded"], inputs["mask"])
-    for name, tensor in _expected(run, "outputs").items():
-        assert_close(nested_output(outputs, name), tensor, name)
+    assert_outputs_match(outputs, _expected(run, "outputs"))
     criterion = build_criterion(model.config)
     total = criterion.weighted_total(criterion(outputs, targets_from_fixture(_expected(run, "targets"))))
     assert_close(total.detach(), _expected(run, "losses")["total_weighted"], "total")
     total.backward()
-    params = dict(model.named_parameters())
-    for name, grad in _expected(run, "grads_nonbackbone").items():
-        assert_close(params[DEFORMABLE_KEY_MAP(name)].grad, grad, f"grad {name}")
+    assert_gradients_match(model, _expected(run, "grads_nonbackbone"), DEFORMABLE_KEY_MAP)

@@ -82,8 +82,9 @@ def test_peg_is_applied_per_level_after_the_configured_layers():
     assert [position.mixes_after(i) for i in (-1, 0, 1)] == [True, False, True]
     calls = []
     original = position.mix
-    position.mix = lambda layer, tokens, mask, shapes: calls.append((layer, mask, list(shapes))) or original(
-        layer, tokens, mask, shapes)
+    position.mix = lambda layer, tokens, mask, shapes: (
+        calls.append((layer, mask, list(shapes))) or original(layer, tokens, mask, shapes)
+    )
     images, mask = torch.zeros(2, 3, 96, 128), torch.ones(2, 96, 128, dtype=torch.bool)
     images[0], mask[0] = torch.randn(3, 96, 128), False
     images[1, :, :64, :80], mask[1, :64, :80] = torch.randn(3, 64, 80), False
@@ -122,7 +123,7 @@ def test_per_level_peg_keeps_padded_tokens_and_is_padding_invariant():
     torch.testing.assert_close(out[mask], tokens[mask], rtol=0, atol=0)
     pieces, start = [], 0
     for (h, w), (hb, wb) in zip(small_shapes, big_shapes):
-        pieces.append(out[0, start:start + hb * wb].view(hb, wb, c)[:h, :w].reshape(1, h * w, c))
+        pieces.append(out[0, start : start + hb * wb].view(hb, wb, c)[:h, :w].reshape(1, h * w, c))
         start += hb * wb
     torch.testing.assert_close(torch.cat(pieces, 1), alone, rtol=0, atol=1e-6)
     # the other image is unpadded: the same as computing it on its own

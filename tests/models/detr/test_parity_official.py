@@ -19,8 +19,11 @@ from detr_peg.cli.main import main
 from detr_peg.convert.detr import DETR_KEY_MAP
 from tests.parity import (
     assert_close,
+    assert_gradients_match,
+    assert_losses_and_indices_match,
+    assert_outputs_match,
+    assert_postprocessed_match,
     load_fixture,
-    nested_output,
     targets_from_fixture,
     write_official_checkpoint,
 )
@@ -56,15 +59,24 @@ def run(tmp_path_factory, reference_dir):
     total = criterion.weighted_total(losses)
     total.backward()
     results = build_postprocessor(model.config)(outputs, inputs["orig_target_sizes"])
-    return dict(model=model, outputs=outputs, captured=captured, losses=losses, indices=indices,
-                total=total, results=results, reference_dir=reference_dir, src=src, folder=folder)
+    return dict(
+        model=model,
+        outputs=outputs,
+        captured=captured,
+        losses=losses,
+        indices=indices,
+        total=total,
+        results=results,
+        reference_dir=reference_dir,
+        src=src,
+        folder=folder,
+    )
 
 
 def test_outputs_and_aux_outputs(run):
     expected = load_fixture(run["reference_dir"], FIXTURE, "outputs")
     assert len(run["outputs"]["aux_outputs"]) == 1
-    for name, tensor in expected.items():
-        assert_close(nested_output(run["outputs"], name), tensor, name)
+    assert_outputs_match(run["outputs"], expected)
 
 
 def test_intermediates(run):
@@ -79,29 +91,11 @@ def test_intermediates(run):
 
 def test_losses_and_matcher_indices(run):
     expected = load_fixture(run["reference_dir"], FIXTURE, "losses")
-    checked = 0
-    for name, tensor in expected.items():
-        if name.startswith("indices."):
-            _, stage, image, which = name.split(".")
-            query, target = run["indices"][stage][int(image[3:])]
-            assert torch.equal(query if which == "query" else target, tensor), name
-        elif name == "total_weighted":
-            assert_close(run["total"].detach(), tensor, name)
-        else:
-            assert_close(run["losses"][name].detach(), tensor, name)
-        checked += 1
-    assert checked == 18
+    assert assert_losses_and_indices_match(run["losses"], run["indices"], run["total"], expected) == 18
 
 
 def test_postprocessed_results(run):
-    expected = load_fixture(run["reference_dir"], FIXTURE, "postprocess")
-    for name, tensor in expected.items():
-        result, field = name.split(".")
-        actual = run["results"][int(result.removeprefix("result"))][field]
-        if tensor.dtype == torch.int64:
-            assert torch.equal(actual, tensor), name
-        else:
-            assert_close(actual, tensor, name)
+    assert_postprocessed_match(run["results"], load_fixture(run["reference_dir"], FIXTURE, "postprocess"))
 
 
 def test_non_backbone_gradients(run):
@@ -109,14 +103,17 @@ def test_non_backbone_gradients(run):
     params = dict(run["model"].named_parameters())
     ours = {n for n, p in params.items() if not n.startswith("backbone.") and p.requires_grad}
     assert {DETR_KEY_MAP(k) for k in expected} == ours
-    for name, grad in expected.items():
-        assert_close(params[DETR_KEY_MAP(name)].grad, grad, f"grad {name}")
+    assert_gradients_match(run["model"], expected, DETR_KEY_MAP)
 
 
 def test_convert_cli_in_a_subprocess(run, tmp_path):
     dst = tmp_path / "out.pth"
-    proc = subprocess.run([sys.executable, "-m", "detr_peg.cli.main", "convert", str(run["src"]), str(dst)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "detr_peg.cli.main", "convert", str(run["src"]), str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "new keys (initialised fresh): 0" in proc.stdout
     assert "unused keys: 0" in proc.stdout
@@ -192,13 +189,10 @@ def test_channels_last_backbone_keeps_outputs_losses_and_gradients(run, tmp_path
     assert model.backbone.memory_format == torch.channels_last
     inputs = load_fixture(run["reference_dir"], FIXTURE, "inputs")
     outputs = model(inputs["images_padded"], inputs["mask"])
-    for name, tensor in load_fixture(run["reference_dir"], FIXTURE, "outputs").items():
-        assert_close(nested_output(outputs, name), tensor, name)
+    assert_outputs_match(outputs, load_fixture(run["reference_dir"], FIXTURE, "outputs"))
     criterion = build_criterion(model.config)
     losses = criterion(outputs, targets_from_fixture(load_fixture(run["reference_dir"], FIXTURE, "targets")))
     total = criterion.weighted_total(losses)
     assert_close(total.detach(), load_fixture(run["reference_dir"], FIXTURE, "losses")["total_weighted"], "total")
     total.backward()
-    params = dict(model.named_parameters())
-    for name, grad in load_fixture(run["reference_dir"], FIXTURE, "grads_nonbackbone").items():
-        assert_close(params[DETR_KEY_MAP(name)].grad, grad, f"grad {name}")
+    assert_gradients_match(model, load_fixture(run["reference_dir"], FIXTURE, "grads_nonbackbone"), DETR_KEY_MAP)

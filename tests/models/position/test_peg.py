@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,12 +15,14 @@ C = 8
 
 
 def _randomize_bn(peg: PEG, seed: int = 0) -> PEG:
+    """Random BatchNorm statistics and affine parameters, so that the normalisation is not the identity."""
     g = torch.Generator().manual_seed(seed)
+    dim = peg.norm.num_features
     with torch.no_grad():
-        peg.norm.running_mean.copy_(torch.rand(C, generator=g) - 0.5)
-        peg.norm.running_var.copy_(torch.rand(C, generator=g) + 0.5)
-        peg.norm.weight.copy_(torch.rand(C, generator=g) + 0.5)
-        peg.norm.bias.copy_(torch.rand(C, generator=g) - 0.5)
+        peg.norm.running_mean.copy_(torch.rand(dim, generator=g) - 0.5)
+        peg.norm.running_var.copy_(torch.rand(dim, generator=g) + 0.5)
+        peg.norm.weight.copy_(torch.rand(dim, generator=g) + 0.5)
+        peg.norm.bias.copy_(torch.rand(dim, generator=g) - 0.5)
     return peg
 
 
@@ -41,9 +44,16 @@ def test_parameters_are_depthwise_conv_without_bias_plus_batchnorm_affine():
 def test_unpadded_output_is_the_cpvt_formula():
     peg = _peg().eval()
     x = torch.randn(2, C, 5, 7)
-    expected = x + F.relu(F.batch_norm(F.conv2d(x, peg.proj.weight, padding=1, groups=C),
-                                       peg.norm.running_mean, peg.norm.running_var,
-                                       peg.norm.weight, peg.norm.bias, eps=peg.norm.eps))
+    expected = x + F.relu(
+        F.batch_norm(
+            F.conv2d(x, peg.proj.weight, padding=1, groups=C),
+            peg.norm.running_mean,
+            peg.norm.running_var,
+            peg.norm.weight,
+            peg.norm.bias,
+            eps=peg.norm.eps,
+        )
+    )
     torch.testing.assert_close(peg(x), expected)
     torch.testing.assert_close(peg(x, torch.zeros(2, 5, 7, dtype=torch.bool)), expected)
 
@@ -56,8 +66,9 @@ def test_padded_tokens_come_out_unchanged():
     for training in (False, True):
         peg = _peg().train(training)
         out = peg(x, mask)
-        torch.testing.assert_close(out[mask.unsqueeze(1).expand_as(x)], x[mask.unsqueeze(1).expand_as(x)],
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            out[mask.unsqueeze(1).expand_as(x)], x[mask.unsqueeze(1).expand_as(x)], rtol=0, atol=0
+        )
         assert not torch.allclose(out[:, :, :4, :5], x[:, :, :4, :5])
 
 
@@ -101,7 +112,7 @@ def test_sequence_form_is_padding_invariant_over_levels():
     out = encoding.mix(0, torch.cat(tokens, 1), torch.cat(masks, 1), shapes_big)
     pieces, start = [], 0
     for (h, w), (hb, wb) in zip(shapes_small, shapes_big):
-        grid = out[0, start:start + hb * wb].view(hb, wb, C)
+        grid = out[0, start : start + hb * wb].view(hb, wb, C)
         pieces.append(grid[:h, :w].reshape(h * w, C))
         start += hb * wb
     torch.testing.assert_close(torch.cat(pieces)[None], alone, rtol=0, atol=1e-6)
@@ -115,9 +126,12 @@ def test_works_down_to_a_one_by_one_feature_map():
     x = torch.randn(3, C, 1, 1)
     centre = peg.proj.weight[:, 0, 1, 1].view(1, C, 1, 1)
     bn = peg.norm
-    expected = x + F.relu((centre * x - bn.running_mean.view(1, C, 1, 1))
-                          / torch.sqrt(bn.running_var.view(1, C, 1, 1) + bn.eps)
-                          * bn.weight.view(1, C, 1, 1) + bn.bias.view(1, C, 1, 1))
+    expected = x + F.relu(
+        (centre * x - bn.running_mean.view(1, C, 1, 1))
+        / torch.sqrt(bn.running_var.view(1, C, 1, 1) + bn.eps)
+        * bn.weight.view(1, C, 1, 1)
+        + bn.bias.view(1, C, 1, 1)
+    )
     torch.testing.assert_close(peg(x), expected)
     mask = torch.tensor([False, True, False]).view(3, 1, 1)
     out = peg.train()(x, mask)
@@ -175,11 +189,21 @@ def test_masked_batch_norm_statistics_come_from_valid_positions_only():
 
 
 def _small_detr(position: str, *overrides: str):
-    cfg = load_config(None, ["model.num_classes=3", "model.backbone.name=resnet18", "model.num_queries=5",
-                             "model.transformer.hidden_dim=32", "model.transformer.nheads=4",
-                             "model.transformer.enc_layers=2", "model.transformer.dec_layers=1",
-                             "model.transformer.dim_feedforward=64", f"model.position.name={position}",
-                             *overrides])
+    cfg = load_config(
+        None,
+        [
+            "model.num_classes=3",
+            "model.backbone.name=resnet18",
+            "model.num_queries=5",
+            "model.transformer.hidden_dim=32",
+            "model.transformer.nheads=4",
+            "model.transformer.enc_layers=2",
+            "model.transformer.dec_layers=1",
+            "model.transformer.dim_feedforward=64",
+            f"model.position.name={position}",
+            *overrides,
+        ],
+    )
     torch.manual_seed(0)
     return build_model(cfg)
 
@@ -199,12 +223,41 @@ def test_peg_detr_adds_no_positional_embedding_and_mixes_after_configured_layers
     assert out["pred_boxes"].shape == (2, 5, 4)
 
 
-def test_peg_placement_changes_the_result():
-    images = [torch.randn(3, 64, 80)]
-    results = {}
-    for layers in ("[-1]", "[0]", "[1]"):
-        model = _small_detr("peg", f"model.position.peg_layers={layers}").eval()
-        with torch.no_grad():
-            results[layers] = model(images)["pred_logits"]
-    assert not torch.allclose(results["[-1]"], results["[0]"])
-    assert not torch.allclose(results["[0]"], results["[1]"])
+@pytest.mark.parametrize("layers", [[-1], [0], [1], [-1, 1]])
+def test_peg_acts_exactly_after_the_configured_encoder_layers(layers):
+    """The encoder's memory equals the layers run by hand with the CPVT formula inserted where configured."""
+    model = _small_detr("peg", f"model.position.peg_layers={layers}").eval()
+    pegs = model.transformer.position.pegs
+    assert sorted(int(name.removeprefix("layer")) for name in pegs) == layers
+    for seed, name in enumerate(pegs):
+        _randomize_bn(pegs[name]["level0"], seed)
+    seen = {}
+    model.transformer.register_forward_pre_hook(lambda module, args: seen.update(src=args[0], mask=args[1]))
+    model.transformer.register_forward_hook(lambda module, args, out: seen.update(memory=out[1]))
+    with torch.no_grad():
+        model(torch.randn(1, 3, 64, 80))
+        src, mask = seen["src"], seen["mask"]
+        assert not mask.any()
+        b, c, h, w = src.shape
+
+        def cpvt(x: torch.Tensor, peg: PEG) -> torch.Tensor:  # x + ReLU(BN(depthwise conv(x))), tokens [B, HW, C]
+            grid = x.transpose(1, 2).reshape(b, c, h, w)
+            y = F.batch_norm(
+                F.conv2d(grid, peg.proj.weight, padding=1, groups=c),
+                peg.norm.running_mean,
+                peg.norm.running_var,
+                peg.norm.weight,
+                peg.norm.bias,
+                eps=peg.norm.eps,
+            )
+            return (grid + F.relu(y)).flatten(2).transpose(1, 2)
+
+        tokens = src.flatten(2).transpose(1, 2)
+        if -1 in layers:
+            tokens = cpvt(tokens, pegs["layer-1"]["level0"])
+        for i, layer in enumerate(model.transformer.encoder.layers):
+            tokens = layer(tokens, mask.flatten(1), None)
+            if i in layers:
+                tokens = cpvt(tokens, pegs[f"layer{i}"]["level0"])
+    assert model.transformer.encoder.norm is None  # post-norm DETR
+    torch.testing.assert_close(seen["memory"], tokens.transpose(1, 2).reshape(b, c, h, w))

@@ -1,12 +1,10 @@
-"""Safe reading and atomic writing of checkpoint files.
+"""Checkpoint and weight files: safe reading (local paths or URLs) and atomic ``torch.save``.
 
 Reading never unpickles arbitrary objects: ``torch.load`` runs with
 ``weights_only=True`` (tensors, plain containers and numbers only; the
 ``argparse.Namespace`` that the official training scripts store under
 ``args`` is the one class allowed besides). ``.safetensors`` files are read
-with safetensors. Writing goes to a temporary file in the same folder which is
-flushed, synced and then renamed over the target, so a crash or a full disk
-never leaves a half-written checkpoint under the final name.
+with safetensors. Writing goes through :func:`detr_peg.fileio.atomic.atomic_write`.
 """
 
 from __future__ import annotations
@@ -18,11 +16,15 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from torch.hub import download_url_to_file, get_dir
 
-from detr_peg.errors import CheckpointError
+from detr_peg.errors import CheckpointError, UserError
+from detr_peg.fileio.atomic import atomic_write
+from detr_peg.fileio.bounded_read import check_regular_file
 
 SAFE_GLOBALS = [argparse.Namespace]
 
@@ -34,8 +36,6 @@ def is_url(spec: str) -> bool:
 
 def fetch_url(url: str) -> Path:
     """Download ``url`` into torch's hub cache (once) and return the local path."""
-    from torch.hub import download_url_to_file, get_dir
-
     cache = Path(get_dir()) / "checkpoints"
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / os.path.basename(url.split("?")[0])
@@ -64,10 +64,7 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     """
     spec = str(path)
     local = fetch_url(spec) if is_url(spec) else Path(spec)
-    if not local.exists():
-        raise CheckpointError(f"The {what} file {spec} does not exist.")
-    if not local.is_file():
-        raise CheckpointError(f"The {what} path {spec} is not a file.")
+    check_regular_file(local, f"The {what} file", "checkpoint", CheckpointError)
     if local.suffix == ".safetensors":
         return _read_safetensors(local, what)
     try:
@@ -112,8 +109,6 @@ def _unpickler_reason(text: str) -> str:
 
 
 def _read_safetensors(path: Path, what: str) -> dict[str, Any]:
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = handle.metadata() or {}
@@ -123,82 +118,12 @@ def _read_safetensors(path: Path, what: str) -> dict[str, Any]:
     return {"state_dict": tensors, "metadata": dict(metadata)}
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
-    """Write a file atomically: ``write(handle)`` into a temporary file, fsync, rename over ``path``.
-
-    Args:
-        path: the final file.
-        write: writes the content into the binary file object it is given.
+def atomic_torch_save(obj: Any, path: str | os.PathLike, *, error: type[UserError] | None = CheckpointError) -> Path:
+    """``torch.save`` to ``path`` atomically (see :func:`~detr_peg.fileio.atomic.atomic_write`).
 
     Raises:
-        CheckpointError: the folder is not writable or the disk is full; the
-            previous file at ``path`` (if any) is left untouched and the
-            temporary file is removed.
+        CheckpointError (or ``error``; ``None``: the ``OSError``): the folder
+            is not writable or the disk is full; the previous file at ``path``
+            (if any) is left untouched.
     """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            recorder = _ErrorRecordingFile(handle)
-            try:
-                write(recorder)
-            except RuntimeError:
-                # torch.save reports a failed write as a RuntimeError without the cause.
-                if recorder.error is not None:
-                    raise recorder.error from None
-                raise
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"Could not write {path}: {exc.strerror or exc}.") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` atomically (see :func:`atomic_write`).
-
-    Raises:
-        CheckpointError: the folder is not writable or the disk is full; the
-            previous file at ``path`` (if any) is left untouched.
-    """
-    atomic_write(path, lambda handle: torch.save(obj, handle))
-
-
-class _ErrorRecordingFile:
-    """A binary file object that passes writes on and keeps the first ``OSError`` they raise."""
-
-    def __init__(self, handle: Any) -> None:
-        self._handle = handle
-        self.error: OSError | None = None
-
-    def write(self, data: Any) -> int:
-        try:
-            return self._handle.write(data)
-        except OSError as exc:
-            self.error = self.error or exc
-            raise
-
-    def flush(self) -> None:
-        try:
-            self._handle.flush()
-        except OSError as exc:
-            self.error = self.error or exc
-            raise
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    return atomic_write(path, lambda handle: torch.save(obj, handle), error=error)

@@ -1,0 +1,90 @@
+"""Export a checkpoint to ONNX: one graph for any batch size and image size, checked in ONNX Runtime.
+
+The graph takes the padded, normalised image batch "images" float32[B, 3, H, W]
+and its padding mask "mask" bool[B, H, W] (True = padding), and returns
+"pred_logits" and "pred_boxes" (normalised cx, cy, w, h relative to each
+unpadded image). With --postprocess it also takes "orig_sizes" int64[B, 2]
+(h, w) and returns "scores", "labels" and "boxes" (x0, y0, x1, y1 pixels), as
+the PyTorch post-processing does. Batch, height and width are dynamic unless
+--batch-size / --image-size fix them. The config and label map are stored in
+the file, so `detr-peg predict --onnx FILE` needs nothing else. Unless
+--no-check, the written graph is run once in ONNX Runtime on a padded batch of
+another size than the one traced and compared with PyTorch.
+
+Needs the optional packages: pip install 'detr_peg[onnx]'.
+
+Examples:
+  detr-peg export --checkpoint runs/peg/checkpoint.pth --output model.onnx
+  detr-peg export --checkpoint runs/peg/checkpoint.pth --output model_800.onnx --image-size 800 1066 --postprocess
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from detr_peg.export.onnx_export import DEFAULT_OPSET
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)"
+    )
+    parser.add_argument("--output", required=True, metavar="FILE", help="the .onnx file to write")
+    parser.add_argument(
+        "--opset",
+        type=int,
+        default=DEFAULT_OPSET,
+        metavar="N",
+        help=f"ONNX opset (default: {DEFAULT_OPSET}, the tested one)",
+    )
+    parser.add_argument(
+        "--image-size", type=int, nargs=2, metavar=("H", "W"), help="fix the padded image size (default: dynamic)"
+    )
+    parser.add_argument("--batch-size", type=int, metavar="N", help="fix the batch size (default: dynamic)")
+    parser.add_argument(
+        "--postprocess", action="store_true", help="add orig_sizes input and scores/labels/boxes outputs"
+    )
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="do not compare the written graph with PyTorch in ONNX Runtime",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config changes that do not alter weights (eval.num_select=50)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from detr_peg.export.onnx_export import export_onnx, require_onnx
+    from detr_peg.export.onnx_runtime import compare_with_pytorch
+    from detr_peg.guards.declared_io import export_io
+    from detr_peg.guards.output_guard import guard_outputs
+    from detr_peg.models.loading import load_model
+
+    require_onnx()
+    guard_outputs("export", *export_io(args.checkpoint, args.output))
+    model = load_model(args.checkpoint, overrides=args.overrides)
+    path = export_onnx(
+        model,
+        args.output,
+        opset=args.opset,
+        image_size=tuple(args.image_size or ()) or None,
+        batch_size=args.batch_size,
+        postprocess=args.postprocess,
+    )
+    print(
+        f"wrote {path} (opset {args.opset}; batch {args.batch_size or 'dynamic'}, "
+        f"size {'x'.join(map(str, args.image_size)) if args.image_size else 'dynamic'})"
+    )
+    if args.check:
+        torch.manual_seed(0)
+        diff = compare_with_pytorch(model, path, batch_size=args.batch_size, image_size=args.image_size)
+        print(f"checked in ONNX Runtime against PyTorch: largest difference {diff:.2e}")
+    return 0

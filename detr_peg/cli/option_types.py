@@ -1,0 +1,66 @@
+"""Types of command-line options: one parser per kind of value, shared by every command.
+
+Each function returns an ``argparse`` ``type=`` callable that turns the
+text into a value or raises ``argparse.ArgumentTypeError`` with a message
+stating the valid range; argparse prefixes it with the option
+(``argument --score-threshold: ...``), so the error names the option the
+user typed. Non-finite numbers (``nan``, ``inf``) are refused everywhere:
+Python's ``float("nan")`` accepts them, and a NaN threshold compares false
+with every score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def integer(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A whole number in ``[low, high]`` (``high=None``: no upper bound)."""
+    valid = f"a whole number from {low} to {high}" if high is not None else f"a whole number of at least {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(low: float, high: float) -> Callable[[str], float]:
+    """A finite number in ``[low, high]``."""
+    valid = f"a number from {low:g} to {high:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def device(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether CUDA is there is checked when the run starts)."""
+    value = text.strip().lower()
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"must be one of 'auto', 'cpu', 'cuda' or 'cuda:N', got {text!r}")
+
+
+#: Probabilities and score thresholds.
+fraction = number(0.0, 1.0)
+#: Counts of one or more (batch sizes, runs).
+positive = integer(1)
+#: Counts that may be zero.
+non_negative = integer(0)

@@ -1,0 +1,52 @@
+"""Redraw the figures of a study or of a single training run from the files they wrote.
+
+For a study folder (it holds plan.json): the results are read back from the
+cells' files, study.md / study.csv / study.json are rewritten and the figures
+drawn into STUDY/plots/ (AP against test scale per kind, learning curves, the
+main table as bars). For a training run folder (it holds metrics.jsonl): its
+learning curve (AP and AP50 against iteration, and the training loss) goes to
+RUN/plots/learning_curve.png.
+
+Examples:
+  detr-peg plot studies/demo
+  detr-peg plot outputs/demo/run
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("path", metavar="RUN_OR_STUDY", help="a study folder or a training run folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    from detr_peg.errors import UserError
+    from detr_peg.guards.declared_io import plot_io
+    from detr_peg.guards.output_guard import guard_outputs
+    from detr_peg.study.plots import plot_run, plot_study
+
+    path = Path(args.path)
+    if not path.is_dir():
+        problem = "is a file, not a folder" if path.exists() else "does not exist"
+        raise UserError(f"RUN_OR_STUDY {path} {problem}; give a study folder or a training run folder.")
+    study = (path / "plan.json").is_file()
+    if study or (path / "metrics.jsonl").is_file():
+        guard_outputs("plot", *plot_io(path, study))
+    if study:
+        from detr_peg.study.grid import StudyDefinition, expand_cells
+        from detr_peg.study.results import collect, write_results
+        from detr_peg.study.runner import read_plan
+
+        definition = StudyDefinition.from_dict(read_plan(path)["definition"])
+        results = collect(path, definition, expand_cells(definition))
+        files = [*write_results(path, results), *plot_study(path, results)]
+    elif (path / "metrics.jsonl").is_file():
+        files = [plot_run(path)]
+    else:
+        raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
+    print("\n".join(f"Wrote {f}" for f in files))
+    return 0

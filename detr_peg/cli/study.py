@@ -1,0 +1,246 @@
+"""Run a grid of training runs (base configs x grid axes x seeds), evaluate each, and tabulate and plot the results.
+
+Each cell is an ordinary training run in STUDY/cells/<name>/run (the same
+files as detr-peg train), evaluated with detr-peg eval into
+STUDY/cells/<name>/eval when test scales or the padding comparison are asked
+for. The study folder gets plan.json (the definition and every cell's
+commands), study.md / study.csv / study.json (mean +- std over seeds per
+setting, per test scale of each kind, padding sensitivity) and plots/*.png.
+
+Grid values are parsed like key=value overrides; commas inside brackets
+belong to the value: --grid model.position.peg_layers=[0],[0,1,2] is two
+values. Seeds are train.seed = 0 .. N-1.
+
+Running the same command again skips finished cells, continues an interrupted
+cell from its checkpoint and retries failed ones; a changed definition (other
+than --seeds) or a changed cell config is refused. A failed cell does not
+stop the others; the exit status is then 3.
+
+On a cluster, --slurm submits one job per cell through submitit, each cell
+using --nodes x --gpus-per-node GPUs; --plan prints the commands instead.
+
+Examples:
+  detr-peg study --study configs/study/proxy_synthetic.yaml --output studies/proxy
+  detr-peg study --config configs/proxy/detr_small.yaml --grid model.position.name=sine,learned,none,peg \\
+      --seeds 3 --scales 1,1.5,2 --canvas-scales 1.5,2 --padding --output studies/detr_small
+  detr-peg study --config configs/detr_r50_peg.yaml --grid model.position.peg_layers=[0],[0,1,2] \\
+      --grid model.position.peg_kernel=1,3,7 --output studies/peg_placement --plan
+  detr-peg study --study configs/study/paper_coco.yaml --output studies/paper --slurm --slurm-partition gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+import traceback
+from pathlib import Path
+
+from detr_peg.cli.main import main
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--output", required=True, metavar="STUDY_DIR", help="the study folder")
+    parser.add_argument("--study", metavar="FILE", help="study file (configs/study/*.yaml); options below add to it")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="base config; repeat for several (they form an axis of the grid)",
+    )
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="a grid axis; repeat for several (their product is taken)",
+    )
+    parser.add_argument("--seeds", metavar="N", help="seeds per setting: train.seed = 0 .. N-1 (default 1)")
+    ev = parser.add_argument_group("evaluation (passed to detr-peg eval)")
+    ev.add_argument("--scales", metavar="S1,S2", help="test scales: the validation images resized, e.g. 1,1.5,2")
+    ev.add_argument(
+        "--canvas-scales",
+        metavar="S1,S2",
+        help="test scales: a larger synthetic canvas with objects of the training size, e.g. 1.5,2",
+    )
+    ev.add_argument(
+        "--padding",
+        action="store_true",
+        default=None,
+        help="compare mixed-size evaluation batches with one image at a time",
+    )
+    run = parser.add_argument_group("where the cells run")
+    run.add_argument("--plan", action="store_true", help="print every cell's commands and exit")
+    run.add_argument("--slurm", action="store_true", help="one SLURM job per cell through submitit")
+    run.add_argument(
+        "--submitit-local",
+        action="store_true",
+        help="the same jobs as local processes (submitit's LocalExecutor), no SLURM",
+    )
+    run.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="with --slurm: return after submitting (detr-peg plot STUDY writes the tables later)",
+    )
+    run.add_argument("--slurm-partition", metavar="NAME", help="SLURM partition")
+    run.add_argument("--nodes", type=int, metavar="N", help="machines per cell (default 1)")
+    run.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs (training processes) per machine (default 8)")
+    run.add_argument("--time", metavar="HH:MM:SS", help="time limit per cell (default 72:00:00)")
+    run.add_argument("--cpus-per-task", type=int, metavar="N", help="CPU cores per process (default 10)")
+    run.add_argument("--mem", metavar="SIZE", help="memory per machine, e.g. 256G")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
+
+
+def definition_from_args(args: argparse.Namespace):
+    """The study definition and the cluster options of the command (study file, then options)."""
+    from detr_peg.errors import ConfigError
+    from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis, parse_scales, parse_seeds
+    from detr_peg.study.slurm import ClusterOptions
+    from detr_peg.study.study_file import StudyFile, load_study_file
+
+    file = load_study_file(args.study) if args.study else StudyFile()
+    configs = [*file.configs, *(str(Path(c).resolve()) for c in args.config)]
+    if not configs:
+        raise ConfigError("A study needs a base config: --config FILE (or 'configs' in a --study file).")
+    for config in configs:
+        if not Path(config).is_file():
+            raise ConfigError(f"Config file {config} does not exist.")
+    axes = {axis.key: axis for axis in map(parse_axis, file.grid)}
+    axes.update({axis.key: axis for axis in map(parse_axis, args.grid)})  # the command line wins
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else (file.seeds or 1)
+    ev = file.eval
+    scales = parse_scales(args.scales, "--scales") if args.scales else tuple(float(s) for s in ev.get("scales", ()))
+    canvas = (
+        parse_scales(args.canvas_scales, "--canvas-scales")
+        if args.canvas_scales
+        else tuple(float(s) for s in ev.get("canvas_scales", ()))
+    )
+    padding = bool(ev.get("padding", False)) if args.padding is None else args.padding
+    definition = StudyDefinition(
+        configs=tuple(configs),
+        axes=tuple(axes.values()),
+        seeds=seeds,
+        overrides=(*file.overrides, *args.overrides),
+        eval=EvalPlan(scales=scales, canvas_scales=canvas, padding=padding),
+    )
+    cl = file.cluster
+    cluster = ClusterOptions(
+        partition=args.slurm_partition or cl.get("partition"),
+        nodes=args.nodes or cl.get("nodes", 1),
+        gpus_per_node=args.gpus_per_node or cl.get("gpus_per_node", 8),
+        time=args.time or str(cl.get("time", "72:00:00")),
+        cpus_per_task=args.cpus_per_task or cl.get("cpus_per_task", 10),
+        mem=args.mem or cl.get("mem"),
+        local=args.submitit_local,
+    )
+    return definition, cluster
+
+
+def check_eval_options(definition) -> None:
+    """Refuse test scales or padding when this version of ``detr-peg eval`` has no such option."""
+    from detr_peg.cli import evaluate
+    from detr_peg.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    evaluate.add_arguments(parser)
+    known = {opt for action in parser._actions for opt in action.option_strings}
+    asked = {
+        "--scales": definition.eval.scales,
+        "--canvas-scales": definition.eval.canvas_scales,
+        "--padding": definition.eval.padding,
+    }
+    for flag, value in asked.items():
+        if value and flag not in known:
+            raise ConfigError(f"{flag} is not supported by this version of detr-peg eval; leave it out.")
+
+
+def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
+    """Run ``detr-peg ARGV`` in this process with its output appended to ``log`` (a cell's commands).
+
+    Returns:
+        The exit status and, when it is not 0, the command's one-line error
+        (``detr-peg train: error: ...``), or the exception of a bug with a
+        pointer to the traceback in ``log``.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"$ detr-peg {' '.join(argv)}\n")
+        out.flush()
+        offset = out.tell()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                code = int(main(argv) or 0)
+        except SystemExit as exc:  # argparse: a bad option
+            code = exc.code if isinstance(exc.code, int) else 2
+        except Exception as exc:  # noqa: BLE001  (a bug: keep the traceback in the log, one line for the table)
+            traceback.print_exc(file=out)
+            return 1, f"{type(exc).__name__}: {exc} (traceback in {log})"
+    if code == 0:
+        return 0, None
+    with open(log, encoding="utf-8") as text:
+        text.seek(offset)
+        lines = [line.strip() for line in text if line.startswith(f"detr-peg {argv[0]}")]
+    return code, lines[-1] if lines else f"detr-peg {argv[0]} exited with status {code} (see {log})"
+
+
+def run(args: argparse.Namespace) -> int:
+    from detr_peg.errors import ConfigError
+    from detr_peg.study import runner, slurm
+    from detr_peg.study.plots import plot_study
+    from detr_peg.study.results import collect, write_results
+
+    started = time.monotonic()
+    if args.slurm and args.submitit_local:
+        raise ConfigError("--slurm and --submitit-local exclude each other; choose one.")
+    jobs = args.slurm or args.submitit_local
+    definition, cluster = definition_from_args(args)
+    if jobs:
+        for flag, value in (
+            ("--nodes", cluster.nodes),
+            ("--gpus-per-node", cluster.gpus_per_node),
+            ("--cpus-per-task", cluster.cpus_per_task),
+        ):
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {value}.")
+        slurm.parse_time(cluster.time)
+    check_eval_options(definition)
+    study_dir = Path(args.output)
+    if not args.plan:
+        from detr_peg.guards.declared_io import study_io
+        from detr_peg.guards.output_guard import guard_outputs
+
+        guard_outputs("study", *study_io(study_dir, definition.configs, args.study))
+    cells = runner.prepare(study_dir, definition, write=not args.plan)
+    if args.plan:
+        print("\n".join(slurm.plan_lines(study_dir, cells, definition.eval, cluster if jobs else None)))
+        return 0
+
+    todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
+    print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
+    try:
+        if jobs and todo:
+            if definition.eval.canvas_scales:
+                runner.make_canvas_sets(todo, definition.eval.canvas_scales)
+            submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
+            print(
+                f"study: submitted {len(submitted)} jobs ({', '.join(j.job_id for j in submitted[:3])}"
+                f"{', ...' if len(submitted) > 3 else ''}); logs in {study_dir / slurm.JOBS_DIR}",
+                flush=True,
+            )
+            if args.no_wait:
+                print(f"study: not waiting; detr-peg plot {study_dir} writes the tables of the cells done so far.")
+                return 0
+            slurm.wait(
+                study_dir, submitted, todo, len(cells), len(cells) - len(todo), poll_seconds=1 if cluster.local else 10
+            )
+        elif todo:
+            runner.run_here(study_dir, definition, cells, run_command)
+    finally:
+        results = collect(study_dir, definition, cells)
+        write_results(study_dir, results)
+        plot_study(study_dir, results)
+    line, status = runner.summary_line(study_dir, cells, started)
+    print(line)
+    return status

@@ -1,0 +1,174 @@
+"""Padding sensitivity: the same validation set evaluated with and without batch padding.
+
+A batch of images of different sizes is padded to its largest image
+(:func:`~detr_peg.data.padding.pad_images`; the mask is True on padding).
+The transformer masks the padding out, but the backbone's convolutions do
+not: from the second convolution on, the features next to an image's right
+and bottom border see the (non-zero) features computed over the padded
+zeros, where an image alone sees the convolution's own zero padding. The
+Deformable-DETR extra level (a strided convolution over the last stage) and
+multi-level masks downsampled from the padded size add to that. So no
+encoding is exactly independent of batch padding; how much it matters is
+measured here, for three runs over the validation set:
+
+* ``single``: one image at a time (no padding at all; the reference);
+* ``mixed``: ``eval.batch_size`` images in dataset order, padded to the
+  largest of each batch (``eval.padding_mode=mixed``, the default). When
+  every image of the set has the same size, padding would never happen, so
+  every batch is padded by :data:`EXTRA_PADDING` of its size on the right and
+  bottom, as a batch with a larger image would be;
+* ``exact``: ``eval.batch_size`` images of equal size per batch
+  (``eval.padding_mode=exact``): no padding, so the outputs equal ``single``
+  up to float rounding, at the cost of smaller batches on data of many sizes.
+
+``padding.json``::
+
+    {"modes": {"mixed":  {"batch_size": 8, "metrics": {...}, "seconds": ...},
+               "single": {"batch_size": 1, "metrics": {...}, "seconds": ...},
+               "exact":  {"batch_size": 8, "metrics": {...}, "seconds": ...}},
+     "max_abs_logit_diff_mixed_vs_single": ..., "max_abs_box_diff_mixed_vs_single": ...,
+     "max_abs_logit_diff_exact_vs_single": ..., "max_abs_box_diff_exact_vs_single": ...,
+     "extra_padding": 0.0 or EXTRA_PADDING, "padded_fraction_mixed": ..., "default_mode": "mixed"}
+
+Differences are over the raw outputs of every image (``pred_logits`` and the
+normalized ``pred_boxes`` of the last decoder layer); ``seconds`` is the wall
+time of the whole run, data loading included (after one untimed image).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from itertools import islice
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from detr_peg.data.coco_dataset import CocoDetection
+from detr_peg.engine.coco_eval import detections_to_coco, evaluate_coco
+from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
+from detr_peg.engine.evaluate import merge_shards
+from detr_peg.engine.evaluation_run import LoadedModel
+from detr_peg.engine.loader import build_eval_loader, image_sizes, iterate_batches
+from detr_peg.engine.optim import autocast, outputs_to_float
+
+PADDING_JSON = "padding.json"
+#: The runs of :func:`measure_padding`, in the order they are made.
+PADDING_RUNS = ("single", "mixed", "exact")
+#: Extra padding of every mixed batch (fraction of its height and width) on data of one image size.
+EXTRA_PADDING = 0.25
+
+
+def pad_further(images: Tensor, mask: Tensor, fraction: float) -> tuple[Tensor, Tensor]:
+    """Grow a padded batch by ``fraction`` of its size on the right and bottom (zeros, mask True).
+
+    Args:
+        images: ``Tensor[B, C, H, W]``.
+        mask: ``Tensor[B, H, W]`` bool, True = padding.
+
+    Returns:
+        ``Tensor[B, C, H', W']`` and ``Tensor[B, H', W']`` with ``H' = ceil(H * (1 + fraction))``.
+    """
+    h, w = mask.shape[-2:]
+    extra_h, extra_w = math.ceil(h * (1 + fraction)) - h, math.ceil(w * (1 + fraction)) - w
+    return F.pad(images, (0, extra_w, 0, extra_h)), F.pad(mask, (0, extra_w, 0, extra_h), value=True)
+
+
+@torch.no_grad()
+def predict_raw(
+    loaded: LoadedModel, loader: Iterable, device: torch.device, extra_padding: float = 0.0
+) -> tuple[list[tuple[int, list[dict]]], dict[int, tuple[Tensor, Tensor]], float]:
+    """Detections and raw outputs of every image of ``loader``.
+
+    Returns:
+        ``(COCO results per image id, {image_id: (pred_logits Tensor[Q, K], pred_boxes Tensor[Q, 4])}
+        on the CPU, fraction of the batch pixels that were padding)``.
+    """
+    loaded.model.eval()
+    results: list[tuple[int, list[dict]]] = []
+    raw: dict[int, tuple[Tensor, Tensor]] = {}
+    padded = total = 0
+    batches = iterate_batches(loader)
+    try:
+        for images, mask, targets in batches:
+            if extra_padding > 0:
+                images, mask = pad_further(images, mask, extra_padding)
+            padded, total = padded + int(mask.sum()), total + mask.numel()
+            with autocast(loaded.amp, device):
+                outputs = loaded.model(images.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+            outputs = outputs_to_float(outputs)
+            sizes = torch.stack([t["orig_size"] for t in targets]).to(device)
+            detections = loaded.postprocessor(outputs, sizes)
+            for i, (target, det) in enumerate(zip(targets, detections)):
+                image_id = int(target["image_id"])
+                results.append((image_id, detections_to_coco([image_id], [det], loaded.label_map)))
+                raw[image_id] = (outputs["pred_logits"][i].cpu(), outputs["pred_boxes"][i].cpu())
+    finally:
+        batches.close()
+    return results, raw, padded / max(total, 1)
+
+
+def _largest_difference(
+    a: dict[int, tuple[Tensor, Tensor]], b: dict[int, tuple[Tensor, Tensor]]
+) -> tuple[float, float]:
+    logits = max((float((a[i][0] - b[i][0]).abs().max()) for i in a), default=0.0)
+    boxes = max((float((a[i][1] - b[i][1]).abs().max()) for i in a), default=0.0)
+    return logits, boxes
+
+
+def measure_padding(
+    loaded: LoadedModel, dataset: CocoDetection, env: DistEnv, *, on_run: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Evaluate ``dataset`` one image at a time, in mixed batches and in exact batches; see the module docstring.
+
+    Args:
+        loaded: the model.
+        dataset: the validation set.
+        env: this process (the images are sharded over processes).
+        on_run: called with the run's name after each run (progress).
+
+    Returns:
+        The content of ``padding.json`` (in every process).
+    """
+    cfg = loaded.cfg
+    batch_size = cfg.eval.batch_size
+    uniform = len(set(image_sizes(dataset))) == 1
+    extra = EXTRA_PADDING if uniform else 0.0
+    settings = {"single": (1, "mixed", 0.0), "mixed": (batch_size, "mixed", extra), "exact": (batch_size, "exact", 0.0)}
+    modes: dict[str, dict[str, Any]] = {}
+    raw: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
+    padded_fraction = 0.0
+    # One untimed image first, so the first timed run does not pay for the first call's set-up.
+    predict_raw(loaded, islice(build_eval_loader(dataset, 1, 0, env), 1), env.device)
+    for name in PADDING_RUNS:
+        size, padding_mode, extra_padding = settings[name]
+        start = time.perf_counter()
+        loader = build_eval_loader(dataset, size, cfg.data.num_workers, env, padding_mode=padding_mode)
+        results, raw[name], fraction = predict_raw(loaded, loader, env.device, extra_padding)
+        if env.device.type == "cuda":
+            torch.cuda.synchronize(env.device)
+        seconds = time.perf_counter() - start
+        shards = all_gather_objects(results)
+        metrics = evaluate_coco(dataset.coco, merge_shards(shards)[0]) if env.is_main else {}
+        modes[name] = {"batch_size": size, "metrics": broadcast_object(metrics), "seconds": seconds}
+        if name == "mixed":
+            padded_fraction = fraction
+        if on_run is not None:
+            on_run(name)
+    differences = {}
+    for name in ("mixed", "exact"):
+        # Each process compares its own shard; the largest difference over all processes is reported.
+        local = _largest_difference(raw[name], raw["single"])
+        logits, boxes = (max(values) for values in zip(*all_gather_objects(local)))
+        differences[f"max_abs_logit_diff_{name}_vs_single"] = logits
+        differences[f"max_abs_box_diff_{name}_vs_single"] = boxes
+    return {
+        "modes": {name: modes[name] for name in ("mixed", "single", "exact")},
+        **differences,
+        "extra_padding": extra,
+        "padded_fraction_mixed": padded_fraction,
+        "default_mode": "mixed",
+    }

@@ -1,0 +1,278 @@
+"""Multi-resolution evaluation: one checkpoint at several test sizes, of two kinds kept apart.
+
+* **resized** (``scales``): the validation images themselves, resized to
+  ``s`` times the configured size (``data.val_scale`` and
+  ``data.val_max_size`` both multiplied by ``s``). The token grid grows with
+  ``s``, and so do the objects: what is measured mixes sequence length with
+  object scale.
+* **canvas** (``canvas_scales``, synthetic data only): a validation set drawn
+  by :func:`~detr_peg.data.synthetic.larger_canvas` on a canvas ``s`` times
+  the original one, whose objects keep the original size distribution in
+  pixels and the same density. The images go through the same resize factor
+  as the original set (``val_scale`` and ``val_max_size`` times ``s``), so
+  the objects reach the model at their training size and only the token grid
+  grows. The sets are generated once, deterministically, from the
+  ``manifest.json`` of the dataset, into ``<dataset>/canvas_<side>/``.
+
+Files written into the output folder (main process), numbers as plain floats::
+
+    scales_resized.json / scales_canvas.json
+        {"kind": "resized" | "canvas", "base_size": <data.val_scale>,
+         "results": [{"scale": 1.5, "size": 192, "num_images": 100,
+                      "metrics": {"AP": ..., "AP50": ..., ...}}, ...]}
+
+``size`` is the short side asked for (``val_scale`` times ``s``; an image whose
+long side would pass ``val_max_size`` times ``s`` ends up smaller); ``metrics`` holds the
+twelve :data:`~detr_peg.engine.coco_eval.STAT_NAMES`. ``padding.json`` is
+described in :mod:`detr_peg.engine.padding_sensitivity`. A resized scale of
+1.0 is the ordinary evaluation (``metrics.json``), number for number.
+
+Beyond the trained range: ``sine`` normalises positions by the image's own
+size and PEG and ``none`` have no size at all, so they run at any size; the
+``learned`` table has ``model.position.num_embeddings`` rows and a larger
+feature map is refused with a message naming that field and the size needed
+(rows beyond the trained size were never trained, which the README notes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from tqdm import tqdm
+
+from detr_peg.config.schema import Config, DataConfig
+from detr_peg.data.coco_dataset import build_coco_dataset
+from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
+from detr_peg.engine.checkpointing import check_output_dir
+from detr_peg.engine.distributed import DistEnv, init_distributed, shutdown_distributed
+from detr_peg.engine.evaluate import evaluate
+from detr_peg.engine.evaluation_run import LoadedModel, load_for_evaluation
+from detr_peg.engine.loader import build_eval_loader
+from detr_peg.engine.padding_sensitivity import (
+    PADDING_JSON,
+    PADDING_RUNS,
+    measure_padding,
+)
+from detr_peg.engine.run_setup import on_main, write_json
+from detr_peg.errors import ConfigError, DataError
+
+RESIZED_JSON = "scales_resized.json"
+CANVAS_JSON = "scales_canvas.json"
+
+
+def scaled_data(data: DataConfig, scale: float) -> DataConfig:
+    """``data`` with ``val_scale`` and ``val_max_size`` multiplied by ``scale`` (rounded, at least 1 px)."""
+    return dataclasses.replace(
+        data, val_scale=max(1, round(data.val_scale * scale)), val_max_size=max(1, round(data.val_max_size * scale))
+    )
+
+
+def synthetic_params(data: DataConfig) -> tuple[Path, dict[str, Any]]:
+    """The folder and generator arguments of the synthetic dataset ``data.val_annotations`` belongs to.
+
+    Raises:
+        ConfigError: the validation set is not a complete synthetic dataset.
+    """
+    root = Path(data.val_annotations or ".").parent
+    params = read_manifest(root)
+    if params is None:
+        raise ConfigError(
+            f"--canvas-scales needs a synthetic dataset, but there is no complete manifest.json of "
+            f"detr_peg.data.synthetic next to data.val_annotations ({data.val_annotations}); use --scales for "
+            "other datasets."
+        )
+    return root, params
+
+
+#: Longest image side (pixels) a test scale may give: one image's feature maps beyond it outgrow a machine's memory.
+MAX_TEST_SIDE = 8192
+
+
+def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Sequence[float]) -> None:
+    """Refuse test scales that are not positive and finite or that give images beyond :data:`MAX_TEST_SIDE`.
+
+    Called before any evaluation, so a bad scale costs nothing.
+
+    Raises:
+        ConfigError: naming the option, the value and the largest accepted.
+    """
+    base = max(data.val_scale, data.val_max_size or 0)
+    for name, values in (("--scales", scales), ("--canvas-scales", canvas_scales)):
+        for value in values:
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{name} must be positive numbers, got {value!r}.")
+            if base * value > MAX_TEST_SIDE:
+                raise ConfigError(
+                    f"{name} {value:g} gives images of up to {base * value:,.0f} px (data.val_scale / "
+                    f"data.val_max_size {base} x {value:g}), more than the {MAX_TEST_SIDE} px accepted; "
+                    f"use scales up to {MAX_TEST_SIDE / base:.3g}."
+                )
+
+
+def canvas_side(params: dict[str, Any], scale: float) -> int:
+    """The canvas side (pixels) of ``scale`` for a synthetic dataset of generator ``params``.
+
+    Raises:
+        ConfigError: a canvas below 32 px or too small for the dataset's objects.
+    """
+    side = round(params["image_size"] * scale)
+    largest = object_sides(params["reference_size"])[1]
+    if side < max(32, largest):
+        raise ConfigError(
+            f"--canvas-scales {scale:g} gives a {side} px canvas, too small for the dataset's objects (up to "
+            f"{largest} px) or below 32 px; use scales of at least {max(32, largest) / params['image_size']:.3g}."
+        )
+    return side
+
+
+def canvas_data(data: DataConfig, scale: float) -> DataConfig:
+    """The data config of the larger-canvas validation set at ``scale`` (generated if missing).
+
+    Scale 1 is the dataset's own validation set.
+
+    Raises:
+        ConfigError: not a synthetic dataset, or a canvas too small for the objects.
+    """
+    root, params = synthetic_params(data)
+    if scale == 1:
+        return data
+    side = canvas_side(params, scale)
+    try:
+        made = larger_canvas(params, scale, root / f"canvas_{side}")
+    except DataError as exc:
+        raise ConfigError(f"Could not write the larger-canvas set for --canvas-scales {scale:g}: {exc}") from None
+    return scaled_data(
+        dataclasses.replace(data, val_images=str(made.val_images), val_annotations=str(made.val_annotations)), scale
+    )
+
+
+def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv) -> dict[str, Any]:
+    """COCO metrics of the loaded model on the validation set ``data`` describes, without writing files.
+
+    Returns:
+        ``{"size": short side, "num_images": int, "metrics": {...}}``.
+    """
+    cfg = loaded.cfg
+    dataset = build_coco_dataset(data, "val", label_map=loaded.label_map)
+    loader = build_eval_loader(
+        dataset, cfg.eval.batch_size, cfg.data.num_workers, env, padding_mode=cfg.eval.padding_mode
+    )
+    out = evaluate(
+        loaded.model,
+        loaded.postprocessor,
+        loader,
+        coco_gt=dataset.coco,
+        device=env.device,
+        label_map=loaded.label_map,
+        is_main=env.is_main,
+        amp=loaded.amp,
+    )
+    return {"size": data.val_scale, "num_images": out.num_images, "metrics": out.metrics}
+
+
+def run_scale_evaluation(
+    cfg: Config,
+    checkpoint: str | Path,
+    output_dir: str | Path,
+    *,
+    scales: Sequence[float] = (),
+    canvas_scales: Sequence[float] = (),
+    padding: bool = False,
+    progress_bars: bool | None = None,
+) -> dict[str, Path]:
+    """Evaluate ``checkpoint`` at several sizes of both kinds and/or measure padding sensitivity.
+
+    Args:
+        cfg: the config (as for :func:`~detr_peg.engine.evaluation_run.run_evaluation`).
+        checkpoint: a detr_peg checkpoint.
+        output_dir: where the JSON files go.
+        scales: resized multipliers of the configured validation size.
+        canvas_scales: canvas multipliers (synthetic data only).
+        padding: also write ``padding.json``.
+        progress_bars: a bar over the evaluations; ``None``: when stderr is a terminal.
+
+    Returns:
+        The files written, by kind (``resized``, ``canvas``, ``padding``); empty outside the main process.
+
+    Raises:
+        UserError: bad scales, a non-synthetic dataset with ``canvas_scales``,
+            a learned encoding asked for a feature map larger than its table,
+            an unwritable output folder.
+    """
+    check_scales(cfg.data, scales, canvas_scales)
+    owns_group = not (dist.is_available() and dist.is_initialized())
+    env = init_distributed(cfg.train.device)
+    try:
+        out = Path(output_dir)
+        on_main(env, lambda: check_output_dir(out, 0))
+        # Every canvas set is checked and generated (by the main process alone) before the first evaluation.
+        on_main(env, lambda: [canvas_data(cfg.data, s) for s in canvas_scales])
+        canvas_sets = [(s, canvas_data(cfg.data, s)) for s in canvas_scales]
+        loaded, dataset = load_for_evaluation(cfg, checkpoint, env)
+        total = len(scales) + len(canvas_sets) + (len(PADDING_RUNS) if padding else 0)
+        show = env.is_main and (sys.stderr.isatty() if progress_bars is None else progress_bars)
+        bar = tqdm(total=total, desc="evaluations", disable=not show, dynamic_ncols=True)
+        reports: dict[str, Any] = {}
+        try:
+            if scales:
+                reports["resized"] = _sweep(
+                    "resized", loaded, cfg.data, [(s, scaled_data(cfg.data, s)) for s in scales], env, bar
+                )
+            if canvas_sets:
+                reports["canvas"] = _sweep("canvas", loaded, cfg.data, canvas_sets, env, bar)
+            if padding:
+                reports["padding"] = measure_padding(loaded, dataset, env, on_run=lambda _: bar.update(1))
+        finally:
+            bar.close()
+        names = {"resized": RESIZED_JSON, "canvas": CANVAS_JSON, "padding": PADDING_JSON}
+        written = on_main(
+            env, lambda: {kind: write_json(out / names[kind], report) for kind, report in reports.items()}
+        )
+        if env.is_main:
+            _print_summary(reports)
+        return written or {}
+    finally:
+        if owns_group:
+            shutdown_distributed()
+
+
+def _sweep(
+    kind: str, loaded: LoadedModel, base: DataConfig, sets: list[tuple[float, DataConfig]], env: DistEnv, bar: tqdm
+) -> dict[str, Any]:
+    results = []
+    for scale, data in sets:
+        bar.set_postfix_str(f"{kind} x{scale:g}")
+        results.append({"scale": float(scale), **evaluate_data(loaded, data, env)})
+        bar.update(1)
+    return {"kind": kind, "base_size": base.val_scale, "results": results}
+
+
+def _print_summary(reports: dict[str, Any]) -> None:
+    for kind in ("resized", "canvas"):
+        for entry in reports.get(kind, {}).get("results", []):
+            shown = "  ".join(f"{name} {_percent(entry['metrics'][name])}" for name in ("AP", "AP50", "AP75"))
+            print(
+                f"{kind:<7} x{entry['scale']:<5g} short side {entry['size']:>5} px, {entry['num_images']} images: "
+                f"{shown}"
+            )
+    if "padding" in reports:
+        report = reports["padding"]
+        for mode, entry in report["modes"].items():
+            print(
+                f"padding {mode:<6} batch {entry['batch_size']:>3}: AP {_percent(entry['metrics']['AP'])}  "
+                f"{entry['seconds']:.2f} s"
+            )
+        print(
+            f"padding: largest logit difference mixed vs single {report['max_abs_logit_diff_mixed_vs_single']:.3g}, "
+            f"exact vs single {report['max_abs_logit_diff_exact_vs_single']:.3g}"
+        )
+
+
+def _percent(value: float) -> str:
+    return "  n/a" if value < 0 else f"{value * 100:5.1f}"

@@ -1,0 +1,300 @@
+"""ONNX export of DETR and Deformable-DETR: one graph for any batch size and image size.
+
+The exported graph takes
+
+* ``images``: ``float32[B, 3, H, W]``, the padded batch, normalised as for
+  the PyTorch model (zeros in the padding), images in the top-left corner;
+* ``mask``: ``bool[B, H, W]``, True = padding;
+* ``orig_sizes`` (only with ``postprocess=True``): ``int64[B, 2]``, each
+  image's original ``(h, w)`` in pixels,
+
+and returns
+
+* ``pred_logits``: ``float32[B, Q, K + 1]`` (DETR, softmax logits, last =
+  no object) or ``float32[B, Q, K]`` (Deformable-DETR, sigmoid logits);
+* ``pred_boxes``: ``float32[B, Q, 4]``, normalised (cx, cy, w, h) relative to
+  each unpadded image;
+* with ``postprocess=True`` also ``scores`` ``float32[B, N]``, ``labels``
+  ``int64[B, N]`` and ``boxes`` ``float32[B, N, 4]`` absolute (x0, y0, x1, y1)
+  pixels of the original image, exactly what ``build_postprocessor(cfg)``
+  returns (DETR: ``N = Q``; Deformable-DETR: the top ``N = eval.num_select``
+  (query, class) pairs).
+
+``B``, ``H`` and ``W`` are dynamic by default; ``image_size=(H, W)`` and
+``batch_size`` fix them. The export uses ``torch.onnx.export(dynamo=True)``
+(``torch.export`` traces the model with symbolic sizes, so every shape
+computation stays in the graph; the TorchScript exporter would bake the
+feature-map sizes in as constants). Deformable attention is exported with its
+``"gather"`` implementation (:mod:`detr_peg.models.deformable.ms_deform_attn_gather`);
+the model's own setting is restored afterwards. The resolved config and the
+label map are stored in the file's metadata (``detr_peg.config``,
+``detr_peg.label_map``), so :class:`~detr_peg.export.onnx_runtime.OnnxDetector`
+and ``detr-peg predict --onnx`` need nothing else.
+
+The learned positional encoding indexes fixed-size tables: a feature map
+larger than ``model.position.num_embeddings`` is an error in PyTorch, and the
+exported graph fails the same way (ONNX Runtime refuses the out-of-range
+``Gather`` index).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torchvision.ops import box_convert
+
+from detr_peg.config.loader import config_to_dict
+from detr_peg.errors import ConfigError, UserError
+
+#: The opset the export is tested with (``detr-peg export --opset``).
+DEFAULT_OPSET = 18
+#: The example image size traced when the size is dynamic (any size works afterwards).
+TRACE_SIZE = (96, 128)
+#: The smallest padded side a dynamic-size graph takes: the coarsest map must be at least 2 pixels,
+#: as sizes 0 and 1 are special cases that the traced graph does not keep.
+MIN_SIZE = 65
+INPUT_NAMES = ("images", "mask", "orig_sizes")
+OUTPUT_NAMES = ("pred_logits", "pred_boxes", "scores", "labels", "boxes")
+METADATA_CONFIG = "detr_peg.config"
+METADATA_LABEL_MAP = "detr_peg.label_map"
+
+
+def require_onnx() -> None:
+    """Raise a one-line :class:`UserError` when the optional ONNX packages are missing."""
+    import importlib.util
+
+    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(
+            f"ONNX export and inference need the optional packages {', '.join(missing)}: "
+            "install them with `pip install 'detr_peg[onnx]'`."
+        )
+
+
+class ExportWrapper(nn.Module):
+    """The detector with tensor outputs: what the exported graph computes.
+
+    Args:
+        model: a DETR or Deformable-DETR in eval mode (its ``config`` attribute
+            is not needed here).
+        postprocess: also return scores, labels and pixel boxes.
+        num_select: Deformable-DETR post-processing: detections per image.
+    """
+
+    def __init__(self, model: nn.Module, *, postprocess: bool = False, num_select: int = 100) -> None:
+        super().__init__()
+        self.model = model
+        self.postprocess = postprocess
+        self.num_select = num_select
+        # DETR's class head has a "no object" output; Deformable-DETR's is sigmoid/top-k.
+        self.softmax = not hasattr(model, "two_stage")
+
+    def forward(self, images: Tensor, mask: Tensor, orig_sizes: Tensor | None = None) -> tuple[Tensor, ...]:
+        """See the module docstring for the inputs and outputs."""
+        out = self.model(images, mask)
+        logits, boxes = out["pred_logits"], out["pred_boxes"]
+        if not self.postprocess:
+            return logits, boxes
+        if orig_sizes is None:
+            raise ValueError("postprocess=True needs orig_sizes Tensor[B, 2] (h, w)")
+        return (
+            logits,
+            boxes,
+            *postprocess_tensors(logits, boxes, orig_sizes, softmax=self.softmax, num_select=self.num_select),
+        )
+
+
+def postprocess_tensors(
+    logits: Tensor, boxes: Tensor, orig_sizes: Tensor, *, softmax: bool, num_select: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Batched post-processing, the tensor form of ``PostProcess`` / ``TopKPostProcess``.
+
+    Args:
+        logits: ``Tensor[B, Q, K + 1]`` (softmax) or ``Tensor[B, Q, K]`` (sigmoid).
+        boxes: ``Tensor[B, Q, 4]`` normalised (cx, cy, w, h).
+        orig_sizes: ``Tensor[B, 2]`` (h, w) of each original image.
+        softmax: DETR post-processing (best real class per query) instead of
+            the sigmoid top-k of Deformable-DETR.
+        num_select: detections per image for the top-k (capped at ``Q * K``).
+
+    Returns:
+        ``(scores Tensor[B, N], labels Tensor[B, N] int64, boxes Tensor[B, N, 4])``
+        with absolute (x0, y0, x1, y1) pixel boxes.
+    """
+    h, w = orig_sizes.unbind(1)
+    scale = torch.stack([w, h, w, h], dim=1).to(boxes.dtype)
+    pixel_boxes = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]
+    if softmax:
+        scores, labels = logits.softmax(-1)[..., :-1].max(-1)
+        return scores, labels, pixel_boxes
+    b, q, k = logits.shape
+    scores, flat = torch.topk(logits.sigmoid().reshape(b, q * k), min(num_select, q * k), dim=1)
+    query = flat // k
+    pixel_boxes = torch.gather(pixel_boxes, 1, query.unsqueeze(-1).expand(-1, -1, 4))
+    return scores, flat % k, pixel_boxes
+
+
+@contextlib.contextmanager
+def export_attention(model: nn.Module) -> Iterator[None]:
+    """Run every deformable attention of ``model`` with the ``"gather"`` implementation (restored afterwards)."""
+    from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
+
+    layers = [m for m in model.modules() if isinstance(m, MSDeformAttn)]
+    saved = [m.impl for m in layers]
+    for m in layers:
+        m.impl = "gather"
+    try:
+        yield
+    finally:
+        for m, impl in zip(layers, saved):
+            m.impl = impl
+
+
+def example_inputs(batch_size: int, image_size: tuple[int, int], postprocess: bool) -> tuple[Tensor, ...]:
+    """Inputs to trace with: a padded batch whose last image is smaller than the rest."""
+    h, w = image_size
+    images = torch.randn(batch_size, 3, h, w)
+    mask = torch.zeros(batch_size, h, w, dtype=torch.bool)
+    if batch_size > 1:
+        mask[-1, h - h // 4 :, :] = True
+        mask[-1, :, w - w // 4 :] = True
+        images.masked_fill_(mask[:, None], 0.0)
+    sizes = torch.stack([(~mask).sum(1).amax(1), (~mask).sum(2).amax(1)], 1)  # unpadded (h, w)
+    return (images, mask, sizes) if postprocess else (images, mask)
+
+
+def export_onnx(
+    model: nn.Module,
+    output: str | os.PathLike,
+    *,
+    opset: int = DEFAULT_OPSET,
+    image_size: tuple[int, int] | None = None,
+    batch_size: int | None = None,
+    postprocess: bool = False,
+    num_select: int | None = None,
+    optimize: bool = True,
+) -> Path:
+    """Export a detector to an ONNX file.
+
+    Args:
+        model: DETR or Deformable-DETR; a ``config`` and ``label_map`` attribute
+            (as :func:`detr_peg.load_model` sets) are stored in the metadata.
+        output: the ``.onnx`` file to write (replaced atomically).
+        opset: ONNX opset (18 is tested; GroupNorm and GridSample-free, so 17+ works).
+        image_size: ``(H, W)`` to fix the padded image size, or None (dynamic).
+        batch_size: a fixed batch size, or None (dynamic).
+        postprocess: add ``orig_sizes`` and the post-processed outputs.
+        num_select: Deformable-DETR detections per image (default: ``eval.num_select``
+            of the model's config, else 100).
+        optimize: run the ONNX graph optimizer of the exporter (constant
+            folding, dead-code removal); ONNX Runtime optimizes again on load.
+
+    Returns:
+        The path written.
+
+    Raises:
+        UserError: the ONNX packages are missing, an option is invalid, or the
+            file cannot be written.
+    """
+    require_onnx()
+    if opset < 17:
+        raise ConfigError(f"--opset {opset} is too old: the export needs opset 17 or newer (LayerNorm).")
+    if image_size is not None and (len(image_size) != 2 or min(image_size) < 32):
+        raise ConfigError(f"--image-size must be two sizes of at least 32 pixels (H W), got {image_size}.")
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}.")
+    cfg = getattr(model, "config", None)
+    if num_select is None:
+        # Only Deformable-DETR's eval section has num_select; DETR keeps every query and ignores it.
+        num_select = getattr(cfg.eval, "num_select", 100) if cfg is not None else 100
+    output = Path(output)
+    wrapper = ExportWrapper(model.eval(), postprocess=postprocess, num_select=num_select).eval()
+    inputs = example_inputs(batch_size or 2, tuple(image_size or TRACE_SIZE), postprocess)
+    dims = _dynamic_shapes(dynamic_batch=batch_size is None, dynamic_size=image_size is None, postprocess=postprocess)
+    names = INPUT_NAMES[: len(inputs)]
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with export_attention(model), torch.no_grad(), _quiet_exporter():
+            program = torch.onnx.export(
+                wrapper,
+                inputs,
+                dynamo=True,
+                opset_version=opset,
+                input_names=list(names),
+                output_names=list(OUTPUT_NAMES[: 5 if postprocess else 2]),
+                dynamic_shapes=dims,
+                optimize=optimize,
+                verbose=False,
+            )
+        metadata = {"detr_peg.opset": str(opset)}
+        if cfg is not None:
+            metadata[METADATA_CONFIG] = json.dumps(config_to_dict(cfg))
+        metadata[METADATA_LABEL_MAP] = json.dumps(getattr(model, "label_map", None))
+        _write(program, tmp, metadata)
+        os.replace(tmp, output)
+    except OSError as exc:
+        raise UserError(f"Could not write {output}: {exc.strerror or exc}.") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return output
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's notes that say nothing about the written graph.
+
+    onnxscript's optimizer logs a warning for every ``Split`` it does not fold,
+    and the exporter warns that equal dynamic axes keep one name; both are
+    expected here and would bury the command's own lines. Errors still raise.
+    """
+    logger = logging.getLogger("onnxscript")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*axis name.*will not be used", category=UserWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _dynamic_shapes(*, dynamic_batch: bool, dynamic_size: bool, postprocess: bool) -> tuple | None:
+    if not dynamic_batch and not dynamic_size:
+        return None
+    batch = torch.export.Dim("batch", min=1, max=1024) if dynamic_batch else None
+    height = torch.export.Dim("height", min=MIN_SIZE, max=8192) if dynamic_size else None
+    width = torch.export.Dim("width", min=MIN_SIZE, max=8192) if dynamic_size else None
+    images = {k: v for k, v in {0: batch, 2: height, 3: width}.items() if v is not None}
+    mask = {k: v for k, v in {0: batch, 1: height, 2: width}.items() if v is not None}
+    shapes = (images, mask)
+    if postprocess:
+        shapes = (*shapes, {0: batch} if batch is not None else {})
+    return shapes
+
+
+def _write(program, path: Path, metadata: dict[str, str]) -> None:
+    """Save the exported program with ``metadata`` in the model's ``metadata_props``."""
+    import onnx
+
+    proto = program.model_proto
+    for key, value in metadata.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save_model(proto, str(path))
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, overrides=(), **options) -> Path:
+    """Export the model of a detr_peg checkpoint (see :func:`export_onnx` for ``options``)."""
+    from detr_peg.models.loading import load_model
+
+    require_onnx()
+    return export_onnx(load_model(checkpoint, overrides=overrides), output, **options)

@@ -1,0 +1,40 @@
+"""File input and output shared by every layer: atomic writes and safe checkpoint reads.
+
+The bottom layer of the package beside :mod:`detr_peg.errors`: it imports
+nothing else from detr_peg, so config, data, checkpoint, models and engine
+write and read files the same way.
+
+* :mod:`~detr_peg.fileio.atomic`: ``atomic_write`` / ``atomic_write_text``
+  (temporary file, fsync of the file and of its folder, rename; no torch);
+* :mod:`~detr_peg.fileio.checkpoint_files`: ``read_checkpoint_file``
+  (``torch.load(weights_only=True)`` or safetensors, local path or URL) and
+  ``atomic_torch_save``.
+
+Names are imported lazily, so writing a config file does not load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "atomic_write": "detr_peg.fileio.atomic",
+    "atomic_write_text": "detr_peg.fileio.atomic",
+    "atomic_torch_save": "detr_peg.fileio.checkpoint_files",
+    "fetch_url": "detr_peg.fileio.checkpoint_files",
+    "is_url": "detr_peg.fileio.checkpoint_files",
+    "read_checkpoint_file": "detr_peg.fileio.checkpoint_files",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'detr_peg.fileio' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

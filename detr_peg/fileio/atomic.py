@@ -1,0 +1,139 @@
+"""Atomic file writing: a crash, a signal or a full disk never leaves a half-written file under the final name.
+
+Every file detr_peg writes (checkpoints, configs, metrics, detections,
+benchmark reports) goes through :func:`atomic_write`: the content is written
+into a temporary file in the same folder, flushed and ``fsync``-ed, renamed
+over the target with ``os.replace`` (atomic on POSIX and Windows), and the
+folder is ``fsync``-ed so the rename itself survives a power cut. The
+temporary file is ``.NAME.tmp-PID``; one left by a writer that was killed
+mid-write is removed by the next write of the same file, once that process is
+gone.
+``torch.save`` goes through it in
+:func:`detr_peg.fileio.checkpoint_files.atomic_torch_save`. This module needs
+no torch, so the config layer stays light to import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from detr_peg.errors import UserError
+
+
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, error: type[UserError] | None = None
+) -> Path:
+    """Write a file atomically: ``write(handle)`` into a temporary file, fsync, rename over ``path``.
+
+    Args:
+        path: the final file.
+        write: writes the content into the binary file object it is given.
+        error: on an ``OSError`` (unwritable folder, full disk), raise this
+            error class with the message "Could not write PATH: REASON.";
+            ``None`` re-raises the ``OSError`` itself.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        OSError or ``error``: the write failed; the previous file at ``path``
+            (if any) is left untouched and the temporary file is removed.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            recorder = _ErrorRecordingFile(handle)
+            try:
+                write(recorder)
+            except RuntimeError:
+                # torch.save reports a failed write as a RuntimeError without the cause.
+                if recorder.error is not None:
+                    raise recorder.error from None
+                raise
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if error is None:
+            raise
+        raise error(f"Could not write {path}: {exc.strerror or exc}.") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    _remove_stale_temporaries(path)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, error: type[UserError] | None = None) -> Path:
+    """Write ``text`` as UTF-8 atomically (see :func:`atomic_write`)."""
+    data = text.encode("utf-8")
+    return atomic_write(path, lambda handle: handle.write(data), error=error)
+
+
+class _ErrorRecordingFile:
+    """A binary file object that passes writes on and keeps the first ``OSError`` they raise."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._handle.flush()
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files of ``path`` whose writer process no longer exists (killed mid-write)."""
+    if os.name != "posix":  # os.kill(pid, 0) only probes a process on POSIX
+        return
+    try:
+        leftovers = list(path.parent.glob(f".{glob.escape(path.name)}.tmp-*"))
+    except OSError:
+        return
+    for tmp in leftovers:
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_exists(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists but belongs to someone else
+        return True
+    return True
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable; best effort (not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,234 @@
+"""Bounded reading: every file detr_peg reads is checked before it is parsed, and its data before it is used.
+
+One layer under every reader (config YAML, COCO JSON, checkpoints, images):
+
+* :func:`check_regular_file` says precisely what is wrong with a path: it does
+  not exist, is a dangling or looping symbolic link, is a folder, a FIFO, a
+  socket or a device, has a name longer than the file system allows, cannot
+  be read, or is larger than the limit for its kind. "does not exist" is said
+  only when nothing is there. Opening a FIFO would block forever and reading
+  ``/dev/zero`` would never end, so the kind is checked before the file is
+  opened, and at most ``limit + 1`` bytes are ever read.
+* :func:`read_bounded_bytes` reads a checked file, never more than its limit.
+* :func:`check_tree` walks parsed data (YAML or JSON) once and refuses data
+  that is nested deeper than ``max_depth``, expands to more than
+  ``max_nodes`` values (YAML aliases that refer to each other multiply: the
+  "billion laughs" file is a few hundred bytes), or holds integers outside
+  the signed 64-bit range (ids that no tensor or database can hold).
+* :func:`load_yaml_text` parses YAML with the safe loader and bounds the result.
+
+Limits are module constants (:data:`LIMITS`), generous for real files.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from detr_peg.errors import UserError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds for one kind of file.
+
+    Attributes:
+        max_bytes: the largest file accepted.
+        max_depth: deepest nesting of lists and mappings (parsed data only).
+        max_nodes: most values in the parsed data, aliases expanded.
+    """
+
+    max_bytes: int
+    max_depth: int = 64
+    max_nodes: int = 1_000_000
+
+
+#: Limits per kind of file. COCO train2017 annotations are 450 MiB with ~10 million values.
+LIMITS: dict[str, Limits] = {
+    "config": Limits(max_bytes=1 << 20, max_depth=16, max_nodes=100_000),
+    "annotations": Limits(max_bytes=4 << 30, max_depth=16, max_nodes=200_000_000),
+    "checkpoint": Limits(max_bytes=16 << 30),
+    "image": Limits(max_bytes=512 << 20),
+}
+
+#: Longest side over shortest side of an image; beyond it resizing leaves a side of no pixels.
+MAX_ASPECT_RATIO = 100.0
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def check_regular_file(path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> int:
+    """Make sure ``path`` is a readable regular file within the size limit of ``kind``.
+
+    Args:
+        path: the file.
+        what: how messages name it ("Annotation file", "Config file", ...).
+        kind: a key of :data:`LIMITS`.
+        error: builds the exception to raise from a message.
+
+    Returns:
+        The file's size in bytes.
+
+    Raises:
+        UserError: built by ``error``, one sentence naming the path and what is wrong.
+    """
+    name = os.fspath(path)
+    try:
+        info = os.stat(name)
+    except OSError as exc:
+        raise error(f"{what} {name} {_stat_problem(name, exc)}.") from None
+    mode = info.st_mode
+    if stat.S_ISDIR(mode):
+        raise error(f"{what} {name} is a folder, not a file.")
+    if not stat.S_ISREG(mode):
+        raise error(f"{what} {name} is {_special_kind(mode)}, not a regular file.")
+    limit = LIMITS[kind].max_bytes
+    if info.st_size > limit:
+        raise error(f"{what} {name} is {_size(info.st_size)}, more than the {_size(limit)} accepted for a {kind} file.")
+    if not os.access(name, os.R_OK):
+        raise error(f"{what} {name} cannot be read: Permission denied.")
+    return info.st_size
+
+
+def _stat_problem(name: str, exc: OSError) -> str:
+    if exc.errno == errno.ENOENT:
+        if os.path.islink(name):
+            return f"is a symbolic link to {os.readlink(name)}, which does not exist"
+        return "does not exist"
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link that refers to itself in a loop"
+    if exc.errno == errno.ENAMETOOLONG:
+        return "has a name longer than the file system allows"
+    if exc.errno == errno.ENOTDIR:
+        return "does not exist (a part of the path is a file, not a folder)"
+    return f"cannot be read: {exc.strerror or exc}"
+
+
+def _special_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+def read_bounded_bytes(path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> bytes:
+    """The bytes of a file checked by :func:`check_regular_file`; never more than its limit are read.
+
+    Raises:
+        UserError: see :func:`check_regular_file`; also a read error, or a
+            file that grew past the limit while it was read.
+    """
+    check_regular_file(path, what, kind, error)
+    limit = LIMITS[kind].max_bytes
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{what} {name} cannot be read: {exc.strerror or exc}.") from None
+    if len(data) > limit:
+        raise error(f"{what} {name} is larger than the {_size(limit)} accepted for a {kind} file.")
+    return data
+
+
+def decode_utf8(data: bytes, path: str | os.PathLike, what: str, error: Callable[[str], UserError]) -> str:
+    """``data`` as text, or an error naming the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {os.fspath(path)} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+
+
+def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> Any:
+    """Refuse parsed data that is too deep, too large once aliases are expanded, or holds huge integers.
+
+    The walk is iterative and stops at the first value over a limit, so a
+    hostile file costs at most ``max_nodes`` steps.
+
+    Returns:
+        ``data`` itself.
+
+    Raises:
+        UserError: built by ``error``, naming the file and the limit.
+    """
+    limits = LIMITS[kind]
+    name = os.fspath(path)
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > limits.max_nodes:
+            raise error(
+                f"{what} {name} expands to more than {limits.max_nodes} values (nested YAML aliases or an "
+                "oversized file); refusing to use it."
+            )
+        if depth > limits.max_depth:
+            raise error(f"{what} {name} is nested more than {limits.max_depth} levels deep; refusing to use it.")
+        if isinstance(value, dict):
+            stack.extend((k, depth + 1) for k in value.keys())
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:20]}... ({len(str(value))} digits)"
+            raise error(f"{what} {name} holds the integer {shown}, outside the signed 64-bit range.")
+    return data
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The safe loader with a bounded number of alias uses (each may expand a whole subtree)."""
+
+    max_aliases = 1000
+
+    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
+        if self.check_event(yaml.AliasEvent):
+            self.aliases_used = getattr(self, "aliases_used", 0) + 1
+            if self.aliases_used > self.max_aliases:
+                raise yaml.YAMLError(f"more than {self.max_aliases} YAML aliases")
+        return super().compose_node(parent, index)
+
+
+def load_yaml_text(text: str, path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> Any:
+    """Parse YAML safely and bound the result (see :func:`check_tree`).
+
+    Raises:
+        yaml.YAMLError: invalid YAML (the caller words it with the line);
+        UserError: too many aliases, too deep, too many values, huge integers.
+    """
+    loader = _BoundedLoader(text)
+    try:
+        data = loader.get_single_data()
+    except RecursionError:
+        raise error(f"{what} {os.fspath(path)} is nested too deeply to parse; refusing to use it.") from None
+    except yaml.YAMLError as exc:
+        if str(exc).startswith("more than"):
+            raise error(
+                f"{what} {os.fspath(path)} uses {exc} (nested aliases can expand without bound); refusing to use it."
+            ) from None
+        raise
+    finally:
+        loader.dispose()
+    return check_tree(data, path, what, kind, error)
+
+
+def check_image_shape(width: int, height: int, path: str | os.PathLike, error: Callable[[str], UserError]) -> None:
+    """Refuse an image with a side of no pixels or an aspect ratio above :data:`MAX_ASPECT_RATIO`."""
+    if min(width, height) < 1 or max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        raise error(
+            f"Image file {os.fspath(path)} is {width} x {height} pixels, an aspect ratio above "
+            f"{MAX_ASPECT_RATIO:g}:1 that resizing cannot keep; crop or pad it."
+        )

@@ -1,0 +1,289 @@
+"""Outputs never overlap inputs, and a command only replaces files that detr_peg wrote.
+
+Every command declares, before it reads or writes anything large, what it
+reads (:class:`Input`: files and folders, with the option that named them)
+and what it writes (:class:`Output`: a file, or a folder and the names it
+writes into it). :func:`guard_outputs` then refuses, with one line naming both
+options:
+
+* an output that is one of the inputs: the same path, a symbolic link to it,
+  or a hard link (compared with ``os.path.samefile``, so every alias counts);
+* an output folder that is an input folder or lies inside one (``predict
+  --output photos/out`` on ``photos/`` would read its own pictures back);
+* an output file that would be written over a file detr_peg did not write.
+
+Ownership is recorded in the folder a command writes into: the hidden file
+``.detr-peg-outputs.json`` maps each name detr_peg has written there (in this
+or an earlier run) to the kind of command that wrote it. A name that already
+exists in the folder is replaced only by the same kind of command (and
+``eval`` may replace the evaluation files of a training run, see
+:data:`MAY_REPLACE`); anything else belongs to the user or to another kind of
+command, and the command stops before touching anything (``demo --output``
+on a folder holding one's own ``data/annotations_train.json``; ``convert``
+onto a training run's ``checkpoint.pth``). A folder without the file is taken
+to hold the user's files only, with one exception: ``--resume`` says the
+folder is the run's own, so a run folder written before the ownership file
+existed is adopted (:attr:`Output.adopt`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from detr_peg.errors import UserError
+from detr_peg.fileio.atomic import atomic_write
+
+#: The file, inside a folder, listing the names detr_peg wrote there.
+OWNERSHIP_FILE = ".detr-peg-outputs.json"
+
+#: Kinds of command whose files another kind may replace, besides its own.
+MAY_REPLACE: dict[str, tuple[str, ...]] = {"eval": ("train",)}
+
+
+@dataclass(frozen=True)
+class Input:
+    """Something a command reads.
+
+    Attributes:
+        path: the file or folder.
+        option: how the user named it (``--checkpoint``, ``data.train_images``, ``SRC``).
+    """
+
+    path: Path
+    option: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """Something a command writes.
+
+    Attributes:
+        path: the file, or the folder written into.
+        option: how the user named it (``--output``, ``train.output_dir``, ``DST``).
+        names: for a folder, the names of the files and subfolders written
+            into it; empty for a file output.
+        kind: the kind of command that owns what it writes (default: the
+            command; the demo's run folder is a training run's).
+        adopt: the user said the folder is this command's own (``--resume``):
+            its existing names that the ownership file does not list (all of
+            them when it has none) count as owned.
+    """
+
+    path: Path
+    option: str
+    names: tuple[str, ...] = ()
+    kind: str | None = None
+    adopt: bool = False
+
+    @property
+    def is_folder(self) -> bool:
+        return bool(self.names)
+
+    def targets(self) -> list[Path]:
+        """Every path the command writes."""
+        return [self.path / name for name in self.names] if self.is_folder else [self.path]
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Whether two paths name one file or folder (symbolic and hard links included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare where they would be
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    """Whether ``child`` is ``parent`` or lies below it, after resolving links."""
+    return Path(os.path.realpath(child)).is_relative_to(os.path.realpath(parent))
+
+
+def _refuse(command: str, message: str) -> UserError:
+    return UserError(f"{message}; {command} never writes over its inputs: choose another output.")
+
+
+def check_no_overlap(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> None:
+    """Refuse outputs that are, alias, or lie inside one of the inputs (see the module docstring).
+
+    Raises:
+        UserError: naming the output option and path and the input option and path.
+    """
+    for output in outputs:
+        for item in inputs:
+            if output.is_folder and os.path.isdir(item.path) and _inside(output.path, item.path):
+                raise _refuse(
+                    command, f"{output.option} {output.path} is inside {item.option} {item.path}, a folder it reads"
+                )
+            for target in output.targets():
+                if _same(target, item.path):
+                    shown = target if target == output.path else f"{output.path} (its {target.name})"
+                    raise _refuse(command, f"{output.option} {shown} is the same file as {item.option} {item.path}")
+                if os.path.isdir(item.path) and _inside(target, item.path):
+                    raise _refuse(
+                        command, f"{output.option} {target} is inside {item.option} {item.path}, a folder it reads"
+                    )
+
+
+def _owned(folder: Path) -> dict[str, str]:
+    """Name -> kind of command, from the folder's ownership file (empty when it has none)."""
+    try:
+        data = json.loads((folder / OWNERSHIP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    names = data.get("names") if isinstance(data, dict) else None
+    if not isinstance(names, dict):
+        return {}
+    return {n: k for n, k in names.items() if isinstance(n, str) and isinstance(k, str)}
+
+
+def _owned_by(output: Output, folder: Path, names: tuple[str, ...], kind: str) -> dict[str, str]:
+    """:func:`_owned`, plus the existing names an adopting output claims (see :attr:`Output.adopt`)."""
+    owned = _owned(folder)
+    if output.adopt:
+        # Names the ownership file does not list (all of them in a folder written before it existed) are adopted.
+        owned.update({name: kind for name in names if name not in owned and os.path.lexists(folder / name)})
+    return owned
+
+
+def _split(output: Output, command: str) -> tuple[Path, tuple[str, ...], str]:
+    folder, names = (output.path, output.names) if output.is_folder else (output.path.parent, (output.path.name,))
+    return folder, names, output.kind or command
+
+
+def check_ownership(command: str, outputs: Sequence[Output]) -> None:
+    """Refuse to write over an existing file that detr_peg did not write (see the module docstring).
+
+    Raises:
+        UserError: naming the file and the option that chose its folder.
+    """
+    for output in outputs:
+        folder, names, kind = _split(output, command)
+        if output.is_folder and os.path.exists(output.path) and not os.path.isdir(output.path):
+            raise UserError(f"{output.option} {output.path} is a file, not a folder; choose a folder.")
+        if not output.is_folder and os.path.isdir(output.path):
+            raise UserError(f"{output.option} {output.path} is a folder; give a file name.")
+        if not os.path.isdir(folder):
+            continue
+        owned = _owned_by(output, folder, names, kind)
+        allowed = (kind, *MAY_REPLACE.get(kind, ()))
+        for name in names:
+            if os.path.lexists(folder / name) and owned.get(name) not in allowed:
+                origin = (
+                    f"was written by detr-peg {owned[name]}, not {kind}"
+                    if name in owned
+                    else "was not written by detr-peg"
+                )
+                raise UserError(
+                    f"{folder / name} exists and {origin}; {command} replaces only files it wrote itself: move it "
+                    f"or choose another {output.option}."
+                )
+
+
+@dataclass
+class _Claim:
+    """Names added to a folder's ownership file by this process, and what the file held before."""
+
+    folder: Path
+    previous: bytes | None
+    added: set[str]
+    created_folder: bool
+
+
+#: Claims of this process not settled yet (see :func:`settle_claims`).
+_PENDING: list[_Claim] = []
+
+
+def record_ownership(command: str, outputs: Sequence[Output]) -> None:
+    """Add the names of ``outputs`` to the ownership file of their folders (created when missing).
+
+    The names are recorded before anything is written, so a run killed
+    half-way still owns what it wrote; :func:`settle_claims` takes back the
+    names a run did not write. The file is rewritten only when it gains a
+    name, so a run that adds nothing leaves its folder byte-identical.
+
+    A folder that cannot be created or written is left to the command, whose
+    own check reports it.
+    """
+    for output in outputs:
+        folder, names, kind = _split(output, command)
+        owned = _owned(folder)
+        added = {name: kind for name in names if name not in owned}
+        if not added:
+            continue
+        created = not os.path.exists(folder)
+        ledger = folder / OWNERSHIP_FILE
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            previous = ledger.read_bytes() if os.path.isfile(ledger) else None
+            _write_ledger(folder, {**owned, **added})
+        except OSError:
+            # A folder that cannot be created or written: the command's own check says so in its words,
+            # and nothing will be written there to own.
+            if created and os.path.isdir(folder) and not any(folder.iterdir()):
+                folder.rmdir()
+            continue
+        _PENDING.append(_Claim(folder, previous, set(added), created))
+
+
+def _write_ledger(folder: Path, names: dict[str, str]) -> None:
+    content = json.dumps({"written_by": "detr-peg", "names": dict(sorted(names.items()))}, indent=1) + "\n"
+    _write_bytes(folder / OWNERSHIP_FILE, content.encode("utf-8"))
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def claims_mark() -> int:
+    """How many claims are pending now: give it to :func:`settle_claims` to settle only the later ones."""
+    return len(_PENDING)
+
+
+def settle_claims(mark: int = 0) -> None:
+    """Take back the claimed names this process did not write (the command ends, well or not).
+
+    When none was written the ownership file gets its earlier bytes back (or
+    goes, with the folder if the claim created it and it is empty), so a
+    command that fails leaves its output folders exactly as they were.
+
+    Args:
+        mark: settle only the claims made after :func:`claims_mark` returned
+            this; a command run inside another (each cell of a study) leaves
+            the outer command's claims pending until the outer one ends.
+    """
+    while len(_PENDING) > mark:
+        claim = _PENDING.pop()
+        unused = {name for name in claim.added if not os.path.lexists(claim.folder / name)}
+        if not unused:
+            continue
+        try:
+            if unused == claim.added:
+                ledger = claim.folder / OWNERSHIP_FILE
+                if claim.previous is not None:
+                    _write_bytes(ledger, claim.previous)
+                else:
+                    ledger.unlink(missing_ok=True)
+                    if claim.created_folder and not any(claim.folder.iterdir()):
+                        claim.folder.rmdir()
+            else:
+                _write_ledger(claim.folder, {n: k for n, k in _owned(claim.folder).items() if n not in unused})
+        except OSError:
+            pass  # the ledger keeps a name it does not need: harmless
+
+
+def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> None:
+    """Check that ``outputs`` overlap no input and replace only detr_peg's own files, then record them.
+
+    Call it once per command, after its inputs are known and before it writes.
+
+    Raises:
+        UserError: one sentence naming the options at fault.
+    """
+    inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
+    outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
+    check_no_overlap(command, inputs, outputs)
+    check_ownership(command, outputs)
+    record_ownership(command, outputs)

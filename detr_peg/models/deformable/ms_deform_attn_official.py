@@ -1,0 +1,56 @@
+"""The official pure-PyTorch multi-scale deformable attention, kept as the reference to compare with.
+
+A re-implementation of ``ms_deform_attn_core_pytorch`` from the official
+Deformable-DETR code (``models/ops/functions/ms_deform_attn_func.py``): one
+``F.grid_sample`` per level, the samples stacked, multiplied by the attention
+weights and summed. It is slow and memory-hungry (it materialises every
+sample) and is never used by the model; :func:`ms_deform_attn` in
+:mod:`~detr_peg.models.deformable.ms_deform_attn_function` is. The tests
+check every implementation against it, and ``tools/bench_ms_deform_attn.py``
+times it as the baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def ms_deform_attn_core_pytorch(
+    value: Tensor,
+    value_spatial_shapes: Tensor | Sequence[tuple[int, int]],
+    sampling_locations: Tensor,
+    attention_weights: Tensor,
+) -> Tensor:
+    """Multi-scale deformable attention as the official pure-PyTorch code computes it.
+
+    Args:
+        value: ``Tensor[B, S, M, D]``, the levels' tokens concatenated
+            (``S = sum(H_l * W_l)``), ``M`` heads of ``D`` channels.
+        value_spatial_shapes: ``(H_l, W_l)`` per level, as ``Tensor[L, 2]``
+            (int64) or a list.
+        sampling_locations: ``Tensor[B, Lq, M, L, P, 2]``, normalised
+            ``(x, y)`` in ``[0, 1]`` over each level (``align_corners=False``:
+            pixel ``(i, j)`` has its center at ``((j + 0.5) / W, (i + 0.5) / H)``);
+            outside points sample zeros.
+        attention_weights: ``Tensor[B, Lq, M, L, P]``.
+
+    Returns:
+        ``Tensor[B, Lq, M * D]`` (contiguous).
+    """
+    b, _, m, d = value.shape
+    _, lq, _, n_levels, n_points, _ = sampling_locations.shape
+    shapes = value_spatial_shapes.tolist() if isinstance(value_spatial_shapes, Tensor) else value_spatial_shapes
+    per_level = value.split([h * w for h, w in shapes], dim=1)
+    grids = 2 * sampling_locations - 1
+    samples = []
+    for level, (h, w) in enumerate(shapes):
+        value_l = per_level[level].flatten(2).transpose(1, 2).reshape(b * m, d, h, w)
+        grid_l = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
+        samples.append(F.grid_sample(value_l, grid_l, mode="bilinear", padding_mode="zeros", align_corners=False))
+    weights = attention_weights.transpose(1, 2).reshape(b * m, 1, lq, n_levels * n_points)
+    out = (torch.stack(samples, dim=-2).flatten(-2) * weights).sum(-1).view(b, m * d, lq)
+    return out.transpose(1, 2).contiguous()

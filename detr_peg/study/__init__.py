@@ -1,0 +1,8 @@
+"""Studies: grids of training runs over base configs, config values and seeds, evaluated and tabulated.
+
+:mod:`~detr_peg.study.grid` defines a study and expands its cells,
+:mod:`~detr_peg.study.study_file` reads study files, :mod:`~detr_peg.study.cell`
+runs one cell, :mod:`~detr_peg.study.runner` runs a study in this process,
+:mod:`~detr_peg.study.slurm` as submitit jobs, :mod:`~detr_peg.study.results`
+tabulates and :mod:`~detr_peg.study.plots` draws. The command is ``detr-peg study``.
+"""

@@ -1,0 +1,191 @@
+"""One cell of a study: its folder, its two commands, its state, and running it.
+
+A cell's folder ``STUDY/cells/<name>/`` holds
+
+* ``run/``: an ordinary training run (``detr-peg train --output run``), with
+  ``checkpoint.pth``, ``config.yaml``, ``metrics.jsonl`` (the learning curve
+  is its ``eval`` records) and ``metrics.json`` (the last evaluation, at the
+  configured validation size);
+* ``eval/``: ``detr-peg eval`` of the final checkpoint when the study asks for
+  more than the configured size: ``metrics.json``, ``scales_resized.json``,
+  ``scales_canvas.json``, ``padding.json``;
+* ``cell.json``: the cell's definition, its resolved config (to refuse a
+  changed cell), which stages are done, its status (``running``, ``done``,
+  ``failed``, ``interrupted``) and the error line of a failure;
+* ``cell.log``: everything the commands printed.
+
+The commands are the ordinary command line: :func:`run_cell` is given the
+function that runs one (``detr-peg study`` passes one that calls the
+command line's ``main`` in this process, output appended to ``cell.log``), so
+a cell does exactly what the printed commands (``detr-peg study --plan``) do. Training always runs with
+``--resume``: a fresh cell starts from scratch, an interrupted one continues
+from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from detr_peg.config.loader import config_to_dict, load_config
+from detr_peg.engine.run_setup import write_json
+from detr_peg.study.grid import Cell, EvalPlan
+
+CELLS_DIR = "cells"
+STATE_FILE = "cell.json"
+LOG_FILE = "cell.log"
+#: Config fields that name where a cell lives rather than what it computes (not compared on resume).
+PLACE_KEYS = ("train.output_dir", "train.resume")
+#: Exit statuses of a command stopped by SIGINT / SIGTERM.
+STOP_CODES = (130, 143)
+
+#: Runs ``detr-peg ARGV`` with its output appended to a log file; returns the exit status and, when it is
+#: not 0, the command's one-line error.
+CommandRunner = Callable[[list[str], Path], tuple[int, str | None]]
+
+
+@dataclass(frozen=True)
+class CellPaths:
+    """The files of one cell (see the module docstring)."""
+
+    root: Path
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def state(self) -> Path:
+        return self.root / STATE_FILE
+
+    @property
+    def log(self) -> Path:
+        return self.root / LOG_FILE
+
+
+@dataclass
+class CellOutcome:
+    """What happened to a cell in this invocation.
+
+    Attributes:
+        status: ``done`` (ran to the end now), ``skipped`` (already done),
+            ``failed`` or ``interrupted`` (stopped by a signal; resumable).
+        error: the one-line error of a failed cell.
+        exit_code: the failing command's exit status (0 otherwise).
+        seconds: time spent on the cell now.
+    """
+
+    name: str
+    status: str
+    error: str | None = None
+    exit_code: int = 0
+    seconds: float = 0.0
+
+
+def cell_paths(study_dir: str | Path, cell: Cell) -> CellPaths:
+    return CellPaths(Path(study_dir) / CELLS_DIR / cell.name)
+
+
+def train_argv(cell: Cell, paths: CellPaths) -> list[str]:
+    """``detr-peg train`` arguments of the cell (always ``--resume``: a missing checkpoint starts afresh)."""
+    return ["train", "--config", cell.config, "--output", str(paths.run), "--resume", *cell.overrides]
+
+
+def eval_argv(paths: CellPaths, plan: EvalPlan) -> list[str] | None:
+    """``detr-peg eval`` arguments of the cell, or None when the training's last evaluation is all the study needs."""
+    if not plan.needed:
+        return None
+    argv = ["eval", "--checkpoint", str(paths.run / "checkpoint.pth"), "--output", str(paths.eval)]
+    if plan.scales:
+        argv += ["--scales", ",".join(f"{s:g}" for s in plan.scales)]
+    if plan.canvas_scales:
+        argv += ["--canvas-scales", ",".join(f"{s:g}" for s in plan.canvas_scales)]
+    if plan.padding:
+        argv.append("--padding")
+    return argv
+
+
+def resolved_config(cell: Cell) -> dict[str, Any]:
+    """The cell's resolved config as nested dicts, without the fields that only say where it lives.
+
+    Raises:
+        ConfigError: the base config or an override is invalid.
+    """
+    data = config_to_dict(load_config(cell.config, cell.overrides))
+    for key in PLACE_KEYS:
+        section, name = key.split(".")
+        data[section].pop(name, None)
+    return data
+
+
+def first_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> str | None:
+    """``"key: old -> new"`` for the first dotted key whose value differs, or None when equal."""
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = first_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: {a!r} -> {b!r}"
+    return None
+
+
+def read_state(paths: CellPaths) -> dict[str, Any] | None:
+    """The cell's ``cell.json``, or None before its first start (an unreadable one counts as absent)."""
+    try:
+        return json.loads(paths.state.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_state(paths: CellPaths, state: dict[str, Any]) -> None:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    write_json(paths.state, state)
+
+
+def new_state(cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
+    return {**asdict(cell), "config_resolved": config, "stages": {}, "status": "new", "error": None}
+
+
+def run_cell(
+    cell: Cell, paths: CellPaths, plan: EvalPlan, run_command: CommandRunner, *, is_main: bool = True
+) -> CellOutcome:
+    """Train and evaluate one cell, skipping what is already done.
+
+    Every process of a multi-process cell calls this; only the main one
+    (``is_main``) writes ``cell.json``. A failing command is recorded with its
+    error line and reported as ``failed``; a command stopped by a signal as
+    ``interrupted``.
+    """
+    start = time.monotonic()
+    state = read_state(paths) or new_state(cell, resolved_config(cell))
+    if state.get("status") == "done":
+        return CellOutcome(cell.name, "skipped")
+
+    def save(**changes: Any) -> None:
+        state.update(changes)
+        if is_main:
+            write_state(paths, state)
+
+    save(status="running", error=None)
+    for stage, argv in (("train", train_argv(cell, paths)), ("eval", eval_argv(paths, plan))):
+        if argv is None or state["stages"].get(stage) == "done":
+            continue
+        code, error = run_command(argv, paths.log)
+        if code != 0:
+            status = "interrupted" if code in STOP_CODES else "failed"
+            save(status=status, error=error)
+            return CellOutcome(cell.name, status, error, code, time.monotonic() - start)
+        state["stages"][stage] = "done"
+        save()
+    save(status="done")
+    return CellOutcome(cell.name, "done", seconds=time.monotonic() - start)

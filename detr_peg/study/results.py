@@ -1,0 +1,294 @@
+"""A study's results: read back from the cells' own files, averaged over seeds, written as tables.
+
+Per cell (see :mod:`detr_peg.study.cell`) the numbers come from
+
+* ``eval/metrics.json`` (or, without an evaluation step, the training's last
+  evaluation ``run/metrics.json``): the twelve COCO numbers at the configured
+  validation size;
+* ``eval/scales_resized.json`` and ``eval/scales_canvas.json``: the same
+  numbers per test scale, of the two kinds, never mixed;
+* ``eval/padding.json``: the evaluation modes with and without batch padding;
+* ``run/metrics.jsonl``: the ``eval`` records, AP against iteration.
+
+Per setting (the cells that differ only in their seed) each number is given
+as mean, sample standard deviation (``ddof=1``; none with one seed) and the
+per-seed values. Files written into the study folder: ``study.json`` (cells
+and settings), ``study.csv`` (one row per setting, kind, scale and metric) and
+``study.md`` (the tables). COCO numbers are fractions in the JSON and CSV
+files and percentages in ``study.md``; -1 (COCO's "no such objects") is left
+out of the averages.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from detr_peg.engine.run_setup import write_json
+from detr_peg.study.cell import cell_paths, read_state
+from detr_peg.study.grid import Cell, StudyDefinition
+
+STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+KINDS = {"resized": "scales_resized.json", "canvas": "scales_canvas.json"}
+KIND_TITLES = {
+    "resized": "resized (same images, object scale changes with the size)",
+    "canvas": "larger canvas (objects keep the training sizes, only the sequence length changes)",
+}
+RESULTS_JSON, RESULTS_CSV, RESULTS_MD = "study.json", "study.csv", "study.md"
+
+
+def _read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def learning_curve(metrics_jsonl: Path, stat: str = "AP") -> list[tuple[int, float]]:
+    """``(iteration, value)`` of every ``eval`` record of a run's ``metrics.jsonl`` (last one per iteration)."""
+    points: dict[int, float] = {}
+    try:
+        lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if record.get("type") == "eval" and stat in record and record.get("iteration") is not None:
+            points[int(record["iteration"])] = float(record[stat])
+    return sorted(points.items())
+
+
+def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
+    """Everything measured for one cell (missing parts are None or empty)."""
+    paths = cell_paths(study_dir, cell)
+    state = read_state(paths) or {}
+    main = _read_json(paths.eval / "metrics.json") or _read_json(paths.run / "metrics.json")
+    record: dict[str, Any] = {
+        "name": cell.name,
+        "setting": cell.setting,
+        "seed": cell.seed,
+        "config": cell.config,
+        "values": dict(cell.values),
+        "status": state.get("status", "not started"),
+        "error": state.get("error"),
+        "metrics": main["bbox"] if main and state.get("status") == "done" else None,
+        "curve": learning_curve(paths.run / "metrics.jsonl"),
+    }
+    for kind, name in KINDS.items():
+        data = _read_json(paths.eval / name)
+        record[kind] = data["results"] if data else []
+    record["padding"] = _read_json(paths.eval / "padding.json")
+    return record
+
+
+def aggregate(values: Sequence[float]) -> dict[str, Any]:
+    """``{"mean", "std", "n", "values"}`` of the defined (non-negative) values; std is None below two."""
+    kept = [float(v) for v in values if v is not None and v >= 0]
+    n = len(kept)
+    mean = sum(kept) / n if n else None
+    std = math.sqrt(sum((v - mean) ** 2 for v in kept) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "std": std, "n": n, "values": kept}
+
+
+def summarize(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per setting, in cell order: main metrics, both kinds of scales, padding, learning curve."""
+    settings: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        settings.setdefault(cell["setting"], []).append(cell)
+    out = []
+    for setting, members in settings.items():
+        done = [c for c in members if c["metrics"] is not None]
+        entry: dict[str, Any] = {
+            "setting": setting,
+            "config": members[0]["config"],
+            "values": members[0]["values"],
+            "seeds": [c["seed"] for c in done],
+            "cells": len(members),
+            "main": {s: aggregate([c["metrics"].get(s) for c in done]) for s in STATS},
+        }
+        for kind in KINDS:
+            by_scale: dict[float, list[dict[str, Any]]] = {}
+            for c in done:
+                for row in c[kind]:
+                    by_scale.setdefault(float(row["scale"]), []).append(row)
+            entry[kind] = [
+                {
+                    "scale": scale,
+                    "size": rows[0].get("size"),
+                    **{s: aggregate([r["metrics"].get(s) for r in rows]) for s in STATS},
+                }
+                for scale, rows in sorted(by_scale.items())
+            ]
+        modes: dict[str, list[float]] = {}
+        diffs: dict[str, float] = {}
+        for c in done:
+            if c["padding"]:
+                for mode, result in c["padding"].get("modes", {}).items():
+                    modes.setdefault(mode, []).append(result["metrics"].get("AP"))
+                for key, value in c["padding"].items():
+                    if key.startswith("max_abs_logit_diff_") and isinstance(value, (int, float)):
+                        diffs[key] = max(diffs.get(key, 0.0), float(value))
+        entry["padding"] = {"AP": {mode: aggregate(v) for mode, v in modes.items()}, **diffs}
+        entry["curve"] = mean_curve([c["curve"] for c in done])
+        out.append(entry)
+    return out
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[dict[str, Any]]:
+    """Mean and std of AP at the iterations every seed evaluated at."""
+    if not curves:
+        return []
+    common = set.intersection(*(set(dict(c)) for c in curves))
+    return [{"iteration": it, **aggregate([dict(c)[it] for c in curves])} for it in sorted(common)]
+
+
+def collect(study_dir: str | Path, definition: StudyDefinition, cells: Sequence[Cell]) -> dict[str, Any]:
+    """The whole study's results (the content of ``study.json``)."""
+    study_dir = Path(study_dir)
+    records = [collect_cell(study_dir, cell) for cell in cells]
+    return {"definition": definition.to_dict(), "cells": records, "settings": summarize(records)}
+
+
+def write_results(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
+    """Write ``study.json``, ``study.csv`` and ``study.md``; returns their paths."""
+    study_dir = Path(study_dir)
+    files = [write_json(study_dir / RESULTS_JSON, results)]
+    files.append(_write_csv(study_dir / RESULTS_CSV, results))
+    md = study_dir / RESULTS_MD
+    md.write_text(markdown(results), encoding="utf-8")
+    return [*files, md]
+
+
+def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per setting, kind, scale and metric (the content of ``study.csv``)."""
+    keys = [a["key"] for a in results["definition"]["axes"]]
+    rows = []
+    for entry in results["settings"]:
+        base = {
+            "setting": entry["setting"],
+            "config": Path(entry["config"]).name,
+            **{k: entry["values"].get(k) for k in keys},
+        }
+        groups = [("val", None, None, entry["main"])]
+        groups += [(kind, r["scale"], r["size"], r) for kind in KINDS for r in entry[kind]]
+        groups += [(f"padding:{mode}", None, None, {"AP": agg}) for mode, agg in entry["padding"]["AP"].items()]
+        for kind, scale, size, stats in groups:
+            for stat in STATS:
+                if stat in stats:
+                    agg = stats[stat]
+                    rows.append(
+                        {
+                            **base,
+                            "kind": kind,
+                            "scale": scale,
+                            "size": size,
+                            "metric": stat,
+                            "mean": agg["mean"],
+                            "std": agg["std"],
+                            "n": agg["n"],
+                            "values": ";".join(repr(v) for v in agg["values"]),
+                        }
+                    )
+    return rows
+
+
+def _write_csv(path: Path, results: dict[str, Any]) -> Path:
+    rows = csv_rows(results)
+    keys = [a["key"] for a in results["definition"]["axes"]]
+    fields = ["setting", "config", *keys, "kind", "scale", "size", "metric", "mean", "std", "n", "values"]
+    with open(path, "w", newline="", encoding="utf-8") as out:
+        writer = csv.DictWriter(out, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def format_stat(agg: dict[str, Any]) -> str:
+    """``62.5 ± 1.2`` (percent); ``62.5`` with one seed; ``n/a`` without values."""
+    if agg["mean"] is None:
+        return "n/a"
+    text = f"{100 * agg['mean']:.1f}"
+    return text + (f" ± {100 * agg['std']:.1f}" if agg["std"] is not None else "")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """``study.md``: the main table, one table per kind of test scale, padding, failures."""
+    d = results["definition"]
+    settings = results["settings"]
+    axes = ", ".join(a["key"] for a in d["axes"]) or "none"
+    lines = [
+        "# Study results",
+        "",
+        (
+            f"Base configs: {', '.join(Path(c).name for c in d['configs'])}; axes: {axes}; "
+            f"seeds per setting: {d['seeds']}; overrides: {' '.join(d['overrides']) or 'none'}."
+        ),
+        "COCO bbox metrics in percent, mean ± sample standard deviation over the seeds (n = seeds done).",
+        "",
+        "## At the configured validation size",
+        "",
+        "| setting | n | " + " | ".join(STATS) + " |",
+        "|---|---|" + "---|" * len(STATS),
+    ]
+    for e in settings:
+        lines.append(
+            f"| {e['setting']} | {e['main']['AP']['n']} | "
+            + " | ".join(format_stat(e["main"][s]) for s in STATS)
+            + " |"
+        )
+    for kind in KINDS:
+        if not any(e[kind] for e in settings):
+            continue
+        lines += [
+            "",
+            f"## Test scales: {KIND_TITLES[kind]}",
+            "",
+            "| setting | scale | size | n | " + " | ".join(STATS) + " |",
+            "|---|---|---|---|" + "---|" * len(STATS),
+        ]
+        for e in settings:
+            for r in e[kind]:
+                lines.append(
+                    f"| {e['setting']} | x{r['scale']:g} | {r.get('size') or 'n/a'} | {r['AP']['n']} | "
+                    + " | ".join(format_stat(r[s]) for s in STATS)
+                    + " |"
+                )
+    present = {m for e in settings for m in e["padding"]["AP"]}
+    modes = [m for m in ("mixed", "single", "exact") if m in present] + sorted(present - {"mixed", "single", "exact"})
+    if modes:
+        diff_keys = sorted({k for e in settings for k in e["padding"] if k.startswith("max_abs_logit_diff_")})
+        titles = [k.removeprefix("max_abs_logit_diff_").replace("_vs_", " vs ") for k in diff_keys]
+        lines += [
+            "",
+            "## Padding sensitivity",
+            "",
+            "AP with evaluation batches that mix image sizes (mixed), one image at a time (single)"
+            + (" and batches of equal sizes only (exact)" if "exact" in modes else "")
+            + "; the largest absolute logit difference between modes over all images and seeds.",
+            "",
+            "| setting | "
+            + " | ".join(f"AP {m}" for m in modes)
+            + "".join(f" | logit diff {t}" for t in titles)
+            + " |",
+            "|---|" + "---|" * (len(modes) + len(titles)),
+        ]
+        for e in settings:
+            pad = e["padding"]
+            lines.append(
+                f"| {e['setting']} | "
+                + " | ".join(format_stat(pad["AP"][m]) if m in pad["AP"] else "n/a" for m in modes)
+                + "".join(f" | {pad[k]:.3g}" if k in pad else " | n/a" for k in diff_keys)
+                + " |"
+            )
+    unfinished = [c for c in results["cells"] if c["status"] != "done"]
+    if unfinished:
+        lines += ["", "## Cells not done", "", "| cell | status | error |", "|---|---|---|"]
+        lines += [f"| {c['name']} | {c['status']} | {(c['error'] or '').replace('|', '/')} |" for c in unfinished]
+    return "\n".join(lines) + "\n"

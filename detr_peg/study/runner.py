@@ -1,0 +1,208 @@
+"""Running a study: record its plan, check what changed, run the missing cells, write the results.
+
+``STUDY/plan.json`` records the definition (base configs, axes, seeds,
+overrides, evaluation) and every cell's commands. Running a study again in the
+same folder
+
+* with the same definition: skips the finished cells, continues an
+  interrupted cell from its checkpoint and retries failed ones;
+* with more or fewer seeds: adds (or leaves out of the tables) the cells of
+  those seeds, the others unchanged;
+* with any other change to the definition, or when a cell's resolved config
+  differs from the one it was started with (a base config file was edited): is
+  refused with one line naming what changed, before anything runs.
+
+Cells run one after the other in this process (:func:`run_here`) or as jobs
+through submitit (:mod:`detr_peg.study.slurm`). A failed cell is recorded and
+the others go on; a signal (Ctrl-C, SIGTERM) stops the study after the
+running cell wrote its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from detr_peg.config.loader import load_config
+from detr_peg.engine.metrics_log import format_duration
+from detr_peg.engine.run_setup import write_json
+from detr_peg.engine.scale_evaluation import canvas_data
+from detr_peg.errors import ConfigError, UserError
+from detr_peg.study.cell import (
+    CellOutcome,
+    CommandRunner,
+    cell_paths,
+    eval_argv,
+    first_difference,
+    read_state,
+    resolved_config,
+    run_cell,
+    train_argv,
+)
+from detr_peg.study.grid import Cell, StudyDefinition, expand_cells
+
+PLAN_FILE = "plan.json"
+#: Exit status of a study in which some cells failed (the others finished).
+CELLS_FAILED = 3
+
+
+class StudyInterrupted(UserError):
+    """A cell was stopped by a signal; the study resumes with the same command."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def read_plan(study_dir: str | Path) -> dict | None:
+    """``plan.json`` of a study folder, or None when there is none."""
+    path = Path(study_dir) / PLAN_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise ConfigError(f"{path} is not valid JSON; it is written by detr-peg study, do not edit it.") from None
+
+
+def prepare(study_dir: str | Path, definition: StudyDefinition, *, write: bool = True) -> list[Cell]:
+    """The study's cells, after checking the folder's earlier plan and cells; writes ``plan.json``.
+
+    Raises:
+        ConfigError: a cell's config is invalid, the definition differs from the
+            folder's earlier study (other than the number of seeds), or a
+            started cell's resolved config changed.
+    """
+    study_dir = Path(study_dir)
+    cells = expand_cells(definition)
+    configs = {cell.name: resolved_config(cell) for cell in cells}  # every cell's config is valid before any runs
+    earlier = read_plan(study_dir)
+    if earlier is not None:
+        before = StudyDefinition.from_dict(earlier["definition"])
+        if replace(before, seeds=definition.seeds) != definition:
+            change = first_difference(replace(before, seeds=0).to_dict(), replace(definition, seeds=0).to_dict())
+            raise ConfigError(
+                f"{study_dir} holds a study with another definition ({change}); use another --output, "
+                "or run it with its own options (see its plan.json)."
+            )
+    changed = []
+    for cell in cells:
+        state = read_state(cell_paths(study_dir, cell))
+        if state is not None:
+            change = first_difference(state["config_resolved"], configs[cell.name])
+            if change:
+                changed.append(f"{cell.name} ({change})")
+    if changed:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        raise ConfigError(
+            f"The config of cell {changed[0]}{more} changed since it was started; restore the base config, "
+            "or delete those cell folders to run them again."
+        )
+    if write:
+        study_dir.mkdir(parents=True, exist_ok=True)
+        write_json(study_dir / PLAN_FILE, plan_record(study_dir, definition, cells))
+    return cells
+
+
+def plan_record(study_dir: Path, definition: StudyDefinition, cells: Sequence[Cell]) -> dict:
+    """The content of ``plan.json``: the definition and each cell's commands."""
+    out = []
+    for cell in cells:
+        paths = cell_paths(study_dir, cell)
+        commands = [train_argv(cell, paths)]
+        if eval_argv(paths, definition.eval) is not None:
+            commands.append(eval_argv(paths, definition.eval))
+        out.append(
+            {
+                "name": cell.name,
+                "setting": cell.setting,
+                "seed": cell.seed,
+                "config": cell.config,
+                "values": dict(cell.values),
+                "commands": [["detr-peg", *argv] for argv in commands],
+            }
+        )
+    return {"definition": definition.to_dict(), "cells": out}
+
+
+def make_canvas_sets(cells: Sequence[Cell], scales: Sequence[float]) -> None:
+    """Generate the larger-canvas validation sets of the cells' datasets now, once.
+
+    Cells running at the same time as jobs would otherwise each generate the
+    same cached set next to the dataset (the same work several times over).
+    """
+    seen = set()
+    for cell in cells:
+        data = load_config(cell.config, cell.overrides).data
+        if data.val_annotations in seen:
+            continue
+        seen.add(data.val_annotations)
+        for scale in scales:
+            canvas_data(data, scale)
+
+
+def is_done(study_dir: Path, cell: Cell) -> bool:
+    state = read_state(cell_paths(study_dir, cell))
+    return state is not None and state.get("status") == "done"
+
+
+def run_here(
+    study_dir: str | Path, definition: StudyDefinition, cells: Sequence[Cell], run_command: CommandRunner
+) -> list[CellOutcome]:
+    """Run the cells one after the other in this process, with a progress bar over the study.
+
+    Raises:
+        StudyInterrupted: a cell was stopped by a signal (it resumes at the next run).
+    """
+    study_dir = Path(study_dir)
+    todo = [cell for cell in cells if not is_done(study_dir, cell)]
+    outcomes = [CellOutcome(cell.name, "skipped") for cell in cells if cell not in todo]
+    bar = tqdm(
+        total=len(cells),
+        initial=len(outcomes),
+        unit="cell",
+        desc="study",
+        dynamic_ncols=True,
+        disable=not sys.stderr.isatty(),
+    )
+    try:
+        for cell in todo:
+            bar.set_postfix_str(cell.name, refresh=True)
+            outcome = run_cell(cell, cell_paths(study_dir, cell), definition.eval, run_command)
+            outcomes.append(outcome)
+            bar.update(1)
+            bar.write(describe(outcome, len(outcomes), len(cells)), file=sys.stdout)
+            if outcome.status == "interrupted":
+                raise StudyInterrupted(
+                    f"cell {cell.name} was stopped ({outcome.error}); run the same command again to resume.",
+                    outcome.exit_code,
+                )
+    finally:
+        bar.close()
+    return outcomes
+
+
+def describe(outcome: CellOutcome, index: int, total: int) -> str:
+    """One line about a finished cell: ``study: [3/8] peg_seed1 done in 0:01:02``."""
+    head = f"study: [{index}/{total}] {outcome.name} {outcome.status}"
+    if outcome.status == "done":
+        return f"{head} in {format_duration(outcome.seconds)}"
+    return f"{head}: {outcome.error}" if outcome.error else head
+
+
+def summary_line(study_dir: Path, cells: Sequence[Cell], started: float) -> tuple[str, int]:
+    """The last line of a study and its exit status (0, or :data:`CELLS_FAILED`)."""
+    failed = [c.name for c in cells if (read_state(cell_paths(study_dir, c)) or {}).get("status") == "failed"]
+    done = sum(is_done(study_dir, c) for c in cells)
+    line = (
+        f"study: {done} of {len(cells)} cells done"
+        + (f", {len(failed)} failed ({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''})" if failed else "")
+        + f" in {format_duration(time.monotonic() - started)}; results in {study_dir / 'study.md'}"
+    )
+    return line, CELLS_FAILED if failed else 0

@@ -1,0 +1,113 @@
+"""Study files: a study's definition as YAML, so a whole grid is one command.
+
+Format (every field optional except ``configs``; paths relative to the file)::
+
+    configs:                       # base configs: an axis of the grid
+      - ../detr_r50_sine.yaml
+      - ../deformable_detr_r50_peg.yaml
+    grid:                          # more axes: key -> list of values
+      model.position.peg_kernel: [3, 7]
+      model.position.peg_layers: [[0], [0, 1, 2]]
+    seeds: 3
+    overrides:                     # applied to every cell
+      - train.eval_every=5
+    eval:
+      scales: [1.0, 1.5, 2.0]      # same images resized (detr-peg eval --scales)
+      canvas_scales: [1.5, 2.0]    # larger synthetic canvas (--canvas-scales)
+      padding: true                # mixed-size batches vs one image at a time (--padding)
+    cluster:                       # defaults of the SLURM options of detr-peg study
+      nodes: 1
+      gpus_per_node: 8
+      time: "72:00:00"
+
+Options given on the command line add to the file: ``--config`` and
+``--grid`` add axes values, overrides are appended, ``--seeds`` and the eval
+options replace the file's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detr_peg.errors import ConfigError
+from detr_peg.fileio.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
+
+KNOWN_KEYS = ("configs", "grid", "seeds", "overrides", "eval", "cluster")
+EVAL_KEYS = ("scales", "canvas_scales", "padding")
+CLUSTER_KEYS = ("partition", "nodes", "gpus_per_node", "time", "cpus_per_task", "mem")
+
+
+@dataclass
+class StudyFile:
+    """The raw fields of a study file, checked for type (the grid values as override text)."""
+
+    configs: list[str] = field(default_factory=list)
+    grid: list[str] = field(default_factory=list)  # "KEY=V1,V2" as on the command line
+    seeds: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    eval: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+
+
+def load_study_file(path: str | Path) -> StudyFile:
+    """Read and check a study file.
+
+    Raises:
+        ConfigError: a missing file, invalid YAML, an unknown key or a value of the wrong type.
+    """
+    path = Path(path)
+    # Bounded like every config file: a regular file of at most 1 MiB, UTF-8, YAML of bounded depth and size.
+    raw = decode_utf8(read_bounded_bytes(path, "Study file", "config", ConfigError), path, "Study file", ConfigError)
+    try:
+        data = load_yaml_text(raw, path, "Study file", "config", ConfigError) or {}
+    except yaml.YAMLError:
+        raise ConfigError(f"{path}: invalid YAML.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a study file holds a mapping (configs, grid, seeds, ...).")
+    unknown = sorted(set(data) - set(KNOWN_KEYS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r}; valid are {', '.join(KNOWN_KEYS)}.")
+
+    configs = data.get("configs", [])
+    configs = [configs] if isinstance(configs, str) else configs
+    if not isinstance(configs, list) or not all(isinstance(c, str) for c in configs):
+        raise ConfigError(f"{path}: 'configs' must be a list of config file paths.")
+    grid = data.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError(f"{path}: 'grid' must map each config key to a non-empty list of values.")
+    seeds = data.get("seeds")
+    if seeds is not None and (not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1):
+        raise ConfigError(f"{path}: 'seeds' must be a whole number of at least 1, got {seeds!r}.")
+    overrides = data.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+        raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings.")
+    return StudyFile(
+        configs=[str((path.parent / c).resolve()) for c in configs],
+        grid=[f"{key}={','.join(_value_text(v) for v in values)}" for key, values in grid.items()],
+        seeds=seeds,
+        overrides=list(overrides),
+        eval=_section(data, "eval", EVAL_KEYS, path),
+        cluster=_section(data, "cluster", CLUSTER_KEYS, path),
+    )
+
+
+def _section(data: dict, name: str, keys: tuple[str, ...], path: Path) -> dict[str, Any]:
+    section = data.get(name) or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: '{name}' must be a mapping with keys {', '.join(keys)}.")
+    unknown = sorted(set(section) - set(keys))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key '{name}.{unknown[0]}'; valid are {', '.join(keys)}.")
+    return dict(section)
+
+
+def _value_text(value: Any) -> str:
+    """A YAML value as the text of a ``key=value`` override (JSON is YAML)."""
+    if isinstance(value, str) and not any(ch in value for ch in ",[]{}'\""):
+        return value
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,92 @@
+"""Batch padding on real COCO images of different sizes: ``eval.padding_mode=exact`` equals one image at a time.
+
+A tiny random-init model (eval mode, running BatchNorm statistics) runs over
+the 28 coco128 validation images, 19 distinct sizes, resized to a short side
+of 64 px. In the default ``mixed`` mode the backbone sees the padding of
+larger images in the batch, so outputs differ from one image at a time; in
+the ``exact`` mode every batch holds one size, and every image's full
+``pred_logits`` and ``pred_boxes`` equal its single-image outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr_peg.data.coco_dataset import build_coco_dataset
+from detr_peg.engine.distributed import DistEnv
+from detr_peg.engine.evaluation_run import LoadedModel
+from detr_peg.engine.loader import (
+    SizeGroupedBatchSampler,
+    build_eval_loader,
+    image_sizes,
+)
+from detr_peg.engine.padding_sensitivity import predict_raw
+from detr_peg.engine.run_setup import resolve_num_classes
+from detr_peg.models.builder import build_model, build_postprocessor
+from tests.engine.tiny_run import (
+    RUN,
+    SMALL_IMAGES,
+    TINY_MODEL,
+    data_overrides,
+    tiny_config,
+)
+
+DEFORMABLE = ["model.arch=deformable_detr", "model.transformer.num_feature_levels=2"]
+
+
+@pytest.fixture(scope="module")
+def coco128_val(coco128_dir):
+    return data_overrides(
+        coco128_dir / "images",
+        coco128_dir / "annotations_val.json",
+        coco128_dir / "images",
+        coco128_dir / "annotations_val.json",
+    )
+
+
+def _loaded(overrides: list[str]) -> tuple[LoadedModel, object]:
+    cfg = tiny_config(overrides)
+    dataset = build_coco_dataset(cfg.data, "val")
+    cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    return LoadedModel(
+        model=model,
+        postprocessor=build_postprocessor(cfg),
+        cfg=cfg,
+        label_map=dataset.label_map,
+        amp="none",
+        iteration=None,
+    ), dataset
+
+
+@pytest.mark.parametrize("arch", [[], DEFORMABLE], ids=["detr", "deformable"])
+@pytest.mark.parametrize("position", ["peg", "sine"])
+def test_exact_mode_equals_one_image_at_a_time(coco128_val, arch: list[str], position: str) -> None:
+    loaded, dataset = _loaded(
+        [*TINY_MODEL, *SMALL_IMAGES, *RUN, *coco128_val, *arch, f"model.position.name={position}"]
+    )
+    env = DistEnv()
+    assert len(set(image_sizes(dataset))) > 10
+    _, single, _ = predict_raw(loaded, build_eval_loader(dataset, 1, 0, env), env.device)
+    _, exact, exact_padding = predict_raw(
+        loaded, build_eval_loader(dataset, 4, 0, env, padding_mode="exact"), env.device
+    )
+    _, mixed, mixed_padding = predict_raw(loaded, build_eval_loader(dataset, 4, 0, env), env.device)
+    assert sorted(single) == sorted(exact) == sorted(mixed) == sorted(dataset.ids)
+    assert exact_padding == 0.0 and mixed_padding > 0.1
+    for image_id in single:
+        torch.testing.assert_close(exact[image_id], single[image_id], rtol=1e-4, atol=1e-5)
+    # the default mode is not exact: padding changes the backbone features next to the image borders
+    largest = max(float((mixed[i][0] - single[i][0]).abs().max()) for i in single)
+    assert largest > 1e-3
+
+
+def test_size_grouped_batches_hold_one_size_each(coco128_val) -> None:
+    _, dataset = _loaded([*TINY_MODEL, *SMALL_IMAGES, *RUN, *coco128_val])
+    sizes = image_sizes(dataset)
+    batches = list(SizeGroupedBatchSampler(range(len(sizes)), sizes, 3))
+    assert sorted(i for batch in batches for i in batch) == list(range(len(sizes)))
+    assert all(len({sizes[i] for i in batch}) == 1 and 1 <= len(batch) <= 3 for batch in batches)
+    assert max(len(batch) for batch in batches) == 3  # several images share a size

@@ -1,0 +1,195 @@
+"""ONNX export: small DETR and Deformable-DETR models exported once (dynamic batch and size, traced at
+96 x 128) and run in ONNX Runtime on other sizes, batch 1 and padded batch 3, against PyTorch.
+
+Exporting is slow (tens of seconds per model on a small CPU), so each model is
+exported once per module and every test reuses the file.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+from detr_peg.config import load_config
+from detr_peg.export.onnx_export import ExportWrapper, export_onnx
+from detr_peg.export.onnx_runtime import OnnxDetector
+from detr_peg.models import build_model, build_postprocessor
+from tests.models.deformable.small_model import SMALL
+
+TINY_DETR = [
+    "model.backbone.name=resnet18",
+    "model.backbone.out_stages=[3]",
+    "model.num_classes=4",
+    "model.transformer.hidden_dim=32",
+    "model.transformer.nheads=2",
+    "model.transformer.enc_layers=2",
+    "model.transformer.dec_layers=2",
+    "model.transformer.dim_feedforward=64",
+    "model.num_queries=8",
+]
+SMALL_DEFORMABLE = [*SMALL, "model.transformer.enc_layers=1", "eval.num_select=12"]
+
+#: name -> (config overrides, export with post-processing, run the exporter's graph optimizer). Every encoding
+#: is exported with DETR; Deformable-DETR with PEG (single-stage) and with sine, box refinement and two-stage.
+#: Each Deformable-DETR export costs 20-30 s here, so its learned tables (the same module as DETR's, one
+#: table per level) are left to the DETR case.
+MODELS = {
+    "detr_peg": ([*TINY_DETR, "model.position.name=peg"], True, True),
+    "detr_sine": ([*TINY_DETR, "model.position.name=sine"], False, False),
+    "detr_learned": ([*TINY_DETR, "model.position.name=learned", "model.position.num_embeddings=20"], False, False),
+    "deformable_peg": ([*SMALL_DEFORMABLE, "model.position.name=peg"], True, False),
+    "deformable_sine_refine_two_stage": (
+        [*SMALL_DEFORMABLE, "model.position.name=sine", "model.with_box_refine=true", "model.two_stage=true"],
+        False,
+        False,
+    ),
+}
+#: (H, W) of the padded batches: all differ from the traced 96 x 128, one is larger in both directions.
+SIZES = [(80, 112), (128, 96), (200, 264)]
+ATOL = 1e-4
+
+pytestmark = pytest.mark.slow
+
+
+def _random_batchnorm_statistics(model: torch.nn.Module) -> None:
+    # Fresh BatchNorm layers (PEG) have identity statistics; make eval mode do some work.
+    g = torch.Generator().manual_seed(1)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.copy_(torch.randn(module.num_features, generator=g) * 0.1)
+            module.running_var.copy_(torch.rand(module.num_features, generator=g) + 0.5)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (PyTorch model, ONNX Runtime detector); each model is exported on first use."""
+    folder = tmp_path_factory.mktemp("onnx")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            overrides, postprocess, optimize = MODELS[name]
+            cfg = load_config(None, overrides)
+            torch.manual_seed(0)
+            model = build_model(cfg)
+            with torch.no_grad():
+                _random_batchnorm_statistics(model)
+            model.config = cfg
+            model.label_map = {"category_ids": [3, 5, 8, 13, 21], "names": list("abcde"), "contiguous": False}
+            path = export_onnx(model.eval(), folder / f"{name}.onnx", postprocess=postprocess, optimize=optimize)
+            cache[name] = (model, OnnxDetector(path))
+        return cache[name]
+
+    return get
+
+
+def padded_batch(batch: int, size: tuple[int, int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Images of different sizes padded to ``size`` (the first fills it), their mask and original sizes."""
+    g = torch.Generator().manual_seed(seed)
+    h, w = size
+    images = torch.zeros(batch, 3, h, w)
+    mask = torch.ones(batch, h, w, dtype=torch.bool)
+    sizes = []
+    for i in range(batch):
+        ih, iw = (h, w) if i == 0 else (h - 13 * i, w - 21 * i)
+        images[i, :, :ih, :iw] = torch.randn(3, ih, iw, generator=g)
+        mask[i, :ih, :iw] = False
+        sizes.append((ih * 2, iw * 2))  # "original" images twice the size
+    return images, mask, torch.tensor(sizes)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_onnx_runtime_matches_pytorch_on_other_sizes(exported, name, batch):
+    model, detector = exported(name)
+    for size in SIZES:
+        images, mask, _ = padded_batch(batch, size)
+        with torch.no_grad():
+            expected = model(images, mask)
+        got = detector(images, mask)
+        for key in ("pred_logits", "pred_boxes"):
+            torch.testing.assert_close(
+                got[key], expected[key], rtol=0, atol=ATOL, msg=lambda m, size=size, key=key: f"{size} {key}: {m}"
+            )
+
+
+@pytest.mark.parametrize("name", ["detr_peg", "deformable_peg"])
+def test_postprocessed_outputs_match_the_postprocessor(exported, name):
+    model, detector = exported(name)
+    images, mask, orig_sizes = padded_batch(3, SIZES[2], seed=4)
+    with torch.no_grad():
+        expected = build_postprocessor(model.config)(model(images, mask), orig_sizes)
+    got = detector.run(images, mask, orig_sizes)
+    assert got["scores"].shape[0] == 3
+    for i, det in enumerate(expected):
+        torch.testing.assert_close(got["scores"][i], det["scores"], rtol=0, atol=ATOL)
+        torch.testing.assert_close(got["boxes"][i], det["boxes"], rtol=1e-4, atol=1e-2)  # pixels
+        assert torch.equal(got["labels"][i], det["labels"])
+
+
+def test_graph_metadata_and_dynamic_axes(exported):
+    model, detector = exported("detr_peg")
+    assert detector.config == model.config
+    assert detector.label_map == model.label_map
+    images = detector.session.get_inputs()[0]
+    assert images.name == "images" and images.shape[0] == "batch" and isinstance(images.shape[2], str)
+    assert detector.input_names == ["images", "mask", "orig_sizes"]
+    assert detector.output_names == ["pred_logits", "pred_boxes", "scores", "labels", "boxes"]
+
+
+def test_deformable_attention_setting_is_restored_after_export(exported):
+    model, _ = exported("deformable_peg")
+    from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
+
+    assert {m.impl for m in model.modules() if isinstance(m, MSDeformAttn)} == {"embedding_bag"}
+
+
+def test_learned_encoding_larger_than_its_table_fails_like_pytorch(exported):
+    # 20 rows per table at stride 16: a 600-pixel side is a 38-pixel feature map.
+    model, detector = exported("detr_learned")
+    images, mask, _ = padded_batch(1, (600, 128))
+    with pytest.raises(ValueError, match="larger than the learned position tables"):
+        model(images, mask)
+    with pytest.raises(InvalidArgument):
+        detector(images, mask)
+
+
+def test_fixed_size_export(tmp_path):
+    overrides, _, _ = MODELS["detr_sine"]
+    cfg = load_config(None, [*overrides, "model.transformer.enc_layers=1", "model.transformer.dec_layers=1"])
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    path = export_onnx(model, tmp_path / "fixed.onnx", image_size=(96, 128), batch_size=2, optimize=False)
+    detector = OnnxDetector(path)
+    assert detector.session.get_inputs()[0].shape == [2, 3, 96, 128]
+    assert detector.config is None  # the model carried none
+    images, mask, _ = padded_batch(2, (96, 128))
+    with torch.no_grad():
+        expected = ExportWrapper(model)(images, mask)
+    got = detector(images, mask)
+    torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
+    torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["detr_peg", "deformable_peg"])
+def test_padding_changes_onnx_outputs_exactly_as_it_changes_pytorch_outputs(exported, name):
+    # The last image of a padded batch against the same image alone at its own size: whatever
+    # the padding changes in PyTorch (the backbone's convolutions see it at the image border),
+    # it changes the same way in the exported graph.
+    model, detector = exported(name)
+    images, mask, _ = padded_batch(3, SIZES[2], seed=2)
+    h, w = (~mask[2]).sum(0).amax().item(), (~mask[2]).sum(1).amax().item()
+    alone, alone_mask = images[2:, :, :h, :w], mask[2:, :h, :w]
+    with torch.no_grad():
+        torch_padded, torch_alone = model(images, mask), model(alone, alone_mask)
+    onnx_padded, onnx_alone = detector(images, mask), detector(alone, alone_mask)
+    for key in ("pred_logits", "pred_boxes"):
+        torch.testing.assert_close(onnx_alone[key], torch_alone[key], rtol=0, atol=ATOL)
+        torch.testing.assert_close(
+            onnx_padded[key][2] - onnx_alone[key][0], torch_padded[key][2] - torch_alone[key][0], rtol=0, atol=2 * ATOL
+        )

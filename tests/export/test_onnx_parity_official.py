@@ -1,0 +1,34 @@
+"""Models converted from the official fixtures' weights (shared/reference), exported to ONNX with dynamic
+batch and size (traced at another size than the fixture's) and run in ONNX Runtime, reproduce the
+official outputs at the parity tolerance (rtol 1e-4, atol 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from detr_peg import load_model
+from detr_peg.cli.main import main
+from detr_peg.export.onnx_export import export_onnx
+from detr_peg.export.onnx_runtime import OnnxDetector
+from tests.parity import assert_close, load_fixture, write_official_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("fixture", ["detr_r18", "deformable_detr_r18_refine_twostage"])
+def test_exported_official_weights_match_official_outputs(fixture, tmp_path, reference_dir):
+    src, dst = tmp_path / "official.pth", tmp_path / "converted.pth"
+    write_official_checkpoint(reference_dir, fixture, src)
+    assert main(["convert", str(src), str(dst)]) == 0
+    detector = OnnxDetector(export_onnx(load_model(dst), tmp_path / "model.onnx", optimize=False))
+
+    inputs = load_fixture(reference_dir, fixture, "inputs")
+    assert tuple(inputs["images_padded"].shape[-2:]) != (96, 128)  # not the traced size
+    assert inputs["mask"].any()  # a padded batch
+    got = detector(inputs["images_padded"], inputs["mask"])
+    expected = load_fixture(reference_dir, fixture, "outputs")
+    for name in ("pred_logits", "pred_boxes"):
+        assert_close(got[name], expected[name], name)

@@ -1,0 +1,64 @@
+"""The output guard on its own: aliases, ownership by kind, and claims taken back when a command fails."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from detr_peg.errors import UserError
+from detr_peg.guards.output_guard import OWNERSHIP_FILE, Input, Output, claims_mark, guard_outputs, settle_claims
+
+
+def test_a_hard_link_of_an_input_is_the_input(tmp_path: Path) -> None:
+    (tmp_path / "src.pth").write_bytes(b"weights")
+    os.link(tmp_path / "src.pth", tmp_path / "dst.pth")
+    with pytest.raises(UserError, match="DST .*dst.pth is the same file as SRC .*src.pth"):
+        guard_outputs("convert", [Input(tmp_path / "src.pth", "SRC")], [Output(tmp_path / "dst.pth", "DST")])
+
+
+def test_ownership_is_by_kind_of_command(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    guard_outputs("train", [], [Output(run, "train.output_dir", ("metrics.json", "checkpoint.pth"))])
+    (run / "metrics.json").write_text("{}")
+    (run / "checkpoint.pth").write_text("x")
+    settle_claims()
+    guard_outputs("eval", [], [Output(run, "--output", ("metrics.json",))])  # eval may replace a run's metrics
+    with pytest.raises(UserError, match="was written by detr-peg train, not convert"):
+        guard_outputs("convert", [], [Output(run / "checkpoint.pth", "DST")])
+    settle_claims()
+
+
+def test_a_failed_command_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
+    folder = tmp_path / "pred"
+    guard_outputs("predict", [], [Output(folder, "--output", ("predictions.json", "a.png"))])
+    (folder / "predictions.json").write_text("[]")
+    (folder / "a.png").write_text("png")
+    settle_claims()
+    ledger = (folder / OWNERSHIP_FILE).read_bytes()
+    guard_outputs("predict", [], [Output(folder, "--output", ("predictions.json", "a.png", "b.png"))])
+    assert b"b.png" in (folder / OWNERSHIP_FILE).read_bytes()
+    settle_claims()  # b.png was never written: the ledger gets its earlier bytes back
+    assert (folder / OWNERSHIP_FILE).read_bytes() == ledger
+    new = tmp_path / "new"
+    guard_outputs("predict", [], [Output(new, "--output", ("predictions.json",))])
+    settle_claims()
+    assert not new.exists()  # created for the claim, empty, removed
+
+
+def test_a_command_inside_another_settles_only_its_own_claims(tmp_path: Path) -> None:
+    """A study runs each cell's train command in its process: the cell's end must not settle the study's claims."""
+
+    outer, inner = tmp_path / "study", tmp_path / "study" / "cells" / "a"
+    guard_outputs("study", [], [Output(outer, "--output", ("plan.json", "plots"))])
+    mark = claims_mark()
+    guard_outputs("train", [], [Output(inner, "train.output_dir", ("checkpoint.pth", "metrics.json"))])
+    (inner / "metrics.json").write_text("{}")
+    settle_claims(mark)  # the cell ends: its unused checkpoint.pth claim goes, the study's claims stay
+    assert json.loads((inner / OWNERSHIP_FILE).read_text())["names"] == {"metrics.json": "train"}
+    assert json.loads((outer / OWNERSHIP_FILE).read_text())["names"] == {"plan.json": "study", "plots": "study"}
+    (outer / "plots").mkdir()  # the study draws its figures after the cells
+    settle_claims()
+    assert json.loads((outer / OWNERSHIP_FILE).read_text())["names"] == {"plots": "study"}

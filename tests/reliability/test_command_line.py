@@ -1,0 +1,151 @@
+"""Class 6: the command line itself. Overrides anywhere, one type per kind of option, errors in the user's words.
+
+* ``key=value`` overrides (and ``predict``'s image paths) work before,
+  between and after options, so the examples in ``--help`` run as printed;
+* every numeric option is parsed by one type of its kind
+  (:mod:`detr_peg.cli.option_types`): ``nan`` and ``inf`` are refused by every
+  command, with the range in the message;
+* every usage error is one line with exit status 2, and an error about a
+  setting names the option the user typed (``--device``, ``--output``), not
+  the config key behind it (:mod:`detr_peg.cli.command_line`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.reliability.conftest import ANNOTATIONS, BASE, IMAGES, OUT, RESUME, assert_success
+from tests.reliability.hostile_cases import Hostile, check_refused, ids
+
+CKPT = str(OUT / "checkpoint.pth")
+PREDICT = ["predict", "--checkpoint", CKPT, IMAGES, "--output", "pred"]
+BASE_NO_OUTPUT = [arg for arg in BASE if not str(arg).startswith("train.output_dir=")]
+
+
+def _file(relative: str):
+    def prepare(case: Path) -> None:
+        (case / relative).write_text("mine\n")
+
+    return prepare
+
+
+CASES = [
+    Hostile(
+        "threshold-nan",
+        [*PREDICT, "--score-threshold", "nan"],
+        [
+            "detr-peg predict: error: argument --score-threshold: must be a number from 0 to 1, got 'nan'",
+            "(see detr-peg predict --help)",
+        ],
+    ),
+    Hostile("threshold-inf", [*PREDICT, "--score-threshold", "inf"], ["--score-threshold", "got 'inf'"]),
+    Hostile("threshold-above-one", [*PREDICT, "--score-threshold", "1.5"], ["--score-threshold", "got '1.5'"]),
+    Hostile("threshold-negative", [*PREDICT, "--score-threshold", "-0.1"], ["--score-threshold", "got '-0.1'"]),
+    Hostile(
+        "threshold-missing-value",
+        [*PREDICT, "--score-threshold"],
+        ["argument --score-threshold: expected one argument"],
+    ),
+    Hostile(
+        "batch-size-zero",
+        [*PREDICT, "--batch-size", "0"],
+        ["argument --batch-size: must be a whole number of at least 1, got '0'"],
+    ),
+    Hostile("batch-size-fraction", [*PREDICT, "--batch-size", "2.5"], ["--batch-size", "got '2.5'"]),
+    Hostile("device-unknown", [*PREDICT, "--device", "gpu"], ["argument --device: must be one of", "got 'gpu'"]),
+    Hostile(
+        "demo-negative-count",
+        ["demo", "--output", "d", "--num-train", "-5"],
+        ["argument --num-train: must be a whole number of at least 1, got '-5'"],
+    ),
+    Hostile("demo-pictures-nan", ["demo", "--output", "d", "--pictures", "nan"], ["argument --pictures", "'nan'"]),
+    Hostile("misspelt-option", [*RESUME, "--outptu", "x"], ["detr-peg train: error: unrecognized arguments: --outptu"]),
+    Hostile(
+        "missing-required-option", ["eval", "--output", OUT], ["the following arguments are required: --checkpoint"]
+    ),
+    Hostile(
+        "stray-word-after-an-option",
+        [*RESUME, "--output", "out", "foo"],
+        ["override 'foo' is not of the form key=value"],
+    ),
+    Hostile(
+        "bad-override-after-an-option",
+        ["train", *BASE, "--resume", "train.epochs=2", "train.batch_size=two"],
+        ["'train.batch_size' must be an integer", "'two'"],
+    ),
+    Hostile(
+        "output-folder-under-a-file",
+        ["train", *BASE_NO_OUTPUT, "train.epochs=1", "--output", "afile/run"],
+        ["Output folder afile/run cannot be created", "choose another --output"],
+        _file("afile"),
+    ),
+    Hostile(
+        "batch-size-with-equals-sign",
+        [*PREDICT, "--batch-size=abc"],
+        ["argument --batch-size: must be a whole number of at least 1, got 'abc'"],
+    ),
+]
+
+
+@pytest.mark.parametrize("spec", CASES, ids=ids(CASES))
+def test_a_bad_command_line_is_one_line_naming_the_option(cli, case: Path, spec: Hostile) -> None:
+    line = check_refused(cli, case, spec)
+    if "--output" in line:
+        assert "train.output_dir" not in line, line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_error_names_the_option_given(cli, case: Path) -> None:
+    line = check_refused(cli, case, Hostile("device-cuda", [*PREDICT, "--device", "cuda"], []))
+    assert "--device is 'cuda' but CUDA is not available; use --device cpu" in line, line
+    assert "train.device" not in line, line
+
+
+def test_the_predict_help_example_runs_as_printed(cli, case: Path) -> None:
+    """``--help``: ``predict --checkpoint C a.jpg b.jpg --score-threshold 0.3 data.val_scale=512`` (smaller here)."""
+    result = cli.run(
+        [
+            "predict",
+            "--checkpoint",
+            CKPT,
+            IMAGES / "img0.jpg",
+            IMAGES / "img1.jpg",
+            "--score-threshold",
+            "0.0",
+            "data.val_scale=48",
+            "--output",
+            "pred",
+            "eval.batch_size=1",
+        ],
+        cwd=case,
+    )
+    assert_success(result)
+    records = json.loads((case / "pred" / "predictions.json").read_text())
+    assert {r["file_name"] for r in records} == {"data/images/img0.jpg", "data/images/img1.jpg"}
+
+
+def test_overrides_before_between_and_after_options(cli, case: Path) -> None:
+    data = json.loads((case / ANNOTATIONS).read_text())
+    data["images"] = data["images"][:2]
+    data["annotations"] = [a for a in data["annotations"] if a["image_id"] <= 2]
+    (case / "two.json").write_text(json.dumps(data))
+    result = cli.run(
+        [
+            "eval",
+            "eval.batch_size=2",
+            "--checkpoint",
+            CKPT,
+            "data.val_scale=48",
+            "--output",
+            "ev",
+            "data.val_annotations=two.json",
+        ],
+        cwd=case,
+    )
+    assert_success(result)
+    metrics = json.loads((case / "ev" / "metrics.json").read_text())
+    assert metrics["num_images"] == 2 and metrics["annotations"] == "two.json"  # the last override was applied

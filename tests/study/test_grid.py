@@ -1,0 +1,236 @@
+"""Study definitions: grid parsing, cell expansion, study files, cluster option parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detr_peg.config.loader import load_config
+from detr_peg.errors import ConfigError
+from detr_peg.study.cell import CellPaths, eval_argv, first_difference, train_argv
+from detr_peg.study.grid import Axis, EvalPlan, StudyDefinition, expand_cells, parse_axis, parse_scales, split_values
+from detr_peg.study.slurm import ClusterOptions, parse_mem, parse_time, plan_lines
+from detr_peg.study.study_file import load_study_file
+from tests.conftest import REPO_ROOT
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        ("sine,learned,none,peg", ["sine", "learned", "none", "peg"]),
+        ("[0],[0,1,2]", ["[0]", "[0,1,2]"]),
+        ("[[1, 2], [3]], 4", ["[[1, 2], [3]]", "4"]),
+        ("{a: 1, b: 2},x", ["{a: 1, b: 2}", "x"]),
+        ("'a,b',\"c,d\",e", ["'a,b'", '"c,d"', "e"]),
+        ("1e-4,2e-4", ["1e-4", "2e-4"]),
+        ("single", ["single"]),
+    ],
+)
+def test_split_values_splits_on_commas_outside_brackets_and_quotes(text: str, values: list[str]) -> None:
+    assert split_values(text) == values
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[0,1", "not closed"),
+        ("0]", "closing bracket"),
+        ("'a,b", "not closed"),
+        ("a,,b", "empty value"),
+        ("a,", "empty value"),
+    ],
+)
+def test_split_values_refuses_malformed_lists(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        split_values(text)
+
+
+def test_parse_axis_keeps_each_value_as_typed_and_refuses_bad_axes() -> None:
+    assert parse_axis("model.position.peg_layers=[0],[0,1,2]") == Axis("model.position.peg_layers", ("[0]", "[0,1,2]"))
+    assert parse_axis(" model.position.peg_kernel = 1,3,7") == Axis("model.position.peg_kernel", ("1", "3", "7"))
+    for bad, message in (
+        ("model.position.name", "KEY=V1,V2"),
+        ("=a,b", "KEY=V1,V2"),
+        ("k=", "KEY=V1,V2"),
+        ("model.num_queries=10,10.0", "given twice"),
+        ("k=[0],[0]", "given twice"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_axis(bad)
+
+
+def test_parse_scales() -> None:
+    assert parse_scales("1,1.5,2", "--scales") == (1.0, 1.5, 2.0)
+    for bad in ("", "1,x", "0,1", "-1"):
+        with pytest.raises(ConfigError, match="--scales"):
+            parse_scales(bad, "--scales")
+
+
+def test_cells_are_the_product_of_configs_axes_and_seeds_with_readable_unique_names() -> None:
+    definition = StudyDefinition(
+        configs=("a/detr.yaml", "b/deformable.yaml"),
+        axes=(parse_axis("model.position.peg_layers=[0],[0,1,2]"), parse_axis("model.position.peg_kernel=3,7")),
+        seeds=2,
+        overrides=("model.position.name=peg", "train.max_iters=10"),
+    )
+    cells = expand_cells(definition)
+    assert len(cells) == 2 * 2 * 2 * 2
+    assert len({c.name for c in cells}) == len(cells)
+    first = cells[0]
+    assert first.name == "detr_position.peg_layers=0_position.peg_kernel=3_seed0"
+    assert first.setting == "detr_position.peg_layers=0_position.peg_kernel=3"
+    assert first.overrides == (
+        "model.position.peg_layers=[0]",
+        "model.position.peg_kernel=3",
+        "model.position.name=peg",
+        "train.max_iters=10",
+        "train.seed=0",
+    )
+    assert cells[3].name == "detr_position.peg_layers=0_position.peg_kernel=7_seed1"
+    assert cells[4].values == (("model.position.peg_layers", "[0,1,2]"), ("model.position.peg_kernel", "3"))
+    assert cells[4].name.startswith("detr_position.peg_layers=0-1-2_")
+    assert {c.config for c in cells[8:]} == {"b/deformable.yaml"}
+    # The overrides are ordinary key=value overrides: a list value reaches the config as a list.
+    cfg = load_config(None, cells[4].overrides)
+    assert cfg.model.position.peg_layers == [0, 1, 2] and cfg.train.seed == 0
+
+
+def test_single_config_without_axes_is_named_after_the_config() -> None:
+    cells = expand_cells(StudyDefinition(configs=("configs/demo.yaml",), seeds=3))
+    assert [c.name for c in cells] == ["demo_seed0", "demo_seed1", "demo_seed2"]
+    assert {c.setting for c in cells} == {"demo"}
+
+
+def test_expansion_refuses_conflicting_definitions() -> None:
+    axis = parse_axis("model.position.name=sine,peg")
+    with pytest.raises(ConfigError, match="given twice"):
+        expand_cells(StudyDefinition(configs=("c.yaml",), axes=(axis, axis)))
+    with pytest.raises(ConfigError, match="both a grid axis and a fixed override"):
+        expand_cells(StudyDefinition(configs=("c.yaml",), axes=(axis,), overrides=("model.position.name=none",)))
+    with pytest.raises(ConfigError, match="--seeds"):
+        expand_cells(StudyDefinition(configs=("c.yaml",), overrides=("train.seed=3",)))
+
+
+def test_definition_round_trips_through_its_record() -> None:
+    definition = StudyDefinition(
+        configs=("c.yaml",),
+        axes=(parse_axis("model.position.peg_layers=[0],[0,1]"),),
+        seeds=3,
+        overrides=("train.lr=1e-4",),
+        eval=EvalPlan(scales=(1.0, 1.5), canvas_scales=(2.0,), padding=True),
+    )
+    assert StudyDefinition.from_dict(definition.to_dict()) == definition
+
+
+def test_commands_of_a_cell() -> None:
+    cell = expand_cells(StudyDefinition(configs=("c.yaml",), axes=(parse_axis("model.position.name=peg"),)))[0]
+    paths = CellPaths(Path("/s/cells") / cell.name)
+    assert train_argv(cell, paths) == [
+        "train",
+        "--config",
+        "c.yaml",
+        "--output",
+        f"/s/cells/{cell.name}/run",
+        "--resume",
+        "model.position.name=peg",
+        "train.seed=0",
+    ]
+    assert eval_argv(paths, EvalPlan()) is None  # the training's own last evaluation is enough
+    assert eval_argv(paths, EvalPlan(scales=(1.0, 1.5), canvas_scales=(2.0,), padding=True)) == [
+        "eval",
+        "--checkpoint",
+        f"/s/cells/{cell.name}/run/checkpoint.pth",
+        "--output",
+        f"/s/cells/{cell.name}/eval",
+        "--scales",
+        "1,1.5",
+        "--canvas-scales",
+        "2",
+        "--padding",
+    ]
+    lines = plan_lines(Path("/s"), [cell], EvalPlan(scales=(2.0,)), ClusterOptions(nodes=2, gpus_per_node=4))
+    assert lines[0].startswith("# one SLURM job per cell: 2 node(s) x 4 GPU(s)")
+    assert lines[2].startswith("torchrun --nnodes=2 --nproc_per_node=4 -m detr_peg.cli.main train --config c.yaml")
+    assert lines[3].endswith("--scales 2")
+
+
+def test_first_difference_names_the_dotted_key() -> None:
+    assert first_difference({"a": {"b": 1, "c": [0]}}, {"a": {"b": 1, "c": [0]}}) is None
+    assert first_difference({"a": {"b": 1, "c": [0]}}, {"a": {"b": 1, "c": [0, 1]}}) == "a.c: [0] -> [0, 1]"
+
+
+def test_paper_study_file_gives_the_five_paper_cells() -> None:
+    file = load_study_file(REPO_ROOT / "configs" / "study" / "paper_coco.yaml")
+    assert [Path(c).name for c in file.configs] == [
+        "detr_r50_sine.yaml",
+        "detr_r50_none.yaml",
+        "detr_r50_peg.yaml",
+        "deformable_detr_r50_sine.yaml",
+        "deformable_detr_r50_peg.yaml",
+    ]
+    assert all(Path(c).is_file() for c in file.configs)
+    cells = expand_cells(StudyDefinition(configs=tuple(file.configs), seeds=file.seeds or 1))
+    assert [c.setting for c in cells] == [Path(c).stem for c in file.configs]
+    for cell in cells:
+        cfg = load_config(cell.config, cell.overrides)
+        assert cfg.train.epochs == 50 and cfg.train.total_batch_size == 32
+    assert file.cluster["gpus_per_node"] * file.cluster.get("nodes", 1) * 4 == 32  # 4 images per GPU
+
+
+def test_study_file_grid_values_become_axes(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "configs: [a.yaml]\ngrid:\n  model.position.peg_layers: [[0], [0, 1, 2]]\n"
+        "  model.position.name: [sine, peg]\nseeds: 2\neval: {scales: [1, 1.5]}\n"
+    )
+    file = load_study_file(path)
+    assert file.configs == [str(tmp_path / "a.yaml")]
+    assert [parse_axis(g) for g in file.grid] == [
+        Axis("model.position.peg_layers", ("[0]", "[0,1,2]")),
+        Axis("model.position.name", ("sine", "peg")),
+    ]
+    assert file.seeds == 2 and file.eval == {"scales": [1, 1.5]}
+    path.write_text("configs: [a.yaml]\nseed: 2\n")
+    with pytest.raises(ConfigError, match="unknown key 'seed'"):
+        load_study_file(path)
+
+
+def test_cluster_time_and_memory() -> None:
+    assert [parse_time(t) for t in ("72:00:00", "90", "1:30", "2-00:00:00", "1-12")] == [4320, 90, 2, 2880, 2160]
+    assert parse_mem("64G") == 64 and parse_mem("512M") == 0.5 and parse_mem("1T") == 1024
+    for bad in ("soon", "0"):
+        with pytest.raises(ConfigError, match="--time"):
+            parse_time(bad)
+    with pytest.raises(ConfigError, match="--mem"):
+        parse_mem("lots")
+
+
+def test_proxy_study_file_gives_both_architectures_with_four_encodings_and_three_seeds() -> None:
+    file = load_study_file(REPO_ROOT / "configs" / "study" / "proxy_synthetic.yaml")
+    definition = StudyDefinition(
+        configs=tuple(file.configs), axes=tuple(parse_axis(g) for g in file.grid), seeds=file.seeds
+    )
+    cells = expand_cells(definition)
+    assert len(cells) == 2 * 4 * 3
+    assert cells[0].name == "deformable_small_position.name=sine_seed0"
+    archs = {load_config(c.config, c.overrides).model.arch for c in cells}
+    assert archs == {"detr", "deformable_detr"}
+    assert file.eval == {"scales": [1.0, 1.5, 2.0], "canvas_scales": [1.5, 2.0], "padding": True}
+
+
+def test_multiscale_proxy_study_trains_every_cell_at_several_sizes() -> None:
+    file = load_study_file(REPO_ROOT / "configs" / "study" / "proxy_multiscale.yaml")
+    definition = StudyDefinition(
+        configs=tuple(file.configs),
+        axes=tuple(parse_axis(g) for g in file.grid),
+        seeds=file.seeds,
+        overrides=tuple(file.overrides),
+    )
+    cells = expand_cells(definition)
+    assert len(cells) == 4 * 3
+    configs = [load_config(c.config, c.overrides) for c in cells]
+    assert {c.model.position.name for c in configs} == {"sine", "learned", "none", "peg"}
+    for cfg in configs:
+        assert cfg.data.train_scales == [64, 72, 80, 88, 96, 104, 112, 120, 128] and cfg.data.train_max_size == 128
+        assert (cfg.data.val_scale, cfg.model.arch) == (96, "deformable_detr")

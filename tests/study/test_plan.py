@@ -1,0 +1,62 @@
+"""A study folder's plan: written once, kept when only the number of seeds changes, and a changed definition refused."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from detr_peg.errors import ConfigError
+from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis
+from detr_peg.study.runner import PLAN_FILE, prepare
+
+
+@pytest.fixture
+def definition(base_config: Path) -> StudyDefinition:
+    return StudyDefinition(
+        configs=(str(base_config),),
+        axes=(parse_axis("model.position.name=sine,peg"),),
+        seeds=2,
+        overrides=("model.num_queries=8",),
+    )
+
+
+def test_plan_records_the_definition_and_the_commands(tmp_path: Path, definition: StudyDefinition) -> None:
+    cells = prepare(tmp_path / "s", definition)
+    plan = json.loads((tmp_path / "s" / PLAN_FILE).read_text())
+    assert StudyDefinition.from_dict(plan["definition"]) == definition
+    assert [c["name"] for c in plan["cells"]] == [c.name for c in cells]
+    assert plan["cells"][3]["commands"] == [
+        [
+            "detr-peg",
+            "train",
+            "--config",
+            definition.configs[0],
+            "--output",
+            str(tmp_path / "s" / "cells" / cells[3].name / "run"),
+            "--resume",
+            "model.position.name=peg",
+            "model.num_queries=8",
+            "train.seed=1",
+        ]
+    ]
+
+
+def test_more_seeds_are_accepted_and_other_changes_refused(tmp_path: Path, definition: StudyDefinition) -> None:
+    prepare(tmp_path / "s", definition)
+    assert len(prepare(tmp_path / "s", replace(definition, seeds=3))) == 6
+    for changed, key in (
+        (replace(definition, overrides=("model.num_queries=9",)), "overrides"),
+        (replace(definition, eval=EvalPlan(scales=(2.0,))), "eval.scales"),
+        (replace(definition, axes=(parse_axis("model.position.name=sine,none"),)), "axes"),
+    ):
+        with pytest.raises(ConfigError, match=f"another definition \\({key}"):
+            prepare(tmp_path / "s", changed)
+
+
+def test_an_invalid_cell_config_is_refused_before_anything_runs(tmp_path: Path, definition: StudyDefinition) -> None:
+    with pytest.raises(ConfigError, match="model.num_queries"):
+        prepare(tmp_path / "s", replace(definition, axes=(parse_axis("model.num_queries=8,many"),), overrides=()))
+    assert not (tmp_path / "s").exists()

@@ -1,0 +1,158 @@
+"""Study results from cell files in the evaluation's formats: averages, tables of both kinds kept apart, plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from detr_peg.cli.main import main
+from detr_peg.study.cell import cell_paths, new_state, write_state
+from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
+from detr_peg.study.plots import plot_study
+from detr_peg.study.results import STATS, aggregate, collect, csv_rows, write_results
+from detr_peg.study.runner import PLAN_FILE, plan_record
+
+STAT_NAMES = (*STATS, "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+
+
+def stats(ap: float) -> dict[str, float]:
+    """Twelve COCO numbers derived from one AP (APl undefined: -1)."""
+    return {name: (-1.0 if name == "APl" else round(ap + i / 100, 4)) for i, name in enumerate(STAT_NAMES)}
+
+
+def fake_cell(study: Path, cell, ap: float) -> None:
+    """The files of a finished cell, in the formats of detr-peg train and detr-peg eval."""
+    paths = cell_paths(study, cell)
+    paths.eval.mkdir(parents=True)
+    paths.run.mkdir(parents=True)
+    state = new_state(cell, {})
+    state.update(status="done", stages={"train": "done", "eval": "done"})
+    write_state(paths, state)
+    (paths.eval / "metrics.json").write_text(json.dumps({"bbox": stats(ap), "num_images": 10}))
+    for kind, name, shift in (("resized", "scales_resized.json", -0.1), ("canvas", "scales_canvas.json", -0.05)):
+        results = [
+            {"scale": s, "size": int(64 * s), "num_images": 10, "metrics": stats(ap + shift * (s - 1))}
+            for s in (1.0, 1.5, 2.0)
+        ]
+        (paths.eval / name).write_text(json.dumps({"kind": kind, "base_size": 64, "results": results}))
+    (paths.eval / "padding.json").write_text(
+        json.dumps(
+            {
+                "modes": {
+                    "mixed": {"batch_size": 8, "metrics": stats(ap - 0.01), "seconds": 1.0},
+                    "single": {"batch_size": 1, "metrics": stats(ap), "seconds": 2.0},
+                },
+                "max_abs_logit_diff_mixed_vs_single": 0.25 * ap,
+            }
+        )
+    )
+    records = [
+        {"type": "iter", "iteration": 1, "loss": 3.0},
+        {"type": "eval", "iteration": 10, **stats(ap / 2)},
+        {"type": "eval", "iteration": 20, **stats(ap)},
+    ]
+    (paths.run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def study(tmp_path: Path):
+    definition = StudyDefinition(
+        configs=("base.yaml",),
+        axes=(parse_axis("model.position.name=sine,peg"),),
+        seeds=2,
+        eval=EvalPlan(scales=(1.0, 1.5, 2.0), canvas_scales=(1.0, 1.5, 2.0), padding=True),
+    )
+    cells = expand_cells(definition)
+    aps = {
+        "position.name=sine_seed0": 0.30,
+        "position.name=sine_seed1": 0.34,
+        "position.name=peg_seed0": 0.40,
+        "position.name=peg_seed1": 0.46,
+    }
+    for cell in cells:
+        fake_cell(tmp_path, cell, aps[cell.name])
+    (tmp_path / PLAN_FILE).write_text(json.dumps(plan_record(tmp_path, definition, cells)))
+    return tmp_path, definition, cells
+
+
+def test_aggregate_is_mean_and_sample_std_of_defined_values() -> None:
+    agg = aggregate([0.3, 0.34, -1.0])
+    assert agg["n"] == 2 and agg["values"] == [0.3, 0.34]
+    assert math.isclose(agg["mean"], 0.32) and math.isclose(agg["std"], math.sqrt(2 * 0.02**2))
+    assert aggregate([0.5])["std"] is None and aggregate([])["mean"] is None
+
+
+def test_tables_hold_the_cells_numbers_with_both_kinds_apart(study) -> None:
+    folder, definition, cells = study
+    results = collect(folder, definition, cells)
+    write_results(folder, results)
+    peg = next(s for s in results["settings"] if s["setting"] == "position.name=peg")
+    assert peg["seeds"] == [0, 1]
+    assert peg["main"]["AP"]["values"] == [0.40, 0.46] and math.isclose(peg["main"]["AP"]["mean"], 0.43)
+    assert peg["main"]["APl"]["n"] == 0  # COCO's -1 is not averaged
+    resized = {r["scale"]: r for r in peg["resized"]}
+    canvas = {r["scale"]: r for r in peg["canvas"]}
+    assert resized[2.0]["AP"]["values"] == pytest.approx([0.30, 0.36])
+    assert canvas[2.0]["AP"]["values"] == pytest.approx([0.35, 0.41])
+    assert resized[2.0]["size"] == 128
+    assert peg["padding"]["AP"]["mixed"]["values"] == pytest.approx([0.39, 0.45])
+    assert peg["padding"]["max_abs_logit_diff_mixed_vs_single"] == pytest.approx(0.25 * 0.46)  # the largest
+    assert [p["iteration"] for p in peg["curve"]] == [10, 20]
+    assert peg["curve"][1]["values"] == [0.40, 0.46]
+
+    md = (folder / "study.md").read_text()
+    assert "| position.name=peg | 2 | 43.0 ± 4.2 | 44.0 ± 4.2 |" in md  # AP, AP50 (+1 point) in percent
+    resized_part = md[md.index("## Test scales: resized") : md.index("## Test scales: larger canvas")]
+    canvas_part = md[md.index("## Test scales: larger canvas") : md.index("## Padding")]
+    assert "| position.name=peg | x2 | 128 | 2 | 33.0 ± 4.2 |" in resized_part
+    assert "| position.name=peg | x2 | 128 | 2 | 38.0 ± 4.2 |" in canvas_part
+    assert "| setting | AP mixed | AP single | logit diff mixed vs single |" in md
+    assert "| position.name=sine | 31.0 ± 2.8 | 32.0 ± 2.8 | 0.085 |" in md
+
+    with open(folder / "study.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows == [{k: "" if v is None else str(v) for k, v in r.items()} for r in csv_rows(results)]
+    row = next(
+        r
+        for r in rows
+        if r["setting"] == "position.name=peg" and r["kind"] == "canvas" and r["scale"] == "2.0" and r["metric"] == "AP"
+    )
+    assert [float(v) for v in row["values"].split(";")] == pytest.approx([0.35, 0.41])
+    assert json.loads((folder / "study.json").read_text())["settings"][1]["main"]["AP"]["values"] == [0.40, 0.46]
+
+
+def test_plots_are_drawn_and_redrawn_by_the_plot_command(study) -> None:
+    folder, definition, cells = study
+    files = plot_study(folder, collect(folder, definition, cells))
+    assert sorted(p.name for p in files) == ["ap_vs_scale.png", "learning_curves.png", "main_metrics.png"]
+    with Image.open(folder / "plots" / "ap_vs_scale.png") as image:
+        assert image.width > image.height  # two panels side by side: resized | larger canvas
+    for f in files:
+        f.unlink()
+    assert main(["plot", str(folder)]) == 0
+    assert all(f.is_file() for f in files) and (folder / "study.md").is_file()
+
+
+def test_plot_of_a_single_run_and_of_something_else(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"type": "eval", "iteration": 5, **stats(0.2)})
+        + "\n"
+        + json.dumps({"type": "iter", "iteration": 5, "loss": 2.5})
+        + "\n"
+    )
+    assert main(["plot", str(run)]) == 0
+    with Image.open(run / "plots" / "learning_curve.png") as image:
+        assert image.format == "PNG"
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "neither a study folder" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert f"RUN_OR_STUDY {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert main(["plot", str(run / "metrics.jsonl")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
