@@ -13,8 +13,12 @@ replaced. --resume continues an interrupted run from its checkpoint instead.
 The model and recipe are configs/demo.yaml; the training budget is
 train.max_iters iterations, so a run does the same work on any machine.
 
+--data-only generates (or checks) the dataset and stops: the proxy configs of
+configs/proxy/ and the studies of configs/study/ train on it.
+
 Examples:
   detr-peg demo
+  detr-peg demo --data-only
   detr-peg demo --output /tmp/demo train.max_iters=200
   detr-peg demo --num-train 200 --num-val 20 --pictures 4 train.max_iters=50
 """
@@ -100,6 +104,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue the run in <output>/run from its checkpoint instead of starting afresh",
+    )
+    parser.add_argument(
+        "--data-only",
+        action="store_true",
+        help="generate the synthetic dataset in <output>/data and stop (the proxy configs and studies train on it)",
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.max_iters=200")
 
@@ -228,6 +237,9 @@ def run(args: argparse.Namespace) -> int:
         color_by_class=COLOR_BY_CLASS,
         progress=sys.stderr.isatty(),
     )
+    if args.data_only:
+        print(f"demo: dataset {data.root} ({format_elapsed(time.perf_counter() - start)})")
+        return 0
     # The demo's own data and folders come last, so they win over the file and the overrides.
     demo_values = [f"data.{key}={value}" for key, value in data.data_overrides().items()]
     demo_values += [f"train.output_dir={run_dir}", f"train.resume={'true' if args.resume else 'false'}"]

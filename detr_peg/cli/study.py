@@ -218,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
+    if not args.slurm:  # cluster jobs may see other file systems than this machine
+        runner.check_data_paths(todo)
     print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
     try:
         if jobs and todo:

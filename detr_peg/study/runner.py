@@ -33,7 +33,7 @@ from detr_peg.config.loader import load_config
 from detr_peg.engine.metrics_log import format_duration
 from detr_peg.engine.run_setup import write_json
 from detr_peg.engine.scale_evaluation import canvas_data
-from detr_peg.errors import ConfigError, UserError
+from detr_peg.errors import ConfigError, DataError, UserError
 from detr_peg.study.cell import (
     CellOutcome,
     CommandRunner,
@@ -108,6 +108,44 @@ def prepare(study_dir: str | Path, definition: StudyDefinition, *, write: bool =
         study_dir.mkdir(parents=True, exist_ok=True)
         write_json(study_dir / PLAN_FILE, plan_record(study_dir, definition, cells))
     return cells
+
+
+#: The dataset fields of a config that must name existing files or folders before a study runs.
+DATA_PATHS = {
+    "train_images": Path.is_dir,
+    "train_annotations": Path.is_file,
+    "val_images": Path.is_dir,
+    "val_annotations": Path.is_file,
+}
+
+
+def check_data_paths(cells: Sequence[Cell]) -> None:
+    """Refuse a study whose cells read a dataset that is not there, before any cell runs.
+
+    Every cell would otherwise fail on its own with the same error.
+
+    Raises:
+        DataError: the first missing file or folder, with the config that names it.
+    """
+    seen: set[tuple[str, str]] = set()
+    for cell in cells:
+        data = load_config(cell.config, cell.overrides).data
+        for field, exists in DATA_PATHS.items():
+            value = getattr(data, field)
+            if value is None or (field, value) in seen:
+                continue
+            seen.add((field, value))
+            if not exists(Path(value)):
+                kind = "folder" if exists is Path.is_dir else "file"
+                hint = (
+                    " (the synthetic dataset: detr-peg demo --data-only)"
+                    if Path("outputs/demo/data") in Path(value).parents
+                    else ""
+                )
+                raise DataError(
+                    f"{cell.config}: data.{field} is {value}, which is not an existing {kind} "
+                    f"(relative paths are read from {Path.cwd()}); create the dataset first{hint}."
+                )
 
 
 def plan_record(study_dir: Path, definition: StudyDefinition, cells: Sequence[Cell]) -> dict:

@@ -207,3 +207,17 @@ def test_a_grid_value_the_config_refuses_stops_the_study_before_any_cell(tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'nonexistent'" in err and "model.position.name" in err
     assert not (tmp_path / "study" / "cells").exists()
+
+
+def test_a_missing_dataset_stops_the_study_before_any_cell(tmp_path, monkeypatch, capsys) -> None:
+    """The shipped proxy study, run where the synthetic dataset was never generated."""
+    monkeypatch.chdir(tmp_path)
+    study = REPO_ROOT / "configs" / "study" / "proxy_synthetic.yaml"
+    assert main(["study", "--study", str(study), "--output", "s"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"detr-peg study: error: {REPO_ROOT / 'configs' / 'proxy' / 'deformable_small.yaml'}: data.train_images is "
+        f"outputs/demo/data/train, which is not an existing folder (relative paths are read from {tmp_path}); "
+        "create the dataset first (the synthetic dataset: detr-peg demo --data-only)."
+    )
+    assert not (tmp_path / "s" / "cells").exists()
