@@ -149,3 +149,17 @@ def test_run_folder_with_foreign_files_is_not_cleared(tmp_path: Path) -> None:
 def test_default_config_is_the_repository_demo_config() -> None:
     assert default_config() == REPO_ROOT / "configs" / "demo.yaml"
     assert (format_elapsed(460), format_elapsed(12)) == ("7 min 40 s", "12 s")
+
+
+def test_data_only_generates_the_dataset_of_the_demo_and_trains_nothing(demo_dir: Path, tmp_path: Path, capsys) -> None:
+    """``--data-only`` writes the same dataset as a full demo with the same parameters, and no run."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--output", str(out), "--data-only", "--num-train", "8", "--num-val", "4"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"demo: dataset {out / 'data'} (")
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["data"]  # no run, no pictures
+    for name in ("annotations_train.json", "annotations_val.json"):
+        assert json.loads((out / "data" / name).read_text()) == json.loads((demo_dir / "data" / name).read_text())
+    for split in ("train", "val"):
+        ours = sorted((out / "data" / split).iterdir())
+        assert [p.name for p in ours] == sorted(p.name for p in (demo_dir / "data" / split).iterdir())
+        assert all(p.read_bytes() == (demo_dir / "data" / split / p.name).read_bytes() for p in ours)
