@@ -40,14 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default="infer,train", help="comma-separated: infer, train (default both)")
     parser.add_argument("--infer-size", default="800x1066", help="HxW of inference inputs (default 800x1066)")
     parser.add_argument("--train-size", default="512x512", help="HxW of training inputs (default 512x512)")
-    parser.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
+    parser.add_argument("--batch", type=option_types.integer(1), default=1, help="images per batch (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs (default 1)")
-    parser.add_argument("--runs", type=int, default=5, help="timed runs (default 5)")
+    parser.add_argument("--threads", type=option_types.integer(1), default=2, help="CPU threads (default 2)")
+    parser.add_argument("--warmup", type=option_types.integer(0), default=1, help="untimed runs (default 1)")
+    parser.add_argument("--runs", type=option_types.integer(1), default=5, help="timed runs (default 5)")
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=option_types.integer(1),
         default=1,
         help="run the list of cases this many times, pooling each case's runs (default 1)",
     )

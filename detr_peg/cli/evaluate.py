@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from detr_peg.cli import option_types
+
 #: Errors about these config keys name the option instead, when it was given (the folder checks name the run's).
 OPTION_KEYS = {"--output": "train.output_dir"}
 
@@ -48,14 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--scales",
-        type=scale_list,
+        type=option_types.scale_list,
         default=[],
         metavar="S1,S2,...",
         help="also evaluate the validation images resized by these factors (scales_resized.json)",
     )
     parser.add_argument(
         "--canvas-scales",
-        type=scale_list,
+        type=option_types.scale_list,
         default=[],
         metavar="S1,S2,...",
         help="synthetic data: also evaluate on canvases this many times larger, objects at "
@@ -65,17 +67,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--padding", action="store_true", help="also measure the effect of batch padding (padding.json)"
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. eval.batch_size=8")
-
-
-def scale_list(text: str) -> list[float]:
-    """``"1,1.5,2"`` -> ``[1.0, 1.5, 2.0]`` (positive numbers)."""
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,1.5,2, got {text!r}") from None
-    if not values or not all(v > 0 and v != float("inf") for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers such as 1,1.5,2, got {text!r}")
-    return values
 
 
 def config_over_checkpoint(checkpoint: str, config_file: str | None, overrides: list[str]):

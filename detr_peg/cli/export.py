@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 
+from detr_peg.cli import option_types
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from detr_peg.engine.scale_evaluation import MAX_TEST_SIDE
     from detr_peg.export.onnx_export import DEFAULT_OPSET
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -33,15 +36,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, metavar="FILE", help="the .onnx file to write")
     parser.add_argument(
         "--opset",
-        type=int,
+        type=option_types.integer(17),
         default=DEFAULT_OPSET,
         metavar="N",
         help=f"ONNX opset (default: {DEFAULT_OPSET}, the tested one)",
     )
     parser.add_argument(
-        "--image-size", type=int, nargs=2, metavar=("H", "W"), help="fix the padded image size (default: dynamic)"
+        "--image-size",
+        type=option_types.integer(32, MAX_TEST_SIDE),
+        nargs=2,
+        metavar=("H", "W"),
+        help="fix the padded image size (default: dynamic)",
     )
-    parser.add_argument("--batch-size", type=int, metavar="N", help="fix the batch size (default: dynamic)")
+    parser.add_argument(
+        "--batch-size", type=option_types.integer(1), metavar="N", help="fix the batch size (default: dynamic)"
+    )
     parser.add_argument(
         "--postprocess", action="store_true", help="add orig_sizes input and scores/labels/boxes outputs"
     )
@@ -62,13 +71,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from detr_peg.export.onnx_export import export_onnx, require_onnx
+    from detr_peg.export.onnx_export import check_export_options, export_onnx, require_onnx
     from detr_peg.export.onnx_runtime import compare_with_pytorch
     from detr_peg.guards.declared_io import export_io
     from detr_peg.guards.output_guard import guard_outputs
     from detr_peg.models.loading import load_model
 
     require_onnx()
+    check_export_options(args.opset, args.image_size, args.batch_size)  # before anything is read or written
     guard_outputs("export", *export_io(args.checkpoint, args.output))
     model = load_model(args.checkpoint, overrides=args.overrides)
     path = export_onnx(

@@ -50,6 +50,18 @@ def number(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def scale_list(text: str) -> list[float]:
+    """Comma-separated positive finite numbers: ``"1,1.5,2"`` -> ``[1.0, 1.5, 2.0]``."""
+    valid = "comma-separated positive numbers such as 1,1.5,2"
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}") from None
+    if not values or not all(v > 0 and math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}")
+    return values
+
+
 def device(text: str) -> str:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether CUDA is there is checked when the run starts)."""
     value = text.strip().lower()

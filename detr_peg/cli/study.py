@@ -36,6 +36,7 @@ import time
 import traceback
 from pathlib import Path
 
+from detr_peg.cli import option_types
 from detr_peg.cli.main import main
 
 
@@ -85,10 +86,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --slurm: return after submitting (detr-peg plot STUDY writes the tables later)",
     )
     run.add_argument("--slurm-partition", metavar="NAME", help="SLURM partition")
-    run.add_argument("--nodes", type=int, metavar="N", help="machines per cell (default 1)")
-    run.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs (training processes) per machine (default 8)")
+    run.add_argument("--nodes", type=option_types.integer(1), metavar="N", help="machines per cell (default 1)")
+    run.add_argument(
+        "--gpus-per-node",
+        type=option_types.integer(1),
+        metavar="N",
+        help="GPUs (training processes) per machine (default 8)",
+    )
     run.add_argument("--time", metavar="HH:MM:SS", help="time limit per cell (default 72:00:00)")
-    run.add_argument("--cpus-per-task", type=int, metavar="N", help="CPU cores per process (default 10)")
+    run.add_argument(
+        "--cpus-per-task", type=option_types.integer(1), metavar="N", help="CPU cores per process (default 10)"
+    )
     run.add_argument("--mem", metavar="SIZE", help="memory per machine, e.g. 256G")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
 

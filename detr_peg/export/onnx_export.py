@@ -52,6 +52,8 @@ from torch import Tensor, nn
 from torchvision.ops import box_convert
 
 from detr_peg.config.loader import config_to_dict
+from detr_peg.config.ranges import format_bytes, machine_memory
+from detr_peg.engine.scale_evaluation import MAX_TEST_SIDE
 from detr_peg.errors import ConfigError, UserError
 
 #: The opset the export is tested with (``detr-peg export --opset``).
@@ -77,6 +79,37 @@ def require_onnx() -> None:
             f"ONNX export and inference need the optional packages {', '.join(missing)}: "
             "install them with `pip install 'detr_peg[onnx]'`."
         )
+
+
+def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_size: int | None) -> None:
+    """Refuse an opset the installed ``onnx`` does not define, and sizes no machine here can trace.
+
+    Raises:
+        ConfigError: naming the option, the value and the accepted range.
+    """
+    import onnx.defs
+
+    newest = onnx.defs.onnx_opset_version()
+    if opset < 17:
+        raise ConfigError(f"--opset {opset} is too old: the export needs opset 17 or newer (LayerNorm).")
+    if opset > newest:
+        raise ConfigError(
+            f"--opset {opset} is newer than the newest opset of the installed onnx package ({newest}); "
+            f"use 17 to {newest} ({DEFAULT_OPSET} is the tested one)."
+        )
+    if image_size is not None and (len(image_size) != 2 or not all(32 <= side <= MAX_TEST_SIDE for side in image_size)):
+        raise ConfigError(
+            f"--image-size must be two sizes from 32 to {MAX_TEST_SIDE} pixels (H W), got {tuple(image_size)}."
+        )
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}.")
+    if batch_size is not None and image_size is not None:
+        needed = 4 * 3 * batch_size * image_size[0] * image_size[1]  # the float32 input batch alone
+        if needed > machine_memory():
+            raise ConfigError(
+                f"--batch-size {batch_size} at --image-size {image_size[0]} {image_size[1]} needs at least "
+                f"{format_bytes(needed)} for the input batch alone; this machine has {format_bytes(machine_memory())}."
+            )
 
 
 class ExportWrapper(nn.Module):
@@ -205,12 +238,7 @@ def export_onnx(
             file cannot be written.
     """
     require_onnx()
-    if opset < 17:
-        raise ConfigError(f"--opset {opset} is too old: the export needs opset 17 or newer (LayerNorm).")
-    if image_size is not None and (len(image_size) != 2 or min(image_size) < 32):
-        raise ConfigError(f"--image-size must be two sizes of at least 32 pixels (H W), got {image_size}.")
-    if batch_size is not None and batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}.")
+    check_export_options(opset, image_size, batch_size)
     cfg = getattr(model, "config", None)
     if num_select is None:
         # Only Deformable-DETR's eval section has num_select; DETR keeps every query and ignores it.

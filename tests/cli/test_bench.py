@@ -131,7 +131,7 @@ def test_deformable_inference_only(tmp_path):
         (["--infer-size", "800by1066"], "is not HEIGHTxWIDTH"),
         (["--compare", "model.position.name=peg"], "must be KEY=VALUE1,VALUE2"),
         (["--modes", "infer,backward"], "valid modes are infer, train"),
-        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--rounds", "0"], "argument --rounds: must be a whole number of at least 1, got '0'"),
         (["--official", "."], "--official . does not look like the official repository of detr (no models/detr.py)"),
     ],
 )

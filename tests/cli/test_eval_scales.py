@@ -176,12 +176,12 @@ def test_canvas_scales_need_a_synthetic_dataset(run: Path, tmp_path: Path) -> No
 @pytest.mark.parametrize(
     "option, value, message",
     [
-        ("--scales", "1,x", "expected comma-separated numbers"),
-        ("--canvas-scales", "0,2", "expected positive numbers"),
+        ("--scales", "1,x", "must be comma-separated positive numbers"),
+        ("--canvas-scales", "0,2", "must be comma-separated positive numbers"),
         ("--canvas-scales", "0.25", "too small for the dataset's objects"),
         ("--scales", "1,1e308", "more than the 8192 px accepted"),
         ("--scales", "200", "gives images of up to"),
-        ("--canvas-scales", "1e400", "expected positive numbers"),
+        ("--canvas-scales", "1e400", "must be comma-separated positive numbers"),
     ],
 )
 def test_bad_scales_are_one_line_errors(

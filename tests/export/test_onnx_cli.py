@@ -131,3 +131,27 @@ def test_missing_onnx_packages_are_one_line_errors(tmp_path, monkeypatch, capsys
     images = _images(tmp_path / "images")
     assert main(["predict", "--onnx", str(tmp_path / "m.onnx"), str(images)]) == 2
     assert "pip install 'detr_peg[onnx]'" in capsys.readouterr().err
+
+
+@needs_onnx
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--opset", "999"], "--opset 999 is newer than the newest opset of the installed onnx package"),
+        (["--opset", "16"], "argument --opset: must be a whole number of at least 17, got '16'"),
+        (["--image-size", "100000", "64"], "argument --image-size: must be a whole number from 32 to 8192"),
+        (["--image-size", "64", "64", "--batch-size", "10000000000"], "needs at least 447.0 TiB for the input batch"),
+        (["--batch-size", "0"], "argument --batch-size: must be a whole number of at least 1, got '0'"),
+    ],
+)
+def test_export_options_beyond_what_can_be_written_are_refused_before_reading(tmp_path, capsys, options, message):
+    """Refused before the checkpoint is read (it does not exist here) and before anything is written."""
+    args = ["export", "--checkpoint", str(tmp_path / "missing.pth"), "--output", str(tmp_path / "m.onnx"), *options]
+    try:
+        status = main(args)
+    except SystemExit as exc:  # argparse refuses a malformed option itself
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -12,12 +12,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from detr_peg.cli import option_types
 from tests.reliability.conftest import ANNOTATIONS, BASE, IMAGES, OUT, RESUME, assert_success
 from tests.reliability.hostile_cases import Hostile, check_refused, ids
 
@@ -149,3 +151,41 @@ def test_overrides_before_between_and_after_options(cli, case: Path) -> None:
     assert_success(result)
     metrics = json.loads((case / "ev" / "metrics.json").read_text())
     assert metrics["num_images"] == 2 and metrics["annotations"] == "two.json"  # the last override was applied
+
+
+def _options_of_every_command():
+    from detr_peg.cli.main import build_parser
+
+    parser, _ = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if action.option_strings and action.type is not None:
+                yield name, action
+
+
+def test_every_typed_option_of_every_command_is_parsed_by_a_shared_type() -> None:
+    """The rule of the class holds for options no case above lists: no bare ``int`` or ``float`` anywhere."""
+    shared = {"integer", "number", "scale_list", "device"}
+    loose = [
+        f"{name} {action.option_strings[0]} ({getattr(action.type, '__name__', action.type)})"
+        for name, action in _options_of_every_command()
+        if getattr(action.type, "__name__", None) not in shared or action.type.__module__ != option_types.__name__
+    ]
+    assert not loose, f"options with their own parser: {loose}"
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-1", "1e99", "0x10", "", "2,5"])
+def test_every_typed_option_refuses_non_numbers_and_out_of_range_values(text: str) -> None:
+    """Each numeric option of each command refuses non-finite, negative, huge or malformed text, stating its range."""
+    checked = []
+    for name, action in _options_of_every_command():
+        if action.type.__name__ == "device":
+            continue
+        if action.type.__name__ == "scale_list" and text in ("1e99", "2,5"):
+            continue  # a valid list; the largest scale depends on the dataset (checked before the first evaluation)
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            action.type(text)
+        assert str(refused.value).startswith("must be ") and repr(text) in str(refused.value)
+        checked.append(f"{name} {action.option_strings[0]}")
+    assert len(checked) >= 15, checked
