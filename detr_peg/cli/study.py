@@ -196,6 +196,7 @@ def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
 def run(args: argparse.Namespace) -> int:
     from detr_peg.errors import ConfigError
     from detr_peg.study import runner, slurm
+    from detr_peg.study.grid import expand_cells
     from detr_peg.study.plots import plot_study
     from detr_peg.study.results import collect, write_results
 
@@ -215,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
         slurm.parse_time(cluster.time)
     check_eval_options(definition)
     study_dir = Path(args.output)
+    # Inputs every cell would fail on are refused before anything is written.
+    runner.check_test_scales(expand_cells(definition), definition.eval)
+    if not (args.plan or args.slurm):  # cluster jobs may see other file systems than this machine
+        runner.check_data_paths([c for c in expand_cells(definition) if not runner.is_done(study_dir, c)])
     if not args.plan:
         from detr_peg.guards.declared_io import study_io
         from detr_peg.guards.output_guard import guard_outputs
@@ -226,8 +231,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
-    if not args.slurm:  # cluster jobs may see other file systems than this machine
-        runner.check_data_paths(todo)
     print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
     try:
         if jobs and todo:

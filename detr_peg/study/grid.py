@@ -24,6 +24,7 @@ are averaged in the tables).
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -183,6 +184,10 @@ def parse_axis(text: str) -> Axis:
     return Axis(key, tuple(values))
 
 
+#: The most cells a study may have (each one is a training run; the plan lists them all).
+MAX_CELLS = 10_000
+
+
 def parse_seeds(text: str) -> int:
     try:
         seeds = int(text)
@@ -199,7 +204,7 @@ def parse_scales(text: str, flag: str) -> tuple[float, ...]:
         scales = tuple(float(v) for v in split_values(text))
     except ValueError:
         scales = ()
-    if not scales or any(not s > 0 for s in scales):
+    if not scales or any(not (s > 0 and math.isfinite(s)) for s in scales):
         raise ConfigError(f"{flag} must be positive numbers separated by commas (for example 1,1.5,2), got {text!r}.")
     return scales
 
@@ -235,6 +240,13 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
     if "train.seed" in keys or "train.seed" in fixed:
         raise ConfigError("train.seed is set by --seeds (seeds 0..N-1); do not set it as an override or axis.")
 
+    total = len(definition.configs) * math.prod(len(a.values) for a in definition.axes) * definition.seeds
+    if total > MAX_CELLS:
+        raise ConfigError(
+            f"The study has {total:,} cells ({len(definition.configs)} configs x "
+            f"{' x '.join(str(len(a.values)) for a in definition.axes) or '1'} settings x {definition.seeds} seeds), "
+            f"more than the {MAX_CELLS:,} accepted; each cell is a training run."
+        )
     labels = _axis_labels(keys)
     stems = _config_labels(definition.configs)
     cells = []

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from detr_peg.config.loader import load_config
 from detr_peg.engine.metrics_log import format_duration
 from detr_peg.engine.run_setup import write_json
-from detr_peg.engine.scale_evaluation import canvas_data
+from detr_peg.engine.scale_evaluation import canvas_data, check_scales
 from detr_peg.errors import ConfigError, DataError, UserError
 from detr_peg.study.cell import (
     CellOutcome,
@@ -45,7 +45,7 @@ from detr_peg.study.cell import (
     run_cell,
     train_argv,
 )
-from detr_peg.study.grid import Cell, StudyDefinition, expand_cells
+from detr_peg.study.grid import Cell, EvalPlan, StudyDefinition, expand_cells
 
 PLAN_FILE = "plan.json"
 #: Exit status of a study in which some cells failed (the others finished).
@@ -146,6 +146,22 @@ def check_data_paths(cells: Sequence[Cell]) -> None:
                     f"{cell.config}: data.{field} is {value}, which is not an existing {kind} "
                     f"(relative paths are read from {Path.cwd()}); create the dataset first{hint}."
                 )
+
+
+def check_test_scales(cells: Sequence[Cell], plan: EvalPlan) -> None:
+    """Refuse test scales that ``detr-peg eval`` would refuse for a cell's data, before any cell trains.
+
+    Raises:
+        ConfigError: from :func:`detr_peg.engine.scale_evaluation.check_scales`, naming the cell's config.
+    """
+    if not (plan.scales or plan.canvas_scales):
+        return
+    for config in dict.fromkeys(cell.config for cell in cells):
+        cell = next(c for c in cells if c.config == config)
+        try:
+            check_scales(load_config(cell.config, cell.overrides).data, plan.scales, plan.canvas_scales)
+        except ConfigError as exc:
+            raise ConfigError(f"{config}: {exc}") from None
 
 
 def plan_record(study_dir: Path, definition: StudyDefinition, cells: Sequence[Cell]) -> dict:

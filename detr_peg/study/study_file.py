@@ -28,6 +28,7 @@ options replace the file's.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,9 +92,44 @@ def load_study_file(path: str | Path) -> StudyFile:
         grid=[f"{key}={','.join(_value_text(v) for v in values)}" for key, values in grid.items()],
         seeds=seeds,
         overrides=list(overrides),
-        eval=_section(data, "eval", EVAL_KEYS, path),
-        cluster=_section(data, "cluster", CLUSTER_KEYS, path),
+        eval=_checked(_section(data, "eval", EVAL_KEYS, path), "eval", path),
+        cluster=_checked(_section(data, "cluster", CLUSTER_KEYS, path), "cluster", path),
     )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_numbers(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_number(v) and v > 0 for v in value)
+
+
+def _whole_at_least_one(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+#: What each key of the ``eval`` and ``cluster`` sections must hold: (check, description for the error).
+FIELD_RULES = {
+    "eval.scales": (_positive_numbers, "a list of positive numbers such as [1, 1.5, 2]"),
+    "eval.canvas_scales": (_positive_numbers, "a list of positive numbers such as [1.5, 2]"),
+    "eval.padding": (lambda v: isinstance(v, bool), "true or false"),
+    "cluster.partition": (lambda v: isinstance(v, str) and v != "", "a partition name"),
+    "cluster.nodes": (_whole_at_least_one, "a whole number of at least 1"),
+    "cluster.gpus_per_node": (_whole_at_least_one, "a whole number of at least 1"),
+    "cluster.cpus_per_task": (_whole_at_least_one, "a whole number of at least 1"),
+    "cluster.time": (lambda v: isinstance(v, str) and v != "", "a SLURM time such as '72:00:00'"),
+    "cluster.mem": (lambda v: isinstance(v, str) and v != "", "a SLURM memory size such as '64G'"),
+}
+
+
+def _checked(section: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
+    """``section`` after checking every key against :data:`FIELD_RULES` (null means the default)."""
+    for key, value in section.items():
+        check, valid = FIELD_RULES[f"{name}.{key}"]
+        if value is not None and not check(value):
+            raise ConfigError(f"{path}: '{name}.{key}' must be {valid}, got {value!r}.")
+    return {key: value for key, value in section.items() if value is not None}
 
 
 def _section(data: dict, name: str, keys: tuple[str, ...], path: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import REPO_ROOT
 from tests.reliability.conftest import ANNOTATIONS, IMAGES, OUT, RESUME, edit_annotations
 from tests.reliability.hostile_cases import Hostile, check_refused, ids
 
@@ -33,6 +34,10 @@ BILLION_LAUGHS = (
     )
     + "\n"
 )
+
+
+#: A shipped proxy config; its dataset (outputs/demo/data) does not exist in a case folder.
+PROXY = str(REPO_ROOT / "configs" / "proxy" / "detr_small.yaml")
 
 
 def _write(relative: str, content: bytes | str):
@@ -244,6 +249,56 @@ CASES = [
         ["study", "--study", "loop.yaml", "--output", "st"],
         ["loop.yaml", "refers to itself in a loop"],
         _link_loop("loop.yaml"),
+    ),
+    # study files: every field of the eval and cluster sections is checked before anything runs
+    Hostile(
+        "study-scales-are-text",
+        ["study", "--study", "s.yaml", "--output", "st"],
+        ["s.yaml: 'eval.scales' must be a list of positive numbers", "got 'abc'"],
+        _write("s.yaml", f"configs: [{PROXY}]\neval: {{scales: abc}}\n"),
+    ),
+    Hostile(
+        "study-canvas-scale-infinite",
+        ["study", "--study", "s.yaml", "--output", "st"],
+        ["'eval.canvas_scales' must be a list of positive numbers", "got [1.5, inf]"],
+        _write("s.yaml", f"configs: [{PROXY}]\neval: {{canvas_scales: [1.5, .inf]}}\n"),
+    ),
+    Hostile(
+        "study-padding-is-a-word",
+        ["study", "--study", "s.yaml", "--output", "st"],
+        ["'eval.padding' must be true or false, got 'maybe'"],
+        _write("s.yaml", f"configs: [{PROXY}]\neval: {{padding: maybe}}\n"),
+    ),
+    Hostile(
+        "study-nodes-are-text",
+        ["study", "--study", "s.yaml", "--output", "st", "--submitit-local"],
+        ["'cluster.nodes' must be a whole number of at least 1, got 'two'"],
+        _write("s.yaml", f"configs: [{PROXY}]\ncluster: {{nodes: two}}\n"),
+    ),
+    Hostile(
+        "study-of-a-million-cells",
+        [
+            "study",
+            "--config",
+            PROXY,
+            "--grid",
+            "model.num_queries=5,6,7,8,9,10,11,12,13,14",
+            "--seeds",
+            "100000",
+            "--output",
+            "st",
+        ],
+        ["has 1,000,000 cells", "more than the 10,000 accepted"],
+    ),
+    Hostile(
+        "study-scale-beyond-the-largest-image",
+        ["study", "--config", PROXY, "--scales", "1,500", "--output", "st"],
+        [f"{PROXY}: --scales 500 gives images of up to 48,000 px", "more than the 8192 px accepted"],
+    ),
+    Hostile(
+        "study-dataset-not-generated",
+        ["study", "--config", PROXY, "--output", "st"],
+        [f"{PROXY}: data.train_images is outputs/demo/data/train, which is not an existing folder"],
     ),
 ]
 
