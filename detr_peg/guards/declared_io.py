@@ -119,11 +119,17 @@ def study_io(
     """A study: its study file and base configs in; the study folder out.
 
     A folder that already holds the study's ``plan.json`` is the study's own
-    (resuming is the normal way to finish a study), so it is adopted.
+    (resuming is the normal way to finish a study), so it is adopted. The
+    figures in ``plots/`` are recorded as the study's, so ``plot`` (of the
+    same kind) may redraw them.
     """
     out = Path(study_dir)
     inputs = _inputs([(study_file, "--study"), *((c, "--config") for c in config_files)])
-    return inputs, [Output(out, "--output", STUDY_NAMES, adopt=(out / PLAN_NAME).is_file())]
+    ours = (out / PLAN_NAME).is_file()
+    return inputs, [
+        Output(out / "plots", "--output", STUDY_PLOT_NAMES, kind="study", adopt=ours),
+        Output(out, "--output", STUDY_NAMES, adopt=ours),
+    ]
 
 
 def plot_io(folder: str | os.PathLike, study: bool) -> IO:

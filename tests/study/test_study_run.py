@@ -221,3 +221,18 @@ def test_a_missing_dataset_stops_the_study_before_any_cell(tmp_path, monkeypatch
         "create the dataset first (the synthetic dataset: detr-peg demo --data-only)."
     )
     assert not (tmp_path / "s" / "cells").exists()
+
+
+def test_plot_redraws_the_figures_and_tables_the_study_wrote(done_study, capsys) -> None:
+    """``detr-peg plot STUDY`` replaces what ``detr-peg study`` wrote (the same kind of command), nothing else."""
+    study, _ = done_study
+    figures = sorted((study / "plots").glob("*.png"))
+    assert [f.name for f in figures] == ["ap_vs_scale.png", "learning_curves.png", "main_metrics.png"]
+    before = {f: f.stat().st_mtime_ns for f in figures}
+    table = (study / "study.md").read_text()
+    assert main(["plot", str(study)]) == 0
+    assert all(f.stat().st_mtime_ns > t for f, t in before.items())
+    assert (study / "study.md").read_text() == table
+    (study / "plots" / "notes.txt").write_text("mine")  # a file of the user's beside them is left alone
+    assert main(["plot", str(study)]) == 0
+    assert (study / "plots" / "notes.txt").read_text() == "mine"
