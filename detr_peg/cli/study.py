@@ -19,7 +19,7 @@ stop the others; the exit status is then 3.
 On a cluster, --slurm submits one job per cell through submitit, each cell
 using --nodes x --gpus-per-node GPUs; --plan prints the commands instead.
 
-Examples:
+Examples (the proxy configs train on the synthetic shapes: run detr-peg demo --data-only once):
   detr-peg study --study configs/study/proxy_synthetic.yaml --output studies/proxy
   detr-peg study --config configs/proxy/detr_small.yaml --grid model.position.name=sine,learned,none,peg \\
       --seeds 3 --scales 1,1.5,2 --canvas-scales 1.5,2 --padding --output studies/detr_small
