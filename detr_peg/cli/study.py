@@ -205,14 +205,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--slurm and --submitit-local exclude each other; choose one.")
     jobs = args.slurm or args.submitit_local
     definition, cluster = definition_from_args(args)
-    if jobs:
-        for flag, value in (
-            ("--nodes", cluster.nodes),
-            ("--gpus-per-node", cluster.gpus_per_node),
-            ("--cpus-per-task", cluster.cpus_per_task),
-        ):
-            if value < 1:
-                raise ConfigError(f"{flag} must be at least 1, got {value}.")
+    if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)
         slurm.parse_time(cluster.time)
     check_eval_options(definition)
     study_dir = Path(args.output)
