@@ -51,7 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="run the list of cases this many times, pooling each case's runs (default 1)",
     )
-    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none", help="autocast dtype (GPU)")
+    parser.add_argument(
+        "--amp",
+        choices=["none", "bf16", "fp16"],
+        default="none",
+        help="autocast dtype: bf16 on a GPU or on a CPU with AMX or AVX512-BF16, fp16 on a GPU; the matmul peak is then measured in that dtype",
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
     parser.add_argument(
@@ -107,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda was requested but no CUDA device is available.")
+    if args.amp != "none":
+        import torch
+
+        from detr_peg.engine.optim import check_amp
+
+        check_amp(args.amp, torch.device(args.device))
     if args.onnx:
         from detr_peg.export.onnx_export import require_onnx
 
@@ -152,9 +163,13 @@ def run(args: argparse.Namespace) -> int:
         )
     peak = None
     if args.peak_size:
-        from detr_peg.benchmark.matmul_peak import measure_matmul_peak
+        import torch
 
-        peak = measure_matmul_peak(args.device, args.threads, size=args.peak_size)
+        from detr_peg.benchmark.matmul_peak import measure_matmul_peak
+        from detr_peg.engine.optim import AMP_DTYPES
+
+        dtype = AMP_DTYPES.get(args.amp, torch.float32)
+        peak = measure_matmul_peak(args.device, args.threads, size=args.peak_size, dtype=dtype)
     results = add_ratios(run_cases(cases, progress=sys.stderr.isatty(), rounds=args.rounds))
     if peak is not None:
         from detr_peg.benchmark.matmul_peak import add_peak_fractions

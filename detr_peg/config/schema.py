@@ -234,7 +234,10 @@ class TrainConfig:
             iterations, from 0.001 times every learning rate to its value
             (0: none; at least 0).
         clip_max_norm: gradient clipping max norm (0 disables).
-        amp: mixed precision on GPU: ``none``, ``bf16`` or ``fp16``.
+        amp: mixed precision of the forward pass: ``none``; ``bf16`` (a GPU
+            with bfloat16, or a CPU with AMX or AVX512-BF16); ``fp16`` (GPU,
+            with loss scaling); ``auto``: ``bf16`` where the device computes
+            it natively, else ``none``. The loss runs in float32 either way.
         compile: wrap the model in ``torch.compile``.
         seed: random seed (offset by the process rank).
         deterministic: use deterministic algorithms (for exact resume checks).
@@ -270,7 +273,7 @@ class TrainConfig:
     lr_gamma: float = field(default=0.1, metadata=valid(0, 1))
     warmup_iters: int = field(default=0, metadata=valid(0))
     clip_max_norm: float = field(default=0.1, metadata=valid(0))
-    amp: Literal["none", "bf16", "fp16"] = "none"
+    amp: Literal["none", "auto", "bf16", "fp16"] = "none"
     compile: bool = False
     seed: int = field(default=42, metadata=valid(0, MAX_SEED))
     deterministic: bool = False

@@ -141,7 +141,7 @@ class LoadedModel:
         postprocessor: its post-processor.
         cfg: the config with ``model.num_classes`` resolved.
         label_map: model label <-> category id (the checkpoint's, else the dataset's).
-        amp: mixed precision for the forward pass (``none`` on the CPU).
+        amp: mixed precision for the forward pass (``none`` on the CPU unless ``train.amp`` is ``auto``).
         iteration: the training iteration the checkpoint was written at, if stored.
     """
 
@@ -166,8 +166,9 @@ def load_for_evaluation(cfg: Config, checkpoint: str | Path, env: DistEnv) -> tu
     model = build_model(without_backbone_weights(cfg))
     load_weights(model, ckpt.model, f"Checkpoint {checkpoint}")
     model.to(env.device).eval()
-    # Mixed precision only where it exists: a GPU-trained checkpoint evaluates on the CPU in float32.
-    amp = cfg.train.amp if env.device.type == "cuda" else "none"
+    # Mixed precision only where it exists: a GPU-trained checkpoint evaluates on the CPU in float32
+    # (``auto`` picks bf16 on a CPU with native bfloat16, as it did in training there).
+    amp = cfg.train.amp if env.device.type == "cuda" or cfg.train.amp == "auto" else "none"
     check_amp(amp, env.device)
     loaded = LoadedModel(
         model=model,

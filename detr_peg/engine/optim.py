@@ -115,29 +115,68 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Lr
     return LrSchedule(optimizer, lr_drop=cfg.lr_drop, lr_gamma=cfg.lr_gamma, warmup_iters=cfg.warmup_iters)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively (faster than float32).
+
+    A CUDA GPU with bfloat16 support, or a CPU with AMX or AVX512-BF16
+    instructions (oneDNN then runs convolutions and matrix products in
+    bfloat16; without them it emulates bfloat16, slower than float32).
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    cpu = torch.cpu
+    return any(
+        bool(getattr(cpu, name, lambda: False)()) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )
+
+
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """The autocast dtype that ``train.amp`` means on ``device``: ``none``, ``bf16`` or ``fp16``.
+
+    ``auto`` is ``bf16`` where :func:`native_bf16` holds and ``none`` elsewhere;
+    other values are returned as they are (see :func:`check_amp`).
+    """
+    if amp == "auto":
+        return "bf16" if native_bf16(device) else "none"
+    return amp
+
+
 def check_amp(amp: str, device: torch.device) -> None:
-    """Mixed precision runs on CUDA only.
+    """Refuse a ``train.amp`` that ``device`` cannot run faster than float32.
 
     Raises:
-        ConfigError: ``train.amp`` is ``bf16`` or ``fp16`` on a CPU device (a
-            CPU run would silently be slower and less precise, so it is refused
-            rather than ignored), or ``bf16`` on a GPU without bf16 support.
+        ConfigError: an unknown value; ``fp16`` on a CPU; ``bf16`` on a CPU
+            without AMX or AVX512-BF16 or on a GPU without bfloat16 (it would be
+            emulated: slower and less precise, so it is refused rather than
+            silently run); mixed precision on another device type.
     """
-    if amp == "none":
+    if amp in ("none", "auto"):
         return
     if amp not in AMP_DTYPES:
-        raise ConfigError(f"train.amp is {amp!r}; valid are 'none', 'bf16' and 'fp16'.")
+        raise ConfigError(f"train.amp is {amp!r}; valid are 'none', 'auto', 'bf16' and 'fp16'.")
+    if device.type == "cpu":
+        if amp == "fp16":
+            raise ConfigError("train.amp=fp16 needs a CUDA device; on the CPU use train.amp=bf16 or auto.")
+        if not native_bf16(device):
+            raise ConfigError(
+                "train.amp=bf16: this CPU has no native bfloat16 arithmetic (AMX or AVX512-BF16), so it would be "
+                "slower than float32; use train.amp=none (or auto, which picks bf16 only where it is native)."
+            )
+        return
     if device.type != "cuda":
-        raise ConfigError(f"train.amp={amp} needs a CUDA device; this run uses {device}. Use train.amp=none.")
+        raise ConfigError(f"train.amp={amp} needs a CUDA device or a CPU; this run uses {device}. Use train.amp=none.")
     if amp == "bf16" and not torch.cuda.is_bf16_supported():
         raise ConfigError("train.amp=bf16: this GPU does not support bfloat16; use train.amp=fp16.")
 
 
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The forward-pass context for ``train.amp`` (a no-op for ``none``)."""
-    if amp == "none":
+    """The forward-pass context for ``train.amp`` (a no-op for ``none``, and for ``auto`` without native bf16)."""
+    resolved = resolve_amp(amp, device)
+    if resolved == "none":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp])
+    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[resolved])
 
 
 def outputs_to_float(outputs: Any) -> Any:
@@ -157,7 +196,7 @@ def outputs_to_float(outputs: Any) -> Any:
 
 def build_grad_scaler(amp: str, device: torch.device) -> torch.amp.GradScaler | None:
     """A gradient scaler for fp16 (bf16 and fp32 need none)."""
-    if amp != "fp16":
+    if resolve_amp(amp, device) != "fp16":
         return None
     return torch.amp.GradScaler(device.type)
 

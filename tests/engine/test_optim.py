@@ -10,11 +10,15 @@ from torch import nn
 
 from detr_peg.config import load_config
 from detr_peg.engine.optim import (
+    autocast,
+    build_grad_scaler,
     build_lr_scheduler,
     build_optimizer,
     check_amp,
     current_lrs,
+    native_bf16,
     outputs_to_float,
+    resolve_amp,
 )
 from detr_peg.errors import ConfigError
 
@@ -172,11 +176,45 @@ def test_bad_optimizer_settings_are_config_errors() -> None:
         build_optimizer(frozen, _recipe())
 
 
-def test_mixed_precision_is_refused_on_the_cpu() -> None:
-    check_amp("none", torch.device("cpu"))
-    for amp in ("bf16", "fp16"):
-        with pytest.raises(ConfigError, match=f"train.amp={amp} needs a CUDA device"):
-            check_amp(amp, torch.device("cpu"))
+def _cpu_bf16(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """Pretend the CPU has (or lacks) AMX and AVX512-BF16."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: native, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native, raising=False)
+
+
+def test_cpu_mixed_precision_needs_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    for native in (False, True):
+        _cpu_bf16(monkeypatch, native)
+        check_amp("none", cpu)
+        check_amp("auto", cpu)
+        with pytest.raises(ConfigError, match="train.amp=fp16 needs a CUDA device"):
+            check_amp("fp16", cpu)
+    _cpu_bf16(monkeypatch, False)
+    with pytest.raises(ConfigError, match="this CPU has no native bfloat16"):
+        check_amp("bf16", cpu)
+    _cpu_bf16(monkeypatch, True)
+    check_amp("bf16", cpu)
+    with pytest.raises(ConfigError, match="valid are 'none', 'auto', 'bf16' and 'fp16'"):
+        check_amp("int8", cpu)
+
+
+def test_auto_is_bf16_only_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    layer = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    for native, dtype in ((False, torch.float32), (True, torch.bfloat16)):
+        _cpu_bf16(monkeypatch, native)
+        assert native_bf16(cpu) is native
+        assert resolve_amp("auto", cpu) == ("bf16" if native else "none")
+        assert resolve_amp("none", cpu) == "none"
+        with autocast("auto", cpu):
+            y = layer(x)
+        assert y.dtype == dtype
+        torch.testing.assert_close(y.float(), layer(x), atol=0.05, rtol=0.02)
+        assert build_grad_scaler("auto", cpu) is None
+    with autocast("none", cpu):
+        assert layer(x).dtype == torch.float32
 
 
 def test_outputs_to_float() -> None:
