@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,11 +12,18 @@ from detr_peg.errors import ConfigError
 
 # Only width-preserving activations: the feed-forward block maps d -> ff -> d, so a gated
 # unit such as GLU (which halves its input) would need a 2*ff-wide first layer.
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
+# ReLU overwrites its input: the feed-forward blocks apply it to the first linear layer's
+# fresh output, which nothing else reads (its backward needs only the ReLU's result), and
+# a new [B, S, ff] map per layer is a large allocation at detection resolutions.
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": partial(F.relu, inplace=True), "gelu": F.gelu}
 
 
 def get_activation(name: str) -> Callable[[Tensor], Tensor]:
-    """The activation function called ``name`` (``relu`` or ``gelu``)."""
+    """The activation function called ``name`` (``relu`` or ``gelu``).
+
+    The function may overwrite its argument (``relu`` runs in place): call it
+    on a tensor that nothing else reads, such as a linear layer's output.
+    """
     try:
         return ACTIVATIONS[name]
     except KeyError:

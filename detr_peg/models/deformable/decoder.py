@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from detr_peg.models.attention import MultiheadAttention
 from detr_peg.models.deformable.levels import LevelLayout
+from detr_peg.models.dropout import Dropout
 from detr_peg.models.feedforward import get_activation
 
 
@@ -81,16 +82,16 @@ class DeformableDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.cross_attn = cross_attn
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.self_attn = self_attn
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.activation = get_activation(activation)
-        self.dropout3 = nn.Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
-        self.dropout4 = nn.Dropout(dropout)
+        self.dropout4 = Dropout(dropout)
         self.norm3 = nn.LayerNorm(d_model)
 
     def forward(

@@ -20,6 +20,7 @@ import copy
 from torch import Tensor, nn
 
 from detr_peg.models.deformable.levels import LevelLayout, encoder_reference_points
+from detr_peg.models.dropout import Dropout
 from detr_peg.models.feedforward import get_activation
 from detr_peg.models.position.base import PositionalEncoding
 
@@ -45,13 +46,13 @@ class DeformableEncoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = self_attn
-        self.dropout1 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.activation = get_activation(activation)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
-        self.dropout3 = nn.Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
 
     def forward(self, src: Tensor, pos: Tensor | None, reference_points: Tensor, layout: LevelLayout) -> Tensor:
