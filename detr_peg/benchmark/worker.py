@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from detr_peg.benchmark.onnx_case import ONNX_IMPL, onnx_forward
+from detr_peg.engine.memory_allocator import retain_freed_memory
 
 
 @dataclass
@@ -252,6 +253,8 @@ def _cpu_name() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     case = Case(**json.loads(argv[0]))
+    # As in the detr-peg command, for every case alike (the official code's included).
+    retain_freed_memory()
     print("BENCH_RESULT " + json.dumps(run_case(case)), flush=True)
     return 0
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 # The architectures and positional encodings register the config fields that every command validates.
 import detr_peg.models  # noqa: F401
 from detr_peg.cli.command_line import OneLineParser, command_argv, in_users_words, parse_command_line
+from detr_peg.engine.memory_allocator import retain_freed_memory
 from detr_peg.errors import UserError
 from detr_peg.guards.output_guard import claims_mark, settle_claims
 
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser, modules = build_parser()
     args = parse_command_line(parser, modules, argv)
+    retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
     mark = claims_mark()  # a command run inside another (a study's cells) settles only its own claims
     try:
         return int(modules[args.command].run(args) or 0)
