@@ -99,9 +99,17 @@ def measure_matmul_peak(
     )
 
 
-def add_peak_fractions(results: list[dict], peak: MatmulPeak) -> list[dict]:
-    """Set ``peak_fraction`` (achieved FLOP/s / peak, None without a FLOP count) on every row."""
+def add_peak_fractions(results: list[dict], peak: MatmulPeak | dict[str, MatmulPeak]) -> list[dict]:
+    """Set ``peak_fraction`` (achieved FLOP/s / peak, None without a FLOP count) on every row.
+
+    Args:
+        results: bench rows (with ``achieved_flops_per_s`` and ``amp``).
+        peak: one peak for every row, or one per autocast (``none``, ``bf16``,
+            ``fp16``): each row is then compared with the peak of the dtype it
+            computed in.
+    """
     for row in results:
+        chosen = peak if isinstance(peak, MatmulPeak) else peak[row.get("amp", "none")]
         achieved = row.get("achieved_flops_per_s")
-        row["peak_fraction"] = None if achieved is None else achieved / peak.flops_per_s
+        row["peak_fraction"] = None if achieved is None else achieved / chosen.flops_per_s
     return results

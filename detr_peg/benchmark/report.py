@@ -32,7 +32,9 @@ def format_table(results: list[dict], peak_line: str | None = None) -> str:
         peak_line: the matrix-multiply peak the fractions refer to, for the footer.
     """
     with_peak = any("peak_fraction" in r for r in results)
-    header = ["case", "mode", "input", "median s", "runs (s)", "peak mem", "GFLOPs", "TFLOP/s"]
+    with_amp = len({r.get("amp", "none") for r in results}) > 1
+    header = ["case", "mode"] + (["amp"] if with_amp else []) + ["input", "median s", "runs (s)", "peak mem"]
+    header += ["GFLOPs", "TFLOP/s"]
     header += ["% peak"] if with_peak else []
     header += ["x baseline"]
     rows = [header]
@@ -43,6 +45,7 @@ def format_table(results: list[dict], peak_line: str | None = None) -> str:
             [
                 r["label"],
                 r["mode"],
+                *([r.get("amp", "none")] if with_amp else []),
                 f"{r['batch']}x{r['height']}x{r['width']}",
                 f"{r['seconds']:.3f}",
                 " ".join(f"{t:.2f}" for t in r["runs_seconds"]),
@@ -62,17 +65,29 @@ def format_table(results: list[dict], peak_line: str | None = None) -> str:
     footer = (
         f"device: {first.get('device_name', '?')} ({first.get('device', '?')}, "
         f"{first.get('threads', '?')} threads), torch {first.get('torch_version', '?')}, "
-        f"amp {first.get('amp', 'none')}; medians of {len(first.get('runs_seconds', [])) or '?'} runs "
+        f"amp {', '.join(sorted({r.get('amp', 'none') for r in results})) or 'none'}; medians of {len(first.get('runs_seconds', [])) or '?'} runs "
         f"({first.get('rounds', 1)} rounds of {first.get('runs', '?')} after {first.get('warmup', '?')} warm-up)"
     )
     return "\n".join(lines + ["", footer] + ([peak_line] if peak_line else []))
 
 
-def write_json(results: list[dict], path: str | os.PathLike, matmul_peak: dict | None = None) -> None:
-    """Write ``{"results": results, "matmul_peak": ...}`` to ``path`` atomically, creating its folder."""
+def write_json(
+    results: list[dict],
+    path: str | os.PathLike,
+    matmul_peak: dict | None = None,
+    matmul_peaks: dict[str, dict] | None = None,
+) -> None:
+    """Write ``{"results": results, "matmul_peak": ..., "matmul_peaks": ...}`` to ``path`` atomically.
+
+    ``matmul_peak`` is the peak measured before the cases; ``matmul_peaks``
+    (only when the rows computed in more than one dtype) holds one per autocast.
+    The folder is created.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     report: dict = {"results": results}
     if matmul_peak is not None:
         report["matmul_peak"] = matmul_peak
+    if matmul_peaks is not None:
+        report["matmul_peaks"] = matmul_peaks
     atomic_write_text(path, json.dumps(report, indent=2))

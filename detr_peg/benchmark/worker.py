@@ -92,6 +92,8 @@ class Built:
     forward: Callable
     num_classes: int
     clip_max_norm: float
+    #: The autocast of the config's ``train.amp`` on this device (detr_peg), used when the case sets none.
+    config_amp: str = "none"
 
 
 def _build(case: Case, device: torch.device) -> Built:
@@ -120,11 +122,12 @@ def _build(case: Case, device: torch.device) -> Built:
         return Built(model, criterion, make_optimizer, total, forward, 91, args.clip_max_norm)
 
     from detr_peg.config import load_config
-    from detr_peg.engine.optim import build_optimizer
+    from detr_peg.engine.optim import build_optimizer, check_amp, resolve_amp
     from detr_peg.models import build_criterion, build_model
 
     overrides = ["model.backbone.weights=null", *case.overrides]
     cfg = load_config(case.config, overrides)
+    check_amp(cfg.train.amp, device)
     if cfg.model.num_classes is None:
         cfg = load_config(case.config, ["model.num_classes=91", *overrides])
     model = build_model(cfg).to(device)
@@ -146,6 +149,7 @@ def _build(case: Case, device: torch.device) -> Built:
         forward,
         cfg.model.num_classes,
         cfg.train.clip_max_norm,
+        resolve_amp(cfg.train.amp, device),
     )
 
 
@@ -186,7 +190,9 @@ def run_case(case: Case) -> dict:
         forward = torch.compile(forward)
     images = torch.randn(case.batch, 3, case.height, case.width, device=device)
     mask = torch.zeros(case.batch, case.height, case.width, dtype=torch.bool, device=device)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(case.amp)
+    # --amp, else the config's train.amp (so that --compare train.amp=none,auto compares them).
+    amp = case.amp if case.amp != "none" else built.config_amp
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
@@ -201,7 +207,7 @@ def run_case(case: Case) -> dict:
         model.train()
         targets = _targets(case.batch, built.num_classes, device)
         optimizer = built.make_optimizer()
-        scaler = torch.amp.GradScaler(device.type, enabled=case.amp == "fp16")
+        scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
 
         def step() -> None:
             with autocast():
@@ -226,6 +232,7 @@ def run_case(case: Case) -> dict:
             flops = count_flops(step if case.mode == "train" else lambda: forward(images, mask))
     result = asdict(case)
     result.update(
+        amp=amp,
         seconds=timing.median,
         runs_seconds=timing.runs,
         peak_memory_bytes=peak,

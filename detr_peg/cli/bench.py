@@ -29,8 +29,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from detr_peg.cli import option_types
+
+if TYPE_CHECKING:
+    from detr_peg.benchmark.matmul_peak import MatmulPeak
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +86,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add an ONNX Runtime (CPU) case after every inference case (needs detr_peg[onnx])",
     )
     parser.add_argument("--output", metavar="FILE", default="bench.json", help="JSON report (default bench.json)")
+
+
+def _measure_peak(args: argparse.Namespace, amp: str) -> MatmulPeak:
+    """The matmul peak of ``--device`` and ``--threads`` in the dtype of ``amp`` (float32 for ``none``)."""
+    import torch
+
+    from detr_peg.benchmark.matmul_peak import measure_matmul_peak
+    from detr_peg.engine.optim import AMP_DTYPES
+
+    return measure_matmul_peak(args.device, args.threads, size=args.peak_size, dtype=AMP_DTYPES.get(amp, torch.float32))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,25 +175,28 @@ def run(args: argparse.Namespace) -> int:
             official_args=args.official_args.split(),
             onnx=args.onnx,
         )
-    peak = None
-    if args.peak_size:
-        import torch
+    from detr_peg.benchmark.matmul_peak import add_peak_fractions
 
-        from detr_peg.benchmark.matmul_peak import measure_matmul_peak
-        from detr_peg.engine.optim import AMP_DTYPES
-
-        dtype = AMP_DTYPES.get(args.amp, torch.float32)
-        peak = measure_matmul_peak(args.device, args.threads, size=args.peak_size, dtype=dtype)
+    peaks: dict[str, MatmulPeak] = {}
+    if args.peak_size:  # before the cases, in the dtype of --amp
+        peaks[args.amp] = _measure_peak(args, args.amp)
     results = add_ratios(run_cases(cases, progress=sys.stderr.isatty(), rounds=args.rounds))
-    if peak is not None:
-        from detr_peg.benchmark.matmul_peak import add_peak_fractions
-
-        add_peak_fractions(results, peak)
-    print(format_table(results, peak.describe() if peak else None))
+    if peaks:
+        # Rows that computed in another dtype (--compare train.amp=none,auto) are compared with its own peak.
+        for amp in sorted({r.get("amp", "none") for r in results} - set(peaks)):
+            peaks[amp] = _measure_peak(args, amp)
+        add_peak_fractions(results, peaks)
+    print(format_table(results, "\n".join(p.describe() for p in peaks.values()) or None))
     if args.gpu:
         from detr_peg.benchmark.gpu import add_throughput, format_throughput
 
         print("\n" + format_throughput(add_throughput(results)))
-    write_json(results, args.output, matmul_peak=peak.to_dict() if peak else None)
+    first = next(iter(peaks.values()), None)
+    write_json(
+        results,
+        args.output,
+        matmul_peak=first.to_dict() if first else None,
+        matmul_peaks={amp: p.to_dict() for amp, p in peaks.items()} if len(peaks) > 1 else None,
+    )
     print(f"\nwrote {args.output}")
     return 0

@@ -190,3 +190,48 @@ def _dense(model, fn) -> int:
 
     with dense_attention(model):
         return count_flops(fn)
+
+
+def test_compare_float32_and_auto_precision_each_against_its_own_peak(tmp_path):
+    """``--compare train.amp=none,auto``: the auto row runs in bf16 where the CPU has it, with a bf16 peak."""
+    import torch
+
+    from detr_peg.engine.optim import resolve_amp
+
+    report = tmp_path / "amp.json"
+    proc = _bench(
+        tmp_path,
+        "--config",
+        "configs/demo.yaml",
+        "--modes",
+        "train",
+        "--train-size",
+        "64x64",
+        "--batch",
+        "2",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--compare",
+        "train.amp=none,auto",
+        "--peak-size",
+        "256",
+        "--output",
+        str(report),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(report.read_text())
+    auto = resolve_amp("auto", torch.device("cpu"))
+    assert [(r["label"], r["amp"]) for r in data["results"]] == [("amp=none", "none"), ("amp=auto", auto)]
+    assert data["matmul_peak"]["dtype"] == "float32"
+    peaks = data.get("matmul_peaks", {"none": data["matmul_peak"]})
+    assert set(peaks) == {"none", auto}
+    for r in data["results"]:
+        assert r["peak_fraction"] == pytest.approx(r["achieved_flops_per_s"] / peaks[r["amp"]]["flops_per_s"])
+    if auto == "bf16":
+        assert peaks["bf16"]["dtype"] == "bfloat16" and "bf16 matmul peak" in proc.stdout
+        assert proc.stdout.splitlines()[0].split()[:3] == ["case", "mode", "amp"]
+        assert "amp bf16, none" in proc.stdout

@@ -102,7 +102,7 @@ def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetB
         norm_layer=NORM_LAYERS[cfg.norm],
     )
     backbone = ResNetBackbone(body=body, out_stages=out_stages)
-    backbone.memory_format = MEMORY_FORMATS[cfg.memory_format]
+    backbone.set_memory_format(MEMORY_FORMATS[cfg.memory_format])
     if cfg.weights not in (None, "pretrained"):
         ignore = ("fc.", *[f"layer{s}." for s in range(max(out_stages) + 1, 5)])
         load_backbone_weights(backbone.body, cfg.weights, ignore_prefixes=ignore)

@@ -305,5 +305,5 @@ def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackb
         strides=info.reduction(),
         channels_last=getattr(body, "output_fmt", "NCHW") == "NHWC",
     )
-    backbone.memory_format = MEMORY_FORMATS[cfg.memory_format]
+    backbone.set_memory_format(MEMORY_FORMATS[cfg.memory_format])
     return backbone

@@ -112,6 +112,8 @@ class DeformableDETR(nn.Module):
             projections.append(InputProjection(in_channels=extra_in, out_channels=d, kernel_size=3, stride=2))
             extra_in = d
         self.input_proj = nn.ModuleList(projections)
+        # In the layout of the backbone's maps (channels_last: no re-ordered weight copy in every call).
+        self.input_proj.to(memory_format=backbone.memory_format)
         if not two_stage:
             self.query_embed = nn.Embedding(num_queries, 2 * d)
         self.class_embed, self.bbox_embed = self._build_heads(d, num_classes, transformer.decoder.num_layers)

@@ -43,6 +43,12 @@ def test_channels_last_is_as_accurate_as_contiguous(source, name, norm, out_stag
     truth, a, b = truth_model(images.double()), nchw(images), nhwc(images)
     assert [t.shape for t in a] == [t.shape for t in b] == [t.shape for t in truth]
     assert b[0].is_contiguous(memory_format=torch.channels_last)
+    # The convolution weights are kept in the images' layout (no re-ordered copy per call), with the same values.
+    kernels = [(k, p) for k, p in nhwc.named_parameters() if p.dim() == 4 and p.shape[-1] > 1]
+    assert kernels and all(p.is_contiguous(memory_format=torch.channels_last) for _, p in kernels)
+    assert not any(p.is_contiguous() for _, p in kernels)
+    for key, p in kernels:
+        torch.testing.assert_close(p, nchw.state_dict()[key], rtol=0, atol=0)
     assert 0 < _error(b, truth) < 4 * _error(a, truth)
 
     # Gradients: the relative error of all parameter gradients together stays
