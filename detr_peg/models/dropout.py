@@ -62,12 +62,13 @@ class _MaskedScale(torch.autograd.Function):
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+        # torch.where reads the boolean mask as it is (a product with it would first cast it to x's dtype).
+        return torch.where(keep, x, 0).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None, None
+        return torch.where(keep, grad, 0).mul_(ctx.scale), None, None
 
 
 def cpu_dropout(x: Tensor, p: float) -> Tensor:
