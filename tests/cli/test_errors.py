@@ -27,7 +27,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["train", "--config", CONFIG, "train.epochs=many", "--print-config"], "'train.epochs' must be an integer"),
         (["train", "--config", CONFIG, "train.lr"], "is not of the form key=value"),
         (["train", "--config", "no/such.yaml"], "Config file no/such.yaml does not exist"),
-        (["train", "--config", CONFIG, "train.amp=bf16", "train.device=cpu"], "train.amp=bf16 needs a CUDA device"),
+        (["train", "--config", CONFIG, "train.amp=fp16", "train.device=cpu"], "train.amp=fp16 needs a CUDA device"),
         (["train", "--config", CONFIG, "data.train_images=null"], "data.train_images is not set"),
         (["eval", "--checkpoint", "missing.pth"], "The checkpoint file missing.pth does not exist"),
     ],

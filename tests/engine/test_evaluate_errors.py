@@ -47,6 +47,9 @@ def _worker(rank: int, port: int, folder: str) -> None:
     except UserError as exc:
         outcome = str(exc)
     finally:
+        # Both processes are past their collectives before gloo is torn down (an early teardown
+        # while the other process still talks to it aborted the process now and then).
+        dist.barrier()
         dist.destroy_process_group()
     Path(folder, f"{rank}.txt").write_text(outcome)
 
