@@ -18,6 +18,7 @@ from torch import nn
 
 from detr_peg.benchmark.onnx_case import ONNX_IMPL, onnx_forward
 from detr_peg.engine.memory_allocator import retain_freed_memory
+from detr_peg.engine.optim import autocast as amp_autocast
 
 
 @dataclass
@@ -122,12 +123,11 @@ def _build(case: Case, device: torch.device) -> Built:
         return Built(model, criterion, make_optimizer, total, forward, 91, args.clip_max_norm)
 
     from detr_peg.config import load_config
-    from detr_peg.engine.optim import build_optimizer, check_amp, resolve_amp
+    from detr_peg.engine.optim import build_optimizer, resolve_amp
     from detr_peg.models import build_criterion, build_model
 
     overrides = ["model.backbone.weights=null", *case.overrides]
-    cfg = load_config(case.config, overrides)
-    check_amp(cfg.train.amp, device)
+    cfg = load_config(case.config, overrides)  # its train.amp was checked before the cases (detr-peg bench)
     if cfg.model.num_classes is None:
         cfg = load_config(case.config, ["model.num_classes=91", *overrides])
     model = build_model(cfg).to(device)
@@ -192,10 +192,9 @@ def run_case(case: Case) -> dict:
     mask = torch.zeros(case.batch, case.height, case.width, dtype=torch.bool, device=device)
     # --amp, else the config's train.amp (so that --compare train.amp=none,auto compares them).
     amp = case.amp if case.amp != "none" else built.config_amp
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
 
     def autocast():
-        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+        return amp_autocast(amp, device)
 
     if case.mode == "infer":
         model.eval()

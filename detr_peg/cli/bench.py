@@ -126,12 +126,11 @@ def run(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda was requested but no CUDA device is available.")
-    if args.amp != "none":
-        import torch
+    import torch
 
-        from detr_peg.engine.optim import check_amp
+    from detr_peg.engine.optim import check_amp
 
-        check_amp(args.amp, torch.device(args.device))
+    check_amp(args.amp, torch.device(args.device))
     if args.onnx:
         from detr_peg.export.onnx_export import require_onnx
 
@@ -175,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
             official_args=args.official_args.split(),
             onnx=args.onnx,
         )
+    # Each compared config's train.amp must run on this device: refused before the first case, not after it.
+    for case in cases:
+        if case.config is not None:
+            check_amp(load_config(case.config, case.overrides).train.amp, torch.device(args.device))
     from detr_peg.benchmark.matmul_peak import add_peak_fractions
 
     peaks: dict[str, MatmulPeak] = {}

@@ -32,7 +32,7 @@ from detr_peg.engine.distributed import DistEnv, init_distributed, shutdown_dist
 from detr_peg.engine.evaluate import evaluate
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.metrics_log import MetricsLog
-from detr_peg.engine.optim import check_amp
+from detr_peg.engine.optim import check_amp, resolve_amp
 from detr_peg.engine.run_setup import on_main, resolve_num_classes, write_json
 from detr_peg.guards.declared_io import eval_io
 from detr_peg.guards.output_guard import Input, guard_outputs
@@ -98,7 +98,7 @@ def evaluate_and_write(
         device=env.device,
         label_map=dataset.label_map,
         is_main=env.is_main,
-        amp=cfg.train.amp if amp is None else amp,
+        amp=resolve_amp(cfg.train.amp if amp is None else amp, env.device),
         log=log,
     )
 
@@ -141,7 +141,7 @@ class LoadedModel:
         postprocessor: its post-processor.
         cfg: the config with ``model.num_classes`` resolved.
         label_map: model label <-> category id (the checkpoint's, else the dataset's).
-        amp: mixed precision for the forward pass (``none`` on the CPU unless ``train.amp`` is ``auto``).
+        amp: the forward pass's autocast, resolved for the device (``none`` on the CPU unless ``train.amp`` is ``auto``).
         iteration: the training iteration the checkpoint was written at, if stored.
     """
 
@@ -170,6 +170,7 @@ def load_for_evaluation(cfg: Config, checkpoint: str | Path, env: DistEnv) -> tu
     # (``auto`` picks bf16 on a CPU with native bfloat16, as it did in training there).
     amp = cfg.train.amp if env.device.type == "cuda" or cfg.train.amp == "auto" else "none"
     check_amp(amp, env.device)
+    amp = resolve_amp(amp, env.device)
     loaded = LoadedModel(
         model=model,
         postprocessor=build_postprocessor(cfg),

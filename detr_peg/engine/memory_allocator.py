@@ -24,7 +24,7 @@ user set glibc's own ``MALLOC_MMAP_MAX_``/``MALLOC_TRIM_THRESHOLD_``, or with
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import sys
 
@@ -41,11 +41,13 @@ OPT_OUT_VARIABLE = "DETR_PEG_MALLOC"
 _PRELOADED_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """The process's own C library when it is glibc (looked up once; no ``ldconfig`` run)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the symbols the process already has, the C library's among them
     except OSError:
         return None
     # gnu_get_libc_version exists in glibc only (musl has mallopt as a no-op stub).
@@ -76,10 +78,9 @@ def retain_freed_memory() -> bool:
     Returns:
         Whether the allocator's settings were changed.
     """
-    if left_alone_because() is not None:
-        return False
     libc = _glibc()
-    assert libc is not None
+    if libc is None or left_alone_because() is not None:
+        return False
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, MAX_TRIM_THRESHOLD))

@@ -172,7 +172,11 @@ def check_amp(amp: str, device: torch.device) -> None:
 
 
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The forward-pass context for ``train.amp`` (a no-op for ``none``, and for ``auto`` without native bf16)."""
+    """The forward-pass context for ``train.amp`` (a no-op for ``none``, and for ``auto`` without native bf16).
+
+    Runs call it with the value :func:`resolve_amp` gave once at their start, so
+    no per-batch call asks the device for its capabilities.
+    """
     resolved = resolve_amp(amp, device)
     if resolved == "none":
         return contextlib.nullcontext()

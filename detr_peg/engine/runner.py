@@ -173,7 +173,7 @@ def _train_epoch(run: TrainingRun, epoch: int) -> EpochStats:
             batches_done=start_batch,
             batches_per_epoch=run.per_epoch,
             clip_max_norm=t.clip_max_norm,
-            amp=t.amp,
+            amp=run.amp,
             scaler=run.scaler,
             log=run.log,
             log_every=t.log_every,
@@ -243,6 +243,7 @@ def _evaluate(run: TrainingRun, epoch: int) -> None:
             run.out,
             run.log,
             extra={"epoch": epoch, "iteration": run.progress.iteration},
+            amp=run.amp,
         )
         run.evaluated_at = run.progress.iteration
 

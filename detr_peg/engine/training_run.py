@@ -35,7 +35,14 @@ from detr_peg.engine.distributed import DistEnv, all_gather_objects
 from detr_peg.engine.evaluation_run import EvalResult
 from detr_peg.engine.loader import check_train_size
 from detr_peg.engine.metrics_log import MetricsLog
-from detr_peg.engine.optim import LrSchedule, build_grad_scaler, build_lr_scheduler, build_optimizer, check_amp
+from detr_peg.engine.optim import (
+    LrSchedule,
+    build_grad_scaler,
+    build_lr_scheduler,
+    build_optimizer,
+    check_amp,
+    resolve_amp,
+)
 from detr_peg.engine.run_setup import (
     config_differences,
     on_main,
@@ -76,6 +83,7 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     lr_scheduler: LrSchedule
     scaler: torch.amp.GradScaler | None
+    amp: str  # train.amp resolved for the device once (``auto`` -> ``bf16`` or ``none``)
     progress: Progress
     log: MetricsLog | None
     config_pending: bool  # config.yaml still describes the checkpoint being resumed
@@ -193,7 +201,8 @@ def prepare_training_run(cfg: Config, env: DistEnv, progress_bars: bool | None) 
     return TrainingRun(
         cfg=cfg, env=env, out=out, train_set=train_set, val_set=val_set, label_map=label_map, per_epoch=per_epoch,
         model=model, train_model=train_model, criterion=criterion, postprocessor=postprocessor, optimizer=optimizer,
-        lr_scheduler=lr_scheduler, scaler=scaler, progress=progress, log=log, config_pending=resume_ckpt is not None,
+        lr_scheduler=lr_scheduler, scaler=scaler, amp=resolve_amp(t.amp, device), progress=progress, log=log,
+        config_pending=resume_ckpt is not None,
     )  # fmt: skip
 
 

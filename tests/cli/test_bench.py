@@ -235,3 +235,25 @@ def test_compare_float32_and_auto_precision_each_against_its_own_peak(tmp_path):
         assert peaks["bf16"]["dtype"] == "bfloat16" and "bf16 matmul peak" in proc.stdout
         assert proc.stdout.splitlines()[0].split()[:3] == ["case", "mode", "amp"]
         assert "amp bf16, none" in proc.stdout
+
+
+def test_a_compared_precision_this_device_cannot_run_is_refused_before_any_case(tmp_path):
+    report = tmp_path / "refused.json"
+    proc = _bench(
+        tmp_path,
+        "--config",
+        "configs/demo.yaml",
+        "--modes",
+        "train",
+        "--compare",
+        "train.amp=none,fp16",
+        "--peak-size",
+        "0",
+        "--output",
+        str(report),
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "detr-peg bench: error: train.amp=fp16 needs a CUDA device; on the CPU use train.amp=bf16 or auto."
+    ]
+    assert "Traceback" not in proc.stderr and proc.stdout == "" and not report.exists()
