@@ -32,7 +32,7 @@ from detr_peg.engine.distributed import DistEnv, init_distributed, shutdown_dist
 from detr_peg.engine.evaluate import evaluate
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.metrics_log import MetricsLog
-from detr_peg.engine.optim import check_amp, resolve_amp
+from detr_peg.engine.optim import evaluation_amp, resolve_amp
 from detr_peg.engine.run_setup import on_main, resolve_num_classes, write_json
 from detr_peg.guards.declared_io import eval_io
 from detr_peg.guards.output_guard import Input, guard_outputs
@@ -166,11 +166,7 @@ def load_for_evaluation(cfg: Config, checkpoint: str | Path, env: DistEnv) -> tu
     model = build_model(without_backbone_weights(cfg))
     load_weights(model, ckpt.model, f"Checkpoint {checkpoint}")
     model.to(env.device).eval()
-    # Mixed precision only where it exists: a GPU-trained checkpoint evaluates on the CPU in float32
-    # (``auto`` picks bf16 on a CPU with native bfloat16, as it did in training there).
-    amp = cfg.train.amp if env.device.type == "cuda" or cfg.train.amp == "auto" else "none"
-    check_amp(amp, env.device)
-    amp = resolve_amp(amp, env.device)
+    amp = evaluation_amp(cfg.train.amp, env.device)
     loaded = LoadedModel(
         model=model,
         postprocessor=build_postprocessor(cfg),

@@ -143,6 +143,21 @@ def resolve_amp(amp: str, device: torch.device) -> str:
     return amp
 
 
+def evaluation_amp(train_amp: str, device: torch.device) -> str:
+    """The resolved autocast for evaluating a checkpoint trained with ``train_amp`` on ``device``.
+
+    Mixed precision only where it exists: a checkpoint trained with ``bf16`` or
+    ``fp16`` on a GPU evaluates on the CPU in float32; ``auto`` resolves on the
+    evaluating device (bf16 on a CPU with native bfloat16, as in training there).
+
+    Raises:
+        ConfigError: as :func:`check_amp`, for the value used on ``device``.
+    """
+    amp = train_amp if device.type == "cuda" or train_amp == "auto" else "none"
+    check_amp(amp, device)
+    return resolve_amp(amp, device)
+
+
 def check_amp(amp: str, device: torch.device) -> None:
     """Refuse a ``train.amp`` that ``device`` cannot run faster than float32.
 
