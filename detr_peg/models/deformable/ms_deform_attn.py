@@ -155,13 +155,13 @@ class MSDeformAttn(nn.Module):
         if input_padding_mask is not None:
             value = value.masked_fill(input_padding_mask[..., None], 0.0)
         value = value.view(b, len_in, self.n_heads, self.d_model // self.n_heads)
-        offsets = self.sampling_offsets(query).view(b, len_q, self.n_heads, self.n_levels, self.n_points, 2)
+        offsets = self.sampling_offsets(query)  # [B, Lq, M * L * P * 2], laid out (M, L, P, (x, y))
         weights = self.attention_weights(query).view(b, len_q, self.n_heads, self.n_levels * self.n_points)
         weights = F.softmax(weights, -1).view(b, len_q, self.n_heads, self.n_levels, self.n_points)
         if reference_points.shape[-1] == 2:
-            normalizer = torch.stack([input_spatial_shapes[..., 1], input_spatial_shapes[..., 0]], -1)
-            locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
+            locations = self._point_locations(reference_points, offsets, input_spatial_shapes)
         else:
+            offsets = offsets.view(b, len_q, self.n_heads, self.n_levels, self.n_points, 2)
             locations = (
                 reference_points[:, :, None, :, None, :2]
                 + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5
@@ -170,6 +170,37 @@ class MSDeformAttn(nn.Module):
             value, input_spatial_shapes, input_level_start_index, locations, weights, impl=self.impl
         )
         return self.output_proj(output)
+
+    def _point_locations(self, reference_points: Tensor, offsets: Tensor, spatial_shapes: Tensor) -> Tensor:
+        """``ref + offset / (W_l, H_l)`` for 2-d reference points, computed column-wise.
+
+        The official code broadcasts ``reference_points[:, :, None, :, None, :]``
+        and the normalizer ``(W_l, H_l)`` over the last dimension of size 2,
+        which makes every element-wise pass iterate over rows of two values
+        (several times slower on the CPU than the same pass over long rows).
+        Here both are laid out as the ``M * L * P * 2`` columns of the offsets,
+        so that the division and the addition run over contiguous rows; the
+        operations and their order are the official ones, so the result is
+        the same to the bit.
+
+        Args:
+            reference_points: ``Tensor[B, Lq, L, 2]`` normalized ``(x, y)``.
+            offsets: ``Tensor[B, Lq, M * L * P * 2]``, the ``sampling_offsets``
+                output, in pixels of each level.
+            spatial_shapes: ``Tensor[L, 2]`` int64 ``(H_l, W_l)``.
+
+        Returns:
+            ``Tensor[B, Lq, M, L, P, 2]`` normalized sampling locations ``(x, y)``.
+        """
+        b, len_q, n_levels, _ = reference_points.shape
+        m, p = self.n_heads, self.n_points
+        # (W_l, H_l) of every column (m, l, p, xy): [M * L * P * 2].
+        normalizer = spatial_shapes.flip(-1)[None, :, None, :].expand(m, n_levels, p, 2).reshape(-1)
+        # The reference point of every column, expanded in two steps (over points, then over heads)
+        # so that each copy has inner rows of L * P * 2 values rather than 2.
+        per_point = reference_points[:, :, :, None, :].expand(b, len_q, n_levels, p, 2).reshape(b, len_q, 1, -1)
+        references = per_point.expand(b, len_q, m, n_levels * p * 2).reshape(b, len_q, -1)
+        return (references + offsets / normalizer).view(b, len_q, m, n_levels, p, 2)
 
     def extra_repr(self) -> str:
         return (

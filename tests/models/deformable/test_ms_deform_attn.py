@@ -280,6 +280,35 @@ def test_module_forward_follows_official_contract(ref_dim, impl):
     torch.testing.assert_close(out, module.output_proj(sampled))
 
 
+def test_point_locations_are_the_official_broadcast_to_the_bit(monkeypatch):
+    """The column-wise ``ref + offset / (W, H)`` gives the official formula's values and gradients exactly."""
+    import detr_peg.models.deformable.ms_deform_attn as module_file
+
+    captured = []
+
+    def capture(value, shapes, start, locations, weights, *, impl):
+        captured.append(locations)
+        return ms_deform_attn(value, shapes, start, locations, weights, impl=impl)
+
+    monkeypatch.setattr(module_file, "ms_deform_attn", capture)
+    module = randomized_module(seed=3).float()
+    query, ref, flat, shapes, start = module_inputs(seed=3)
+    query = query * 3  # offsets of several pixels
+    ref.requires_grad_(True)
+    module(query, ref, flat, shapes, start)
+    (locations,) = captured
+
+    ref_official = ref.detach().clone().requires_grad_(True)
+    offsets = module.sampling_offsets(query).view(B, LQ, HEADS, LEVELS, POINTS, 2)
+    normalizer = torch.stack([shapes[..., 1], shapes[..., 0]], -1)
+    expected = ref_official[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
+    torch.testing.assert_close(locations, expected, rtol=0, atol=0)
+    upstream = torch.randn(expected.shape, generator=torch.Generator().manual_seed(4))
+    (grad,) = torch.autograd.grad(locations, ref, upstream)
+    (grad_official,) = torch.autograd.grad(expected, ref_official, upstream)
+    torch.testing.assert_close(grad, grad_official, rtol=1e-6, atol=1e-6)
+
+
 def test_padded_tokens_have_no_influence():
     module = randomized_module()
     query, ref, flat, shapes, start = (t.double() if t.is_floating_point() else t for t in module_inputs())
