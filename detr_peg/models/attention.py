@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from detr_peg.models.dropout import dropout
+
 
 class MultiheadAttention(nn.Module):
     """Batch-first multi-head attention with the parameters of ``nn.MultiheadAttention``.
@@ -17,6 +19,11 @@ class MultiheadAttention(nn.Module):
     ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels where
     available), and inputs that are the same tensor share one projection
     matmul (``q is k``, or ``q is k is v`` when no positional encoding is added).
+    In training on the CPU with dropout, where ``scaled_dot_product_attention``
+    falls back to its unfused path and draws a Bernoulli sample per attention
+    weight, the same steps are written out (scaled scores, masked softmax,
+    dropout, weighted sum), with the cheaper mask of
+    :func:`~detr_peg.models.dropout.dropout`.
 
     Args:
         embed_dim: model width ``d``.
@@ -75,8 +82,39 @@ class MultiheadAttention(nn.Module):
         q = q.reshape(b, lq, h, d // h).transpose(1, 2)
         k = k.reshape(b, lk, h, d // h).transpose(1, 2)
         v = v.reshape(b, lk, h, d // h).transpose(1, 2)
-        attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
-        )
+        p = self.dropout if self.training else 0.0
+        if p > 0 and q.device.type == "cpu":
+            out = attention_with_dropout(q, k, v, key_padding_mask, p)
+        else:
+            attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.out_proj(out.transpose(1, 2).reshape(b, lq, d))
+
+
+def attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, p: float) -> Tensor:
+    """``softmax(q k^T / sqrt(head_dim))``, masked, with dropout on the weights, times ``v``.
+
+    What ``scaled_dot_product_attention`` computes with ``dropout_p=p``, with
+    the dropout mask of :func:`~detr_peg.models.dropout.dropout`. The softmax
+    runs in float32 at least (as the fused kernels do under autocast), and a
+    query whose keys are all padding gets zero weights, as in
+    ``scaled_dot_product_attention``.
+
+    Args:
+        q: ``Tensor[B, h, Lq, head_dim]``.
+        k: ``Tensor[B, h, Lk, head_dim]``.
+        v: ``Tensor[B, h, Lk, head_dim]``.
+        key_padding_mask: ``Tensor[B, Lk]`` bool, True = padding (ignored key), or None.
+        p: dropout probability on the attention weights.
+
+    Returns:
+        ``Tensor[B, h, Lq, head_dim]``.
+    """
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))  # [B, h, Lq, Lk]
+    softmax = torch.softmax
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        if bool(key_padding_mask.all(-1).any()):
+            softmax = torch.ops.aten._safe_softmax  # zeros, not NaN, for rows with no key (as SDPA)
+    weights = softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    return torch.matmul(dropout(weights, p).to(v.dtype), v)

@@ -77,6 +77,26 @@ def cpu_dropout(x: Tensor, p: float) -> Tensor:
     return _MaskedScale.apply(x, keep, scale)
 
 
+def dropout(x: Tensor, p: float, training: bool = True, inplace: bool = False) -> Tensor:
+    """``F.dropout`` with the cheaper CPU mask of :func:`cpu_dropout` where it applies.
+
+    That is a CPU tensor in training mode, not in place, with ``p`` not rounding
+    to 0 or 1; everything else is ``F.dropout`` itself.
+
+    Args:
+        x: ``Tensor[*]``, any float dtype.
+        p: drop probability in ``[0, 1)``.
+        training: apply dropout (else ``x`` is returned as it is).
+        inplace: as ``F.dropout`` (then always ``F.dropout``).
+
+    Returns:
+        ``Tensor[*]``, the shape of ``x``.
+    """
+    if not training or inplace or x.device.type != "cpu" or round(p * LEVELS) in (0, LEVELS):
+        return F.dropout(x, p, training, inplace)
+    return cpu_dropout(x, p)
+
+
 class Dropout(nn.Dropout):
     """``nn.Dropout`` with the cheaper CPU mask of :func:`cpu_dropout` in training mode.
 
@@ -89,7 +109,4 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        use_torch = not self.training or self.inplace or x.device.type != "cpu" or round(self.p * LEVELS) in (0, LEVELS)
-        if use_torch:
-            return F.dropout(x, self.p, self.training, self.inplace)
-        return cpu_dropout(x, self.p)
+        return dropout(x, self.p, self.training, self.inplace)

@@ -3,7 +3,8 @@
 Matches the official DETR transformer (post-norm by default, no final encoder
 norm, the decoder norm applied to every layer's output) with two changes that
 do not alter results: tokens are batch-first ``[B, N, C]``, and attention runs
-in ``scaled_dot_product_attention``. Where the official code adds the sine
+in ``scaled_dot_product_attention`` (written out in CPU training with dropout,
+for a cheaper dropout mask; see :class:`~detr_peg.models.attention.MultiheadAttention`). Where the official code adds the sine
 ``pos`` to queries and keys, this one adds whatever the positional encoding
 returns (nothing for ``peg`` and ``none``), and the encoder lets the encoding
 mix the tokens between layers (which is where a PEG acts).
