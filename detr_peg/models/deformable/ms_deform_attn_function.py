@@ -21,7 +21,8 @@ Three implementations are kept, chosen by ``impl=``:
     ``<grad_out, value_row>`` with one sampled dense-dense product
     (:func:`torch.sparse.sampled_addmm`), from which the gradients of the
     attention weights and sampling locations follow in closed form, and
-    scatters the value gradient with one sparse-dense product. No host sync
+    scatters the value gradient with one sparse (CSR, corners sorted by value
+    row) times dense product. No host sync
     and no Python loop over levels or batch items; on CPU the queries are
     processed in blocks of about 2**18 samples so that the temporaries stay in
     cache (on GPUs in one go).
@@ -44,24 +45,26 @@ Three implementations are kept, chosen by ``impl=``:
     ``triton`` package. Listed in :data:`CUDA_IMPLEMENTATIONS`, not in
     :data:`IMPLEMENTATIONS` (the implementations that run on every device).
 
-Timings (``tools/bench_ms_deform_attn.py`` inputs: Deformable-DETR-R50 at
-800x1066, S = 17,821 tokens, 8 heads, head_dim 32, 4 levels, 4 points;
-encoder Lq = 17,821, decoder Lq = 300; batch 1, float32, CPU, torch 2.14; a
-2-core AVX-512 Xeon shared with other jobs, best of 3-4 runs; milliseconds,
-forward / forward+backward):
+Timings (``tools/bench_ms_deform_attn.py --impl embedding_bag grid_sample
+official --threads N --repeats 3``: Deformable-DETR-R50 at 800x1066, S =
+17,821 tokens, 8 heads, head_dim 32, 4 levels, 4 points; encoder Lq = 17,821,
+decoder Lq = 300; batch 1, float32, CPU, torch 2.14; a 2-core Intel Xeon VM
+with AMX; median of 3 runs; milliseconds, forward / forward+backward):
 
 =================  ==================  ==================  ===============  ===============
 implementation     encoder, 1 thread   encoder, 2 threads  decoder, 1 thr.  decoder, 2 thr.
 =================  ==================  ==================  ===============  ===============
-official core      753 / 2330          572 / 1926          6.4 / 31         4.1 / 37
-embedding_bag      111 / 733           107 / 817           2.8 / 17         2.3 / 17
-grid_sample        606 / 2243          438 / 1908          6.4 / 32         4.2 / 23
+official core      650 / 2156          424 / 1260          5.0 / 33         3.2 / 19
+embedding_bag      105 / 797           51 / 417            2.1 / 13         1.4 / 10
+grid_sample        658 / 1875          357 / 1139          5.2 / 28         3.0 / 17
 =================  ==================  ==================  ===============  ===============
 
-At batch 2 (1 thread) the encoder takes 560 / 3231 against 2936 / 8705 for the
-official core. About half of the embedding_bag backward is the sparse-dense
-product that scatters the value gradient, which PyTorch runs on one thread. Two other
-formulations were measured and dropped: one ``grid_sample`` over an "atlas"
+The value gradient is scattered with a CSR matrix whose corners are sorted by
+value row (a stable radix sort of 32-bit keys); the COO product used before
+was coalesced by PyTorch with a 64-bit sort and multiplied on one thread
+(encoder forward+backward on 2 threads, medians of 5 in consecutive runs:
+476 ms before, 396 ms after). Two other formulations were measured on an
+earlier 2-core machine and dropped: one ``grid_sample`` over an "atlas"
 canvas holding all levels (630 / 1910; decoder 32 / 99, as building the canvas
 costs more than the per-level calls it saves) and ``embedding_bag`` under plain
 autograd (463 / 2114; its backward sorts all 9 million corner indices).
@@ -371,12 +374,9 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
         table = value.reshape(b * s * m, d).to(work_dtype)
         grad_output = grad_output.to(work_dtype)
         chunks = _query_chunks(sampling_locations)
-        # COO indices of the value-gradient scatter, shared by all blocks: row 0 gets each
-        # block's corner rows (written in place by _bilinear_corners), row 1 the bag of
-        # every corner, which is the same for every block.
+        # The value row of every corner, written in place by _bilinear_corners block after block.
         max_bags = b * max(c.stop - c.start for c in chunks) * m
-        coo_indices = torch.empty((2, max_bags * bag_size), dtype=torch.int64, device=value.device)
-        coo_indices[1].view(max_bags, bag_size).copy_(torch.arange(max_bags, device=value.device)[:, None])
+        corner_rows = torch.empty(max_bags * bag_size, dtype=torch.int64, device=value.device)
         grad_value = torch.zeros_like(table) if need_value else None
         grad_loc = torch.empty_like(sampling_locations) if need_loc else None
         grad_attn = torch.empty_like(attention_weights) if need_attn else None
@@ -394,11 +394,11 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
             attn = attention_weights[:, chunk]
             lq = chunk.stop - chunk.start
             nnz = b * lq * m * bag_size
-            index_out = coo_indices[0, :nnz].view(b, lq, m, 2, 2, n_levels, n_points)
+            index_out = corner_rows[:nnz].view(b, lq, m, 2, 2, n_levels, n_points)
             _, weight, outside = _bilinear_corners(
                 spatial_shapes, level_start_index, sampling_locations[:, chunk], s, torch.int64, index_out
             )
-            flat_index = coo_indices[0, :nnz]
+            flat_index = corner_rows[:nnz]
             grad_bags = grad_output[:, chunk].reshape(b * lq * m, d)
             if need_loc or need_attn:
                 # dots[y corner, x corner, b, q, m, l, p] = <grad_out[b, q, m], value row of that corner>,
@@ -418,14 +418,39 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
                     grad_loc[:, chunk] = grad_frac.permute(1, 2, 3, 4, 5, 0)
             if need_value:
                 sample_weight = _sample_weights(weight, attn, work_dtype).view(-1)
-                scatter = torch.sparse_coo_tensor(
-                    coo_indices[:, :nnz], sample_weight, (table.shape[0], b * lq * m), check_invariants=False
-                )
+                scatter = _value_scatter(flat_index, sample_weight, bag_size, table.shape[0])
                 # addmm into its own input accumulates in place (beta = 1: no copy, no extra zero-fill).
                 torch.addmm(grad_value, scatter, grad_bags, out=grad_value)
         if need_value:
             grad_value = grad_value.view(b, s, m, d).to(value.dtype)
         return grad_value, None, None, grad_loc, grad_attn
+
+
+def _value_scatter(flat_index: Tensor, sample_weight: Tensor, bag_size: int, num_rows: int) -> Tensor:
+    """The transposed sampling matrix ``[num_rows, num_bags]`` in CSR form, rows sorted.
+
+    Entry ``(flat_index[k], k // bag_size)`` holds ``sample_weight[k]``, so that
+    ``scatter @ grad_bags`` adds every corner's weighted bag gradient to its value
+    row. The corners are sorted by row here, once, with a stable sort of 32-bit
+    keys (a radix sort on the CPU); a COO matrix would be coalesced by
+    ``addmm`` instead, with a sort of 64-bit keys, and then multiplied on one
+    thread, where the CSR product runs on all of them. Duplicate entries (the
+    same row twice in a bag) stay separate terms of the sum.
+    """
+    keys = flat_index.to(torch.int32) if num_rows < 2**31 else flat_index
+    rows, order = torch.sort(keys, stable=True)
+    crow = torch.zeros(num_rows + 1, dtype=torch.int64, device=flat_index.device)
+    torch.cumsum(torch.bincount(rows, minlength=num_rows), 0, out=crow[1:])
+    with warnings.catch_warnings():
+        # Sparse CSR tensors announce their "beta" status once per process.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(
+            crow,
+            order.div(bag_size, rounding_mode="floor"),
+            sample_weight[order],
+            size=(num_rows, flat_index.shape[0] // bag_size),
+            check_invariants=False,
+        )
 
 
 def _sampled_dots(grad_bags: Tensor, table: Tensor, flat_index: Tensor, bag_size: int) -> Tensor:
