@@ -47,7 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=option_types.integer(1), default=1, help="images per batch (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--threads", type=option_types.integer(1), default=2, help="CPU threads (default 2)")
-    parser.add_argument("--warmup", type=option_types.integer(0), default=1, help="untimed runs (default 1)")
+    parser.add_argument(
+        "--warmup",
+        type=option_types.integer(0),
+        default=3,
+        help="untimed runs (default 3: a process's first training steps still grow its memory, "
+        "with page faults that later steps do not have)",
+    )
     parser.add_argument("--runs", type=option_types.integer(1), default=5, help="timed runs (default 5)")
     parser.add_argument(
         "--rounds",
