@@ -19,7 +19,7 @@ class MultiheadAttention(nn.Module):
     ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels where
     available), and inputs that are the same tensor share one projection
     matmul (``q is k``, or ``q is k is v`` when no positional encoding is added).
-    In training on the CPU with dropout, where ``scaled_dot_product_attention``
+    In eager training on the CPU with dropout, where ``scaled_dot_product_attention``
     falls back to its unfused path and draws a Bernoulli sample per attention
     weight, the same steps are written out (scaled scores, masked softmax,
     dropout, weighted sum), with the cheaper mask of
@@ -83,7 +83,7 @@ class MultiheadAttention(nn.Module):
         k = k.reshape(b, lk, h, d // h).transpose(1, 2)
         v = v.reshape(b, lk, h, d // h).transpose(1, 2)
         p = self.dropout if self.training else 0.0
-        if p > 0 and q.device.type == "cpu":
+        if p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
             out = attention_with_dropout(q, k, v, key_padding_mask, p)
         else:
             attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]

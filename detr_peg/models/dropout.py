@@ -13,8 +13,8 @@ implementation can be matched draw for draw across libraries anyway), and the
 drop probability is rounded to a multiple of ``1 / 65536`` (``p = 0.1`` drops
 with probability ``6554 / 65536 = 0.1000061``), with the scale ``1 / (1 - p')``
 of that rounded ``p'``. In evaluation mode, with ``p = 0``, on other devices
-than the CPU (CUDA's fused kernel is already fast) and with ``inplace=True`` it
-is ``nn.Dropout`` itself. State-dict keys and ``repr`` are those of
+than the CPU (CUDA's fused kernel is already fast), with ``inplace=True`` and
+under ``torch.compile`` it is ``nn.Dropout`` itself. State-dict keys and ``repr`` are those of
 ``nn.Dropout``.
 """
 
@@ -81,7 +81,9 @@ def dropout(x: Tensor, p: float, training: bool = True, inplace: bool = False) -
     """``F.dropout`` with the cheaper CPU mask of :func:`cpu_dropout` where it applies.
 
     That is a CPU tensor in training mode, not in place, with ``p`` not rounding
-    to 0 or 1; everything else is ``F.dropout`` itself.
+    to 0 or 1, outside ``torch.compile`` (which generates its own random masks
+    and cannot trace a draw whose size is symbolic); everything else is
+    ``F.dropout`` itself.
 
     Args:
         x: ``Tensor[*]``, any float dtype.
@@ -92,7 +94,13 @@ def dropout(x: Tensor, p: float, training: bool = True, inplace: bool = False) -
     Returns:
         ``Tensor[*]``, the shape of ``x``.
     """
-    if not training or inplace or x.device.type != "cpu" or round(p * LEVELS) in (0, LEVELS):
+    if (
+        not training
+        or inplace
+        or x.device.type != "cpu"
+        or round(p * LEVELS) in (0, LEVELS)
+        or torch.compiler.is_compiling()
+    ):
         return F.dropout(x, p, training, inplace)
     return cpu_dropout(x, p)
 

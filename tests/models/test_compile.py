@@ -1,0 +1,72 @@
+"""``train.compile``: both detectors trace under ``torch.compile`` in CPU training with dropout.
+
+The CPU dropout of :mod:`detr_peg.models.dropout` draws its mask with a size
+computed from the input's shape, which ``torch.compile`` cannot trace once the
+shapes are symbolic (a second image size or batch compiles a dynamic graph); under
+compilation the models use torch's own dropout. The ``eager`` backend runs
+Dynamo's tracing, where that failure happened, without generating code, so
+that the test stays fast.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr_peg.config import load_config
+from detr_peg.models import build_criterion, build_model
+
+SMALL = {
+    "detr": [
+        "model.arch=detr",
+        "model.backbone.name=resnet18",
+        "model.num_queries=5",
+        "model.transformer.hidden_dim=32",
+        "model.transformer.nheads=2",
+        "model.transformer.enc_layers=1",
+        "model.transformer.dec_layers=1",
+        "model.transformer.dim_feedforward=64",
+    ],
+    "deformable_detr": [
+        "model.arch=deformable_detr",
+        "model.backbone.name=resnet18",
+        "model.num_queries=5",
+        "model.transformer.hidden_dim=32",
+        "model.transformer.nheads=2",
+        "model.transformer.enc_layers=1",
+        "model.transformer.dec_layers=1",
+        "model.transformer.dim_feedforward=64",
+        "model.transformer.enc_n_points=2",
+        "model.transformer.dec_n_points=2",
+    ],
+}
+
+
+@pytest.mark.parametrize("arch", sorted(SMALL))
+def test_training_with_dropout_compiles_for_other_sizes_and_batches(arch: str) -> None:
+    cfg = load_config(None, [*SMALL[arch], "model.num_classes=4", "model.transformer.dropout=0.1"])
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    criterion = build_criterion(cfg)
+    compiled = torch.compile(model, backend="eager")
+    target = {"labels": torch.tensor([1, 2]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.6, 0.1, 0.1]])}
+    for batch, height, width in ((1, 96, 128), (2, 128, 96)):
+        images = torch.randn(batch, 3, height, width)
+        mask = torch.zeros(batch, height, width, dtype=torch.bool)
+        targets = [target] * batch
+        model.zero_grad(set_to_none=True)
+        loss = criterion.weighted_total(criterion(compiled(images, mask), targets))
+        loss.backward()
+        assert torch.isfinite(loss)
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+    # In evaluation (no dropout) the compiled model is the eager one.
+    model.eval()
+    images = torch.randn(1, 3, 96, 112)
+    mask = torch.zeros(1, 96, 112, dtype=torch.bool)
+    with torch.no_grad():
+        expected = model(images, mask)
+        got = compiled(images, mask)
+    torch.testing.assert_close(got["pred_logits"], expected["pred_logits"])
+    torch.testing.assert_close(got["pred_boxes"], expected["pred_boxes"])
