@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 
@@ -104,8 +106,30 @@ def run_case_subprocess(case: Case, timeout: float | None = None) -> dict:
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
-    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    raise UserError(f"Benchmark case '{case.label}' ({case.mode}) failed: {last}")
+    fd, log = tempfile.mkstemp(prefix="detr-peg-bench-", suffix=".log")
+    with os.fdopen(fd, "w") as file:
+        file.write(proc.stderr)
+    raise UserError(
+        f"Benchmark case '{case.label}' ({case.mode}) failed: {failure_line(proc.stderr)}; "
+        f"its full error output is in {log}"
+    )
+
+
+# The line a Python traceback ends with: "package.module.SomeError: message".
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
+
+
+def failure_line(stderr: str) -> str:
+    """The exception line of a failed process's error output (its last line when there is none).
+
+    Libraries print hints after the exception (torch.compile ends with a line
+    about ``TORCHDYNAMO_VERBOSE``), so the last line alone rarely says what failed.
+    """
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line):
+            return line
+    return lines[-1] if lines else "no output"
 
 
 def run_cases(cases: list[Case], progress: bool = True, rounds: int = 1) -> list[dict]:
