@@ -95,6 +95,8 @@ class Built:
     clip_max_norm: float
     #: The autocast of the config's ``train.amp`` on this device (detr_peg), used when the case sets none.
     config_amp: str = "none"
+    #: The config's ``train.compile`` (detr_peg): compile even without ``--compile``.
+    config_compile: bool = False
 
 
 def _build(case: Case, device: torch.device) -> Built:
@@ -150,6 +152,7 @@ def _build(case: Case, device: torch.device) -> Built:
         cfg.model.num_classes,
         cfg.train.clip_max_norm,
         resolve_amp(cfg.train.amp, device),
+        cfg.train.compile,
     )
 
 
@@ -186,7 +189,9 @@ def run_case(case: Case) -> dict:
     torch.manual_seed(0)
     built = _build(case, device)
     model, criterion, forward = built.model, built.criterion, built.forward
-    if case.compile:
+    # --compile, or the config's train.compile (so that --compare train.compile=false,true compares them).
+    compile_model = case.compile or built.config_compile
+    if compile_model:
         forward = torch.compile(forward)
     images = torch.randn(case.batch, 3, case.height, case.width, device=device)
     mask = torch.zeros(case.batch, case.height, case.width, dtype=torch.bool, device=device)
@@ -224,7 +229,7 @@ def run_case(case: Case) -> dict:
     timing = time_runs(step, device, warmup=case.warmup, runs=case.runs)
     peak = peak_memory_bytes(device)
     flops = None
-    if case.flops and not case.compile:
+    if case.flops and not compile_model:
         # Inference FLOPs are counted with autograd on: torch's module tracker
         # cannot follow parameters passed as inputs under no_grad. Same FLOPs.
         with dense_attention(model):
@@ -232,6 +237,7 @@ def run_case(case: Case) -> dict:
     result = asdict(case)
     result.update(
         amp=amp,
+        compile=compile_model,
         seconds=timing.median,
         runs_seconds=timing.runs,
         peak_memory_bytes=peak,
