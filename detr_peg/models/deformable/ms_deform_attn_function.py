@@ -374,9 +374,12 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
         table = value.reshape(b * s * m, d).to(work_dtype)
         grad_output = grad_output.to(work_dtype)
         chunks = _query_chunks(sampling_locations)
-        # The value row of every corner, written in place by _bilinear_corners block after block.
+        # The value row of every corner, written in place by _bilinear_corners block after block;
+        # 32-bit where both the rows and the corners of a block fit (the CSR patterns of
+        # _sampled_dots count corners in the same dtype), which makes _value_scatter's sort faster.
         max_bags = b * max(c.stop - c.start for c in chunks) * m
-        corner_rows = torch.empty(max_bags * bag_size, dtype=torch.int64, device=value.device)
+        index_dtype = _index_dtype(max(table.shape[0], max_bags * bag_size + 1))
+        corner_rows = torch.empty(max_bags * bag_size, dtype=index_dtype, device=value.device)
         grad_value = torch.zeros_like(table) if need_value else None
         grad_loc = torch.empty_like(sampling_locations) if need_loc else None
         grad_attn = torch.empty_like(attention_weights) if need_attn else None
@@ -396,7 +399,7 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
             nnz = b * lq * m * bag_size
             index_out = corner_rows[:nnz].view(b, lq, m, 2, 2, n_levels, n_points)
             _, weight, outside = _bilinear_corners(
-                spatial_shapes, level_start_index, sampling_locations[:, chunk], s, torch.int64, index_out
+                spatial_shapes, level_start_index, sampling_locations[:, chunk], s, index_dtype, index_out
             )
             flat_index = corner_rows[:nnz]
             grad_bags = grad_output[:, chunk].reshape(b * lq * m, d)
@@ -440,7 +443,8 @@ def _value_scatter(flat_index: Tensor, sample_weight: Tensor, bag_size: int, num
     terms of the sum.
 
     Args:
-        flat_index: ``Tensor[num_bags * bag_size]`` int64, the value row of every corner.
+        flat_index: ``Tensor[num_bags * bag_size]``, the value row of every corner
+            (int32 where rows and corners fit, see :func:`_index_dtype`).
         sample_weight: ``Tensor[num_bags * bag_size]``, the weight of every corner.
         bag_size: corners per bag (``n_levels * n_points * 4``).
         num_rows: rows of the value table (``B * S * n_heads``).
@@ -448,8 +452,7 @@ def _value_scatter(flat_index: Tensor, sample_weight: Tensor, bag_size: int, num
     Returns:
         A sparse CSR ``Tensor[num_rows, num_bags]``.
     """
-    keys = flat_index.to(torch.int32) if num_rows < 2**31 else flat_index
-    rows, order = torch.sort(keys, stable=True)
+    rows, order = torch.sort(flat_index, stable=True)
     crow = torch.zeros(num_rows + 1, dtype=torch.int64, device=flat_index.device)
     torch.cumsum(torch.bincount(rows, minlength=num_rows), 0, out=crow[1:])
     with warnings.catch_warnings():
