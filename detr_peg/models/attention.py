@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from detr_peg.models.dropout import dropout
+from detr_peg.models.dropout import cpu_mask_applies, dropout
 
 
 class MultiheadAttention(nn.Module):
@@ -19,11 +19,11 @@ class MultiheadAttention(nn.Module):
     ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels where
     available), and inputs that are the same tensor share one projection
     matmul (``q is k``, or ``q is k is v`` when no positional encoding is added).
-    In eager training on the CPU with dropout, where ``scaled_dot_product_attention``
-    falls back to its unfused path and draws a Bernoulli sample per attention
-    weight, the same steps are written out (scaled scores, masked softmax,
-    dropout, weighted sum), with the cheaper mask of
-    :func:`~detr_peg.models.dropout.dropout`.
+    Where the dropout draws the cheaper CPU mask
+    (:func:`~detr_peg.models.dropout.cpu_mask_applies`: eager CPU training),
+    ``scaled_dot_product_attention`` would fall back to its unfused path and
+    draw a Bernoulli sample per attention weight; there the same steps are
+    written out (scaled scores, masked softmax, that dropout, weighted sum).
 
     Args:
         embed_dim: model width ``d``.
@@ -82,11 +82,11 @@ class MultiheadAttention(nn.Module):
         q = q.reshape(b, lq, h, d // h).transpose(1, 2)
         k = k.reshape(b, lk, h, d // h).transpose(1, 2)
         v = v.reshape(b, lk, h, d // h).transpose(1, 2)
-        p = self.dropout if self.training else 0.0
-        if p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
-            out = attention_with_dropout(q, k, v, key_padding_mask, p)
+        if cpu_mask_applies(q, self.dropout, self.training):
+            out = attention_with_dropout(q, k, v, key_padding_mask, self.dropout)
         else:
             attn_mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+            p = self.dropout if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.out_proj(out.transpose(1, 2).reshape(b, lq, d))
 

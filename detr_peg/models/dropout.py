@@ -77,13 +77,25 @@ def cpu_dropout(x: Tensor, p: float) -> Tensor:
     return _MaskedScale.apply(x, keep, scale)
 
 
-def dropout(x: Tensor, p: float, training: bool = True, inplace: bool = False) -> Tensor:
-    """``F.dropout`` with the cheaper CPU mask of :func:`cpu_dropout` where it applies.
+def cpu_mask_applies(x: Tensor, p: float, training: bool = True, inplace: bool = False) -> bool:
+    """Whether dropout of ``x`` draws the cheaper CPU mask of :func:`cpu_dropout`.
 
     That is a CPU tensor in training mode, not in place, with ``p`` not rounding
     to 0 or 1, outside ``torch.compile`` (which generates its own random masks
     and cannot trace a draw whose size is symbolic); everything else is
     ``F.dropout`` itself.
+    """
+    return (
+        training
+        and not inplace
+        and x.device.type == "cpu"
+        and round(p * LEVELS) not in (0, LEVELS)
+        and not torch.compiler.is_compiling()
+    )
+
+
+def dropout(x: Tensor, p: float, training: bool = True, inplace: bool = False) -> Tensor:
+    """``F.dropout`` with the cheaper CPU mask of :func:`cpu_dropout` where :func:`cpu_mask_applies`.
 
     Args:
         x: ``Tensor[*]``, any float dtype.
@@ -94,15 +106,9 @@ def dropout(x: Tensor, p: float, training: bool = True, inplace: bool = False) -
     Returns:
         ``Tensor[*]``, the shape of ``x``.
     """
-    if (
-        not training
-        or inplace
-        or x.device.type != "cpu"
-        or round(p * LEVELS) in (0, LEVELS)
-        or torch.compiler.is_compiling()
-    ):
-        return F.dropout(x, p, training, inplace)
-    return cpu_dropout(x, p)
+    if cpu_mask_applies(x, p, training, inplace):
+        return cpu_dropout(x, p)
+    return F.dropout(x, p, training, inplace)
 
 
 class Dropout(nn.Dropout):
