@@ -129,7 +129,7 @@ def _build(case: Case, device: torch.device) -> Built:
     from detr_peg.models import build_criterion, build_model
 
     overrides = ["model.backbone.weights=null", *case.overrides]
-    cfg = load_config(case.config, overrides)  # its train.amp was checked before the cases (detr-peg bench)
+    cfg = load_config(case.config, overrides)  # its train.amp, if used, was checked before the cases
     if cfg.model.num_classes is None:
         cfg = load_config(case.config, ["model.num_classes=91", *overrides])
     model = build_model(cfg).to(device)

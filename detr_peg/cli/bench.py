@@ -180,9 +180,10 @@ def run(args: argparse.Namespace) -> int:
             official_args=args.official_args.split(),
             onnx=args.onnx,
         )
-    # Each compared config's train.amp must run on this device: refused before the first case, not after it.
+    # A case without --amp runs in its config's train.amp, which must run on this device:
+    # refused before the first case, not after it.
     for case in cases:
-        if case.config is not None:
+        if case.config is not None and case.amp == "none":
             check_amp(load_config(case.config, case.overrides).train.amp, torch.device(args.device))
     from detr_peg.benchmark.matmul_peak import add_peak_fractions
 

@@ -257,3 +257,41 @@ def test_a_compared_precision_this_device_cannot_run_is_refused_before_any_case(
         "detr-peg bench: error: train.amp=fp16 needs a CUDA device; on the CPU use train.amp=bf16 or auto."
     ]
     assert "Traceback" not in proc.stderr and proc.stdout == "" and not report.exists()
+
+
+def test_an_explicit_amp_replaces_the_compared_configs_precision(tmp_path):
+    """With --amp, the configs' own train.amp is not used, so it is not refused either."""
+    import torch
+
+    from detr_peg.engine.optim import native_bf16
+
+    if not native_bf16(torch.device("cpu")):
+        pytest.skip("--amp bf16 needs a CPU with native bfloat16 (AMX or AVX512-BF16)")
+    report = tmp_path / "explicit.json"
+    proc = _bench(
+        tmp_path,
+        "--config",
+        "configs/demo.yaml",
+        "--modes",
+        "infer",
+        "--infer-size",
+        "64x64",
+        "--amp",
+        "bf16",
+        "--compare",
+        "train.amp=none,fp16",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--peak-size",
+        "0",
+        "--no-flops",
+        "--output",
+        str(report),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(report.read_text())["results"]
+    assert [(r["label"], r["amp"]) for r in rows] == [("amp=none", "bf16"), ("amp=fp16", "bf16")]
