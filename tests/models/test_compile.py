@@ -15,36 +15,15 @@ import torch
 
 from detr_peg.config import load_config
 from detr_peg.models import build_criterion, build_model
+from tests.engine.tiny_run import TINY_MODEL
+from tests.models.deformable.small_model import SMALL as SMALL_DEFORMABLE
 
-SMALL = {
-    "detr": [
-        "model.arch=detr",
-        "model.backbone.name=resnet18",
-        "model.num_queries=5",
-        "model.transformer.hidden_dim=32",
-        "model.transformer.nheads=2",
-        "model.transformer.enc_layers=1",
-        "model.transformer.dec_layers=1",
-        "model.transformer.dim_feedforward=64",
-    ],
-    "deformable_detr": [
-        "model.arch=deformable_detr",
-        "model.backbone.name=resnet18",
-        "model.num_queries=5",
-        "model.transformer.hidden_dim=32",
-        "model.transformer.nheads=2",
-        "model.transformer.enc_layers=1",
-        "model.transformer.dec_layers=1",
-        "model.transformer.dim_feedforward=64",
-        "model.transformer.enc_n_points=2",
-        "model.transformer.dec_n_points=2",
-    ],
-}
+SMALL = {"detr": ["model.arch=detr", *TINY_MODEL, "model.num_classes=4"], "deformable_detr": SMALL_DEFORMABLE}
 
 
 @pytest.mark.parametrize("arch", sorted(SMALL))
 def test_training_with_dropout_compiles_for_other_sizes_and_batches(arch: str) -> None:
-    cfg = load_config(None, [*SMALL[arch], "model.num_classes=4", "model.transformer.dropout=0.1"])
+    cfg = load_config(None, [*SMALL[arch], "model.transformer.dropout=0.1"])
     torch.manual_seed(0)
     model = build_model(cfg).train()
     criterion = build_criterion(cfg)
