@@ -132,12 +132,20 @@ class ModelConfig:
             ``data.contiguous_labels``).
         num_queries: object queries.
         aux_loss: return and supervise every decoder layer's predictions.
+        mask_rule: how each feature level's padding mask is derived from the
+            image mask (:mod:`detr_peg.models.masking`): ``nearest``, the
+            official rule (nearest interpolation from the padded canvas), or
+            ``stride``, which follows the convolutions' geometry
+            (``ceil(size / stride)`` valid cells) on any canvas. They agree on
+            canvases that are multiples of the coarsest stride, which is how
+            every batch is padded.
     """
 
     arch: str = "detr"
     num_classes: int | None = field(default=None, metadata=valid(1, memory=classes_memory))
     num_queries: int = field(default=100, metadata=valid(1, memory=query_memory))
     aux_loss: bool = True
+    mask_rule: Literal["nearest", "stride"] = "nearest"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     position: PositionConfig = field(default_factory=PositionConfig)
     transformer: TransformerConfig = field(default_factory=TransformerConfig)

@@ -88,7 +88,12 @@ def evaluate_and_write(
     """
     extra = dict(extra or {})
     loader = build_eval_loader(
-        dataset, cfg.eval.batch_size, cfg.data.num_workers, env, padding_mode=cfg.eval.padding_mode
+        dataset,
+        cfg.eval.batch_size,
+        cfg.data.num_workers,
+        env,
+        size_divisibility=model.size_divisibility,
+        padding_mode=cfg.eval.padding_mode,
     )
     out = evaluate(
         model,

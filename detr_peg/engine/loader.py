@@ -8,10 +8,17 @@ multiple of the number of processes and dealt out round-robin, so process
 images. Batches are whole (``drop_last``), as in the official code.
 
 Resuming mid-epoch skips the batches already done without reading them.
+
+Every batch is padded to a multiple of ``size_divisibility``, the model's
+coarsest feature stride (``model.size_divisibility``), so each level's
+padding mask gives an image the valid extent it has alone (see
+:mod:`detr_peg.models.masking`). This is a difference from the official data
+pipelines, which pad to the largest image only.
 """
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
@@ -137,7 +144,9 @@ def _ignore_interrupts(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def build_train_loader(dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: int, start_batch: int = 0) -> DataLoader:
+def build_train_loader(
+    dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: int, size_divisibility: int, start_batch: int = 0
+) -> DataLoader:
     """The training loader of one epoch.
 
     Args:
@@ -145,6 +154,7 @@ def build_train_loader(dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: in
         cfg: uses ``train.batch_size``, ``train.seed`` and ``data.num_workers``.
         env: this process.
         epoch: the epoch (selects the order and the augmentation seeds).
+        size_divisibility: pad batches to a multiple of it (``model.size_divisibility``).
         start_batch: batches already done in this epoch.
 
     Returns:
@@ -165,7 +175,7 @@ def build_train_loader(dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: in
     return DataLoader(
         EpochSampleDataset(dataset, cfg.train.seed),
         batch_sampler=sampler,
-        collate_fn=collate_detection,
+        collate_fn=functools.partial(collate_detection, size_divisibility=size_divisibility),
         num_workers=workers,
         pin_memory=env.device.type == "cuda",
         worker_init_fn=_ignore_interrupts if workers > 0 else None,
@@ -236,9 +246,15 @@ PADDING_MODES = ("mixed", "exact")
 
 
 def build_eval_loader(
-    dataset: Dataset, batch_size: int, num_workers: int, env: DistEnv, *, padding_mode: str = "mixed"
+    dataset: Dataset,
+    batch_size: int,
+    num_workers: int,
+    env: DistEnv,
+    *,
+    size_divisibility: int,
+    padding_mode: str = "mixed",
 ) -> DataLoader:
-    """The evaluation loader: this process's shard in dataset order.
+    """The evaluation loader: this process's shard in dataset order, batches padded to ``size_divisibility``.
 
     ``DistributedSampler`` pads the shards to equal length by repeating
     images; the evaluation removes the repeats by image id. With
@@ -258,7 +274,7 @@ def build_eval_loader(
     return DataLoader(
         dataset,
         **batching,
-        collate_fn=collate_detection,
+        collate_fn=functools.partial(collate_detection, size_divisibility=size_divisibility),
         num_workers=workers,
         pin_memory=env.device.type == "cuda",
         worker_init_fn=_ignore_interrupts if workers > 0 else None,

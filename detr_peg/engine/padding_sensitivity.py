@@ -1,25 +1,41 @@
 """Padding sensitivity: the same validation set evaluated with and without batch padding.
 
-A batch of images of different sizes is padded to its largest image
+A batch of images of different sizes is padded to its largest image, rounded
+up to a multiple of the model's coarsest stride
 (:func:`~detr_peg.data.padding.pad_images`; the mask is True on padding).
-The transformer masks the padding out, but the backbone's convolutions do
-not: from the second convolution on, the features next to an image's right
-and bottom border see the (non-zero) features computed over the padded
-zeros, where an image alone sees the convolution's own zero padding. The
-Deformable-DETR extra level (a strided convolution over the last stage) and
-multi-level masks downsampled from the padded size add to that. So no
-encoding is exactly independent of batch padding; how much it matters is
-measured here, for three runs over the validation set:
+Two things make a padded image's outputs differ from the image alone:
 
-* ``single``: one image at a time (no padding at all; the reference);
+* **Per-level masks** (the large effect, now removed by default). Each
+  level's mask is derived from the padded canvas. With the official
+  ``nearest`` rule, a canvas that is not a multiple of a level's stride gives
+  the image more valid cells than it has alone (a 96 px image on a 120 px
+  canvas: 7 rows instead of 6 at stride 16, 4 instead of 3 at stride 32), so
+  Deformable-DETR's valid ratios and reference points are wrong and the
+  predicted boxes shrink toward the top-left corner. A small Deformable-DETR
+  lost three quarters of its AP that way. Every batch is therefore padded to
+  a multiple of ``model.size_divisibility``, where both mask rules agree with
+  the geometry; ``model.mask_rule=stride`` makes the masks right on any canvas
+  (see :mod:`detr_peg.models.masking`).
+* **The backbone** (small): from the second convolution on, the features
+  next to an image's right and bottom border see the (non-zero) features
+  computed over the padded zeros, where an image alone sees the convolution's
+  own zero padding.
+
+How much padding still changes is measured here, for three runs over the
+validation set:
+
+* ``single``: one image at a time (padded only up to the stride multiple;
+  the reference);
 * ``mixed``: ``eval.batch_size`` images in dataset order, padded to the
   largest of each batch (``eval.padding_mode=mixed``, the default). When
   every image of the set has the same size, padding would never happen, so
   every batch is padded by :data:`EXTRA_PADDING` of its size on the right and
-  bottom, as a batch with a larger image would be;
+  bottom (rounded up to the stride multiple), as a batch with a larger image
+  would be;
 * ``exact``: ``eval.batch_size`` images of equal size per batch
-  (``eval.padding_mode=exact``): no padding, so the outputs equal ``single``
-  up to float rounding, at the cost of smaller batches on data of many sizes.
+  (``eval.padding_mode=exact``): no more padding than one image alone, so the
+  outputs equal ``single`` up to float rounding, at the cost of smaller
+  batches on data of many sizes.
 
 ``padding.json``::
 
@@ -62,18 +78,24 @@ PADDING_RUNS = ("single", "mixed", "exact")
 EXTRA_PADDING = 0.25
 
 
-def pad_further(images: Tensor, mask: Tensor, fraction: float) -> tuple[Tensor, Tensor]:
+def pad_further(images: Tensor, mask: Tensor, fraction: float, size_divisibility: int = 1) -> tuple[Tensor, Tensor]:
     """Grow a padded batch by ``fraction`` of its size on the right and bottom (zeros, mask True).
 
     Args:
         images: ``Tensor[B, C, H, W]``.
         mask: ``Tensor[B, H, W]`` bool, True = padding.
+        fraction: the growth, relative to ``H`` and ``W``.
+        size_divisibility: the grown size is rounded up to a multiple of it.
 
     Returns:
-        ``Tensor[B, C, H', W']`` and ``Tensor[B, H', W']`` with ``H' = ceil(H * (1 + fraction))``.
+        ``Tensor[B, C, H', W']`` and ``Tensor[B, H', W']`` with ``H'`` the
+        multiple of ``size_divisibility`` at or above ``ceil(H * (1 + fraction))``.
     """
     h, w = mask.shape[-2:]
-    extra_h, extra_w = math.ceil(h * (1 + fraction)) - h, math.ceil(w * (1 + fraction)) - w
+    step = max(size_divisibility, 1)
+    new_h = -(-math.ceil(h * (1 + fraction)) // step) * step
+    new_w = -(-math.ceil(w * (1 + fraction)) // step) * step
+    extra_h, extra_w = new_h - h, new_w - w
     return F.pad(images, (0, extra_w, 0, extra_h)), F.pad(mask, (0, extra_w, 0, extra_h), value=True)
 
 
@@ -95,7 +117,7 @@ def predict_raw(
     try:
         for images, mask, targets in batches:
             if extra_padding > 0:
-                images, mask = pad_further(images, mask, extra_padding)
+                images, mask = pad_further(images, mask, extra_padding, loaded.model.size_divisibility)
             padded, total = padded + int(mask.sum()), total + mask.numel()
             with autocast(loaded.amp, device):
                 outputs = loaded.model(images.to(device, non_blocking=True), mask.to(device, non_blocking=True))
@@ -142,11 +164,14 @@ def measure_padding(
     raw: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
     padded_fraction = 0.0
     # One untimed image first, so the first timed run does not pay for the first call's set-up.
-    predict_raw(loaded, islice(build_eval_loader(dataset, 1, 0, env), 1), env.device)
+    divisibility = loaded.model.size_divisibility
+    predict_raw(loaded, islice(build_eval_loader(dataset, 1, 0, env, size_divisibility=divisibility), 1), env.device)
     for name in PADDING_RUNS:
         size, padding_mode, extra_padding = settings[name]
         start = time.perf_counter()
-        loader = build_eval_loader(dataset, size, cfg.data.num_workers, env, padding_mode=padding_mode)
+        loader = build_eval_loader(
+            dataset, size, cfg.data.num_workers, env, size_divisibility=divisibility, padding_mode=padding_mode
+        )
         results, raw[name], fraction = predict_raw(loaded, loader, env.device, extra_padding)
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)

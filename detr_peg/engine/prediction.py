@@ -120,7 +120,7 @@ def predict_images(
         chunk = paths[start : start + batch_size]
         pictures = [load_rgb_image(p) for p in chunk]
         tensors = [transform(tv_tensors.Image(F.pil_to_tensor(pic))) for pic in pictures]
-        images, mask = pad_images(tensors)
+        images, mask = pad_images(tensors, size_divisibility=model.size_divisibility)
         outputs = model(images.to(device), mask.to(device))
         check_outputs(outputs)
         sizes = torch.tensor([[pic.height, pic.width] for pic in pictures], device=device)

@@ -148,7 +148,14 @@ def _train_epoch(run: TrainingRun, epoch: int) -> EpochStats:
     """
     t, progress, device = run.cfg.train, run.progress, run.env.device
     start_batch = progress.epoch_batches_done
-    loader = build_train_loader(run.train_set, run.cfg, run.env, epoch=epoch, start_batch=start_batch)
+    loader = build_train_loader(
+        run.train_set,
+        run.cfg,
+        run.env,
+        epoch=epoch,
+        size_divisibility=run.model.size_divisibility,
+        start_batch=start_batch,
+    )
 
     def after_step(batches_done: int, iteration: int) -> bool:
         progress.epoch_batches_done, progress.iteration = batches_done, iteration

@@ -161,7 +161,12 @@ def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv) -> dict[s
     cfg = loaded.cfg
     dataset = build_coco_dataset(data, "val", label_map=loaded.label_map)
     loader = build_eval_loader(
-        dataset, cfg.eval.batch_size, cfg.data.num_workers, env, padding_mode=cfg.eval.padding_mode
+        dataset,
+        cfg.eval.batch_size,
+        cfg.data.num_workers,
+        env,
+        size_divisibility=loaded.model.size_divisibility,
+        padding_mode=cfg.eval.padding_mode,
     )
     out = evaluate(
         loaded.model,

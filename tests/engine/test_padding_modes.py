@@ -1,11 +1,18 @@
-"""Batch padding on real COCO images of different sizes: ``eval.padding_mode=exact`` equals one image at a time.
+"""Batch padding on real COCO images of different sizes: ``eval.padding_mode=exact`` equals one image at a time,
+and the default ``mixed`` mode stays within a measured bound of it.
 
 A tiny random-init model (eval mode, running BatchNorm statistics) runs over
 the 28 coco128 validation images, 19 distinct sizes, resized to a short side
-of 64 px. In the default ``mixed`` mode the backbone sees the padding of
-larger images in the batch, so outputs differ from one image at a time; in
-the ``exact`` mode every batch holds one size, and every image's full
-``pred_logits`` and ``pred_boxes`` equal its single-image outputs.
+of 64 px. Every batch, one image alone included, is padded to a multiple of
+the model's coarsest stride, so the per-level masks give each image the valid
+extent it has alone. In the ``exact`` mode every batch holds one size, and
+every image's full ``pred_logits`` and ``pred_boxes`` equal its single-image
+outputs. In the default ``mixed`` mode the backbone still sees the padding of
+larger images in the batch next to the image borders: measured with these
+models, the largest logit difference from one image at a time is 0.22 (DETR)
+and 0.53-0.57 (Deformable-DETR), the largest box difference 0.010 (DETR) and
+0 (Deformable-DETR, whose random box head is zero); the bounds below allow
+about 40 % more.
 """
 
 from __future__ import annotations
@@ -69,18 +76,25 @@ def test_exact_mode_equals_one_image_at_a_time(coco128_val, arch: list[str], pos
     )
     env = DistEnv()
     assert len(set(image_sizes(dataset))) > 10
-    _, single, _ = predict_raw(loaded, build_eval_loader(dataset, 1, 0, env), env.device)
-    _, exact, exact_padding = predict_raw(
-        loaded, build_eval_loader(dataset, 4, 0, env, padding_mode="exact"), env.device
-    )
-    _, mixed, mixed_padding = predict_raw(loaded, build_eval_loader(dataset, 4, 0, env), env.device)
+    divisibility = loaded.model.size_divisibility
+    assert divisibility == (32 if arch else 16)
+
+    def loader(batch_size: int, mode: str = "mixed"):
+        return build_eval_loader(dataset, batch_size, 0, env, size_divisibility=divisibility, padding_mode=mode)
+
+    _, single, single_padding = predict_raw(loaded, loader(1), env.device)
+    _, exact, exact_padding = predict_raw(loaded, loader(4, "exact"), env.device)
+    _, mixed, mixed_padding = predict_raw(loaded, loader(4), env.device)
     assert sorted(single) == sorted(exact) == sorted(mixed) == sorted(dataset.ids)
-    assert exact_padding == 0.0 and mixed_padding > 0.1
+    # exact batches are padded only as far as one image alone is (to the stride multiple)
+    assert 0 < single_padding == pytest.approx(exact_padding) and mixed_padding > single_padding + 0.1
     for image_id in single:
         torch.testing.assert_close(exact[image_id], single[image_id], rtol=1e-4, atol=1e-5)
-    # the default mode is not exact: padding changes the backbone features next to the image borders
-    largest = max(float((mixed[i][0] - single[i][0]).abs().max()) for i in single)
-    assert largest > 1e-3
+    # the default mode is not exact (the backbone sees the padding next to the image borders), but bounded
+    logits = max(float((mixed[i][0] - single[i][0]).abs().max()) for i in single)
+    boxes = max(float((mixed[i][1] - single[i][1]).abs().max()) for i in single)
+    assert 1e-3 < logits < (0.8 if arch else 0.3)
+    assert boxes < 0.015
 
 
 def test_size_grouped_batches_hold_one_size_each(coco128_val) -> None:

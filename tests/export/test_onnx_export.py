@@ -36,15 +36,22 @@ SMALL_DEFORMABLE = [*SMALL, "model.transformer.enc_layers=1", "eval.num_select=1
 
 #: name -> (config overrides, export with post-processing, run the exporter's graph optimizer). Every encoding
 #: is exported with DETR; Deformable-DETR with PEG (single-stage) and with sine, box refinement and two-stage.
+#: The sine cases derive their level masks by ``model.mask_rule=stride``, the others by the official rule.
 #: Each Deformable-DETR export costs 20-30 s here, so its learned tables (the same module as DETR's, one
 #: table per level) are left to the DETR case.
 MODELS = {
     "detr_peg": ([*TINY_DETR, "model.position.name=peg"], True, True),
-    "detr_sine": ([*TINY_DETR, "model.position.name=sine"], False, False),
+    "detr_sine": ([*TINY_DETR, "model.position.name=sine", "model.mask_rule=stride"], False, False),
     "detr_learned": ([*TINY_DETR, "model.position.name=learned", "model.position.num_embeddings=20"], False, False),
     "deformable_peg": ([*SMALL_DEFORMABLE, "model.position.name=peg"], True, False),
     "deformable_sine_refine_two_stage": (
-        [*SMALL_DEFORMABLE, "model.position.name=sine", "model.with_box_refine=true", "model.two_stage=true"],
+        [
+            *SMALL_DEFORMABLE,
+            "model.position.name=sine",
+            "model.with_box_refine=true",
+            "model.two_stage=true",
+            "model.mask_rule=stride",
+        ],
         False,
         False,
     ),
@@ -116,6 +123,22 @@ def test_onnx_runtime_matches_pytorch_on_other_sizes(exported, name, batch):
             torch.testing.assert_close(
                 got[key], expected[key], rtol=0, atol=ATOL, msg=lambda m, size=size, key=key: f"{size} {key}: {m}"
             )
+
+
+@pytest.mark.parametrize("name", ["detr_sine", "deformable_sine_refine_two_stage"])
+def test_stride_mask_rule_is_in_the_graph(exported, name):
+    # On these canvases (not multiples of the strides) the two rules give other outputs, so the graph
+    # matching PyTorch above shows the stride rule was exported, not the official one.
+    model, _ = exported(name)
+    images, mask, _ = padded_batch(3, SIZES[0])
+    with torch.no_grad():
+        stride = model(images, mask)["pred_boxes"]
+        model.mask_rule = "nearest"
+        try:
+            nearest = model(images, mask)["pred_boxes"]
+        finally:
+            model.mask_rule = "stride"
+    assert float((stride - nearest).abs().max()) > 1e-3
 
 
 @pytest.mark.parametrize("name", ["detr_peg", "deformable_peg"])

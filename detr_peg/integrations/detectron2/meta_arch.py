@@ -108,7 +108,7 @@ class DetrPeg(nn.Module):
         for item in batched_inputs:
             image = (item["image"].to(self.device).float() - self.pixel_mean) / self.pixel_std
             images.append(image.flip(0) if self.input_format == "BGR" else image)
-        batch, mask = pad_images(images)
+        batch, mask = pad_images(images, size_divisibility=self.detector.size_divisibility)
         return batch, mask, [tuple(image.shape[-2:]) for image in images]
 
     def prepare_targets(self, batched_inputs: list[dict], sizes: list[tuple[int, int]]) -> list[dict]:

@@ -98,6 +98,7 @@ def build_deformable_detr(cfg: Config) -> DeformableDETR:
         aux_loss=m.aux_loss,
         with_box_refine=m.with_box_refine,
         two_stage=m.two_stage,
+        mask_rule=m.mask_rule,
     )
 
 

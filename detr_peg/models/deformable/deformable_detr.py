@@ -4,8 +4,9 @@ Multi-scale input: the backbone's levels (C3-C5 by default) are each projected
 to ``hidden_dim`` by a 1x1 convolution and GroupNorm(32); further levels are
 made by 3x3 stride-2 convolutions with GroupNorm, the first one applied to
 the backbone's last feature map (not to its projection), each later one to the
-previous extra level. Every level's padding mask is the image mask resized
-with nearest interpolation.
+previous extra level. Every level's padding mask is derived from the image
+mask by ``model.mask_rule`` (:mod:`detr_peg.models.masking`; the official
+rule is nearest interpolation).
 
 Heads: a linear class head with sigmoid (focal) logits, ``num_classes``
 outputs and no "no object" class, initialised to a 0.01 prior, and a 3-layer
@@ -31,7 +32,7 @@ from detr_peg.models.backbones.base import Backbone
 from detr_peg.models.deformable.decoder import refine_reference
 from detr_peg.models.deformable.transformer import DeformableTransformer
 from detr_peg.models.feedforward import MLP
-from detr_peg.models.masking import batch_with_mask, downsample_mask
+from detr_peg.models.masking import batch_with_mask, level_masks
 
 GROUP_NORM_GROUPS = 32
 PRIOR_PROB = 0.01
@@ -75,6 +76,14 @@ class DeformableDETR(nn.Module):
         with_box_refine: iterative box refinement (a box head per decoder layer
             that also updates the next layer's reference boxes).
         two_stage: queries from the encoder's top proposals (needs ``with_box_refine``).
+        mask_rule: ``nearest`` (official) or ``stride``; see :mod:`detr_peg.models.masking`.
+
+    Attributes:
+        feature_strides: the stride of every level the transformer sees (the
+            backbone's, then twice the previous one per extra level).
+        size_divisibility: padded batches should be a multiple of this many
+            pixels (the coarsest stride), so both mask rules give each level
+            the valid extent the image alone has.
     """
 
     def __init__(
@@ -87,6 +96,7 @@ class DeformableDETR(nn.Module):
         aux_loss: bool = True,
         with_box_refine: bool = False,
         two_stage: bool = False,
+        mask_rule: str = "nearest",
     ) -> None:
         super().__init__()
         if two_stage and not with_box_refine:
@@ -104,6 +114,11 @@ class DeformableDETR(nn.Module):
         self.aux_loss = aux_loss
         self.with_box_refine = with_box_refine
         self.two_stage = two_stage
+        self.mask_rule = mask_rule
+        strides = list(backbone.strides)
+        while len(strides) < num_levels:
+            strides.append(strides[-1] * 2)  # each extra level is a stride-2 convolution of the previous one
+        self.feature_strides = strides
         self.backbone = backbone
         self.transformer = transformer
         projections = [InputProjection(in_channels=c, out_channels=d) for c in in_channels]
@@ -117,6 +132,11 @@ class DeformableDETR(nn.Module):
         if not two_stage:
             self.query_embed = nn.Embedding(num_queries, 2 * d)
         self.class_embed, self.bbox_embed = self._build_heads(d, num_classes, transformer.decoder.num_layers)
+
+    @property
+    def size_divisibility(self) -> int:
+        """Pixels a padded batch's height and width should be a multiple of."""
+        return max(self.feature_strides)
 
     def _build_heads(self, d: int, num_classes: int, num_layers: int) -> tuple[nn.ModuleList, nn.ModuleList]:
         class_head = nn.Linear(d, num_classes)
@@ -143,7 +163,8 @@ class DeformableDETR(nn.Module):
 
         Args:
             images: ``Tensor[B, 3, H, W]`` padded batch (normalised, zeros in the
-                padding) or a list of unpadded ``Tensor[3, H_i, W_i]``.
+                padding) or a list of unpadded ``Tensor[3, H_i, W_i]`` (padded
+                here to a multiple of :attr:`size_divisibility`).
             mask: ``Tensor[B, H, W]`` bool, True = padding (batch input only;
                 ``None`` = no padding).
 
@@ -159,12 +180,12 @@ class DeformableDETR(nn.Module):
               "pred_boxes": Tensor[B, S, 4]}``, one proposal per encoder token;
               invalid and padded proposals have boxes of exactly 1.0.
         """
-        images, mask = batch_with_mask(images, mask)
+        images, mask = batch_with_mask(images, mask, self.size_divisibility)
         features = self.backbone(images)
         srcs = [proj(f) for proj, f in zip(self.input_proj, features)]
         for level in range(len(features), self.num_feature_levels):
             srcs.append(self.input_proj[level](features[-1] if level == len(features) else srcs[-1]))
-        masks = [downsample_mask(mask, s.shape[-2:]) for s in srcs]
+        masks = level_masks(mask, [s.shape[-2:] for s in srcs], self.feature_strides, self.mask_rule)
 
         out_t = self.transformer(
             srcs,

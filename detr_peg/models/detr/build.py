@@ -50,6 +50,7 @@ def build_detr(cfg: Config) -> DETR:
         num_classes=num_classes,
         num_queries=m.num_queries,
         aux_loss=m.aux_loss,
+        mask_rule=m.mask_rule,
     )
 
 
