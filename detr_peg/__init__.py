@@ -4,11 +4,14 @@ Public API::
 
     import detr_peg
 
+    detector = detr_peg.Detector.from_checkpoint("model.pth")   # a trained or converted checkpoint
+    detections = detector.predict("photo.jpg")                   # boxes (x0, y0, x1, y1 px), scores, class names
+    metrics = detector.evaluate("images/", "annotations.json")   # COCO AP, AP50, ...
+
     cfg = detr_peg.load_config("configs/detr_r50_peg.yaml", ["model.num_classes=91"])
     model = detr_peg.build_model(cfg)            # random init (or configured backbone weights)
-    model = detr_peg.load_model("model.pth")     # a trained or converted checkpoint, eval mode
-    out = model(images, mask)                    # Tensor[B, 3, H, W] + Tensor[B, H, W] (True = padding)
-    out = model([img1, img2])                    # or a list of unpadded Tensor[3, H, W]
+    loaded = detr_peg.load_model("model.pth")    # LoadedModel: .model (eval mode), .config, .label_map, ...
+    out = loaded.model(images, mask)             # Tensor[B, 3, H, W] + Tensor[B, H, W] (True = padding)
     result = detr_peg.run_training(cfg)          # train as `detr-peg train` does -> TrainResult
 
 Names are imported lazily, so ``import detr_peg.data`` does not load the models.
@@ -25,12 +28,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "Detector": "detr_peg.detector",
+    "Detections": "detr_peg.engine.detections",
     "Config": "detr_peg.config",
     "load_config": "detr_peg.config",
     "build_model": "detr_peg.models",
     "build_criterion": "detr_peg.models",
     "build_postprocessor": "detr_peg.models",
     "load_model": "detr_peg.models.loading",
+    "LoadedModel": "detr_peg.models.loading",
     "run_training": "detr_peg.engine.runner",
     "run_evaluation": "detr_peg.engine.evaluation_run",
 }

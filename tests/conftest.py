@@ -8,12 +8,15 @@ a reason when they are absent.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import detr_peg.models  # noqa: F401  (registers the architectures and encodings configs are checked against)
+from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = Path(os.environ.get("DETR_PEG_SHARED", REPO_ROOT.parent / "shared"))
@@ -37,3 +40,47 @@ def coco128_dir() -> Path:
     if not (COCO128_DIR / "annotations.json").is_file():
         pytest.skip(f"coco128 not found at {COCO128_DIR} (set DETR_PEG_SHARED)")
     return COCO128_DIR
+
+
+COCO128_SMALL = [
+    "model.backbone.out_stages=[2]",
+    "data.train_scales=[96]",
+    "data.train_max_size=128",
+    "data.crop_scales=[96]",
+    "data.crop_size=[64,96]",
+    "data.val_scale=96",
+    "data.val_max_size=128",
+]
+
+
+@pytest.fixture(scope="session")
+def coco128_checkpoint(coco128_dir: Path, tmp_path_factory) -> Path:
+    """A tiny DETR trained for 3 iterations on coco128 by `detr-peg train` in a subprocess; its checkpoint."""
+    out = tmp_path_factory.mktemp("coco128_run")
+    args = [
+        *TINY_MODEL,
+        *COCO128_SMALL,
+        *RUN,
+        "data.num_workers=2",
+        "train.batch_size=2",
+        "train.max_iters=3",
+        "train.tensorboard=true",
+        *data_overrides(
+            coco128_dir / "images",
+            coco128_dir / "annotations_train.json",
+            coco128_dir / "images",
+            coco128_dir / "annotations_val.json",
+        ),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "detr_peg.cli.main", "train", "--output", str(out), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "AP50" in proc.stdout and "Done: 3 iterations" in proc.stdout
+    return out / "checkpoint.pth"

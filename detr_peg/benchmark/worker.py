@@ -18,7 +18,7 @@ from torch import nn
 
 from detr_peg.benchmark.onnx_case import ONNX_IMPL, onnx_forward
 from detr_peg.engine.memory_allocator import retain_freed_memory
-from detr_peg.engine.optim import autocast as amp_autocast
+from detr_peg.engine.mixed_precision import autocast as amp_autocast
 
 
 @dataclass
@@ -125,7 +125,8 @@ def _build(case: Case, device: torch.device) -> Built:
         return Built(model, criterion, make_optimizer, total, forward, 91, args.clip_max_norm)
 
     from detr_peg.config import load_config
-    from detr_peg.engine.optim import build_optimizer, resolve_amp
+    from detr_peg.engine.mixed_precision import resolve_amp
+    from detr_peg.engine.optimizer import build_optimizer
     from detr_peg.models import build_criterion, build_model
 
     overrides = ["model.backbone.weights=null", *case.overrides]

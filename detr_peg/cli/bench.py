@@ -99,7 +99,7 @@ def _measure_peak(args: argparse.Namespace, amp: str) -> MatmulPeak:
     import torch
 
     from detr_peg.benchmark.matmul_peak import measure_matmul_peak
-    from detr_peg.engine.optim import AMP_DTYPES
+    from detr_peg.engine.mixed_precision import AMP_DTYPES
 
     return measure_matmul_peak(args.device, args.threads, size=args.peak_size, dtype=AMP_DTYPES.get(amp, torch.float32))
 
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--device cuda was requested but no CUDA device is available.")
     import torch
 
-    from detr_peg.engine.optim import check_amp
+    from detr_peg.engine.mixed_precision import check_amp
 
     check_amp(args.amp, torch.device(args.device))
     if args.onnx:

@@ -178,32 +178,23 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
     from PIL import Image
     from tqdm import tqdm
 
-    from detr_peg.data.label_map import LabelMap
-    from detr_peg.engine.prediction import ImagePrediction, draw_prediction, predict_images
+    from detr_peg.cli.predict import predict_files
+    from detr_peg.detector import Detector
+    from detr_peg.engine.drawing import draw_detections
     from detr_peg.engine.run_setup import write_json
-    from detr_peg.models.builder import build_postprocessor
-    from detr_peg.models.loading import load_model
 
-    model = load_model(checkpoint)
-    label_map = LabelMap.from_dict(model.label_map) if model.label_map else None
+    detector = Detector.from_checkpoint(checkpoint, device="cpu")
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     with tqdm(total=len(images), desc="pictures", unit="img", leave=False, disable=not sys.stderr.isatty()) as bar:
-        for pred in predict_images(
-            model,
-            build_postprocessor(model.config),
-            images,
-            label_map=label_map,
-            score_threshold=score_threshold,
-            batch_size=8,
-            progress=bar.update,
-        ):
-            records.extend(pred.records)
-            factor = max(1, -(-DRAW_MIN_SIDE // max(pred.image.size)))
+        found = predict_files(detector, images, threshold=score_threshold, batch_size=8, progress=bar.update)
+        for image_id, path, picture, detections in found:
+            records.extend(detections.records(image_id))
+            factor = max(1, -(-DRAW_MIN_SIDE // max(picture.size)))
             if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
-                big = pred.image.resize((pred.image.width * factor, pred.image.height * factor), Image.NEAREST)
-                pred = ImagePrediction(pred.image_id, pred.path, big, pred.records, pred.boxes * factor)
-            draw_prediction(pred).save(out / f"{pred.path.stem}.png")
+                picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
+                detections.boxes = detections.boxes * factor
+            draw_detections(picture, detections).save(out / f"{path.stem}.png")
     write_json(out / "predictions.json", records)
     return len(records)
 

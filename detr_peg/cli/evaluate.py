@@ -69,25 +69,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. eval.batch_size=8")
 
 
-def config_over_checkpoint(checkpoint: str, config_file: str | None, overrides: list[str]):
-    """The checkpoint's config, then ``config_file``, then ``overrides``.
+def config_over_checkpoint(checkpoint, config_file: str | None, overrides: list[str]):
+    """The config of a :class:`~detr_peg.checkpoint.format.Checkpoint`, then ``config_file``, then ``overrides``.
 
     The device is chosen afresh (``train.device=auto``) unless the file or an
     override sets it, so a GPU-trained checkpoint evaluates on a CPU machine.
     """
-    from detr_peg.checkpoint.format import read_checkpoint
     from detr_peg.config.loader import config_to_dict, load_config
 
-    stored = config_to_dict(read_checkpoint(checkpoint).config)
+    stored = config_to_dict(checkpoint.config)
     stored["train"].update(device="auto", resume=False)
-    return load_config(config_file, overrides, base=stored, base_source=f"config stored in {checkpoint}")
+    return load_config(config_file, overrides, base=stored, base_source=f"config stored in {checkpoint.path}")
 
 
 def run(args: argparse.Namespace) -> int:
+    from detr_peg.checkpoint.format import read_checkpoint
+    from detr_peg.engine.distributed import process_group
     from detr_peg.engine.evaluation_run import run_evaluation
     from detr_peg.guards.output_guard import Input
 
-    cfg = config_over_checkpoint(args.checkpoint, args.config, args.overrides)
+    checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
+    cfg = config_over_checkpoint(checkpoint, args.config, args.overrides)
     if args.scales or args.canvas_scales:
         from detr_peg.engine.scale_evaluation import canvas_side, check_scales, synthetic_params
 
@@ -100,15 +102,16 @@ def run(args: argparse.Namespace) -> int:
                     canvas_side(params, scale)
     output = Path(args.output) if args.output else Path(args.checkpoint).resolve().parent / "eval"
     config_input = [Input(Path(args.config), "--config")] if args.config else []
-    result = run_evaluation(cfg, args.checkpoint, output, extra_inputs=config_input)
-    if result.metrics_file is not None:
-        print(f"Wrote {result.metrics_file} and {result.detections_file} ({result.num_detections} detections).")
-    if args.scales or args.canvas_scales or args.padding:
-        from detr_peg.engine.scale_evaluation import run_scale_evaluation
+    with process_group(cfg.train.device):  # one process group for every evaluation of the command
+        result = run_evaluation(cfg, checkpoint, output, extra_inputs=config_input)
+        if result.metrics_file is not None:
+            print(f"Wrote {result.metrics_file} and {result.detections_file} ({result.num_detections} detections).")
+        if args.scales or args.canvas_scales or args.padding:
+            from detr_peg.engine.scale_evaluation import run_scale_evaluation
 
-        written = run_scale_evaluation(
-            cfg, args.checkpoint, output, scales=args.scales, canvas_scales=args.canvas_scales, padding=args.padding
-        )
-        if written:
-            print(f"Wrote {', '.join(str(path) for path in written.values())}.")
+            written = run_scale_evaluation(
+                cfg, checkpoint, output, scales=args.scales, canvas_scales=args.canvas_scales, padding=args.padding
+            )
+            if written:
+                print(f"Wrote {', '.join(str(path) for path in written.values())}.")
     return 0

@@ -95,6 +95,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.check:
         torch.manual_seed(0)
-        diff = compare_with_pytorch(model, path, batch_size=args.batch_size, image_size=args.image_size)
+        diff = compare_with_pytorch(model.model, path, batch_size=args.batch_size, image_size=args.image_size)
         print(f"checked in ONNX Runtime against PyTorch: largest difference {diff:.2e}")
     return 0

@@ -57,7 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device", type=option_types.device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)"
     )
     parser.add_argument(
-        "--batch-size", type=option_types.positive, default=1, metavar="N", help="images per forward pass (default: 1)"
+        "--batch-size",
+        type=option_types.positive,
+        default=8,
+        metavar="N",
+        help="most images per forward pass; images of equal size are batched, so results do not depend on it "
+        "(default: 8)",
     )
 
 
@@ -72,30 +77,49 @@ def _split(inputs: list[str]) -> tuple[list[str], list[str]]:
     return paths, overrides
 
 
-def _onnx_model(path: str, overrides: list[str]):
-    """The exported graph in ONNX Runtime, with the config and label map stored in it."""
-    from detr_peg.errors import CheckpointError
-    from detr_peg.export.onnx_runtime import OnnxDetector
+#: Images decoded and held in memory at once (the Detector batches them by size).
+CHUNK = 64
 
-    model = OnnxDetector(path, overrides=overrides)
-    if model.config is None:
-        raise CheckpointError(f"{path} holds no detr_peg config; export it with `detr-peg export`.")
-    return model
+
+def unique_png_name(path: Path, used: set[str]) -> str:
+    """``<stem>.png``, or ``<stem>_2.png``, ... when an earlier input had the same stem."""
+    name, n = f"{path.stem}.png", 1
+    while name in used:
+        n += 1
+        name = f"{path.stem}_{n}.png"
+    used.add(name)
+    return name
+
+
+def predict_files(detector, images: list[Path], *, threshold: float, batch_size: int, progress=None):
+    """Yield ``(image_id, path, picture, detections)`` for each file, in order (``image_id`` 1-based).
+
+    Files are decoded in chunks of :data:`CHUNK`; each chunk goes through
+    :meth:`detr_peg.Detector.predict`.
+    """
+    from detr_peg.data.image_file import load_rgb_image
+
+    for start in range(0, len(images), CHUNK):
+        paths = images[start : start + CHUNK]
+        pictures = [load_rgb_image(path) for path in paths]
+        found = detector.predict(pictures, threshold=threshold, batch_size=batch_size)
+        for offset, (path, picture, detections) in enumerate(zip(paths, pictures, found)):
+            detections.source = str(path)
+            if progress is not None:
+                progress(1)
+            yield start + offset + 1, path, picture, detections
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     from tqdm import tqdm
 
-    from detr_peg.data.label_map import LabelMap
-    from detr_peg.engine.distributed import resolve_device
-    from detr_peg.engine.prediction import collect_images, draw_prediction, predict_images, unique_png_name
+    from detr_peg.data.image_input import collect_images
+    from detr_peg.detector import Detector
+    from detr_peg.engine.drawing import draw_detections
     from detr_peg.engine.run_setup import write_json
     from detr_peg.errors import ConfigError, UserError
     from detr_peg.guards.declared_io import predict_io
     from detr_peg.guards.output_guard import guard_outputs
-    from detr_peg.models.builder import build_postprocessor
-    from detr_peg.models.loading import load_model
 
     paths, overrides = _split(args.inputs)
     if not paths:
@@ -107,13 +131,10 @@ def run(args: argparse.Namespace) -> int:
     model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
     guard_outputs("predict", *predict_io(paths, model_file, args.output, sorted(png_names), model_option=model_option))
     if args.onnx:
-        model = _onnx_model(args.onnx, overrides)
-        device = torch.device("cpu")
+        detector = Detector.from_onnx(args.onnx, overrides=overrides)
     else:
-        device = resolve_device(args.device)
-        model = load_model(args.checkpoint, device=device, overrides=overrides)
-    threshold = model.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
-    label_map = LabelMap.from_dict(model.label_map) if model.label_map else None
+        detector = Detector.from_checkpoint(args.checkpoint, device=args.device, overrides=overrides)
+    threshold = detector.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
     out = Path(args.output)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -126,20 +147,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         stage.mkdir()
         with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
-            for prediction in predict_images(
-                model,
-                build_postprocessor(model.config),
-                images,
-                label_map=label_map,
-                score_threshold=threshold,
-                batch_size=args.batch_size,
-                device=device,
-                progress=bar.update,
-            ):
-                records.extend(prediction.records)
-                name = unique_png_name(prediction.path, used)
+            found = predict_files(
+                detector, images, threshold=threshold, batch_size=args.batch_size, progress=bar.update
+            )
+            for image_id, path, picture, detections in found:
+                records.extend(detections.records(image_id))
+                name = unique_png_name(path, used)
                 try:
-                    draw_prediction(prediction).save(stage / name)
+                    draw_detections(picture, detections).save(stage / name)
                 except OSError as exc:
                     raise UserError(f"Could not write {out / name}: {exc.strerror or exc}.") from None
         for name in sorted(used):

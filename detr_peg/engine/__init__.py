@@ -8,9 +8,10 @@ Entry points (imported lazily)::
     result = run_evaluation(cfg, "runs/peg/checkpoint.pth", "runs/peg/eval")
 
 Building blocks: ``train_one_epoch`` (:mod:`~detr_peg.engine.train_loop`),
-``evaluate`` (:mod:`~detr_peg.engine.evaluate`), ``build_optimizer`` /
-``build_lr_scheduler`` (:mod:`~detr_peg.engine.optim`),
-``build_param_groups`` (:mod:`~detr_peg.engine.param_groups`).
+``evaluate`` (:mod:`~detr_peg.engine.evaluate`), ``run_inference``
+(:mod:`~detr_peg.engine.inference`, the one inference loop), ``build_optimizer``
+and ``build_param_groups`` (:mod:`~detr_peg.engine.optimizer`),
+``build_lr_scheduler`` (:mod:`~detr_peg.engine.lr_schedule`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "build_param_groups": "detr_peg.engine.param_groups",
-    "build_optimizer": "detr_peg.engine.optim",
-    "build_lr_scheduler": "detr_peg.engine.optim",
+    "build_param_groups": "detr_peg.engine.optimizer",
+    "build_optimizer": "detr_peg.engine.optimizer",
+    "build_lr_scheduler": "detr_peg.engine.lr_schedule",
+    "run_inference": "detr_peg.engine.inference",
     "train_one_epoch": "detr_peg.engine.train_loop",
     "evaluate": "detr_peg.engine.evaluate",
     "run_training": "detr_peg.engine.runner",

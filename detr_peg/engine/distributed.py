@@ -9,7 +9,9 @@ the engine has one code path.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -104,6 +106,30 @@ def init_distributed(device_spec: str = "auto") -> DistEnv:
     if dist.is_available() and dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+@contextlib.contextmanager
+def process_group(device_spec: str = "auto") -> Iterator[DistEnv]:
+    """The process group of a command, from its start to its end: every command enters it once.
+
+    Joins the group ``torchrun`` started (or describes the single process),
+    and leaves it on exit if it joined it here; a group the caller had
+    already joined is reused and left to the caller. Nested use reuses the
+    outer group.
+
+    Args:
+        device_spec: ``train.device``.
+
+    Yields:
+        This process's :class:`DistEnv`.
+    """
+    owns_group = not (dist.is_available() and dist.is_initialized())
+    env = init_distributed(device_spec)
+    try:
+        yield env
+    finally:
+        if owns_group:
+            shutdown_distributed()
 
 
 def shutdown_distributed() -> None:

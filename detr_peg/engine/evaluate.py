@@ -13,16 +13,14 @@ from dataclasses import dataclass, field
 
 import torch
 from pycocotools.coco import COCO
-from torch import nn
 
-from detr_peg.checkpoint.weights_check import check_outputs
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.coco_eval import detections_to_coco, evaluate_coco
 from detr_peg.engine.distributed import all_gather_objects, broadcast_object
-from detr_peg.engine.loader import iterate_batches
+from detr_peg.engine.inference import run_inference
 from detr_peg.engine.metrics_log import MetricsLog
-from detr_peg.engine.optim import autocast, outputs_to_float
 from detr_peg.errors import UserError
+from detr_peg.models.loading import LoadedModel
 
 
 @dataclass
@@ -42,10 +40,8 @@ class EvalOutput:
     num_images: int = 0
 
 
-@torch.no_grad()
 def predict_coco(
-    model: nn.Module,
-    postprocessor: nn.Module,
+    loaded: LoadedModel,
     loader: Iterable,
     *,
     device: torch.device,
@@ -56,35 +52,26 @@ def predict_coco(
     """This process's detections as ``(image_id, COCO results of that image)`` in loader order.
 
     Args:
-        model: the bare detector (not DDP-wrapped: evaluation needs no
-            gradient synchronisation).
-        postprocessor: maps outputs and original sizes to pixel boxes.
+        loaded: the bare detector (not DDP-wrapped: evaluation needs no
+            gradient synchronisation) and its post-processor.
         loader: yields ``(images, mask, targets)``; targets carry ``image_id``
             and ``orig_size``.
         device: where the model is.
         label_map: model label -> category id.
-        amp: ``train.amp`` for the forward pass.
+        amp: the resolved autocast of the forward pass.
         log: progress display of the main process, or None.
     """
-    model.eval()
     out: list[tuple[int, list[dict]]] = []
     total = len(loader) if hasattr(loader, "__len__") else 0
     bar = log.progress(total=total, desc="eval") if log is not None else None
-    batches = iterate_batches(loader)
     try:
-        for images, mask, targets in batches:
-            with autocast(amp, device):
-                outputs = model(images.to(device, non_blocking=True), mask.to(device, non_blocking=True))
-            check_outputs(outputs)
-            sizes = torch.stack([t["orig_size"] for t in targets]).to(device)
-            detections = postprocessor(outputs_to_float(outputs), sizes)
-            for target, det in zip(targets, detections):
+        for batch in run_inference(
+            loaded, loader, device=device, amp=amp, on_batch=(lambda _: log.step(bar)) if log is not None else None
+        ):
+            for target, det in zip(batch.items, batch.detections):
                 image_id = int(target["image_id"])
                 out.append((image_id, detections_to_coco([image_id], [det], label_map)))
-            if log is not None:
-                log.step(bar)
     finally:
-        batches.close()
         if log is not None:
             log.close_bar()
     return out
@@ -105,8 +92,7 @@ def merge_shards(shards: list[list[tuple[int, list[dict]]]]) -> tuple[list[dict]
 
 
 def evaluate(
-    model: nn.Module,
-    postprocessor: nn.Module,
+    loaded: LoadedModel,
     loader: Iterable,
     *,
     coco_gt: COCO,
@@ -119,14 +105,13 @@ def evaluate(
     """COCO bbox metrics of ``model`` on the images of ``loader`` (all processes together).
 
     Args:
-        model: the bare detector.
-        postprocessor: see :func:`predict_coco`.
+        loaded: the bare detector and its post-processor.
         loader: this process's shard (see :func:`~detr_peg.engine.loader.build_eval_loader`).
         coco_gt: the ground truth of the whole evaluation set.
         device: where the model is.
         label_map: model label -> category id.
         is_main: whether this is the main process (it runs ``COCOeval``).
-        amp: ``train.amp``.
+        amp: the resolved autocast.
         log: progress display (main process).
 
     Returns:
@@ -136,7 +121,7 @@ def evaluate(
     local: list[tuple[int, list[dict]]] = []
     error: UserError | None = None
     try:
-        local = predict_coco(model, postprocessor, loader, device=device, label_map=label_map, amp=amp, log=log)
+        local = predict_coco(loaded, loader, device=device, label_map=label_map, amp=amp, log=log)
     except UserError as exc:  # non-finite outputs, a bad image: every process must learn of it, or the rest wait
         error = exc
     gathered = all_gather_objects((local, None if error is None else str(error)))

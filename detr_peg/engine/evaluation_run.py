@@ -19,25 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-from torch import nn
-
-from detr_peg.checkpoint.format import load_weights, read_checkpoint
+from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import CocoDetection, build_coco_dataset
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import check_output_dir
 from detr_peg.engine.coco_eval import format_metrics_table
-from detr_peg.engine.distributed import DistEnv, init_distributed, shutdown_distributed
+from detr_peg.engine.distributed import DistEnv, process_group
 from detr_peg.engine.evaluate import evaluate
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.metrics_log import MetricsLog
-from detr_peg.engine.optim import evaluation_amp, resolve_amp
+from detr_peg.engine.mixed_precision import evaluation_amp, resolve_amp
 from detr_peg.engine.run_setup import on_main, resolve_num_classes, write_json
 from detr_peg.guards.declared_io import eval_io
 from detr_peg.guards.output_guard import Input, guard_outputs
-from detr_peg.models.builder import build_model, build_postprocessor
-from detr_peg.models.loading import without_backbone_weights
+from detr_peg.models.loading import LoadedModel, model_from_checkpoint
 
 METRICS_JSON = "metrics.json"
 DETECTIONS_JSON = "detections.json"
@@ -63,8 +59,7 @@ class EvalResult:
 
 
 def evaluate_and_write(
-    model: nn.Module,
-    postprocessor: nn.Module,
+    loaded: LoadedModel,
     dataset: CocoDetection,
     cfg: Config,
     env: DistEnv,
@@ -76,8 +71,7 @@ def evaluate_and_write(
     """Evaluate ``model`` on ``dataset``, print the table, write the two JSON files.
 
     Args:
-        model: the bare detector.
-        postprocessor: its post-processor.
+        loaded: the bare detector and its post-processor.
         dataset: the validation set (its ``label_map`` maps labels back).
         cfg: uses ``eval.batch_size``, ``eval.padding_mode``, ``data.num_workers`` and ``train.amp``.
         env: this process.
@@ -92,12 +86,11 @@ def evaluate_and_write(
         cfg.eval.batch_size,
         cfg.data.num_workers,
         env,
-        size_divisibility=model.size_divisibility,
+        size_divisibility=loaded.model.size_divisibility,
         padding_mode=cfg.eval.padding_mode,
     )
     out = evaluate(
-        model,
-        postprocessor,
+        loaded,
         loader,
         coco_gt=dataset.coco,
         device=env.device,
@@ -137,55 +130,28 @@ def evaluate_and_write(
     )
 
 
-@dataclass
-class LoadedModel:
-    """A checkpoint's model ready for evaluation.
+def load_for_evaluation(cfg: Config, checkpoint: Checkpoint, env: DistEnv) -> tuple[LoadedModel, CocoDetection, str]:
+    """Build the model of ``checkpoint`` on ``env.device`` and the validation set of ``cfg``.
 
-    Attributes:
-        model: the bare detector in eval mode on the device.
-        postprocessor: its post-processor.
-        cfg: the config with ``model.num_classes`` resolved.
-        label_map: model label <-> category id (the checkpoint's, else the dataset's).
-        amp: the forward pass's autocast, resolved for the device (``none`` on the CPU unless ``train.amp`` is ``auto``).
-        iteration: the training iteration the checkpoint was written at, if stored.
-    """
-
-    model: nn.Module
-    postprocessor: nn.Module
-    cfg: Config
-    label_map: LabelMap
-    amp: str
-    iteration: int | None
-
-
-def load_for_evaluation(cfg: Config, checkpoint: str | Path, env: DistEnv) -> tuple[LoadedModel, CocoDetection]:
-    """Read ``checkpoint``, build its model on ``env.device`` and the validation set of ``cfg``.
+    Returns:
+        ``(loaded, dataset, amp)``: the model (config with ``model.num_classes``
+        resolved; label map the checkpoint's, else the dataset's), the
+        validation set, and the forward pass's autocast resolved for the device
+        (``none`` on the CPU unless ``train.amp`` is ``auto``).
 
     Raises:
-        UserError: a missing or unfitting checkpoint, bad data.
+        UserError: an unfitting checkpoint, bad data.
     """
-    ckpt = read_checkpoint(checkpoint)
-    stored = LabelMap.from_dict(ckpt.label_map) if ckpt.label_map else None
+    stored = LabelMap.from_dict(checkpoint.label_map) if checkpoint.label_map else None
     dataset = build_coco_dataset(cfg.data, "val", label_map=stored)
     cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
-    model = build_model(without_backbone_weights(cfg))
-    load_weights(model, ckpt.model, f"Checkpoint {checkpoint}")
-    model.to(env.device).eval()
-    amp = evaluation_amp(cfg.train.amp, env.device)
-    loaded = LoadedModel(
-        model=model,
-        postprocessor=build_postprocessor(cfg),
-        cfg=cfg,
-        label_map=dataset.label_map,
-        amp=amp,
-        iteration=ckpt.extra.get("iteration"),
-    )
-    return loaded, dataset
+    loaded = model_from_checkpoint(checkpoint, cfg, label_map=dataset.label_map).to(env.device)
+    return loaded, dataset, evaluation_amp(cfg.train.amp, env.device)
 
 
 def run_evaluation(
     cfg: Config,
-    checkpoint: str | Path,
+    checkpoint: str | Path | Checkpoint,
     output_dir: str | Path,
     *,
     progress_bars: bool | None = None,
@@ -197,7 +163,8 @@ def run_evaluation(
         cfg: the config; its ``model`` section must describe the checkpoint's
             model (the command line starts from the config stored in the
             checkpoint).
-        checkpoint: a detr_peg checkpoint (official ones need ``detr-peg convert``).
+        checkpoint: a detr_peg checkpoint file (official ones need ``detr-peg
+            convert``), or one already read.
         output_dir: where ``metrics.json`` and ``detections.json`` go.
         progress_bars: show a progress bar; ``None``: when stderr is a terminal.
         extra_inputs: more files the caller read (``--config``), which the
@@ -207,31 +174,27 @@ def run_evaluation(
         UserError: a missing or unfitting checkpoint, bad data, an unwritable
             output folder.
     """
-    owns_group = not (dist.is_available() and dist.is_initialized())
-    env = init_distributed(cfg.train.device)
-    try:
-        on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, checkpoint, output_dir, extra_inputs)))
-        loaded, dataset = load_for_evaluation(cfg, checkpoint, env)
+    with process_group(cfg.train.device) as env:
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else None
+        path = ckpt.path if ckpt is not None else str(checkpoint)
+        on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, path, output_dir, extra_inputs)))
+        loaded, dataset, amp = load_for_evaluation(cfg, ckpt or read_checkpoint(path), env)
         out = Path(output_dir)
         log = on_main(env, lambda: _open(out, progress_bars))
         try:
             return evaluate_and_write(
-                loaded.model,
-                loaded.postprocessor,
+                loaded,
                 dataset,
-                loaded.cfg,
+                loaded.config,
                 env,
                 out,
                 log,
-                extra={"checkpoint": str(checkpoint), "iteration": loaded.iteration},
-                amp=loaded.amp,
+                extra={"checkpoint": path, "iteration": loaded.iteration},
+                amp=amp,
             )
         finally:
             if log is not None:
                 log.close()
-    finally:
-        if owns_group:
-            shutdown_distributed()
 
 
 def _open(out: Path, progress_bars: bool | None) -> MetricsLog:

@@ -67,9 +67,9 @@ from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.engine.coco_eval import detections_to_coco, evaluate_coco
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluate import merge_shards
-from detr_peg.engine.evaluation_run import LoadedModel
-from detr_peg.engine.loader import build_eval_loader, image_sizes, iterate_batches
-from detr_peg.engine.optim import autocast, outputs_to_float
+from detr_peg.engine.inference import run_inference
+from detr_peg.engine.loader import build_eval_loader, image_sizes
+from detr_peg.models.loading import LoadedModel
 
 PADDING_JSON = "padding.json"
 #: The runs of :func:`measure_padding`, in the order they are made.
@@ -99,37 +99,33 @@ def pad_further(images: Tensor, mask: Tensor, fraction: float, size_divisibility
     return F.pad(images, (0, extra_w, 0, extra_h)), F.pad(mask, (0, extra_w, 0, extra_h), value=True)
 
 
-@torch.no_grad()
 def predict_raw(
-    loaded: LoadedModel, loader: Iterable, device: torch.device, extra_padding: float = 0.0
+    loaded: LoadedModel, loader: Iterable, device: torch.device, amp: str = "none", extra_padding: float = 0.0
 ) -> tuple[list[tuple[int, list[dict]]], dict[int, tuple[Tensor, Tensor]], float]:
     """Detections and raw outputs of every image of ``loader``.
+
+    Args:
+        loaded: the model.
+        loader: an evaluation loader.
+        device: where the model is.
+        amp: the resolved autocast.
+        extra_padding: grow every batch by this fraction (:func:`pad_further`).
 
     Returns:
         ``(COCO results per image id, {image_id: (pred_logits Tensor[Q, K], pred_boxes Tensor[Q, 4])}
         on the CPU, fraction of the batch pixels that were padding)``.
     """
-    loaded.model.eval()
     results: list[tuple[int, list[dict]]] = []
     raw: dict[int, tuple[Tensor, Tensor]] = {}
     padded = total = 0
-    batches = iterate_batches(loader)
-    try:
-        for images, mask, targets in batches:
-            if extra_padding > 0:
-                images, mask = pad_further(images, mask, extra_padding, loaded.model.size_divisibility)
-            padded, total = padded + int(mask.sum()), total + mask.numel()
-            with autocast(loaded.amp, device):
-                outputs = loaded.model(images.to(device, non_blocking=True), mask.to(device, non_blocking=True))
-            outputs = outputs_to_float(outputs)
-            sizes = torch.stack([t["orig_size"] for t in targets]).to(device)
-            detections = loaded.postprocessor(outputs, sizes)
-            for i, (target, det) in enumerate(zip(targets, detections)):
-                image_id = int(target["image_id"])
-                results.append((image_id, detections_to_coco([image_id], [det], loaded.label_map)))
-                raw[image_id] = (outputs["pred_logits"][i].cpu(), outputs["pred_boxes"][i].cpu())
-    finally:
-        batches.close()
+    divisibility = loaded.model.size_divisibility
+    grow = (lambda images, mask: pad_further(images, mask, extra_padding, divisibility)) if extra_padding > 0 else None
+    for batch in run_inference(loaded, loader, device=device, amp=amp, pad=grow):
+        padded, total = padded + batch.padded_pixels, total + batch.total_pixels
+        for i, (target, det) in enumerate(zip(batch.items, batch.detections)):
+            image_id = int(target["image_id"])
+            results.append((image_id, detections_to_coco([image_id], [det], loaded.label_map)))
+            raw[image_id] = (batch.outputs["pred_logits"][i].cpu(), batch.outputs["pred_boxes"][i].cpu())
     return results, raw, padded / max(total, 1)
 
 
@@ -142,7 +138,12 @@ def _largest_difference(
 
 
 def measure_padding(
-    loaded: LoadedModel, dataset: CocoDetection, env: DistEnv, *, on_run: Callable[[str], None] | None = None
+    loaded: LoadedModel,
+    dataset: CocoDetection,
+    env: DistEnv,
+    amp: str = "none",
+    *,
+    on_run: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``dataset`` one image at a time, in mixed batches and in exact batches; see the module docstring.
 
@@ -150,12 +151,13 @@ def measure_padding(
         loaded: the model.
         dataset: the validation set.
         env: this process (the images are sharded over processes).
+        amp: the resolved autocast.
         on_run: called with the run's name after each run (progress).
 
     Returns:
         The content of ``padding.json`` (in every process).
     """
-    cfg = loaded.cfg
+    cfg = loaded.config
     batch_size = cfg.eval.batch_size
     uniform = len(set(image_sizes(dataset))) == 1
     extra = EXTRA_PADDING if uniform else 0.0
@@ -165,14 +167,15 @@ def measure_padding(
     padded_fraction = 0.0
     # One untimed image first, so the first timed run does not pay for the first call's set-up.
     divisibility = loaded.model.size_divisibility
-    predict_raw(loaded, islice(build_eval_loader(dataset, 1, 0, env, size_divisibility=divisibility), 1), env.device)
+    first = islice(build_eval_loader(dataset, 1, 0, env, size_divisibility=divisibility), 1)
+    predict_raw(loaded, first, env.device, amp)
     for name in PADDING_RUNS:
         size, padding_mode, extra_padding = settings[name]
         start = time.perf_counter()
         loader = build_eval_loader(
             dataset, size, cfg.data.num_workers, env, size_divisibility=divisibility, padding_mode=padding_mode
         )
-        results, raw[name], fraction = predict_raw(loaded, loader, env.device, extra_padding)
+        results, raw[name], fraction = predict_raw(loaded, loader, env.device, amp, extra_padding)
         if env.device.type == "cuda":
             torch.cuda.synchronize(env.device)
         seconds = time.perf_counter() - start

@@ -47,6 +47,7 @@ from detr_peg.engine.signals import TrainingInterrupted
 from detr_peg.engine.train_loop import EpochStats, NonFiniteError, train_one_epoch
 from detr_peg.engine.training_run import TrainingRun, check_training_ranges, prepare_training_run
 from detr_peg.errors import TrainingError
+from detr_peg.models.loading import LoadedModel
 
 
 @dataclass
@@ -242,8 +243,7 @@ def _evaluate(run: TrainingRun, epoch: int) -> None:
     """Evaluate on the validation set (if any), unless this iteration was evaluated already."""
     if run.val_set is not None and run.evaluated_at != run.progress.iteration:
         run.last_eval = evaluate_and_write(
-            run.model,
-            run.postprocessor,
+            LoadedModel(run.model, run.postprocessor, run.cfg, run.label_map),
             run.val_set,
             run.cfg,
             run.env,

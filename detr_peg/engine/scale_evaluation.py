@@ -43,16 +43,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from tqdm import tqdm
 
+from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.config.schema import Config, DataConfig
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
 from detr_peg.engine.checkpointing import check_output_dir
-from detr_peg.engine.distributed import DistEnv, init_distributed, shutdown_distributed
+from detr_peg.engine.distributed import DistEnv, process_group
 from detr_peg.engine.evaluate import evaluate
-from detr_peg.engine.evaluation_run import LoadedModel, load_for_evaluation
+from detr_peg.engine.evaluation_run import load_for_evaluation
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.padding_sensitivity import (
     PADDING_JSON,
@@ -61,6 +61,7 @@ from detr_peg.engine.padding_sensitivity import (
 )
 from detr_peg.engine.run_setup import on_main, write_json
 from detr_peg.errors import ConfigError, DataError
+from detr_peg.models.loading import LoadedModel
 
 RESIZED_JSON = "scales_resized.json"
 CANVAS_JSON = "scales_canvas.json"
@@ -152,13 +153,13 @@ def canvas_data(data: DataConfig, scale: float) -> DataConfig:
     )
 
 
-def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv) -> dict[str, Any]:
+def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv, amp: str) -> dict[str, Any]:
     """COCO metrics of the loaded model on the validation set ``data`` describes, without writing files.
 
     Returns:
         ``{"size": short side, "num_images": int, "metrics": {...}}``.
     """
-    cfg = loaded.cfg
+    cfg = loaded.config
     dataset = build_coco_dataset(data, "val", label_map=loaded.label_map)
     loader = build_eval_loader(
         dataset,
@@ -169,21 +170,20 @@ def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv) -> dict[s
         padding_mode=cfg.eval.padding_mode,
     )
     out = evaluate(
-        loaded.model,
-        loaded.postprocessor,
+        loaded,
         loader,
         coco_gt=dataset.coco,
         device=env.device,
         label_map=loaded.label_map,
         is_main=env.is_main,
-        amp=loaded.amp,
+        amp=amp,
     )
     return {"size": data.val_scale, "num_images": out.num_images, "metrics": out.metrics}
 
 
 def run_scale_evaluation(
     cfg: Config,
-    checkpoint: str | Path,
+    checkpoint: str | Path | Checkpoint,
     output_dir: str | Path,
     *,
     scales: Sequence[float] = (),
@@ -195,7 +195,7 @@ def run_scale_evaluation(
 
     Args:
         cfg: the config (as for :func:`~detr_peg.engine.evaluation_run.run_evaluation`).
-        checkpoint: a detr_peg checkpoint.
+        checkpoint: a detr_peg checkpoint file, or one already read.
         output_dir: where the JSON files go.
         scales: resized multipliers of the configured validation size.
         canvas_scales: canvas multipliers (synthetic data only).
@@ -211,28 +211,26 @@ def run_scale_evaluation(
             an unwritable output folder.
     """
     check_scales(cfg.data, scales, canvas_scales)
-    owns_group = not (dist.is_available() and dist.is_initialized())
-    env = init_distributed(cfg.train.device)
-    try:
+    with process_group(cfg.train.device) as env:
         out = Path(output_dir)
         on_main(env, lambda: check_output_dir(out, 0))
         # Every canvas set is checked and generated (by the main process alone) before the first evaluation.
         on_main(env, lambda: [canvas_data(cfg.data, s) for s in canvas_scales])
         canvas_sets = [(s, canvas_data(cfg.data, s)) for s in canvas_scales]
-        loaded, dataset = load_for_evaluation(cfg, checkpoint, env)
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
+        loaded, dataset, amp = load_for_evaluation(cfg, ckpt, env)
         total = len(scales) + len(canvas_sets) + (len(PADDING_RUNS) if padding else 0)
         show = env.is_main and (sys.stderr.isatty() if progress_bars is None else progress_bars)
         bar = tqdm(total=total, desc="evaluations", disable=not show, dynamic_ncols=True)
         reports: dict[str, Any] = {}
         try:
             if scales:
-                reports["resized"] = _sweep(
-                    "resized", loaded, cfg.data, [(s, scaled_data(cfg.data, s)) for s in scales], env, bar
-                )
+                sets = [(s, scaled_data(cfg.data, s)) for s in scales]
+                reports["resized"] = _sweep("resized", loaded, cfg.data, sets, env, amp, bar)
             if canvas_sets:
-                reports["canvas"] = _sweep("canvas", loaded, cfg.data, canvas_sets, env, bar)
+                reports["canvas"] = _sweep("canvas", loaded, cfg.data, canvas_sets, env, amp, bar)
             if padding:
-                reports["padding"] = measure_padding(loaded, dataset, env, on_run=lambda _: bar.update(1))
+                reports["padding"] = measure_padding(loaded, dataset, env, amp, on_run=lambda _: bar.update(1))
         finally:
             bar.close()
         names = {"resized": RESIZED_JSON, "canvas": CANVAS_JSON, "padding": PADDING_JSON}
@@ -242,18 +240,21 @@ def run_scale_evaluation(
         if env.is_main:
             _print_summary(reports)
         return written or {}
-    finally:
-        if owns_group:
-            shutdown_distributed()
 
 
 def _sweep(
-    kind: str, loaded: LoadedModel, base: DataConfig, sets: list[tuple[float, DataConfig]], env: DistEnv, bar: tqdm
+    kind: str,
+    loaded: LoadedModel,
+    base: DataConfig,
+    sets: list[tuple[float, DataConfig]],
+    env: DistEnv,
+    amp: str,
+    bar: tqdm,
 ) -> dict[str, Any]:
     results = []
     for scale, data in sets:
         bar.set_postfix_str(f"{kind} x{scale:g}")
-        results.append({"scale": float(scale), **evaluate_data(loaded, data, env)})
+        results.append({"scale": float(scale), **evaluate_data(loaded, data, env, amp)})
         bar.update(1)
     return {"kind": kind, "base_size": base.val_scale, "results": results}
 

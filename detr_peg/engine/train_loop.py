@@ -25,8 +25,9 @@ from torch import Tensor, nn
 
 from detr_peg.engine.distributed import reduce_mean
 from detr_peg.engine.loader import iterate_batches
+from detr_peg.engine.lr_schedule import current_lrs
 from detr_peg.engine.metrics_log import MetricsLog, format_duration
-from detr_peg.engine.optim import autocast, current_lrs, outputs_to_float
+from detr_peg.engine.mixed_precision import autocast, outputs_to_float
 from detr_peg.errors import TrainingError
 
 #: Unweighted final-layer terms logged every iteration (aux terms only enter the total).

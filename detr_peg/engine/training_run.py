@@ -34,15 +34,10 @@ from detr_peg.engine.checkpointing import (
 from detr_peg.engine.distributed import DistEnv, all_gather_objects
 from detr_peg.engine.evaluation_run import EvalResult
 from detr_peg.engine.loader import check_train_size
+from detr_peg.engine.lr_schedule import LrSchedule, build_lr_scheduler
 from detr_peg.engine.metrics_log import MetricsLog
-from detr_peg.engine.optim import (
-    LrSchedule,
-    build_grad_scaler,
-    build_lr_scheduler,
-    build_optimizer,
-    check_amp,
-    resolve_amp,
-)
+from detr_peg.engine.mixed_precision import build_grad_scaler, check_amp, resolve_amp
+from detr_peg.engine.optimizer import build_optimizer
 from detr_peg.engine.run_setup import (
     config_differences,
     on_main,

@@ -49,12 +49,13 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torchvision.ops import box_convert
 
 from detr_peg.config.loader import config_to_dict
 from detr_peg.config.ranges import format_bytes, machine_memory
 from detr_peg.engine.scale_evaluation import MAX_TEST_SIDE
 from detr_peg.errors import ConfigError, UserError
+from detr_peg.models.loading import LoadedModel, load_model
+from detr_peg.models.postprocess import Postprocessor
 
 #: The opset the export is tested with (``detr-peg export --opset``).
 DEFAULT_OPSET = 18
@@ -67,6 +68,7 @@ INPUT_NAMES = ("images", "mask", "orig_sizes")
 OUTPUT_NAMES = ("pred_logits", "pred_boxes", "scores", "labels", "boxes")
 METADATA_CONFIG = "detr_peg.config"
 METADATA_LABEL_MAP = "detr_peg.label_map"
+METADATA_SIZE_DIVISIBILITY = "detr_peg.size_divisibility"
 
 
 def require_onnx() -> None:
@@ -116,63 +118,26 @@ class ExportWrapper(nn.Module):
     """The detector with tensor outputs: what the exported graph computes.
 
     Args:
-        model: a DETR or Deformable-DETR in eval mode (its ``config`` attribute
-            is not needed here).
-        postprocess: also return scores, labels and pixel boxes.
-        num_select: Deformable-DETR post-processing: detections per image.
+        model: a detector in eval mode.
+        postprocessor: its architecture's
+            :class:`~detr_peg.models.postprocess.Postprocessor` to add scores,
+            labels and pixel boxes (its batched :meth:`tensors` method), or None.
     """
 
-    def __init__(self, model: nn.Module, *, postprocess: bool = False, num_select: int = 100) -> None:
+    def __init__(self, model: nn.Module, postprocessor: Postprocessor | None = None) -> None:
         super().__init__()
         self.model = model
-        self.postprocess = postprocess
-        self.num_select = num_select
-        # DETR's class head has a "no object" output; Deformable-DETR's is sigmoid/top-k.
-        self.softmax = not hasattr(model, "two_stage")
+        self.postprocessor = postprocessor
 
     def forward(self, images: Tensor, mask: Tensor, orig_sizes: Tensor | None = None) -> tuple[Tensor, ...]:
         """See the module docstring for the inputs and outputs."""
         out = self.model(images, mask)
         logits, boxes = out["pred_logits"], out["pred_boxes"]
-        if not self.postprocess:
+        if self.postprocessor is None:
             return logits, boxes
         if orig_sizes is None:
-            raise ValueError("postprocess=True needs orig_sizes Tensor[B, 2] (h, w)")
-        return (
-            logits,
-            boxes,
-            *postprocess_tensors(logits, boxes, orig_sizes, softmax=self.softmax, num_select=self.num_select),
-        )
-
-
-def postprocess_tensors(
-    logits: Tensor, boxes: Tensor, orig_sizes: Tensor, *, softmax: bool, num_select: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Batched post-processing, the tensor form of ``PostProcess`` / ``TopKPostProcess``.
-
-    Args:
-        logits: ``Tensor[B, Q, K + 1]`` (softmax) or ``Tensor[B, Q, K]`` (sigmoid).
-        boxes: ``Tensor[B, Q, 4]`` normalised (cx, cy, w, h).
-        orig_sizes: ``Tensor[B, 2]`` (h, w) of each original image.
-        softmax: DETR post-processing (best real class per query) instead of
-            the sigmoid top-k of Deformable-DETR.
-        num_select: detections per image for the top-k (capped at ``Q * K``).
-
-    Returns:
-        ``(scores Tensor[B, N], labels Tensor[B, N] int64, boxes Tensor[B, N, 4])``
-        with absolute (x0, y0, x1, y1) pixel boxes.
-    """
-    h, w = orig_sizes.unbind(1)
-    scale = torch.stack([w, h, w, h], dim=1).to(boxes.dtype)
-    pixel_boxes = box_convert(boxes, "cxcywh", "xyxy") * scale[:, None, :]
-    if softmax:
-        scores, labels = logits.softmax(-1)[..., :-1].max(-1)
-        return scores, labels, pixel_boxes
-    b, q, k = logits.shape
-    scores, flat = torch.topk(logits.sigmoid().reshape(b, q * k), min(num_select, q * k), dim=1)
-    query = flat // k
-    pixel_boxes = torch.gather(pixel_boxes, 1, query.unsqueeze(-1).expand(-1, -1, 4))
-    return scores, flat % k, pixel_boxes
+            raise ValueError("post-processing needs orig_sizes Tensor[B, 2] (h, w)")
+        return (logits, boxes, *self.postprocessor.tensors(logits, boxes, orig_sizes))
 
 
 @contextlib.contextmanager
@@ -205,28 +170,29 @@ def example_inputs(batch_size: int, image_size: tuple[int, int], postprocess: bo
 
 
 def export_onnx(
-    model: nn.Module,
+    model: LoadedModel | nn.Module,
     output: str | os.PathLike,
     *,
     opset: int = DEFAULT_OPSET,
     image_size: tuple[int, int] | None = None,
     batch_size: int | None = None,
     postprocess: bool = False,
-    num_select: int | None = None,
     optimize: bool = True,
 ) -> Path:
     """Export a detector to an ONNX file.
 
     Args:
-        model: DETR or Deformable-DETR; a ``config`` and ``label_map`` attribute
-            (as :func:`detr_peg.load_model` sets) are stored in the metadata.
+        model: a :class:`~detr_peg.models.loading.LoadedModel` (its config,
+            label map and coarsest stride are stored in the metadata, and its
+            post-processor is what ``postprocess`` adds), or a bare detector
+            (no metadata, no post-processing).
         output: the ``.onnx`` file to write (replaced atomically).
         opset: ONNX opset (18 is tested; GroupNorm and GridSample-free, so 17+ works).
         image_size: ``(H, W)`` to fix the padded image size, or None (dynamic).
         batch_size: a fixed batch size, or None (dynamic).
-        postprocess: add ``orig_sizes`` and the post-processed outputs.
-        num_select: Deformable-DETR detections per image (default: ``eval.num_select``
-            of the model's config, else 100).
+        postprocess: add ``orig_sizes`` and the post-processed outputs of the
+            architecture's post-processor (with the config's settings, e.g.
+            Deformable-DETR's ``eval.num_select``).
         optimize: run the ONNX graph optimizer of the exporter (constant
             folding, dead-code removal); ONNX Runtime optimizes again on load.
 
@@ -239,12 +205,12 @@ def export_onnx(
     """
     require_onnx()
     check_export_options(opset, image_size, batch_size)
-    cfg = getattr(model, "config", None)
-    if num_select is None:
-        # Only Deformable-DETR's eval section has num_select; DETR keeps every query and ignores it.
-        num_select = getattr(cfg.eval, "num_select", 100) if cfg is not None else 100
+    loaded = model if isinstance(model, LoadedModel) else None
+    model = loaded.model if loaded is not None else model
+    if postprocess and loaded is None:
+        raise ConfigError("postprocess=True needs a LoadedModel (the architecture's post-processor comes with it).")
     output = Path(output)
-    wrapper = ExportWrapper(model.eval(), postprocess=postprocess, num_select=num_select).eval()
+    wrapper = ExportWrapper(model.eval(), loaded.postprocessor if postprocess else None).eval()
     inputs = example_inputs(batch_size or 2, tuple(image_size or TRACE_SIZE), postprocess)
     dims = _dynamic_shapes(dynamic_batch=batch_size is None, dynamic_size=image_size is None, postprocess=postprocess)
     names = INPUT_NAMES[: len(inputs)]
@@ -263,10 +229,10 @@ def export_onnx(
                 optimize=optimize,
                 verbose=False,
             )
-        metadata = {"detr_peg.opset": str(opset)}
-        if cfg is not None:
-            metadata[METADATA_CONFIG] = json.dumps(config_to_dict(cfg))
-        metadata[METADATA_LABEL_MAP] = json.dumps(getattr(model, "label_map", None))
+        metadata = {"detr_peg.opset": str(opset), METADATA_SIZE_DIVISIBILITY: str(model.size_divisibility)}
+        if loaded is not None:
+            metadata[METADATA_CONFIG] = json.dumps(config_to_dict(loaded.config))
+            metadata[METADATA_LABEL_MAP] = json.dumps(loaded.label_map.to_dict() if loaded.label_map else None)
         _write(program, tmp, metadata)
         os.replace(tmp, output)
     except OSError as exc:
@@ -322,7 +288,5 @@ def _write(program, path: Path, metadata: dict[str, str]) -> None:
 
 def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, overrides=(), **options) -> Path:
     """Export the model of a detr_peg checkpoint (see :func:`export_onnx` for ``options``)."""
-    from detr_peg.models.loading import load_model
-
     require_onnx()
     return export_onnx(load_model(checkpoint, overrides=overrides), output, **options)

@@ -5,9 +5,11 @@
 PyTorch detector: ``detector(images, mask)`` with a padded batch
 ``Tensor[B, 3, H, W]`` and its mask ``Tensor[B, H, W]`` (True = padding)
 returns ``{"pred_logits", "pred_boxes"}`` as torch tensors. It carries the
-``config`` and ``label_map`` stored in the file, so the prediction code of
-the PyTorch path (:func:`detr_peg.engine.prediction.predict_images` with
-``build_postprocessor(detector.config)``) runs unchanged on it.
+``config``, ``label_map`` and ``size_divisibility`` stored in the file, so
+:meth:`OnnxDetector.as_loaded_model` gives the one inference loop
+(:func:`~detr_peg.engine.inference.run_inference`, used by
+:meth:`detr_peg.Detector.from_onnx`) what it needs, the PyTorch
+post-processor of the architecture included.
 """
 
 from __future__ import annotations
@@ -22,8 +24,16 @@ import torch
 from torch import Tensor
 
 from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
+from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError
-from detr_peg.export.onnx_export import METADATA_CONFIG, METADATA_LABEL_MAP, require_onnx
+from detr_peg.export.onnx_export import (
+    METADATA_CONFIG,
+    METADATA_LABEL_MAP,
+    METADATA_SIZE_DIVISIBILITY,
+    require_onnx,
+)
+from detr_peg.models.builder import build_model, build_postprocessor
+from detr_peg.models.loading import LoadedModel, without_backbone_weights
 
 
 class OnnxDetector:
@@ -76,6 +86,7 @@ class OnnxDetector:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.label_map = json.loads(meta.get(METADATA_LABEL_MAP, "null"))
+        self._size_divisibility = meta.get(METADATA_SIZE_DIVISIBILITY)
         self.config = None
         if METADATA_CONFIG in meta:
             cfg = config_from_dict(json.loads(meta[METADATA_CONFIG]), source=f"config stored in {self.path}")
@@ -112,6 +123,30 @@ class OnnxDetector:
             orig_sizes = torch.stack([(~mask[:, :, 0]).sum(1), (~mask[:, 0, :]).sum(1)], 1)
         out = self.run(images, mask, orig_sizes)
         return {"pred_logits": out["pred_logits"].to(images.device), "pred_boxes": out["pred_boxes"].to(images.device)}
+
+    @property
+    def size_divisibility(self) -> int:
+        """The coarsest stride of the exported model (batches are padded to a multiple of it).
+
+        Read from the file; graphs exported before it was stored get it from
+        a model built from the stored config (no weights are needed for it).
+        """
+        if self._size_divisibility is None:
+            if self.config is None:
+                raise CheckpointError(f"{self.path} holds no detr_peg config; export it with `detr-peg export`.")
+            self._size_divisibility = str(build_model(without_backbone_weights(self.config)).size_divisibility)
+        return int(self._size_divisibility)
+
+    def as_loaded_model(self) -> LoadedModel:
+        """This graph as a :class:`~detr_peg.models.loading.LoadedModel` (with the architecture's post-processor).
+
+        Raises:
+            CheckpointError: the file holds no detr_peg config.
+        """
+        if self.config is None:
+            raise CheckpointError(f"{self.path} holds no detr_peg config; export it with `detr-peg export`.")
+        label_map = LabelMap.from_dict(self.label_map) if self.label_map else None
+        return LoadedModel(self, build_postprocessor(self.config), self.config, label_map)
 
     def eval(self) -> OnnxDetector:
         """For symmetry with ``nn.Module``: a graph is always in inference mode."""

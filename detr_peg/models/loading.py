@@ -1,24 +1,29 @@
-"""Rebuilding a model from a detr_peg checkpoint: :func:`load_model` (``detr_peg.load_model``).
+"""A model rebuilt from a detr_peg checkpoint: :class:`LoadedModel`, the one form of a loaded model.
 
 A checkpoint stores its resolved config and the whole model state dict,
 backbone included (see :mod:`detr_peg.checkpoint.format`), so the model is
 built from the stored config with :func:`without_backbone_weights` (nothing
 is read from ``model.backbone.weights``) and then given the stored weights.
+Every command and :class:`detr_peg.Detector` hold a loaded model in this form;
+it travels with its config, its post-processor and its label map, so nothing
+is attached to the ``nn.Module`` itself.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from detr_peg.checkpoint.format import load_weights, read_checkpoint
+from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint
 from detr_peg.config.loader import config_to_dict, load_config
 from detr_peg.config.schema import Config
-from detr_peg.models.builder import build_model
+from detr_peg.data.label_map import LabelMap
+from detr_peg.models.builder import build_model, build_postprocessor
+from detr_peg.models.postprocess import Postprocessor
 
 
 def without_backbone_weights(cfg: Config) -> Config:
@@ -31,33 +36,79 @@ def without_backbone_weights(cfg: Config) -> Config:
     return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
 
 
+@dataclass
+class LoadedModel:
+    """A detector with what it needs to be used: its config, post-processor and label map.
+
+    Attributes:
+        model: the bare detector (``nn.Module``), in eval mode once loaded.
+        postprocessor: its architecture's :class:`~detr_peg.models.postprocess.Postprocessor`.
+        config: the resolved :class:`Config` the model was built from.
+        label_map: model label <-> dataset category id and name, or None
+            (labels are then reported as ``class <label>``).
+        iteration: the training iteration the checkpoint was written at, if stored.
+    """
+
+    model: nn.Module
+    postprocessor: Postprocessor
+    config: Config
+    label_map: LabelMap | None = None
+    iteration: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, label_map: LabelMap | None = None) -> LoadedModel:
+        """A freshly built model of ``cfg`` (random init, or the backbone weights it names)."""
+        return cls(build_model(cfg), build_postprocessor(cfg), cfg, label_map)
+
+    def to(self, device: str | torch.device) -> LoadedModel:
+        """Move the model to ``device`` (in place); returns self."""
+        self.model.to(device)
+        return self
+
+
 def load_model(
-    path: str | os.PathLike, *, device: str | torch.device = "cpu", overrides: Iterable[str] = ()
-) -> nn.Module:
+    checkpoint: str | os.PathLike | Checkpoint,
+    *,
+    device: str | torch.device = "cpu",
+    overrides: Iterable[str] = (),
+    label_map: LabelMap | None = None,
+) -> LoadedModel:
     """Rebuild the model stored in a detr_peg checkpoint, ready for inference.
 
     Args:
-        path: checkpoint file (``.pth`` or ``.safetensors``), or URL.
+        checkpoint: checkpoint file (``.pth`` or ``.safetensors``), URL, or a
+            :class:`~detr_peg.checkpoint.format.Checkpoint` already read.
         device: where to put the model.
         overrides: ``key=value`` config changes that do not alter weights
             (for example ``eval.num_select=50``).
+        label_map: use this label map instead of the stored one (evaluation
+            on a dataset whose categories the checkpoint does not list).
 
     Returns:
-        The model in eval mode, with attributes ``config`` (the resolved
-        :class:`Config`) and ``label_map`` (plain dict or None).
+        :class:`LoadedModel` with the model in eval mode on ``device``.
 
     Raises:
         CheckpointError: unreadable or unsafe file, not a detr_peg
             checkpoint, or weights that do not fit the stored config.
     """
-    ckpt = read_checkpoint(path)
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
     cfg = ckpt.config
     if overrides:
-        cfg = load_config(None, overrides, base=config_to_dict(cfg), base_source=f"config stored in {path}")
+        cfg = load_config(None, overrides, base=config_to_dict(cfg), base_source=f"config stored in {ckpt.path}")
+    return model_from_checkpoint(ckpt, cfg, label_map=label_map).to(device)
+
+
+def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap | None = None) -> LoadedModel:
+    """The model of ``cfg`` with the weights of ``ckpt`` (``cfg`` is the stored config or one derived from it).
+
+    Raises:
+        CheckpointError: weights that do not fit ``cfg``.
+    """
     # The checkpoint holds the backbone weights; do not load them from elsewhere.
     cfg = without_backbone_weights(cfg)
     model = build_model(cfg)
-    load_weights(model, ckpt.model, f"Checkpoint {path}")
-    model.config = cfg
-    model.label_map = ckpt.label_map
-    return model.to(device).eval()
+    load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
+    if label_map is None and ckpt.label_map:
+        label_map = LabelMap.from_dict(ckpt.label_map)
+    iteration = ckpt.extra.get("iteration")
+    return LoadedModel(model.eval(), build_postprocessor(cfg), cfg, label_map, iteration)

@@ -1,4 +1,9 @@
-"""Turning model outputs into scored, labelled boxes in image pixels."""
+"""Turning model outputs into scored, labelled boxes in image pixels: one post-processor per architecture.
+
+Each post-processor has one batched tensor method, :meth:`Postprocessor.tensors`,
+which the exported ONNX graph computes too; ``forward`` splits its result
+into per-image dicts for Python callers.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from torch import Tensor, nn
 from torchvision.ops import box_convert
 
 
-def _scale_boxes(boxes_cxcywh: Tensor, target_sizes: Tensor) -> Tensor:
+def scale_boxes(boxes_cxcywh: Tensor, target_sizes: Tensor) -> Tensor:
     """Normalised (cx, cy, w, h) ``[B, Q, 4]`` -> absolute (x0, y0, x1, y1) for sizes ``[B, 2]`` (h, w)."""
     boxes = box_convert(boxes_cxcywh, "cxcywh", "xyxy")
     h, w = target_sizes.unbind(1)
@@ -15,51 +20,75 @@ def _scale_boxes(boxes_cxcywh: Tensor, target_sizes: Tensor) -> Tensor:
     return boxes * scale[:, None, :]
 
 
-class PostProcess(nn.Module):
-    """DETR post-processing: one detection per query, "no object" excluded.
+class Postprocessor(nn.Module):
+    """The contract of a post-processor: batched tensors in, batched detections out.
 
-    For each query the score is the largest softmax probability among the
-    real classes and the label is its index.
+    Subclasses implement :meth:`tensors`; it must be traceable by
+    ``torch.export`` (the ONNX graph's ``scores``, ``labels`` and ``boxes``).
     """
+
+    def tensors(self, logits: Tensor, boxes: Tensor, target_sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Detections of a batch.
+
+        Args:
+            logits: ``pred_logits`` ``Tensor[B, Q, C]`` of the architecture.
+            boxes: ``pred_boxes`` ``Tensor[B, Q, 4]``, normalised (cx, cy, w, h)
+                relative to each unpadded image.
+            target_sizes: ``Tensor[B, 2]`` (h, w) of each original image, in pixels.
+
+        Returns:
+            ``(scores Tensor[B, N], labels Tensor[B, N] int64, boxes Tensor[B, N, 4])``
+            with absolute (x0, y0, x1, y1) pixel boxes, ``N`` per architecture.
+        """
+        raise NotImplementedError
 
     @torch.no_grad()
     def forward(self, outputs: dict, target_sizes: Tensor) -> list[dict[str, Tensor]]:
-        """Convert outputs to detections.
+        """Per-image detections.
 
         Args:
-            outputs: ``pred_logits`` ``Tensor[B, Q, K + 1]``, ``pred_boxes``
-                ``Tensor[B, Q, 4]`` normalised (cx, cy, w, h).
+            outputs: the model's output dict (``pred_logits``, ``pred_boxes``).
             target_sizes: ``Tensor[B, 2]`` (h, w) of each original image.
 
         Returns:
-            Per image ``{"scores": Tensor[Q], "labels": Tensor[Q] int64,
-            "boxes": Tensor[Q, 4]}`` with absolute (x0, y0, x1, y1) pixel boxes.
+            Per image ``{"scores": Tensor[N], "labels": Tensor[N] int64,
+            "boxes": Tensor[N, 4]}`` with absolute (x0, y0, x1, y1) pixel boxes.
         """
-        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
-        scores, labels = logits.softmax(-1)[..., :-1].max(-1)
-        boxes = _scale_boxes(boxes, target_sizes)
+        scores, labels, boxes = self.tensors(outputs["pred_logits"], outputs["pred_boxes"], target_sizes)
         return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
 
 
-class TopKPostProcess(nn.Module):
+class PostProcess(Postprocessor):
+    """DETR post-processing: one detection per query (``N = Q``), "no object" excluded.
+
+    For each query the score is the largest softmax probability among the
+    real classes (``logits`` ``Tensor[B, Q, K + 1]``, last = no object) and
+    the label is its index.
+    """
+
+    def tensors(self, logits: Tensor, boxes: Tensor, target_sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """See :meth:`Postprocessor.tensors`."""
+        scores, labels = logits.softmax(-1)[..., :-1].max(-1)
+        return scores, labels, scale_boxes(boxes, target_sizes)
+
+
+class TopKPostProcess(Postprocessor):
     """Deformable-DETR post-processing: the top-k (query, class) pairs by sigmoid score.
 
+    ``logits`` are ``Tensor[B, Q, K]`` sigmoid logits; ``N = min(num_select, Q * K)``.
+
     Args:
-        num_select: detections kept per image (capped at ``Q * K``).
+        num_select: detections kept per image.
     """
 
     def __init__(self, num_select: int = 100) -> None:
         super().__init__()
         self.num_select = num_select
 
-    @torch.no_grad()
-    def forward(self, outputs: dict, target_sizes: Tensor) -> list[dict[str, Tensor]]:
-        """Same contract as :class:`PostProcess`, with ``num_select`` detections per image."""
-        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]
+    def tensors(self, logits: Tensor, boxes: Tensor, target_sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """See :meth:`Postprocessor.tensors`."""
         b, q, k = logits.shape
-        scores, flat = torch.topk(logits.sigmoid().view(b, -1), min(self.num_select, q * k), dim=1)
+        scores, flat = torch.topk(logits.sigmoid().reshape(b, q * k), min(self.num_select, q * k), dim=1)
         query = flat // k
-        labels = flat % k
-        boxes = _scale_boxes(boxes, target_sizes)
-        boxes = torch.gather(boxes, 1, query.unsqueeze(-1).expand(-1, -1, 4))
-        return [{"scores": s, "labels": l, "boxes": x} for s, l, x in zip(scores, labels, boxes)]
+        pixel_boxes = torch.gather(scale_boxes(boxes, target_sizes), 1, query.unsqueeze(-1).expand(-1, -1, 4))
+        return scores, flat % k, pixel_boxes

@@ -196,7 +196,7 @@ def test_compare_float32_and_auto_precision_each_against_its_own_peak(tmp_path):
     """``--compare train.amp=none,auto``: the auto row runs in bf16 where the CPU has it, with a bf16 peak."""
     import torch
 
-    from detr_peg.engine.optim import resolve_amp
+    from detr_peg.engine.mixed_precision import resolve_amp
 
     report = tmp_path / "amp.json"
     proc = _bench(
@@ -263,7 +263,7 @@ def test_an_explicit_amp_replaces_the_compared_configs_precision(tmp_path):
     """With --amp, the configs' own train.amp is not used, so it is not refused either."""
     import torch
 
-    from detr_peg.engine.optim import native_bf16
+    from detr_peg.engine.mixed_precision import native_bf16
 
     if not native_bf16(torch.device("cpu")):
         pytest.skip("--amp bf16 needs a CPU with native bfloat16 (AMX or AVX512-BF16)")

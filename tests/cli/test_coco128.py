@@ -1,17 +1,15 @@
 """The command line on real COCO images (``../shared/data/coco128``; skipped when absent).
 
 ``detr-peg train`` runs in a subprocess for a few iterations of a tiny model
-(two data-loader workers, TensorBoard on) and evaluates on the 28 validation
-images; ``eval`` and ``predict`` then use the checkpoint it wrote.
+(two data-loader workers, TensorBoard on; the session fixture
+``coco128_checkpoint`` of ``tests/conftest.py``) and evaluates on the 28
+validation images; ``eval`` and ``predict`` then use the checkpoint it wrote.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,50 +19,11 @@ from PIL import Image
 import detr_peg
 from detr_peg.cli.main import main
 from detr_peg.engine.coco_eval import STAT_NAMES
-from tests.conftest import REPO_ROOT
-from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides
-
-SMALL = [
-    "model.backbone.out_stages=[2]",
-    "data.train_scales=[96]",
-    "data.train_max_size=128",
-    "data.crop_scales=[96]",
-    "data.crop_size=[64,96]",
-    "data.val_scale=96",
-    "data.val_max_size=128",
-]
 
 
 @pytest.fixture(scope="module")
-def trained(coco128_dir: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("coco128_run")
-    args = [
-        *TINY_MODEL,
-        *SMALL,
-        *RUN,
-        "data.num_workers=2",
-        "train.batch_size=2",
-        "train.max_iters=3",
-        "train.tensorboard=true",
-        *data_overrides(
-            coco128_dir / "images",
-            coco128_dir / "annotations_train.json",
-            coco128_dir / "images",
-            coco128_dir / "annotations_val.json",
-        ),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "detr_peg.cli.main", "train", "--output", str(out), *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "AP50" in proc.stdout and "Done: 3 iterations" in proc.stdout
-    return out
+def trained(coco128_checkpoint: Path) -> Path:
+    return coco128_checkpoint.parent
 
 
 def _category_ids(annotation_file: Path) -> set[int]:
@@ -90,8 +49,8 @@ def test_train_writes_config_log_metrics_detections_and_checkpoint(trained: Path
     assert {d["category_id"] for d in detections} <= _category_ids(coco128_dir / "annotations_val.json")
 
     model = detr_peg.load_model(trained / "checkpoint.pth")
-    assert model.config.model.num_classes == 80 and len(model.label_map["category_ids"]) == 80
-    assert model.label_map["category_ids"][-1] == 90  # original COCO ids, not 0..79
+    assert model.config.model.num_classes == 80 and len(model.label_map.category_ids) == 80
+    assert model.label_map.category_ids[-1] == 90  # original COCO ids, not 0..79
 
 
 def test_eval_writes_metrics_and_detections(trained: Path, coco128_dir: Path, tmp_path: Path, capsys) -> None:

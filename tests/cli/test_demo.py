@@ -23,11 +23,8 @@ from pycocotools.cocoeval import COCOeval
 import detr_peg
 from detr_peg.cli.demo import clear_folder, default_config, format_elapsed, is_run_file
 from detr_peg.cli.main import main
-from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.coco_eval import STAT_NAMES
-from detr_peg.engine.prediction import predict_images
 from detr_peg.errors import UserError
-from detr_peg.models import build_postprocessor
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import TINY_MODEL
 
@@ -98,18 +95,8 @@ def test_demo_writes_dataset_run_metrics_and_pictures(demo_dir: Path) -> None:
     # predictions.json holds exactly what the checkpoint predicts on the first three validation images.
     records = json.loads((demo_dir / "predictions" / "predictions.json").read_text())
     images = sorted((demo_dir / "data" / "val").glob("*.png"))[:3]
-    expected = [
-        r
-        for p in predict_images(
-            model,
-            build_postprocessor(model.config),
-            images,
-            label_map=LabelMap.from_dict(model.label_map),
-            score_threshold=0.0,
-            batch_size=8,
-        )
-        for r in p.records
-    ]
+    detector = detr_peg.Detector.from_checkpoint(demo_dir / "run" / "checkpoint.pth", device="cpu")
+    expected = [r for i, image in enumerate(images) for r in detector.predict(image, threshold=0.0).records(i + 1)]
     assert records == expected and {r["image_id"] for r in records} == {1, 2, 3}
     assert {r["file_name"] for r in records} == {str(p) for p in images}
     assert f"{len(records)} detections (score >= 0) drawn on 3 pictures" in stdout

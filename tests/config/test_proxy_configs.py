@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detr_peg.config import load_config
-from detr_peg.engine.optim import build_optimizer
+from detr_peg.engine.optimizer import build_optimizer
 from detr_peg.models.builder import build_criterion, build_model
 from tests.conftest import REPO_ROOT
 

@@ -40,9 +40,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
     evaluate_module.predict_coco = predict_coco
     try:
-        evaluate_module.evaluate(
-            None, None, [], coco_gt=None, device=torch.device("cpu"), label_map=None, is_main=rank == 0
-        )
+        evaluate_module.evaluate(None, [], coco_gt=None, device=torch.device("cpu"), label_map=None, is_main=rank == 0)
         outcome = "returned"
     except UserError as exc:
         outcome = str(exc)

@@ -22,7 +22,6 @@ import torch
 
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.engine.distributed import DistEnv
-from detr_peg.engine.evaluation_run import LoadedModel
 from detr_peg.engine.loader import (
     SizeGroupedBatchSampler,
     build_eval_loader,
@@ -31,6 +30,7 @@ from detr_peg.engine.loader import (
 from detr_peg.engine.padding_sensitivity import predict_raw
 from detr_peg.engine.run_setup import resolve_num_classes
 from detr_peg.models.builder import build_model, build_postprocessor
+from detr_peg.models.loading import LoadedModel
 from tests.engine.tiny_run import (
     RUN,
     SMALL_IMAGES,
@@ -58,14 +58,7 @@ def _loaded(overrides: list[str]) -> tuple[LoadedModel, object]:
     cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
     torch.manual_seed(0)
     model = build_model(cfg).eval()
-    return LoadedModel(
-        model=model,
-        postprocessor=build_postprocessor(cfg),
-        cfg=cfg,
-        label_map=dataset.label_map,
-        amp="none",
-        iteration=None,
-    ), dataset
+    return LoadedModel(model, build_postprocessor(cfg), cfg, dataset.label_map), dataset
 
 
 @pytest.mark.parametrize("arch", [[], DEFORMABLE], ids=["detr", "deformable"])

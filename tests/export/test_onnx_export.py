@@ -16,9 +16,11 @@ pytest.importorskip("onnxscript")
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from detr_peg.config import load_config
+from detr_peg.data.label_map import LabelMap
 from detr_peg.export.onnx_export import ExportWrapper, export_onnx
 from detr_peg.export.onnx_runtime import OnnxDetector
 from detr_peg.models import build_model, build_postprocessor
+from detr_peg.models.loading import LoadedModel
 from tests.models.deformable.small_model import SMALL
 
 TINY_DETR = [
@@ -74,7 +76,7 @@ def _random_batchnorm_statistics(model: torch.nn.Module) -> None:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """name -> (PyTorch model, ONNX Runtime detector); each model is exported on first use."""
+    """name -> (LoadedModel, ONNX Runtime detector); each model is exported on first use."""
     folder = tmp_path_factory.mktemp("onnx")
     cache = {}
 
@@ -86,10 +88,10 @@ def exported(tmp_path_factory):
             model = build_model(cfg)
             with torch.no_grad():
                 _random_batchnorm_statistics(model)
-            model.config = cfg
-            model.label_map = {"category_ids": [3, 5, 8, 13, 21], "names": list("abcde"), "contiguous": False}
-            path = export_onnx(model.eval(), folder / f"{name}.onnx", postprocess=postprocess, optimize=optimize)
-            cache[name] = (model, OnnxDetector(path))
+            label_map = LabelMap(category_ids=[3, 5, 8, 13, 21], names=list("abcde"), contiguous=False)
+            loaded = LoadedModel(model.eval(), build_postprocessor(cfg), cfg, label_map)
+            path = export_onnx(loaded, folder / f"{name}.onnx", postprocess=postprocess, optimize=optimize)
+            cache[name] = (loaded, OnnxDetector(path))
         return cache[name]
 
     return get
@@ -113,7 +115,7 @@ def padded_batch(batch: int, size: tuple[int, int], seed: int = 0) -> tuple[torc
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_onnx_runtime_matches_pytorch_on_other_sizes(exported, name, batch):
-    model, detector = exported(name)
+    model, detector = exported(name)[0].model, exported(name)[1]
     for size in SIZES:
         images, mask, _ = padded_batch(batch, size)
         with torch.no_grad():
@@ -127,10 +129,13 @@ def test_onnx_runtime_matches_pytorch_on_other_sizes(exported, name, batch):
 
 @pytest.mark.parametrize("name", ["detr_sine", "deformable_sine_refine_two_stage"])
 def test_stride_mask_rule_is_in_the_graph(exported, name):
-    # On these canvases (not multiples of the strides) the two rules give other outputs, so the graph
-    # matching PyTorch above shows the stride rule was exported, not the official one.
-    model, _ = exported(name)
-    images, mask, _ = padded_batch(3, SIZES[0])
+    # On this canvas (not a multiple of the strides 16, 32, 64) the two rules give other outputs, and the
+    # graph matches PyTorch on it, so the stride rule was exported, not the official one.
+    model, detector = exported(name)[0].model, exported(name)[1]
+    images, mask, _ = padded_batch(3, (90, 118))
+    torch.testing.assert_close(
+        detector(images, mask)["pred_boxes"], model(images, mask)["pred_boxes"], rtol=0, atol=ATOL
+    )
     with torch.no_grad():
         stride = model(images, mask)["pred_boxes"]
         model.mask_rule = "nearest"
@@ -143,10 +148,10 @@ def test_stride_mask_rule_is_in_the_graph(exported, name):
 
 @pytest.mark.parametrize("name", ["detr_peg", "deformable_peg"])
 def test_postprocessed_outputs_match_the_postprocessor(exported, name):
-    model, detector = exported(name)
+    loaded, detector = exported(name)
     images, mask, orig_sizes = padded_batch(3, SIZES[2], seed=4)
     with torch.no_grad():
-        expected = build_postprocessor(model.config)(model(images, mask), orig_sizes)
+        expected = loaded.postprocessor(loaded.model(images, mask), orig_sizes)
     got = detector.run(images, mask, orig_sizes)
     assert got["scores"].shape[0] == 3
     for i, det in enumerate(expected):
@@ -156,9 +161,10 @@ def test_postprocessed_outputs_match_the_postprocessor(exported, name):
 
 
 def test_graph_metadata_and_dynamic_axes(exported):
-    model, detector = exported("detr_peg")
-    assert detector.config == model.config
-    assert detector.label_map == model.label_map
+    loaded, detector = exported("detr_peg")
+    assert detector.config == loaded.config
+    assert detector.label_map == loaded.label_map.to_dict()
+    assert detector.size_divisibility == loaded.model.size_divisibility == 16
     images = detector.session.get_inputs()[0]
     assert images.name == "images" and images.shape[0] == "batch" and isinstance(images.shape[2], str)
     assert detector.input_names == ["images", "mask", "orig_sizes"]
@@ -166,7 +172,7 @@ def test_graph_metadata_and_dynamic_axes(exported):
 
 
 def test_deformable_attention_setting_is_restored_after_export(exported):
-    model, _ = exported("deformable_peg")
+    model = exported("deformable_peg")[0].model
     from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
 
     assert {m.impl for m in model.modules() if isinstance(m, MSDeformAttn)} == {"embedding_bag"}
@@ -174,7 +180,7 @@ def test_deformable_attention_setting_is_restored_after_export(exported):
 
 def test_learned_encoding_larger_than_its_table_fails_like_pytorch(exported):
     # 20 rows per table at stride 16: a 600-pixel side is a 38-pixel feature map.
-    model, detector = exported("detr_learned")
+    model, detector = exported("detr_learned")[0].model, exported("detr_learned")[1]
     images, mask, _ = padded_batch(1, (600, 128))
     with pytest.raises(ValueError, match="larger than the learned position tables"):
         model(images, mask)
@@ -204,7 +210,7 @@ def test_padding_changes_onnx_outputs_exactly_as_it_changes_pytorch_outputs(expo
     # The last image of a padded batch against the same image alone at its own size: whatever
     # the padding changes in PyTorch (the backbone's convolutions see it at the image border),
     # it changes the same way in the exported graph.
-    model, detector = exported(name)
+    model, detector = exported(name)[0].model, exported(name)[1]
     images, mask, _ = padded_batch(3, SIZES[2], seed=2)
     h, w = (~mask[2]).sum(0).amax().item(), (~mask[2]).sum(1).amax().item()
     alone, alone_mask = images[2:, :, :h, :w], mask[2:, :h, :w]

@@ -1,6 +1,6 @@
 """The AdamW optimizer of DETR-PEG for detectron2 training, with full-model gradient clipping.
 
-Parameter groups are detr_peg's own (:func:`~detr_peg.engine.param_groups.build_param_groups`),
+Parameter groups are detr_peg's own (:func:`~detr_peg.engine.optimizer.build_param_groups`),
 with learning rates from detectron2's solver keys:
 
 * ``backbone``: ``SOLVER.BASE_LR * SOLVER.BACKBONE_MULTIPLIER``;
@@ -26,7 +26,7 @@ from detectron2.solver.build import maybe_add_gradient_clipping
 from torch import nn
 
 from detr_peg.config.schema import TrainConfig
-from detr_peg.engine.param_groups import build_param_groups
+from detr_peg.engine.optimizer import build_param_groups
 from detr_peg.errors import ConfigError
 
 

@@ -65,10 +65,11 @@ def test_fixture_layouts_convert_with_a_complete_report(fixture, reference_dir, 
         assert "alias keys of shared modules (identical, stored once): 24" in printed
     else:
         assert "alias keys" not in printed
-    model = load_model(dst)
+    loaded = load_model(dst)
+    model = loaded.model
     two_stage = fixture == REFINE_TWO_STAGE
-    assert (model.config.model.with_box_refine, model.config.model.two_stage) == (two_stage, two_stage)
-    assert model.config.data.contiguous_labels is False
+    assert (loaded.config.model.with_box_refine, loaded.config.model.two_stage) == (two_stage, two_stage)
+    assert loaded.config.data.contiguous_labels is False
     # every official weight arrives under its mapped name
     official, _ = official_state_dict(reference_dir, fixture)
     ours = model.state_dict()
@@ -97,10 +98,10 @@ def test_refine_only_layout(tmp_path, capsys):
     assert cfg.with_box_refine and not cfg.two_stage
     assert (cfg.transformer.num_feature_levels, cfg.transformer.enc_n_points, cfg.num_queries) == (4, 2, 6)
     for key, value in model.state_dict().items():
-        assert torch.equal(converted.state_dict()[key], value), key
+        assert torch.equal(converted.model.state_dict()[key], value), key
     images = images_of_different_sizes()
     with torch.no_grad():
-        torch.testing.assert_close(converted(images)["pred_boxes"], model(images)["pred_boxes"], rtol=0, atol=0)
+        torch.testing.assert_close(converted.model(images)["pred_boxes"], model(images)["pred_boxes"], rtol=0, atol=0)
 
 
 def test_differing_alias_copies_are_refused(tmp_path, capsys):
@@ -122,7 +123,7 @@ def test_convert_to_peg_keeps_every_shared_weight(reference_dir, tmp_path, capsy
     status, peg_dst = _convert(tmp_path, src, "model.position.name=peg", name="peg.pth")
     assert status == 0
     printed = capsys.readouterr().out
-    sine_state, peg_state = load_model(sine_dst).state_dict(), load_model(peg_dst).state_dict()
+    sine_state, peg_state = load_model(sine_dst).model.state_dict(), load_model(peg_dst).model.state_dict()
     new = sorted(set(peg_state) - set(sine_state))
     assert new == sorted(f"transformer.position.pegs.layer0.level{l}.{k}" for l in range(4) for k in PEG_KEYS)
     assert set(sine_state) <= set(peg_state)
@@ -154,8 +155,9 @@ def test_heads_and_proposals_come_from_overrides_without_args(reference_dir, tmp
 
     status, dst = _convert(tmp_path, src, "model.transformer.nheads=4", name="h4.pth")
     assert status == 0
-    model = load_model(dst)
-    assert (model.config.model.transformer.enc_n_points, model.config.model.transformer.dec_n_points) == (4, 4)
+    loaded = load_model(dst)
+    model = loaded.model
+    assert (loaded.config.model.transformer.enc_n_points, loaded.config.model.transformer.dec_n_points) == (4, 4)
     with torch.no_grad():
         assert_close(model(inputs["images_padded"], inputs["mask"])["pred_logits"], expected, "nheads=4")
 
@@ -183,10 +185,11 @@ def test_heads_and_proposals_come_from_overrides_without_args(reference_dir, tmp
     write_official_checkpoint(reference_dir, REFINE_TWO_STAGE, two_stage, with_args=False)
     status, dst = _convert(tmp_path, two_stage, "model.transformer.two_stage_num_proposals=10", name="ts.pth")
     assert status == 0
-    model = load_model(dst)
+    loaded = load_model(dst)
+    model = loaded.model
     # the rest of the configuration equals the fixture's, whose outputs the parity test checks
-    assert model.config.model.transformer.nheads == 8 and model.num_queries == 10
-    assert model.config.model.transformer.enc_n_points == 4 and model.config.model.two_stage
+    assert loaded.config.model.transformer.nheads == 8 and model.num_queries == 10
+    assert loaded.config.model.transformer.enc_n_points == 4 and loaded.config.model.two_stage
 
 
 def test_override_contradicting_the_layout_is_refused(reference_dir, tmp_path, capsys):

@@ -19,6 +19,7 @@ from detr_peg.cli.main import main
 from detr_peg.convert.detr import DETR_KEY_MAP
 from tests.parity import (
     assert_close,
+    assert_feature_close,
     assert_gradients_match,
     assert_losses_and_indices_match,
     assert_outputs_match,
@@ -37,7 +38,8 @@ def run(tmp_path_factory, reference_dir):
     src, dst = folder / "official.pth", folder / "converted.pth"
     write_official_checkpoint(reference_dir, FIXTURE, src)
     assert main(["convert", str(src), str(dst)]) == 0
-    model = load_model(dst)
+    loaded = load_model(dst)
+    model = loaded.model
 
     captured = {}
 
@@ -53,12 +55,12 @@ def run(tmp_path_factory, reference_dir):
 
     inputs = load_fixture(reference_dir, FIXTURE, "inputs")
     outputs = model(inputs["images_padded"], inputs["mask"])
-    criterion = build_criterion(model.config)
+    criterion = build_criterion(loaded.config)
     targets = targets_from_fixture(load_fixture(reference_dir, FIXTURE, "targets"))
     losses, indices = criterion(outputs, targets, return_indices=True)
     total = criterion.weighted_total(losses)
     total.backward()
-    results = build_postprocessor(model.config)(outputs, inputs["orig_target_sizes"])
+    results = build_postprocessor(loaded.config)(outputs, inputs["orig_target_sizes"])
     return dict(
         model=model,
         outputs=outputs,
@@ -86,7 +88,7 @@ def test_intermediates(run):
         if tensor.dtype == torch.bool:
             assert torch.equal(run["captured"][name], tensor), name
         else:
-            assert_close(run["captured"][name], tensor, name)
+            assert_feature_close(run["captured"][name], tensor, name)
 
 
 def test_losses_and_matcher_indices(run):
@@ -117,7 +119,7 @@ def test_convert_cli_in_a_subprocess(run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "new keys (initialised fresh): 0" in proc.stdout
     assert "unused keys: 0" in proc.stdout
-    converted = load_model(dst)
+    converted = load_model(dst).model
     for key, value in run["model"].state_dict().items():
         assert torch.equal(converted.state_dict()[key], value), key
 
@@ -130,13 +132,14 @@ def test_heads_come_from_overrides_when_args_are_absent(run, tmp_path):
 
     assert main(["convert", str(src), str(tmp_path / "h4.pth"), "model.transformer.nheads=4"]) == 0
     with torch.no_grad():
-        got = load_model(tmp_path / "h4.pth")(inputs["images_padded"], inputs["mask"])["pred_logits"]
+        got = load_model(tmp_path / "h4.pth").model(inputs["images_padded"], inputs["mask"])["pred_logits"]
     assert_close(got, expected, "pred_logits with nheads=4")
 
     # Without the override the default of 8 heads gives a different model.
     assert main(["convert", str(src), str(tmp_path / "h8.pth")]) == 0
-    model8 = load_model(tmp_path / "h8.pth")
-    assert model8.config.model.transformer.nheads == 8
+    loaded8 = load_model(tmp_path / "h8.pth")
+    model8 = loaded8.model
+    assert loaded8.config.model.transformer.nheads == 8
     with torch.no_grad():
         other = model8(inputs["images_padded"], inputs["mask"])["pred_logits"]
     assert not torch.allclose(other, expected, rtol=1e-4, atol=1e-5)
@@ -154,7 +157,7 @@ def test_convert_to_peg_keeps_shared_weights_and_reports_new_keys(run, tmp_path,
     dst = tmp_path / "peg.pth"
     assert main(["convert", str(run["src"]), str(dst), "model.position.name=peg"]) == 0
     printed = capsys.readouterr().out
-    peg = load_model(dst)
+    peg = load_model(dst).model
     sine_state = run["model"].state_dict()
     peg_state = peg.state_dict()
     new = sorted(set(peg_state) - set(sine_state))
@@ -185,12 +188,13 @@ def test_channels_last_backbone_keeps_outputs_losses_and_gradients(run, tmp_path
     """
     dst = tmp_path / "channels_last.pth"
     assert main(["convert", str(run["src"]), str(dst), "model.backbone.memory_format=channels_last"]) == 0
-    model = load_model(dst)
+    loaded = load_model(dst)
+    model = loaded.model
     assert model.backbone.memory_format == torch.channels_last
     inputs = load_fixture(run["reference_dir"], FIXTURE, "inputs")
     outputs = model(inputs["images_padded"], inputs["mask"])
     assert_outputs_match(outputs, load_fixture(run["reference_dir"], FIXTURE, "outputs"))
-    criterion = build_criterion(model.config)
+    criterion = build_criterion(loaded.config)
     losses = criterion(outputs, targets_from_fixture(load_fixture(run["reference_dir"], FIXTURE, "targets")))
     total = criterion.weighted_total(losses)
     assert_close(total.detach(), load_fixture(run["reference_dir"], FIXTURE, "losses")["total_weighted"], "total")

@@ -1,4 +1,4 @@
-"""Optimizer parameter groups with the official per-part learning rates.
+"""The optimizer: AdamW over named parameter groups with the official per-part learning rates.
 
 Three groups, as in the official DETR and Deformable-DETR training scripts:
 
@@ -13,13 +13,41 @@ Three groups, as in the official DETR and Deformable-DETR training scripts:
 A backbone parameter stays in ``backbone`` even if its name also matches a
 linear-projection name, so no parameter is in two groups (the official script
 would put it in both). Shared modules count once.
+
+Every group gets ``train.weight_decay``; the fused AdamW implementation is
+used when every parameter is on the CPU or a CUDA device (one pass over the
+parameters instead of a dozen, four times faster for DETR-R50 on the CPU).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from detr_peg.config.schema import TrainConfig
+from detr_peg.errors import ConfigError
+
+#: Device types with a fused AdamW kernel.
+FUSED_DEVICES = {"cpu", "cuda"}
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the named parameter groups of ``model`` (the bare detector), fused where available.
+
+    Build it after moving ``model`` to its device.
+
+    Raises:
+        ConfigError: a negative learning rate or weight decay, or no trainable
+            parameter at all.
+    """
+    for key in ("lr", "lr_backbone", "lr_linear_proj_mult", "weight_decay"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"train.{key} must not be negative, got {getattr(cfg, key)}.")
+    groups = build_param_groups(model, cfg)
+    if not groups:
+        raise ConfigError("The model has no trainable parameter; check model.backbone.train and frozen_stages.")
+    devices = {param.device.type for group in groups for param in group["params"]}
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=devices <= FUSED_DEVICES or None)
 
 
 def build_param_groups(model: nn.Module, train_cfg: TrainConfig) -> list[dict]:

@@ -9,18 +9,17 @@ import torch
 from torch import nn
 
 from detr_peg.config import load_config
-from detr_peg.engine.optim import (
+from detr_peg.engine.lr_schedule import build_lr_scheduler, current_lrs
+from detr_peg.engine.mixed_precision import (
     autocast,
     build_grad_scaler,
-    build_lr_scheduler,
-    build_optimizer,
     check_amp,
-    current_lrs,
     evaluation_amp,
     native_bf16,
     outputs_to_float,
     resolve_amp,
 )
+from detr_peg.engine.optimizer import build_optimizer
 from detr_peg.errors import ConfigError
 
 

@@ -1,0 +1,143 @@
+"""The detections of one image, as :class:`detr_peg.Detector` returns them.
+
+Boxes are absolute ``(x0, y0, x1, y1)`` pixels of the image as it was given
+(before any resize); labels are the model's class indices, mapped to the
+category ids and names of the dataset the model was trained on by its label
+map (without one, the label itself and the name ``class <label>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from detr_peg.data.label_map import LabelMap
+
+
+@dataclass(repr=False)
+class Detections:
+    """Detections of one image, highest score first.
+
+    Attributes:
+        boxes: ``Tensor[N, 4]`` float32, absolute (x0, y0, x1, y1) pixels of the original image.
+        scores: ``Tensor[N]`` float32 in [0, 1].
+        labels: ``Tensor[N]`` int64, the model's class indices.
+        category_ids: the dataset category id of each detection.
+        class_names: the category name of each detection.
+        image_size: ``(height, width)`` of the original image in pixels.
+        source: the file the image was read from, if it came from one.
+    """
+
+    boxes: Tensor
+    scores: Tensor
+    labels: Tensor
+    category_ids: list[int]
+    class_names: list[str]
+    image_size: tuple[int, int]
+    source: str | None = field(default=None)
+
+    @classmethod
+    def from_postprocessed(
+        cls,
+        detection: dict[str, Tensor],
+        *,
+        threshold: float,
+        label_map: LabelMap | None,
+        image_size: tuple[int, int],
+        source: str | None = None,
+    ) -> Detections:
+        """Keep the post-processor's detections scoring at least ``threshold``, best first, on the CPU.
+
+        Args:
+            detection: one image's ``{"scores", "labels", "boxes"}`` from a
+                :class:`~detr_peg.models.postprocess.Postprocessor`.
+            threshold: the smallest score kept.
+            label_map: maps labels to category ids and names, or None.
+            image_size: ``(height, width)`` of the original image.
+            source: the image file, if any.
+        """
+        keep = detection["scores"] >= threshold
+        scores = detection["scores"][keep].float().cpu()
+        order = scores.argsort(descending=True, stable=True)
+        scores = scores[order]
+        labels = detection["labels"][keep].cpu()[order]
+        boxes = detection["boxes"][keep].float().cpu()[order]
+        names = [category_of(label_map, int(label)) for label in labels.tolist()]
+        return cls(
+            boxes=boxes,
+            scores=scores,
+            labels=labels,
+            category_ids=[c for c, _ in names],
+            class_names=[n for _, n in names],
+            image_size=image_size,
+            source=source,
+        )
+
+    def __len__(self) -> int:
+        return int(self.scores.numel())
+
+    def __repr__(self) -> str:
+        h, w = self.image_size
+        lines = [f"Detections({len(self)} in a {w} x {h} image{f' ({self.source})' if self.source else ''})"]
+        for box, name, score in zip(self.boxes.tolist()[:10], self.class_names, self.scores.tolist()):
+            lines.append(f"  {name:<16} {score:.3f}  [{', '.join(f'{v:.1f}' for v in box)}]")
+        if len(self) > 10:
+            lines.append(f"  ... {len(self) - 10} more")
+        return "\n".join(lines)
+
+    def records(self, image_id: int) -> list[dict[str, Any]]:
+        """COCO-style result records of this image (what ``detr-peg predict`` writes).
+
+        Each is ``{"image_id", "file_name", "category_id", "category_name",
+        "bbox": [x, y, w, h], "score"}`` in pixels, rounded to 0.01 px and 5 digits.
+        """
+        out = []
+        for box, category_id, name, score in zip(
+            self.boxes.tolist(), self.category_ids, self.class_names, self.scores.tolist()
+        ):
+            x0, y0, x1, y1 = box
+            out.append(
+                {
+                    "image_id": image_id,
+                    "file_name": self.source,
+                    "category_id": category_id,
+                    "category_name": name,
+                    "bbox": [round(v, 2) for v in (x0, y0, x1 - x0, y1 - y0)],
+                    "score": round(float(score), 5),
+                }
+            )
+        return out
+
+    def to_supervision(self) -> Any:
+        """The same detections as ``supervision.Detections`` (needs ``pip install supervision``).
+
+        ``class_id`` holds the dataset category ids and ``data["class_name"]`` the names.
+
+        Raises:
+            ImportError: with the install command, when ``supervision`` is missing.
+        """
+        try:
+            import supervision
+        except ImportError as exc:
+            raise ImportError(
+                "Detections.to_supervision needs the supervision package: pip install supervision"
+            ) from exc
+        return supervision.Detections(
+            xyxy=self.boxes.numpy().astype(np.float32).reshape(-1, 4),
+            confidence=self.scores.numpy().astype(np.float32),
+            class_id=np.asarray(self.category_ids, dtype=int),
+            data={"class_name": np.asarray(self.class_names, dtype=object)},
+        )
+
+
+def category_of(label_map: LabelMap | None, label: int) -> tuple[int, str]:
+    """``(category id, name)`` of a model label; ``(label, "class <label>")`` when the map does not know it."""
+    if label_map is None:
+        return label, f"class {label}"
+    try:
+        return label_map.category_id_of(label), label_map.name_of(label)
+    except KeyError:
+        return label, f"class {label}"

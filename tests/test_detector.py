@@ -1,0 +1,177 @@
+"""``detr_peg.Detector``: three lines from a checkpoint to the boxes of a real image, equal to ``detr-peg predict``;
+batches that give what one image at a time gives; every input kind; clear errors; evaluation and ONNX.
+
+The checkpoint is the tiny DETR that ``tests/conftest.py`` trains on coco128 with ``detr-peg train``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import detr_peg
+from detr_peg.cli.main import main
+from detr_peg.errors import ConfigError, DataError
+from tests.conftest import REPO_ROOT
+from tests.engine.tiny_run import TINY_MODEL
+
+#: coco128 validation images of five different sizes (portrait and landscape).
+SIZES_WANTED = 5
+
+
+def _images_of_different_sizes(coco128_dir: Path, count: int = SIZES_WANTED) -> list[Path]:
+    annotations = json.loads((coco128_dir / "annotations_val.json").read_text())
+    chosen, seen = [], set()
+    for image in annotations["images"]:
+        size = (image["height"], image["width"])
+        if size not in seen:
+            seen.add(size)
+            chosen.append(coco128_dir / "images" / image["file_name"])
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def detector(coco128_checkpoint: Path) -> detr_peg.Detector:
+    return detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+
+
+def test_three_lines_give_what_the_command_line_predicts(coco128_checkpoint, coco128_dir, tmp_path) -> None:
+    image = _images_of_different_sizes(coco128_dir, 1)[0]
+    script = tmp_path / "three_lines.py"
+    script.write_text(
+        "import detr_peg\n"
+        f"detector = detr_peg.Detector.from_checkpoint({str(coco128_checkpoint)!r})\n"
+        f"print(detector.predict({str(image)!r}, threshold=0.0).records(1))\n"
+    )
+    assert len(script.read_text().splitlines()) == 3
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from_script = ast.literal_eval(proc.stdout.strip())
+    out = tmp_path / "predicted"
+    assert main(["predict", "--checkpoint", str(coco128_checkpoint), str(image), "--output", str(out),
+                 "--score-threshold", "0", "--device", "cpu"]) == 0  # fmt: skip
+    from_cli = json.loads((out / "predictions.json").read_text())
+    assert from_script == from_cli and len(from_cli) == 8  # DETR: one detection per query
+    assert all(r["category_name"] and r["file_name"] == str(image) for r in from_cli)
+    assert {r["category_id"] for r in from_cli} <= {c["id"] for c in json.loads(
+        (coco128_dir / "annotations_val.json").read_text())["categories"]}  # fmt: skip
+
+
+def _assert_same(a: detr_peg.Detections, b: detr_peg.Detections) -> None:
+    assert a.image_size == b.image_size and a.class_names == b.class_names and a.category_ids == b.category_ids
+    torch.testing.assert_close(a.boxes, b.boxes, rtol=1e-4, atol=1e-3)  # pixels of images up to 640 px
+    torch.testing.assert_close(a.scores, b.scores, rtol=1e-4, atol=1e-6)
+    assert torch.equal(a.labels, b.labels)
+
+
+@pytest.mark.parametrize("arch", ["detr", "deformable_detr"])
+def test_a_list_of_sizes_equals_one_image_at_a_time(detector, coco128_dir, arch) -> None:
+    if arch == "deformable_detr":  # a random Deformable-DETR of the same size, images resized as the checkpoint's
+        torch.manual_seed(0)
+        overrides = [*TINY_MODEL, "model.arch=deformable_detr", "model.transformer.num_feature_levels=2",
+                     "model.num_classes=80", "data.val_scale=96", "data.val_max_size=128"]  # fmt: skip
+        detector = detr_peg.Detector.from_config(None, overrides, device="cpu")
+    paths = _images_of_different_sizes(coco128_dir)
+    sizes = {Image.open(p).size for p in paths}
+    assert len(sizes) == SIZES_WANTED
+    together = detector.predict(paths, threshold=0.0, batch_size=3)
+    assert [d.source for d in together] == [str(p) for p in paths]
+    for path, batched in zip(paths, together):
+        alone = detector.predict(path, threshold=0.0)
+        _assert_same(batched, alone)
+        with Image.open(path) as picture:
+            assert batched.image_size == (picture.height, picture.width)
+        # boxes are in pixels of the original image
+        assert float(batched.boxes[:, 2].max()) <= batched.image_size[1] * 1.5
+    # another batch size, another grouping: the same detections
+    for a, b in zip(together, detector.predict(paths, threshold=0.0, batch_size=1)):
+        _assert_same(a, b)
+
+
+def test_every_input_kind_gives_the_same_detections(detector, coco128_dir) -> None:
+    path = _images_of_different_sizes(coco128_dir, 1)[0]
+    with Image.open(path) as opened:
+        picture = opened.convert("RGB")
+    array = np.array(picture)
+    uint8 = torch.from_numpy(array).permute(2, 0, 1)
+    results = detector.predict([path, picture, array, uint8, uint8.float() / 255], threshold=0.0)
+    for other in results[1:]:
+        other.source = results[0].source
+        _assert_same(other, results[0])
+    threshold = float(results[0].scores[3])
+    kept = detector.predict(path, threshold=threshold)
+    assert len(kept) == int((results[0].scores >= threshold).sum()) and bool((kept.scores >= threshold).all())
+    assert kept.scores.tolist() == sorted(kept.scores.tolist(), reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        (np.zeros((4, 5, 3), dtype=np.float32), "dtype float32"),
+        (np.zeros((4, 5, 4), dtype=np.uint8), "shape (4, 5, 4)"),
+        (torch.zeros(1, 8, 8), "shape (1, 8, 8)"),
+        (torch.full((3, 8, 8), 2.0), "outside [0, 1]"),
+        (torch.zeros(3, 8, 8, dtype=torch.int32), "dtype torch.int32"),
+        ([1, 2, 3], "is a list"),
+        ("does/not/exist.jpg", "does not exist"),
+    ],
+)
+def test_bad_inputs_are_one_sentence_naming_the_image(detector, bad, words) -> None:
+    with pytest.raises(DataError) as info:
+        detector.predict([torch.zeros(3, 32, 32, dtype=torch.uint8), bad])
+    message = str(info.value)
+    named = "does/not/exist.jpg" in message if isinstance(bad, str) else message.startswith("Image 2")
+    assert named and words in message and "\n" not in message
+
+
+def test_bad_settings_are_refused(detector) -> None:
+    image = torch.zeros(3, 32, 32, dtype=torch.uint8)
+    with pytest.raises(ConfigError, match="threshold must be between 0 and 1, got 1.5"):
+        detector.predict(image, threshold=1.5)
+    with pytest.raises(ConfigError, match="batch_size must be at least 1, got 0"):
+        detector.predict(image, batch_size=0)
+
+
+def test_evaluate_equals_the_command_line(detector, coco128_checkpoint, coco128_dir, tmp_path) -> None:
+    metrics = detector.evaluate(coco128_dir / "images", coco128_dir / "annotations_val.json")
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(coco128_checkpoint), "--output", str(out), "train.device=cpu"]) == 0
+    assert metrics == pytest.approx(json.loads((out / "metrics.json").read_text())["bbox"], abs=1e-12)
+
+
+def test_class_names_and_supervision(detector, coco128_dir) -> None:
+    assert len(detector.class_names) == 80 and detector.class_names[0] == "person"
+    detections = detector.predict(_images_of_different_sizes(coco128_dir, 1)[0], threshold=0.0)
+    assert "Detections(8 in a" in repr(detections)
+    supervision = pytest.importorskip("supervision")
+    converted = detections.to_supervision()
+    assert isinstance(converted, supervision.Detections)
+    np.testing.assert_array_equal(converted.xyxy, detections.boxes.numpy())
+    assert converted.class_id.tolist() == detections.category_ids
+    assert converted.data["class_name"].tolist() == detections.class_names
+
+
+@pytest.mark.slow
+def test_onnx_export_predicts_as_pytorch(detector, coco128_dir, tmp_path) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    path = detector.export_onnx(tmp_path / "model.onnx", optimize=False)
+    in_onnx = detr_peg.Detector.from_onnx(path)
+    assert in_onnx.config == detector.config and in_onnx.label_map == detector.label_map
+    paths = _images_of_different_sizes(coco128_dir, 3)
+    for a, b in zip(in_onnx.predict(paths, threshold=0.0), detector.predict(paths, threshold=0.0)):
+        _assert_same(a, b)
