@@ -37,8 +37,8 @@ _EXPORTS = {
     "build_postprocessor": "detr_peg.models",
     "load_model": "detr_peg.models.loading",
     "LoadedModel": "detr_peg.models.loading",
-    "run_training": "detr_peg.engine.runner",
-    "run_evaluation": "detr_peg.engine.evaluation_run",
+    "run_training": "detr_peg.engine.trainer",
+    "run_evaluation": "detr_peg.engine.evaluation.run",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -41,7 +41,7 @@ from detr_peg.data.padding import pad_images
 from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.engine.detections import Detections, category_of
 from detr_peg.engine.distributed import DistEnv, resolve_device
-from detr_peg.engine.evaluate import evaluate
+from detr_peg.engine.evaluation.evaluate import evaluate
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.mixed_precision import evaluation_amp

@@ -114,12 +114,12 @@ def main() -> None:
         "--official-op",
         metavar="PATH",
         help="checkout of fundamentalvision/Deformable-DETR: also time its compiled CUDA op "
-        "(built here, see detr_peg/benchmark/official_cuda_op.py) as impl official_cuda",
+        "(built here, see detr_peg/models/deformable/official_cuda_op.py) as impl official_cuda",
     )
     args = parser.parse_args()
     official_op = None
     if args.official_op:
-        from detr_peg.benchmark.official_cuda_op import build_official_op
+        from detr_peg.models.deformable.official_cuda_op import build_official_op
 
         official_op = build_official_op(args.official_op)
         args.impl = [*args.impl, "official_cuda"]

@@ -2,10 +2,11 @@
 
 Runs a tiny `detr-peg train` (synthetic data, one iteration) in this process
 with ``sys.setprofile`` and records every function called, until the model's
-first forward pass in training. Files of the model (``detr_peg/models``), the
-data pipeline (``detr_peg/data``) and the config system (``detr_peg/config``)
-are counted apart: what is listed first is the orchestration a reader follows
-from the command to the loop, the measure of "files crossed".
+first forward pass in training. The files of the command line and the engine
+(``detr_peg/cli``, ``detr_peg/engine``) are the orchestration a reader
+follows from the command to the loop, the measure of "files crossed"; the
+rest (the model, the data pipeline, the config system, the checks on files
+and outputs) is listed apart.
 
     python tools/trace_train_path.py            # prints the files, grouped, with the call count of each
 """
@@ -13,13 +14,14 @@ from the command to the loop, the measure of "files crossed".
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-APART = ("detr_peg/models/", "detr_peg/data/", "detr_peg/config/")
+ORCHESTRATION = ("detr_peg/cli/", "detr_peg/engine/")
 
 
 class _FirstIteration(Exception):
@@ -46,7 +48,8 @@ def trace(root: Path) -> Counter:
             if event != "call":
                 return
             filename = frame.f_code.co_filename
-            if filename.startswith(package) and frame.f_code.co_name != "<module>":
+            # Functions only: module and class bodies (imports) have no CO_OPTIMIZED flag.
+            if filename.startswith(package) and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
                 calls[str(Path(filename).relative_to(root))] += 1
                 if frame.f_code.co_name == "forward" and "detr_peg/models/" in filename and _training(frame):
                     raise _FirstIteration
@@ -73,12 +76,12 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=REPO, help="the repository to trace (default: this one)")
     args = parser.parse_args()
     calls = trace(args.root.resolve())
-    path = sorted(f for f in calls if not f.startswith(APART))
-    apart = sorted(f for f in calls if f.startswith(APART))
-    print(f"Orchestration: {len(path)} files on the way from `detr-peg train` to the first iteration")
+    path = sorted(f for f in calls if f.startswith(ORCHESTRATION))
+    apart = sorted(f for f in calls if not f.startswith(ORCHESTRATION))
+    print(f"Orchestration (cli, engine): {len(path)} files on the way from `detr-peg train` to the first iteration")
     for f in path:
         print(f"  {f}  ({calls[f]} calls)")
-    print(f"Model, data and config: {len(apart)} files")
+    print(f"Everything else (model, data, config, file and output checks): {len(apart)} files")
     for f in apart:
         print(f"  {f}  ({calls[f]} calls)")
 

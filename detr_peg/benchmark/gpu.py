@@ -5,11 +5,11 @@ wrapped in ``torch.compile``, and reports throughput (images/s = batch size /
 median seconds per step) besides the usual table. Cases per mode:
 
 * detr_peg: for Deformable-DETR configs one row per deformable-attention
-  implementation in :data:`ATTENTION_IMPLS` (the Triton kernels and the
+  implementation in its architecture's ``attention.compared_on_gpu`` (the Triton kernels and the
   default pure-PyTorch path); DETR has no such choice and gets one row;
 * with ``--official PATH``: the official code under the same autocast and
   ``torch.compile``; for Deformable-DETR with its compiled CUDA op built on
-  this machine (:mod:`detr_peg.benchmark.official_cuda_op`). It is the first
+  this machine (:mod:`detr_peg.models.deformable.official_cuda_op`). It is the first
   row of each mode, so the ratios are relative to it.
 
 Without a CUDA device the mode stops at once with one line
@@ -23,9 +23,7 @@ from dataclasses import replace
 
 from detr_peg.benchmark.worker import Case
 from detr_peg.errors import ConfigError
-
-#: Deformable-attention implementations compared in GPU mode (``MSDeformAttn.impl``).
-ATTENTION_IMPLS = ("triton", "embedding_bag")
+from detr_peg.models.registry import MODELS
 
 #: What ``--gpu`` sets on every case.
 GPU_SETTINGS = {"device": "cuda", "amp": "bf16", "compile": True}
@@ -53,13 +51,14 @@ def plan_gpu_cases(
 ) -> list[Case]:
     """Per mode: the official case (when given), then one detr_peg case per attention implementation."""
     base = replace(base, **GPU_SETTINGS)
-    impls = ATTENTION_IMPLS if base.arch == "deformable_detr" else (None,)
+    architecture = MODELS.get(base.arch)
+    impls = (architecture.attention.compared_on_gpu if architecture.attention else ()) or (None,)
     cases = []
     for mode in modes:
         h, w = sizes[mode]
         sized = replace(base, mode=mode, height=h, width=w)
         if official_repo:
-            label = "official (CUDA op)" if base.arch == "deformable_detr" else "official"
+            label = architecture.official.gpu_label if architecture.official else "official"
             cases.append(
                 replace(
                     sized,

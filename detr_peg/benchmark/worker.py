@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -19,6 +19,7 @@ from torch import nn
 from detr_peg.benchmark.onnx_case import ONNX_IMPL, onnx_forward
 from detr_peg.engine.memory_allocator import retain_freed_memory
 from detr_peg.engine.mixed_precision import autocast as amp_autocast
+from detr_peg.models.registry import attention_impl, set_attention_impl
 
 
 @dataclass
@@ -103,12 +104,9 @@ def _build(case: Case, device: torch.device) -> Built:
     if case.impl == "official":
         from detr_peg.benchmark import official
 
-        if case.arch == "detr":
-            model, criterion, args = official.build_official_detr(case.official_repo, case.overrides)
-        else:
-            model, criterion, args = official.build_official_deformable(
-                case.official_repo, case.overrides, cuda_op=device.type == "cuda"
-            )
+        model, criterion, args = official.build_official(
+            case.arch, case.official_repo, case.overrides, cuda_op=device.type == "cuda"
+        )
         model.to(device)
         criterion.to(device)
 
@@ -136,11 +134,7 @@ def _build(case: Case, device: torch.device) -> Built:
     model = build_model(cfg).to(device)
     criterion = build_criterion(cfg).to(device)
     if case.attention_impl is not None:
-        from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
-
-        for module in model.modules():
-            if isinstance(module, MSDeformAttn):
-                module.impl = case.attention_impl
+        set_attention_impl(model, case.attention_impl)
     forward = model
     if case.impl == ONNX_IMPL:
         forward = onnx_forward(model, case.threads)
@@ -157,9 +151,8 @@ def _build(case: Case, device: torch.device) -> Built:
     )
 
 
-@contextlib.contextmanager
-def dense_attention(model: nn.Module) -> Iterator[None]:
-    """Count FLOPs with the deformable attention's dense ``grid_sample`` path.
+def dense_attention(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Count FLOPs with each attention's FLOP-count implementation (Deformable-DETR: the dense ``grid_sample``).
 
     The default ``embedding_bag`` path computes its backward with sparse
     matrix products, which torch's FLOP counter counts as dense ones (several
@@ -168,17 +161,7 @@ def dense_attention(model: nn.Module) -> Iterator[None]:
     exactly as for the official pure-PyTorch code, so both report the FLOPs of
     the same formulation. Timings are never taken under it.
     """
-    from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
-
-    layers = [m for m in model.modules() if isinstance(m, MSDeformAttn)]
-    saved = [m.impl for m in layers]
-    for m in layers:
-        m.impl = "grid_sample"
-    try:
-        yield
-    finally:
-        for m, impl in zip(layers, saved):
-            m.impl = impl
+    return attention_impl(model, lambda kind: kind.flop_count)
 
 
 def run_case(case: Case) -> dict:

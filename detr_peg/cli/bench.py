@@ -28,6 +28,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -105,13 +106,21 @@ def _measure_peak(args: argparse.Namespace, amp: str) -> MatmulPeak:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detr_peg.benchmark.report import add_ratios, format_table, write_json
-    from detr_peg.benchmark.runner import parse_compare, parse_size, plan_cases, run_cases
-    from detr_peg.benchmark.worker import Case
     from detr_peg.config import load_config
-    from detr_peg.errors import ConfigError
     from detr_peg.guards.declared_io import bench_io
     from detr_peg.guards.output_guard import guard_outputs
+
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        _check_gpu(args)
+        cfg = load_config(args.config, args.overrides)  # validates the config before any work
+        claims.enter_context(guard_outputs("bench", *bench_io(args.output, args.config)))
+        modes = _check_options(args, cfg)
+        _report(args, _run_with_peaks(args, _plan(args, cfg, modes)))
+        return 0
+
+
+def _check_gpu(args: argparse.Namespace) -> None:
+    from detr_peg.errors import ConfigError
 
     if args.gpu:
         from detr_peg.benchmark.gpu import require_cuda
@@ -121,21 +130,21 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "--gpu compares the attention implementations and the official code; run --compare without --gpu."
             )
-    cfg = load_config(args.config, args.overrides)  # validates the config before any work
-    guard_outputs("bench", *bench_io(args.output, args.config))
+
+
+def _check_options(args: argparse.Namespace, cfg) -> list[str]:
+    """The modes asked for; refuses options this machine or the config cannot run, before any case."""
+    import torch
+
+    from detr_peg.engine.mixed_precision import check_amp
+    from detr_peg.errors import ConfigError
+
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ("infer", "train")]
     if bad or not modes:
         raise ConfigError(f"--modes {args.modes!r}: valid modes are infer, train.")
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda was requested but no CUDA device is available.")
-    import torch
-
-    from detr_peg.engine.mixed_precision import check_amp
-
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was requested but no CUDA device is available.")
     check_amp(args.amp, torch.device(args.device))
     if args.onnx:
         from detr_peg.export.onnx_export import require_onnx
@@ -147,45 +156,45 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.benchmark.official import check_official_repo
 
         check_official_repo(args.official, cfg.model.arch)
+    return modes
+
+
+def _plan(args: argparse.Namespace, cfg, modes: list[str]) -> list:
+    """The cases to measure; each config's ``train.amp`` is checked on this device before the first case."""
+    import torch
+
+    from detr_peg.benchmark.runner import parse_compare, parse_size, plan_cases
+    from detr_peg.benchmark.worker import Case
+    from detr_peg.config import load_config
+    from detr_peg.engine.mixed_precision import check_amp
+
     base = Case(
-        label="detr_peg",
-        impl="detr_peg",
-        mode=modes[0],
-        arch=cfg.model.arch,
-        config=args.config,
-        overrides=list(args.overrides),
-        batch=args.batch,
-        device=args.device,
-        threads=args.threads,
-        warmup=args.warmup,
-        runs=args.runs,
-        amp=args.amp,
-        compile=args.compile,
-        flops=not args.no_flops,
-    )
+        label="detr_peg", impl="detr_peg", mode=modes[0], arch=cfg.model.arch, config=args.config,
+        overrides=list(args.overrides), batch=args.batch, device=args.device, threads=args.threads,
+        warmup=args.warmup, runs=args.runs, amp=args.amp, compile=args.compile, flops=not args.no_flops,
+    )  # fmt: skip
     sizes = {"infer": parse_size(args.infer_size), "train": parse_size(args.train_size)}
+    official = {"official_repo": args.official, "official_args": args.official_args.split()}
     if args.gpu:
         from detr_peg.benchmark.gpu import plan_gpu_cases
 
-        cases = plan_gpu_cases(
-            base, modes=modes, sizes=sizes, official_repo=args.official, official_args=args.official_args.split()
-        )
+        cases = plan_gpu_cases(base, modes=modes, sizes=sizes, **official)
     else:
         cases = plan_cases(
-            base,
-            modes=modes,
-            sizes=sizes,
-            compare=parse_compare(args.compare),
-            official_repo=args.official,
-            official_args=args.official_args.split(),
-            onnx=args.onnx,
+            base, modes=modes, sizes=sizes, compare=parse_compare(args.compare), onnx=args.onnx, **official
         )
-    # A case without --amp runs in its config's train.amp, which must run on this device:
-    # refused before the first case, not after it.
+    # A case without --amp runs in its config's train.amp, which must run on this device.
     for case in cases:
         if case.config is not None and case.amp == "none":
             check_amp(load_config(case.config, case.overrides).train.amp, torch.device(args.device))
+    return cases
+
+
+def _run_with_peaks(args: argparse.Namespace, cases: list) -> tuple[list[dict], dict]:
+    """Measure the cases (the matrix-product peak first, with ``--peak-size``); returns the rows and the peaks."""
     from detr_peg.benchmark.matmul_peak import add_peak_fractions
+    from detr_peg.benchmark.report import add_ratios
+    from detr_peg.benchmark.runner import run_cases
 
     peaks: dict[str, MatmulPeak] = {}
     if args.peak_size:  # before the cases, in the dtype of --amp
@@ -196,6 +205,13 @@ def run(args: argparse.Namespace) -> int:
         for amp in sorted({r.get("amp", "none") for r in results} - set(peaks)):
             peaks[amp] = _measure_peak(args, amp)
         add_peak_fractions(results, peaks)
+    return results, peaks
+
+
+def _report(args: argparse.Namespace, measured: tuple[list[dict], dict]) -> None:
+    from detr_peg.benchmark.report import format_table, write_json
+
+    results, peaks = measured
     print(format_table(results, "\n".join(p.describe() for p in peaks.values()) or None))
     if args.gpu:
         from detr_peg.benchmark.gpu import add_throughput, format_throughput
@@ -209,4 +225,3 @@ def run(args: argparse.Namespace) -> int:
         matmul_peaks={amp: p.to_dict() for amp, p in peaks.items()} if len(peaks) > 1 else None,
     )
     print(f"\nwrote {args.output}")
-    return 0

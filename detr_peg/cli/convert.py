@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from detr_peg.config.options import own_options
 
@@ -34,28 +35,29 @@ def _preview(keys: list[str], limit: int = 20) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detr_peg.convert import convert_official_file
-    from detr_peg.guards.declared_io import convert_io
-    from detr_peg.guards.output_guard import guard_outputs
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.convert import convert_official_file
+        from detr_peg.guards.declared_io import convert_io
+        from detr_peg.guards.output_guard import guard_outputs
 
-    guard_outputs("convert", *convert_io(args.src, args.dst, args.config))
-    report = convert_official_file(args.src, args.dst, config_path=args.config, overrides=args.overrides)
-    m = report.config.model
-    t = m.transformer
-    print(
-        f"Converted {report.source_format} checkpoint {args.src} -> {args.dst}\n"
-        f"  model: {m.arch}, backbone {m.backbone.name}, position {m.position.name}, hidden {t.hidden_dim}, "
-        f"heads {t.nheads}, layers {t.enc_layers}+{t.dec_layers}, queries {m.num_queries}, classes {m.num_classes}"
-        + "".join(
-            f", {key.rpartition('.')[2]} {value}"
-            for key, value in own_options(report.config).items()
-            if key.startswith("model.")
+        claims.enter_context(guard_outputs("convert", *convert_io(args.src, args.dst, args.config)))
+        report = convert_official_file(args.src, args.dst, config_path=args.config, overrides=args.overrides)
+        m = report.config.model
+        t = m.transformer
+        print(
+            f"Converted {report.source_format} checkpoint {args.src} -> {args.dst}\n"
+            f"  model: {m.arch}, backbone {m.backbone.name}, position {m.position.name}, hidden {t.hidden_dim}, "
+            f"heads {t.nheads}, layers {t.enc_layers}+{t.dec_layers}, queries {m.num_queries}, classes {m.num_classes}"
+            + "".join(
+                f", {key.rpartition('.')[2]} {value}"
+                for key, value in own_options(report.config).items()
+                if key.startswith("model.")
+            )
         )
-    )
-    print(f"  new keys (initialised fresh): {len(report.new_keys)}{_preview(report.new_keys)}")
-    print(f"  unused keys: {len(report.unused_keys)}{_preview(report.unused_keys)}")
-    if report.aliases:
-        print(f"  alias keys of shared modules (identical, stored once): {len(report.aliases)}")
-    if report.ignored_entries:
-        print(f"  other entries not converted: {', '.join(report.ignored_entries)}")
-    return 0
+        print(f"  new keys (initialised fresh): {len(report.new_keys)}{_preview(report.new_keys)}")
+        print(f"  unused keys: {len(report.unused_keys)}{_preview(report.unused_keys)}")
+        if report.aliases:
+            print(f"  alias keys of shared modules (identical, stored once): {len(report.aliases)}")
+        if report.ignored_entries:
+            print(f"  other entries not converted: {', '.join(report.ignored_entries)}")
+        return 0

@@ -26,6 +26,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import time
@@ -181,7 +182,7 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
     from detr_peg.cli.predict import predict_files
     from detr_peg.detector import Detector
     from detr_peg.engine.drawing import draw_detections
-    from detr_peg.engine.run_setup import write_json
+    from detr_peg.fileio.atomic import write_json
 
     detector = Detector.from_checkpoint(checkpoint, device="cpu")
     out.mkdir(parents=True, exist_ok=True)
@@ -200,68 +201,69 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
 
 
 def run(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
-    config_file = _config_file(args)
-    from detr_peg.config.loader import load_config
-    from detr_peg.data.synthetic import generate_synthetic_coco
-    from detr_peg.guards.declared_io import demo_io
-    from detr_peg.guards.output_guard import guard_outputs
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        start = time.perf_counter()
+        config_file = _config_file(args)
+        from detr_peg.config.loader import load_config
+        from detr_peg.data.synthetic import generate_synthetic_coco
+        from detr_peg.guards.declared_io import demo_io
+        from detr_peg.guards.output_guard import guard_outputs
 
-    out = Path(args.output)
-    run_dir, pictures_dir = out / "run", out / "predictions"
-    # Validate the config before spending time on the data.
-    load_config(config_file, args.overrides)
-    guard_outputs("demo", *demo_io(out, config_file))
+        out = Path(args.output)
+        run_dir, pictures_dir = out / "run", out / "predictions"
+        # Validate the config before spending time on the data.
+        load_config(config_file, args.overrides)
+        claims.enter_context(guard_outputs("demo", *demo_io(out, config_file)))
 
-    print(
-        f"demo: synthetic dataset in {out / 'data'} ({args.num_train} training, {args.num_val} validation images)",
-        flush=True,
-    )
-    data = generate_synthetic_coco(
-        out / "data",
-        num_train=args.num_train,
-        num_val=args.num_val,
-        image_size=IMAGE_SIZE,
-        min_objects=MIN_OBJECTS,
-        max_objects=MAX_OBJECTS,
-        seed=DATA_SEED,
-        color_by_class=COLOR_BY_CLASS,
-        progress=sys.stderr.isatty(),
-    )
-    if args.data_only:
-        print(f"demo: dataset {data.root} ({format_elapsed(time.perf_counter() - start)})")
+        print(
+            f"demo: synthetic dataset in {out / 'data'} ({args.num_train} training, {args.num_val} validation images)",
+            flush=True,
+        )
+        data = generate_synthetic_coco(
+            out / "data",
+            num_train=args.num_train,
+            num_val=args.num_val,
+            image_size=IMAGE_SIZE,
+            min_objects=MIN_OBJECTS,
+            max_objects=MAX_OBJECTS,
+            seed=DATA_SEED,
+            color_by_class=COLOR_BY_CLASS,
+            progress=sys.stderr.isatty(),
+        )
+        if args.data_only:
+            print(f"demo: dataset {data.root} ({format_elapsed(time.perf_counter() - start)})")
+            return 0
+        # The demo's own data and folders come last, so they win over the file and the overrides.
+        demo_values = [f"data.{key}={value}" for key, value in data.data_overrides().items()]
+        demo_values += [f"train.output_dir={run_dir}", f"train.resume={'true' if args.resume else 'false'}"]
+        cfg = load_config(config_file, [*args.overrides, *demo_values])
+
+        if not args.resume:
+            clear_folder(run_dir, is_run_file)
+        clear_folder(pictures_dir, is_picture_file)
+
+        from detr_peg.engine.trainer import run_training
+
+        print(
+            f"demo: training {config_file.name} for {cfg.train.max_iters or cfg.train.epochs} "
+            f"{'iterations' if cfg.train.max_iters else 'epochs'} in {run_dir}",
+            flush=True,
+        )
+        result = run_training(cfg)
+        metrics = result.metrics or {}
+
+        images = sorted(data.val_images.glob("*.png"))[: args.pictures]
+        drawn = draw_pictures(result.checkpoint, images, pictures_dir, cfg.eval.score_threshold) if images else 0
+
+        elapsed = format_elapsed(time.perf_counter() - start)
+        print(
+            f"demo: dataset {data.root}; checkpoint {result.checkpoint}; metrics {result.metrics_file}; "
+            f"{drawn} detections (score >= {cfg.eval.score_threshold:g}) drawn on {len(images)} pictures in "
+            f"{pictures_dir}"
+        )
+        print(
+            f"demo: AP50 {metrics.get('AP50', float('nan')):.2f} (AP {metrics.get('AP', float('nan')):.2f}) on "
+            f"{args.num_val} synthetic validation images after {result.iterations} iterations ({elapsed}); "
+            f"pictures in {pictures_dir}/"
+        )
         return 0
-    # The demo's own data and folders come last, so they win over the file and the overrides.
-    demo_values = [f"data.{key}={value}" for key, value in data.data_overrides().items()]
-    demo_values += [f"train.output_dir={run_dir}", f"train.resume={'true' if args.resume else 'false'}"]
-    cfg = load_config(config_file, [*args.overrides, *demo_values])
-
-    if not args.resume:
-        clear_folder(run_dir, is_run_file)
-    clear_folder(pictures_dir, is_picture_file)
-
-    from detr_peg.engine.runner import run_training
-
-    print(
-        f"demo: training {config_file.name} for {cfg.train.max_iters or cfg.train.epochs} "
-        f"{'iterations' if cfg.train.max_iters else 'epochs'} in {run_dir}",
-        flush=True,
-    )
-    result = run_training(cfg)
-    metrics = result.metrics or {}
-
-    images = sorted(data.val_images.glob("*.png"))[: args.pictures]
-    drawn = draw_pictures(result.checkpoint, images, pictures_dir, cfg.eval.score_threshold) if images else 0
-
-    elapsed = format_elapsed(time.perf_counter() - start)
-    print(
-        f"demo: dataset {data.root}; checkpoint {result.checkpoint}; metrics {result.metrics_file}; "
-        f"{drawn} detections (score >= {cfg.eval.score_threshold:g}) drawn on {len(images)} pictures in "
-        f"{pictures_dir}"
-    )
-    print(
-        f"demo: AP50 {metrics.get('AP50', float('nan')):.2f} (AP {metrics.get('AP', float('nan')):.2f}) on "
-        f"{args.num_val} synthetic validation images after {result.iterations} iterations ({elapsed}); "
-        f"pictures in {pictures_dir}/"
-    )
-    return 0

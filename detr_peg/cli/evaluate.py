@@ -33,6 +33,9 @@ from pathlib import Path
 
 from detr_peg.cli import option_types
 
+#: The multi-resolution options of this command (``detr-peg study`` checks a study file's ``eval`` section against them).
+MULTI_RESOLUTION_OPTIONS = ("--scales", "--canvas-scales", "--padding")
+
 #: Errors about these config keys name the option instead, when it was given (the folder checks name the run's).
 OPTION_KEYS = {"--output": "train.output_dir"}
 
@@ -85,13 +88,13 @@ def config_over_checkpoint(checkpoint, config_file: str | None, overrides: list[
 def run(args: argparse.Namespace) -> int:
     from detr_peg.checkpoint.format import read_checkpoint
     from detr_peg.engine.distributed import process_group
-    from detr_peg.engine.evaluation_run import run_evaluation
+    from detr_peg.engine.evaluation.run import run_evaluation
     from detr_peg.guards.output_guard import Input
 
     checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
     cfg = config_over_checkpoint(checkpoint, args.config, args.overrides)
     if args.scales or args.canvas_scales:
-        from detr_peg.engine.scale_evaluation import canvas_side, check_scales, synthetic_params
+        from detr_peg.engine.evaluation.scales import canvas_side, check_scales, synthetic_params
 
         # Refused before the first evaluation, not after it.
         check_scales(cfg.data, args.scales, args.canvas_scales)
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         if result.metrics_file is not None:
             print(f"Wrote {result.metrics_file} and {result.detections_file} ({result.num_detections} detections).")
         if args.scales or args.canvas_scales or args.padding:
-            from detr_peg.engine.scale_evaluation import run_scale_evaluation
+            from detr_peg.engine.evaluation.scales import run_scale_evaluation
 
             written = run_scale_evaluation(
                 cfg, checkpoint, output, scales=args.scales, canvas_scales=args.canvas_scales, padding=args.padding

@@ -21,13 +21,14 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from detr_peg.cli import option_types
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from detr_peg.engine.scale_evaluation import MAX_TEST_SIDE
-    from detr_peg.export.onnx_export import DEFAULT_OPSET
+    from detr_peg.config.ranges import MAX_TEST_SIDE
+    from detr_peg.export import DEFAULT_OPSET
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
@@ -69,32 +70,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        import torch
 
-    from detr_peg.export.onnx_export import check_export_options, export_onnx, require_onnx
-    from detr_peg.export.onnx_runtime import compare_with_pytorch
-    from detr_peg.guards.declared_io import export_io
-    from detr_peg.guards.output_guard import guard_outputs
-    from detr_peg.models.loading import load_model
+        from detr_peg.export.onnx_export import check_export_options, export_onnx, require_onnx
+        from detr_peg.export.onnx_runtime import compare_with_pytorch
+        from detr_peg.guards.declared_io import export_io
+        from detr_peg.guards.output_guard import guard_outputs
+        from detr_peg.models.loading import load_model
 
-    require_onnx()
-    check_export_options(args.opset, args.image_size, args.batch_size)  # before anything is read or written
-    guard_outputs("export", *export_io(args.checkpoint, args.output))
-    model = load_model(args.checkpoint, overrides=args.overrides)
-    path = export_onnx(
-        model,
-        args.output,
-        opset=args.opset,
-        image_size=tuple(args.image_size or ()) or None,
-        batch_size=args.batch_size,
-        postprocess=args.postprocess,
-    )
-    print(
-        f"wrote {path} (opset {args.opset}; batch {args.batch_size or 'dynamic'}, "
-        f"size {'x'.join(map(str, args.image_size)) if args.image_size else 'dynamic'})"
-    )
-    if args.check:
-        torch.manual_seed(0)
-        diff = compare_with_pytorch(model.model, path, batch_size=args.batch_size, image_size=args.image_size)
-        print(f"checked in ONNX Runtime against PyTorch: largest difference {diff:.2e}")
-    return 0
+        require_onnx()
+        check_export_options(args.opset, args.image_size, args.batch_size)  # before anything is read or written
+        claims.enter_context(guard_outputs("export", *export_io(args.checkpoint, args.output)))
+        model = load_model(args.checkpoint, overrides=args.overrides)
+        path = export_onnx(
+            model,
+            args.output,
+            opset=args.opset,
+            image_size=tuple(args.image_size or ()) or None,
+            batch_size=args.batch_size,
+            postprocess=args.postprocess,
+        )
+        print(
+            f"wrote {path} (opset {args.opset}; batch {args.batch_size or 'dynamic'}, "
+            f"size {'x'.join(map(str, args.image_size)) if args.image_size else 'dynamic'})"
+        )
+        if args.check:
+            torch.manual_seed(0)
+            diff = compare_with_pytorch(model.model, path, batch_size=args.batch_size, image_size=args.image_size)
+            print(f"checked in ONNX Runtime against PyTorch: largest difference {diff:.2e}")
+        return 0

@@ -1,11 +1,28 @@
 """The ``detr-peg`` command line: ``detr-peg <command> [options] [key=value ...]``.
 
 Each command lives in its own module of :mod:`detr_peg.cli` exposing
-``add_arguments(parser)`` and ``run(args) -> int``. Errors caused by user
-input (:class:`~detr_peg.errors.UserError`) are printed as one line without a
-traceback and exit with status 2 (a training run stopped by SIGINT/SIGTERM
-after writing its checkpoint: 128 + the signal number); anything else is a
-bug and keeps its traceback.
+``add_arguments(parser)`` and ``run(args) -> int``; only the module of the
+command given is imported, so ``detr-peg --help`` and ``detr-peg COMMAND
+--help`` load neither torch nor the models. Three rules hold for every command:
+
+* **one line per error**: a usage error is ``detr-peg <command>: error:
+  <message> (see detr-peg <command> --help)`` with exit status 2, like every
+  other user error (:class:`~detr_peg.errors.UserError`, printed without a
+  traceback; a training run stopped by SIGINT/SIGTERM after writing its
+  checkpoint exits with 128 + the signal number); anything else is a bug and
+  keeps its traceback;
+* **``key=value`` anywhere**: config overrides (and, for ``predict``, image
+  paths) may come before, between and after options; the words argparse
+  leaves over join the command's positional list (its ``POSITIONAL_DEST``,
+  ``overrides`` by default);
+* **the option the user typed**: a command maps its options to the config
+  keys they set (``OPTION_KEYS``, e.g. ``{"--device": "train.device"}``);
+  an error about such a key names the option instead, when the user gave the
+  option and not the key.
+
+Messages of the library go through :mod:`logging` (logger ``detr_peg``); the
+command line shows them on the terminal as plain lines
+(:func:`show_messages`).
 """
 
 from __future__ import annotations
@@ -13,15 +30,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
+import re
 import sys
 from collections.abc import Sequence
+from types import ModuleType
+from typing import NoReturn
 
-# The architectures and positional encodings register the config fields that every command validates.
-import detr_peg.models  # noqa: F401
-from detr_peg.cli.command_line import OneLineParser, command_argv, in_users_words, parse_command_line
+from tqdm import tqdm
+
 from detr_peg.engine.memory_allocator import retain_freed_memory
 from detr_peg.errors import UserError
-from detr_peg.guards.output_guard import claims_mark, settle_claims
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,47 +56,111 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = f" (see {self.prog} --help)" if " " in self.prog else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
 def available_commands() -> dict[str, tuple[str, str]]:
     """Commands whose module is installed (all of them in a complete install)."""
     return {name: spec for name, spec in COMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def top_parser() -> OneLineParser:
+    """``detr-peg [--version] COMMAND ...``: the command's words are parsed by its own parser."""
+    from detr_peg import __version__
+
+    commands = available_commands()
+    listing = "\n".join(f"  {name:<9} {help_text}" for name, (_, help_text) in commands.items())
     parser = OneLineParser(
         prog="detr-peg",
         description="DETR and Deformable-DETR with CPVT's Positional Encoding Generator.",
+        epilog=f"commands:\n{listing}\n\n`detr-peg COMMAND --help` describes each.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from detr_peg import __version__
-
     parser.add_argument("--version", action="version", version=f"detr-peg {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    modules = {}
-    for name, (module_name, help_text) in available_commands().items():
-        module = importlib.import_module(module_name)
-        command = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
-        module.add_arguments(command)
-        modules[name] = module
-    return parser, modules
+    parser.add_argument("command", metavar="COMMAND", choices=list(commands), help="one of the commands below")
+    parser.add_argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def command_parser(name: str) -> tuple[OneLineParser, ModuleType]:
+    """The parser of command ``name`` and its module (imported now, and only it)."""
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = OneLineParser(prog=f"detr-peg {name}", description=(module.__doc__ or help_text).strip())
+    module.add_arguments(parser)
+    return parser, module
+
+
+def parse_command(parser: argparse.ArgumentParser, module: ModuleType, words: Sequence[str]) -> argparse.Namespace:
+    """Parse a command's words; leftover words join its positional list (see the module docstring)."""
+    args, extra = parser.parse_known_args(list(words))
+    if extra:
+        dest = getattr(module, "POSITIONAL_DEST", "overrides")
+        options = [word for word in extra if word.startswith("-")]
+        if options or not hasattr(args, dest):
+            parser.error(f"unrecognized arguments: {' '.join(options or extra)}")
+        getattr(args, dest).extend(extra)
+    return args
+
+
+def in_users_words(message: str, module: object, argv: Sequence[str]) -> str:
+    """``message`` with config keys replaced by the options that set them, where the user typed the option."""
+    typed = {word.split("=", 1)[0] for word in argv if word.startswith("--")}
+    given_keys = {word.split("=", 1)[0] for word in argv if "=" in word and not word.startswith("-")}
+    for option, key in getattr(module, "OPTION_KEYS", {}).items():
+        if option in typed and key not in given_keys:
+            message = re.sub(rf"(?<![\w.]){re.escape(key)}=", f"{option} ", message)
+            message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])", option, message)
+    return message
+
+
+class _PlainLines(logging.Handler):
+    """Writes each record's message as it is, on stdout (info) or stderr (warnings), above any progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        tqdm.write(self.format(record), file=stream)
+        stream.flush()
+
+
+def show_messages() -> logging.Handler:
+    """Show the ``detr_peg`` logger's messages (info and above) on the terminal; returns the handler added."""
+    logger = logging.getLogger("detr_peg")
+    handler = _PlainLines()
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    parser, modules = build_parser()
-    args = parse_command_line(parser, modules, argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    top = top_parser().parse_args(words[:1] if words and not words[0].startswith("-") else words)
+    parser, module = command_parser(top.command)
+    args = parse_command(parser, module, words[1:])
+    args.command = top.command
+    # The architectures and positional encodings register the config fields that every command validates.
+    importlib.import_module("detr_peg.models")
     retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
-    mark = claims_mark()  # a command run inside another (a study's cells) settles only its own claims
+    handler = show_messages()
     try:
-        return int(modules[args.command].run(args) or 0)
+        return int(module.run(args) or 0)
     except UserError as exc:
-        message = in_users_words(str(exc), modules[args.command], command_argv(argv))
-        print(f"detr-peg {args.command}: error: {message}", file=sys.stderr)
+        message = in_users_words(str(exc), module, words)
+        print(f"detr-peg {top.command}: error: {message}", file=sys.stderr)
         # A stop on a signal exits with 128 + its number (130 SIGINT, 143 SIGTERM).
         return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
-        print(f"detr-peg {args.command}: interrupted", file=sys.stderr)
+        print(f"detr-peg {top.command}: interrupted", file=sys.stderr)
         return 130
     finally:
-        settle_claims(mark)
+        logging.getLogger("detr_peg").removeHandler(handler)
 
 
 if __name__ == "__main__":

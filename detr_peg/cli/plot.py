@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 
@@ -24,29 +25,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detr_peg.errors import UserError
-    from detr_peg.guards.declared_io import plot_io
-    from detr_peg.guards.output_guard import guard_outputs
-    from detr_peg.study.plots import plot_run, plot_study
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.errors import UserError
+        from detr_peg.guards.declared_io import plot_io
+        from detr_peg.guards.output_guard import guard_outputs
+        from detr_peg.study.plots import plot_run, plot_study
 
-    path = Path(args.path)
-    if not path.is_dir():
-        problem = "is a file, not a folder" if path.exists() else "does not exist"
-        raise UserError(f"RUN_OR_STUDY {path} {problem}; give a study folder or a training run folder.")
-    study = (path / "plan.json").is_file()
-    if study or (path / "metrics.jsonl").is_file():
-        guard_outputs("plot", *plot_io(path, study))
-    if study:
-        from detr_peg.study.grid import StudyDefinition, expand_cells
-        from detr_peg.study.results import collect, write_results
-        from detr_peg.study.runner import read_plan
+        path = Path(args.path)
+        if not path.is_dir():
+            problem = "is a file, not a folder" if path.exists() else "does not exist"
+            raise UserError(f"RUN_OR_STUDY {path} {problem}; give a study folder or a training run folder.")
+        study = (path / "plan.json").is_file()
+        if study or (path / "metrics.jsonl").is_file():
+            claims.enter_context(guard_outputs("plot", *plot_io(path, study)))
+        if study:
+            from detr_peg.study.grid import StudyDefinition, expand_cells
+            from detr_peg.study.results import collect, write_results
+            from detr_peg.study.runner import read_plan
 
-        definition = StudyDefinition.from_dict(read_plan(path)["definition"])
-        results = collect(path, definition, expand_cells(definition))
-        files = [*write_results(path, results), *plot_study(path, results)]
-    elif (path / "metrics.jsonl").is_file():
-        files = [plot_run(path)]
-    else:
-        raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
-    print("\n".join(f"Wrote {f}" for f in files))
-    return 0
+            definition = StudyDefinition.from_dict(read_plan(path)["definition"])
+            results = collect(path, definition, expand_cells(definition))
+            files = [*write_results(path, results), *plot_study(path, results)]
+        elif (path / "metrics.jsonl").is_file():
+            files = [plot_run(path)]
+        else:
+            raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
+        print("\n".join(f"Wrote {f}" for f in files))
+        return 0

@@ -23,6 +23,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -111,61 +112,66 @@ def predict_files(detector, images: list[Path], *, threshold: float, batch_size:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from tqdm import tqdm
 
-    from detr_peg.data.image_input import collect_images
-    from detr_peg.detector import Detector
-    from detr_peg.engine.drawing import draw_detections
-    from detr_peg.engine.run_setup import write_json
-    from detr_peg.errors import ConfigError, UserError
-    from detr_peg.guards.declared_io import predict_io
-    from detr_peg.guards.output_guard import guard_outputs
+        from detr_peg.data.image_input import collect_images
+        from detr_peg.detector import Detector
+        from detr_peg.engine.drawing import draw_detections
+        from detr_peg.errors import ConfigError, UserError
+        from detr_peg.fileio.atomic import write_json
+        from detr_peg.guards.declared_io import predict_io
+        from detr_peg.guards.output_guard import guard_outputs
 
-    paths, overrides = _split(args.inputs)
-    if not paths:
-        raise ConfigError("predict needs at least one image file or folder.")
-    images = collect_images(paths)
-    png_names: set[str] = set()
-    for image in images:
-        unique_png_name(image, png_names)
-    model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
-    guard_outputs("predict", *predict_io(paths, model_file, args.output, sorted(png_names), model_option=model_option))
-    if args.onnx:
-        detector = Detector.from_onnx(args.onnx, overrides=overrides)
-    else:
-        detector = Detector.from_checkpoint(args.checkpoint, device=args.device, overrides=overrides)
-    threshold = detector.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
-    out = Path(args.output)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"Output folder {out} cannot be created ({exc.strerror or exc}).") from None
-
-    records: list[dict] = []
-    used: set[str] = set()
-    stage = out / f".predict-tmp-{os.getpid()}"
-    try:
-        stage.mkdir()
-        with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
-            found = predict_files(
-                detector, images, threshold=threshold, batch_size=args.batch_size, progress=bar.update
+        paths, overrides = _split(args.inputs)
+        if not paths:
+            raise ConfigError("predict needs at least one image file or folder.")
+        images = collect_images(paths)
+        png_names: set[str] = set()
+        for image in images:
+            unique_png_name(image, png_names)
+        model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
+        claims.enter_context(
+            guard_outputs(
+                "predict", *predict_io(paths, model_file, args.output, sorted(png_names), model_option=model_option)
             )
-            for image_id, path, picture, detections in found:
-                records.extend(detections.records(image_id))
-                name = unique_png_name(path, used)
-                try:
-                    draw_detections(picture, detections).save(stage / name)
-                except OSError as exc:
-                    raise UserError(f"Could not write {out / name}: {exc.strerror or exc}.") from None
-        for name in sorted(used):
-            os.replace(stage / name, out / name)
-        write_json(out / "predictions.json", records)
-    except OSError as exc:
-        raise UserError(f"Could not write into {out}: {exc.strerror or exc}.") from None
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    print(
-        f"{len(records)} detections (score >= {threshold:g}) in {len(images)} images; wrote "
-        f"{out / 'predictions.json'} and {len(images)} PNG files to {out}."
-    )
-    return 0
+        )
+        if args.onnx:
+            detector = Detector.from_onnx(args.onnx, overrides=overrides)
+        else:
+            detector = Detector.from_checkpoint(args.checkpoint, device=args.device, overrides=overrides)
+        threshold = detector.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
+        out = Path(args.output)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"Output folder {out} cannot be created ({exc.strerror or exc}).") from None
+
+        records: list[dict] = []
+        used: set[str] = set()
+        stage = out / f".predict-tmp-{os.getpid()}"
+        try:
+            stage.mkdir()
+            with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
+                found = predict_files(
+                    detector, images, threshold=threshold, batch_size=args.batch_size, progress=bar.update
+                )
+                for image_id, path, picture, detections in found:
+                    records.extend(detections.records(image_id))
+                    name = unique_png_name(path, used)
+                    try:
+                        draw_detections(picture, detections).save(stage / name)
+                    except OSError as exc:
+                        raise UserError(f"Could not write {out / name}: {exc.strerror or exc}.") from None
+            for name in sorted(used):
+                os.replace(stage / name, out / name)
+            write_json(out / "predictions.json", records)
+        except OSError as exc:
+            raise UserError(f"Could not write into {out}: {exc.strerror or exc}.") from None
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        print(
+            f"{len(records)} detections (score >= {threshold:g}) in {len(images)} images; wrote "
+            f"{out / 'predictions.json'} and {len(images)} PNG files to {out}."
+        )
+        return 0

@@ -151,9 +151,7 @@ def check_eval_options(definition) -> None:
     from detr_peg.cli import evaluate
     from detr_peg.errors import ConfigError
 
-    parser = argparse.ArgumentParser()
-    evaluate.add_arguments(parser)
-    known = {opt for action in parser._actions for opt in action.option_strings}
+    known = set(evaluate.MULTI_RESOLUTION_OPTIONS)
     asked = {
         "--scales": definition.eval.scales,
         "--canvas-scales": definition.eval.canvas_scales,
@@ -194,59 +192,65 @@ def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from detr_peg.errors import ConfigError
-    from detr_peg.study import runner, slurm
-    from detr_peg.study.grid import expand_cells
-    from detr_peg.study.plots import plot_study
-    from detr_peg.study.results import collect, write_results
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.errors import ConfigError
+        from detr_peg.study import runner, slurm
+        from detr_peg.study.grid import expand_cells
+        from detr_peg.study.plots import plot_study
+        from detr_peg.study.results import collect, write_results
 
-    started = time.monotonic()
-    if args.slurm and args.submitit_local:
-        raise ConfigError("--slurm and --submitit-local exclude each other; choose one.")
-    jobs = args.slurm or args.submitit_local
-    definition, cluster = definition_from_args(args)
-    if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)
-        slurm.parse_time(cluster.time)
-    check_eval_options(definition)
-    study_dir = Path(args.output)
-    # Inputs every cell would fail on are refused before anything is written.
-    runner.check_test_scales(expand_cells(definition), definition.eval)
-    if not (args.plan or args.slurm):  # cluster jobs may see other file systems than this machine
-        runner.check_data_paths([c for c in expand_cells(definition) if not runner.is_done(study_dir, c)])
-    if not args.plan:
-        from detr_peg.guards.declared_io import study_io
-        from detr_peg.guards.output_guard import guard_outputs
+        started = time.monotonic()
+        if args.slurm and args.submitit_local:
+            raise ConfigError("--slurm and --submitit-local exclude each other; choose one.")
+        jobs = args.slurm or args.submitit_local
+        definition, cluster = definition_from_args(args)
+        if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)
+            slurm.parse_time(cluster.time)
+        check_eval_options(definition)
+        study_dir = Path(args.output)
+        # Inputs every cell would fail on are refused before anything is written.
+        runner.check_test_scales(expand_cells(definition), definition.eval)
+        if not (args.plan or args.slurm):  # cluster jobs may see other file systems than this machine
+            runner.check_data_paths([c for c in expand_cells(definition) if not runner.is_done(study_dir, c)])
+        if not args.plan:
+            from detr_peg.guards.declared_io import study_io
+            from detr_peg.guards.output_guard import guard_outputs
 
-        guard_outputs("study", *study_io(study_dir, definition.configs, args.study))
-    cells = runner.prepare(study_dir, definition, write=not args.plan)
-    if args.plan:
-        print("\n".join(slurm.plan_lines(study_dir, cells, definition.eval, cluster if jobs else None)))
-        return 0
+            claims.enter_context(guard_outputs("study", *study_io(study_dir, definition.configs, args.study)))
+        cells = runner.prepare(study_dir, definition, write=not args.plan)
+        if args.plan:
+            print("\n".join(slurm.plan_lines(study_dir, cells, definition.eval, cluster if jobs else None)))
+            return 0
 
-    todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
-    print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
-    try:
-        if jobs and todo:
-            if definition.eval.canvas_scales:
-                runner.make_canvas_sets(todo, definition.eval.canvas_scales)
-            submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
-            print(
-                f"study: submitted {len(submitted)} jobs ({', '.join(j.job_id for j in submitted[:3])}"
-                f"{', ...' if len(submitted) > 3 else ''}); logs in {study_dir / slurm.JOBS_DIR}",
-                flush=True,
-            )
-            if args.no_wait:
-                print(f"study: not waiting; detr-peg plot {study_dir} writes the tables of the cells done so far.")
-                return 0
-            slurm.wait(
-                study_dir, submitted, todo, len(cells), len(cells) - len(todo), poll_seconds=1 if cluster.local else 10
-            )
-        elif todo:
-            runner.run_here(study_dir, definition, cells, run_command)
-    finally:
-        results = collect(study_dir, definition, cells)
-        write_results(study_dir, results)
-        plot_study(study_dir, results)
-    line, status = runner.summary_line(study_dir, cells, started)
-    print(line)
-    return status
+        todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
+        print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
+        try:
+            if jobs and todo:
+                if definition.eval.canvas_scales:
+                    runner.make_canvas_sets(todo, definition.eval.canvas_scales)
+                submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
+                print(
+                    f"study: submitted {len(submitted)} jobs ({', '.join(j.job_id for j in submitted[:3])}"
+                    f"{', ...' if len(submitted) > 3 else ''}); logs in {study_dir / slurm.JOBS_DIR}",
+                    flush=True,
+                )
+                if args.no_wait:
+                    print(f"study: not waiting; detr-peg plot {study_dir} writes the tables of the cells done so far.")
+                    return 0
+                slurm.wait(
+                    study_dir,
+                    submitted,
+                    todo,
+                    len(cells),
+                    len(cells) - len(todo),
+                    poll_seconds=1 if cluster.local else 10,
+                )
+            elif todo:
+                runner.run_here(study_dir, definition, cells, run_command)
+        finally:
+            results = collect(study_dir, definition, cells)
+            write_results(study_dir, results)
+            plot_study(study_dir, results)
+        line, status = runner.summary_line(study_dir, cells, started)
+        print(line)
+        return status

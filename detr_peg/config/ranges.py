@@ -33,6 +33,11 @@ FLOAT = 4
 Lookup = Callable[[str], Any]
 
 
+#: Longest image side (pixels) a test scale or an export may give: one image's feature maps beyond it
+#: outgrow a machine's memory.
+MAX_TEST_SIDE = 8192
+
+
 @dataclass(frozen=True)
 class Range:
     """A closed (or right-open) interval of valid numbers.

@@ -239,6 +239,41 @@ def _write_split(
     annotation_file.write_text(json.dumps(coco, indent=1) + "\n")
 
 
+def _check_arguments(
+    num_train: int,
+    num_val: int,
+    image_size: int,
+    reference_size: int,
+    min_objects: int,
+    max_objects: int,
+    image_format: str,
+) -> None:
+    """Raise ``ValueError`` naming the first argument of :func:`generate_synthetic_coco` out of range."""
+    if num_train < 0 or num_val < 1:
+        raise ValueError(f"need num_train >= 0 and num_val >= 1, got {num_train} and {num_val}")
+    if image_size < 32:
+        raise ValueError(f"image_size must be >= 32, got {image_size}")
+    if not 32 <= reference_size or object_sides(reference_size)[1] > image_size:
+        raise ValueError(
+            f"reference_size must be >= 32 and its largest object side fit in image_size "
+            f"{image_size}, got {reference_size}"
+        )
+    if not 1 <= min_objects <= max_objects:
+        raise ValueError(f"need 1 <= min_objects <= max_objects, got {min_objects} and {max_objects}")
+    if image_format not in ("png", "jpg"):
+        raise ValueError(f"image_format must be 'png' or 'jpg', got {image_format!r}")
+
+
+def _read_json(path: Path) -> object:
+    """The JSON content of ``path``, or None when it is missing or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def generate_synthetic_coco(
     out_dir: str | Path,
     *,
@@ -280,20 +315,8 @@ def generate_synthetic_coco(
         ValueError: an argument is out of range.
         DataError: ``out_dir`` holds files this generator did not write.
     """
-    if num_train < 0 or num_val < 1:
-        raise ValueError(f"need num_train >= 0 and num_val >= 1, got {num_train} and {num_val}")
-    if image_size < 32:
-        raise ValueError(f"image_size must be >= 32, got {image_size}")
     reference_size = image_size if reference_size is None else int(reference_size)
-    if not 32 <= reference_size or object_sides(reference_size)[1] > image_size:
-        raise ValueError(
-            f"reference_size must be >= 32 and its largest object side fit in image_size "
-            f"{image_size}, got {reference_size}"
-        )
-    if not 1 <= min_objects <= max_objects:
-        raise ValueError(f"need 1 <= min_objects <= max_objects, got {min_objects} and {max_objects}")
-    if image_format not in ("png", "jpg"):
-        raise ValueError(f"image_format must be 'png' or 'jpg', got {image_format!r}")
+    _check_arguments(num_train, num_val, image_size, reference_size, min_objects, max_objects, image_format)
     root = Path(out_dir)
     result = SyntheticCoco(
         root=root,
@@ -316,20 +339,21 @@ def generate_synthetic_coco(
         "reference_size": reference_size,
     }
     manifest_path = root / MANIFEST_NAME
-    manifest = None
-    if manifest_path.is_file():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError):
-            manifest = None
+    manifest = _read_json(manifest_path)
     ours = isinstance(manifest, dict) and manifest.get("params", {}).get("generator") == params["generator"]
-    if (
-        ours
-        and manifest.get("complete")
-        and _with_defaults(manifest.get("params")) == params
-        and _is_complete(result, params)
-    ):
-        return result
+    if ours and manifest.get("complete") and _with_defaults(manifest.get("params")) == params:
+        if _is_complete(result, params):
+            return result
+    _write_dataset(result, params, ours=ours, progress=progress)
+    return result
+
+
+def _write_dataset(result: SyntheticCoco, params: dict, *, ours: bool, progress: bool) -> None:
+    """Write both splits and the manifest (incomplete until the last image is written).
+
+    Raises:
+        DataError: an image folder holds files this generator did not write.
+    """
     for folder in (result.train_images, result.val_images):
         if folder.exists() and any(folder.iterdir()):
             if not ours:
@@ -338,14 +362,14 @@ def generate_synthetic_coco(
                     "choose an empty or new output folder."
                 )
             shutil.rmtree(folder)
-    root.mkdir(parents=True, exist_ok=True)
-    info = {"object_sides": list(object_sides(reference_size))}
+    result.root.mkdir(parents=True, exist_ok=True)
+    manifest_path = result.root / MANIFEST_NAME
+    info = {"object_sides": list(object_sides(params["reference_size"]))}
     manifest_path.write_text(json.dumps({"params": params, **info, "complete": False}, indent=1) + "\n")
-    if num_train > 0:
-        _write_split("train", result.train_images, result.train_annotations, num_train, params, progress)
-    _write_split("val", result.val_images, result.val_annotations, num_val, params, progress)
+    if params["num_train"] > 0:
+        _write_split("train", result.train_images, result.train_annotations, params["num_train"], params, progress)
+    _write_split("val", result.val_images, result.val_annotations, params["num_val"], params, progress)
     manifest_path.write_text(json.dumps({"params": params, **info, "complete": True}, indent=1) + "\n")
-    return result
 
 
 def _with_defaults(params: Any) -> Any:

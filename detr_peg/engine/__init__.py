@@ -1,4 +1,4 @@
-"""Training and evaluation: plain functions over a model, its criterion and data.
+"""Training and evaluation over a model, its criterion and data.
 
 Entry points (imported lazily)::
 
@@ -7,11 +7,21 @@ Entry points (imported lazily)::
     result = run_training(cfg)          # TrainResult: checkpoint, metrics, iterations, ...
     result = run_evaluation(cfg, "runs/peg/checkpoint.pth", "runs/peg/eval")
 
-Building blocks: ``train_one_epoch`` (:mod:`~detr_peg.engine.train_loop`),
-``evaluate`` (:mod:`~detr_peg.engine.evaluate`), ``run_inference``
-(:mod:`~detr_peg.engine.inference`, the one inference loop), ``build_optimizer``
-and ``build_param_groups`` (:mod:`~detr_peg.engine.optimizer`),
-``build_lr_scheduler`` (:mod:`~detr_peg.engine.lr_schedule`).
+Files, by job:
+
+* training: :mod:`~detr_peg.engine.trainer` (``run_training``, the
+  :class:`~detr_peg.engine.trainer.Trainer` loop and one ``train_step``),
+  :mod:`~detr_peg.engine.training_setup` (a run built from a config),
+  :mod:`~detr_peg.engine.hooks` (checkpoints, evaluation, the learning-rate
+  schedule, stop signals, the iteration budget), :mod:`~detr_peg.engine.checkpointing`,
+  :mod:`~detr_peg.engine.optimizer` (AdamW, its parameter groups and its
+  schedule), :mod:`~detr_peg.engine.mixed_precision`, :mod:`~detr_peg.engine.loader`,
+  :mod:`~detr_peg.engine.metrics_log`;
+* evaluation: the :mod:`~detr_peg.engine.evaluation` package;
+* inference: :mod:`~detr_peg.engine.inference` (the one inference loop),
+  :mod:`~detr_peg.engine.detections` and :mod:`~detr_peg.engine.drawing`;
+* processes: :mod:`~detr_peg.engine.distributed` (``process_group``, the one
+  set-up every command uses), :mod:`~detr_peg.engine.memory_allocator`.
 """
 
 from __future__ import annotations
@@ -20,16 +30,18 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "Trainer": "detr_peg.engine.trainer",
+    "TrainResult": "detr_peg.engine.trainer",
+    "run_training": "detr_peg.engine.trainer",
+    "train_step": "detr_peg.engine.trainer",
+    "HookBase": "detr_peg.engine.hooks",
     "build_param_groups": "detr_peg.engine.optimizer",
     "build_optimizer": "detr_peg.engine.optimizer",
-    "build_lr_scheduler": "detr_peg.engine.lr_schedule",
+    "build_lr_scheduler": "detr_peg.engine.optimizer",
     "run_inference": "detr_peg.engine.inference",
-    "train_one_epoch": "detr_peg.engine.train_loop",
-    "evaluate": "detr_peg.engine.evaluate",
-    "run_training": "detr_peg.engine.runner",
-    "TrainResult": "detr_peg.engine.runner",
-    "run_evaluation": "detr_peg.engine.evaluation_run",
-    "EvalResult": "detr_peg.engine.evaluation_run",
+    "evaluate": "detr_peg.engine.evaluation.evaluate",
+    "run_evaluation": "detr_peg.engine.evaluation.run",
+    "EvalResult": "detr_peg.engine.evaluation.run",
 }
 
 __all__ = list(_EXPORTS)

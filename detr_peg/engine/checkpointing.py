@@ -14,6 +14,12 @@ state::
     "skipped_image_ids"     unreadable images left out so far
     "train_images"          images in the training set (to refuse a mid-epoch resume on other data)
 
+The ``rng`` entry is the model half of exact resume: dropout and other
+model-side randomness use the process's global generators, seeded once with
+``seed + rank`` (:func:`seed_everything`) and saved here
+(:func:`capture_rng_state` / :func:`restore_rng_state`); the data half is
+:mod:`detr_peg.data.epoch_samples`.
+
 It is replaced atomically (temporary file, then rename) after every epoch,
 every ``train.checkpoint_every`` iterations, at the iteration budget and on a
 stop request, so the file on disk is always a complete checkpoint.
@@ -23,12 +29,14 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,7 +44,6 @@ from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint
 from detr_peg.checkpoint.weights_check import check_saved_weights
 from detr_peg.config.schema import Config
 from detr_peg.data.label_map import LabelMap
-from detr_peg.engine.seeding import restore_rng_state
 from detr_peg.errors import CheckpointError, TrainingError
 
 CHECKPOINT_NAME = "checkpoint.pth"
@@ -278,3 +285,51 @@ def load_initial_weights(
         )
     load_weights(model, state, f"train.init_from {path}")
     return ckpt
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA), Python's ``random`` and NumPy's global generator."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def capture_rng_state(device: torch.device) -> dict[str, Any]:
+    """The global generator states of this process, as plain data for a checkpoint."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": _python_state_to_plain(random.getstate()),
+        "numpy": _numpy_state_to_plain(np.random.get_state()),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(_python_state_from_plain(state["python"]))
+    np.random.set_state(_numpy_state_from_plain(state["numpy"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _python_state_to_plain(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _python_state_from_plain(state: list) -> tuple:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def _numpy_state_to_plain(state: tuple) -> list:
+    name, keys, pos, has_gauss, cached = state
+    return [name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)]
+
+
+def _numpy_state_from_plain(state: list) -> tuple:
+    name, keys, pos, has_gauss, cached = state
+    return (name, keys.numpy().astype(np.uint32), pos, has_gauss, cached)

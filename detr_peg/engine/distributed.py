@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from detr_peg.errors import ConfigError
+from detr_peg.errors import ConfigError, TrainingError, UserError
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class DistEnv:
     def distributed(self) -> bool:
         """True when more than one process takes part."""
         return self.world_size > 1
+
+
+T = TypeVar("T")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -189,3 +192,30 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def on_main(env: DistEnv, step: Callable[[], T]) -> T | None:
+    """Run ``step`` in the main process; if it raises a user error, raise it in every process.
+
+    Without this, a failure of the main process (an unwritable folder, a
+    full disk) would leave the other processes waiting in their next
+    collective operation.
+
+    Returns:
+        ``step()``'s value in the main process, None elsewhere.
+    """
+    result: T | None = None
+    message: str | None = None
+    error: UserError | None = None
+    if env.is_main:
+        try:
+            result = step()
+        except UserError as exc:
+            error, message = exc, str(exc)
+    if env.distributed:
+        message = broadcast_object(message)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise TrainingError(f"The main process stopped: {message}")
+    return result

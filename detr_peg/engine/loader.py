@@ -28,8 +28,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from detr_peg.config.schema import Config
 from detr_peg.data.collate import collate_detection
+from detr_peg.data.epoch_samples import EpochSampleDataset
 from detr_peg.engine.distributed import DistEnv
-from detr_peg.engine.seeding import EpochSampleDataset
 from detr_peg.errors import ConfigError, UserError
 
 T = TypeVar("T")

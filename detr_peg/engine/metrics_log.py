@@ -13,8 +13,8 @@
   per parameter group, ``data_time`` and ``iter_time`` in seconds;
 * ``"epoch"``: the epoch's means and ``skipped_images`` (running total);
 * ``"eval"``: the COCO metrics (``AP``, ``AP50``, ... see
-  :mod:`detr_peg.engine.coco_eval`);
-* ``"end"``: the summary of :class:`~detr_peg.engine.runner.TrainResult`.
+  :mod:`detr_peg.engine.evaluation.coco_metrics`);
+* ``"end"``: the summary of :class:`~detr_peg.engine.trainer.TrainResult`.
 
 Every record also has ``time`` (seconds since the epoch). A resumed run
 appends to the same file. With ``train.tensorboard`` the numeric values are
@@ -27,6 +27,7 @@ line is printed every ``train.log_every`` iterations.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
@@ -56,6 +57,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
+
+
+logger = logging.getLogger(__name__)
 
 
 class MetricsLog:
@@ -130,16 +134,13 @@ class MetricsLog:
     # ------------------------------------------------------------ console
 
     def info(self, text: str) -> None:
-        """Print a message (above the progress bar if one is shown)."""
-        if self._bar is not None:
-            self._bar.write(text, file=sys.stdout)
-        else:
-            print(text, flush=True)
+        """A message, through the ``detr_peg`` logger (the command line shows it above any progress bar)."""
+        logger.info(text)
 
     def line(self, text: str) -> None:
-        """A periodic progress line, printed only when no bar is shown."""
+        """A periodic progress line, logged only when no bar is shown."""
         if self._bar is None:
-            print(text, flush=True)
+            logger.info(text)
 
     def progress(self, *, total: int, initial: int = 0, desc: str = ""):
         """A progress bar for one loop, or None when bars are off."""

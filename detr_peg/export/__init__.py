@@ -1,13 +1,32 @@
 """Deployment: ONNX export of the detectors and inference in ONNX Runtime (optional ``onnx`` extra).
 
-``export_onnx(model, "model.onnx")`` writes one graph for any batch and image
+``export_onnx(loaded, "model.onnx")`` writes one graph for any batch and image
 size (:mod:`~detr_peg.export.onnx_export`); ``OnnxDetector("model.onnx")``
-runs it with the PyTorch model's interface (:mod:`~detr_peg.export.onnx_runtime`).
-The ONNX packages are imported only when used; without them both raise a
-one-line :class:`~detr_peg.errors.UserError`.
+runs it with the PyTorch model's interface (:mod:`~detr_peg.export.onnx_runtime`);
+``detr_peg.Detector.export_onnx`` and ``Detector.from_onnx`` do both for a
+:class:`~detr_peg.Detector`. The ONNX packages are imported only when used;
+without them both raise a one-line :class:`~detr_peg.errors.UserError`.
+Names are imported lazily, so ``detr-peg export --help`` loads no torch.
 """
 
-from detr_peg.export.onnx_export import DEFAULT_OPSET, export_checkpoint, export_onnx
-from detr_peg.export.onnx_runtime import OnnxDetector
+from __future__ import annotations
 
-__all__ = ["DEFAULT_OPSET", "OnnxDetector", "export_checkpoint", "export_onnx"]
+import importlib
+from typing import Any
+
+#: The opset the export is tested with (``detr-peg export --opset``).
+DEFAULT_OPSET = 18
+
+_EXPORTS = {
+    "export_checkpoint": "detr_peg.export.onnx_export",
+    "export_onnx": "detr_peg.export.onnx_export",
+    "OnnxDetector": "detr_peg.export.onnx_runtime",
+}
+
+__all__ = ["DEFAULT_OPSET", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'detr_peg.export' has no attribute {name!r}")

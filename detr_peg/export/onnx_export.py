@@ -51,14 +51,13 @@ import torch
 from torch import Tensor, nn
 
 from detr_peg.config.loader import config_to_dict
-from detr_peg.config.ranges import format_bytes, machine_memory
-from detr_peg.engine.scale_evaluation import MAX_TEST_SIDE
+from detr_peg.config.ranges import MAX_TEST_SIDE, format_bytes, machine_memory
 from detr_peg.errors import ConfigError, UserError
+from detr_peg.export import DEFAULT_OPSET
 from detr_peg.models.loading import LoadedModel, load_model
 from detr_peg.models.postprocess import Postprocessor
+from detr_peg.models.registry import attention_impl
 
-#: The opset the export is tested with (``detr-peg export --opset``).
-DEFAULT_OPSET = 18
 #: The example image size traced when the size is dynamic (any size works afterwards).
 TRACE_SIZE = (96, 128)
 #: The smallest padded side a dynamic-size graph takes: the coarsest map must be at least 2 pixels,
@@ -140,20 +139,10 @@ class ExportWrapper(nn.Module):
         return (logits, boxes, *self.postprocessor.tensors(logits, boxes, orig_sizes))
 
 
-@contextlib.contextmanager
-def export_attention(model: nn.Module) -> Iterator[None]:
-    """Run every deformable attention of ``model`` with the ``"gather"`` implementation (restored afterwards)."""
-    from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
-
-    layers = [m for m in model.modules() if isinstance(m, MSDeformAttn)]
-    saved = [m.impl for m in layers]
-    for m in layers:
-        m.impl = "gather"
-    try:
-        yield
-    finally:
-        for m, impl in zip(layers, saved):
-            m.impl = impl
+def export_attention(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Run every switchable attention layer of ``model`` with its architecture's export implementation
+    (Deformable-DETR: ``"gather"``), restored afterwards."""
+    return attention_impl(model, lambda kind: kind.export)
 
 
 def example_inputs(batch_size: int, image_size: tuple[int, int], postprocess: bool) -> tuple[Tensor, ...]:

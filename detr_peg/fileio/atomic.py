@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from detr_peg.errors import UserError
+from detr_peg.errors import TrainingError, UserError
 
 
 def atomic_write(
@@ -137,3 +138,15 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def write_json(path: str | Path, data: Any, *, indent: int | None = 1) -> Path:
+    """Write ``data`` as JSON atomically (see :func:`~detr_peg.fileio.atomic_write`); ``indent=None`` writes it
+    compactly.
+
+    Raises:
+        TrainingError: the folder is not writable or the disk is full.
+    """
+    separators = None if indent is not None else (",", ":")
+    text = json.dumps(data, indent=indent, separators=separators) + "\n"
+    return atomic_write_text(path, text, error=TrainingError)

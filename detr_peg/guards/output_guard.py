@@ -192,21 +192,21 @@ class _Claim:
     created_folder: bool
 
 
-#: Claims of this process not settled yet (see :func:`settle_claims`).
-_PENDING: list[_Claim] = []
-
-
-def record_ownership(command: str, outputs: Sequence[Output]) -> None:
+def record_ownership(command: str, outputs: Sequence[Output]) -> list[_Claim]:
     """Add the names of ``outputs`` to the ownership file of their folders (created when missing).
 
     The names are recorded before anything is written, so a run killed
-    half-way still owns what it wrote; :func:`settle_claims` takes back the
+    half-way still owns what it wrote; :meth:`OutputClaims.settle` takes back the
     names a run did not write. The file is rewritten only when it gains a
     name, so a run that adds nothing leaves its folder byte-identical.
 
     A folder that cannot be created or written is left to the command, whose
     own check reports it.
+
+    Returns:
+        The claims made, for :class:`OutputClaims` to settle.
     """
+    claims: list[_Claim] = []
     for output in outputs:
         folder, names, kind = _split(output, command)
         owned = _owned(folder)
@@ -225,7 +225,8 @@ def record_ownership(command: str, outputs: Sequence[Output]) -> None:
             if created and os.path.isdir(folder) and not any(folder.iterdir()):
                 folder.rmdir()
             continue
-        _PENDING.append(_Claim(folder, previous, set(added), created))
+        claims.append(_Claim(folder, previous, set(added), created))
+    return claims
 
 
 def _write_ledger(folder: Path, names: dict[str, str]) -> None:
@@ -237,47 +238,62 @@ def _write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda handle: handle.write(data))
 
 
-def claims_mark() -> int:
-    """How many claims are pending now: give it to :func:`settle_claims` to settle only the later ones."""
-    return len(_PENDING)
+class OutputClaims:
+    """The names a command claimed in its output folders; leaving the ``with`` block settles them.
 
-
-def settle_claims(mark: int = 0) -> None:
-    """Take back the claimed names this process did not write (the command ends, well or not).
-
-    When none was written the ownership file gets its earlier bytes back (or
-    goes, with the folder if the claim created it and it is empty), so a
-    command that fails leaves its output folders exactly as they were.
-
-    Args:
-        mark: settle only the claims made after :func:`claims_mark` returned
-            this; a command run inside another (each cell of a study) leaves
-            the outer command's claims pending until the outer one ends.
+    Settling takes back the claimed names the command did not write (it
+    ended, well or not): when none was written, the ownership file gets its
+    earlier bytes back (or goes, with the folder if the claim created it and
+    it is empty), so a command that fails leaves its output folders exactly as
+    they were. Claims live in this object, not in the process: a command run
+    inside another (each cell of a study) settles its own on leaving its block.
     """
-    while len(_PENDING) > mark:
-        claim = _PENDING.pop()
-        unused = {name for name in claim.added if not os.path.lexists(claim.folder / name)}
-        if not unused:
-            continue
-        try:
-            if unused == claim.added:
-                ledger = claim.folder / OWNERSHIP_FILE
-                if claim.previous is not None:
-                    _write_bytes(ledger, claim.previous)
-                else:
-                    ledger.unlink(missing_ok=True)
-                    if claim.created_folder and not any(claim.folder.iterdir()):
-                        claim.folder.rmdir()
+
+    def __init__(self, claims: list[_Claim]) -> None:
+        self._claims = claims
+
+    def __enter__(self) -> OutputClaims:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.settle()
+
+    def settle(self) -> None:
+        """Take back the names not written (idempotent)."""
+        while self._claims:
+            _settle(self._claims.pop())
+
+
+def _settle(claim: _Claim) -> None:
+    unused = {name for name in claim.added if not os.path.lexists(claim.folder / name)}
+    if not unused:
+        return
+    try:
+        if unused == claim.added:
+            ledger = claim.folder / OWNERSHIP_FILE
+            if claim.previous is not None:
+                _write_bytes(ledger, claim.previous)
             else:
-                _write_ledger(claim.folder, {n: k for n, k in _owned(claim.folder).items() if n not in unused})
-        except OSError:
-            pass  # the ledger keeps a name it does not need: harmless
+                ledger.unlink(missing_ok=True)
+                if claim.created_folder and not any(claim.folder.iterdir()):
+                    claim.folder.rmdir()
+        else:
+            _write_ledger(claim.folder, {n: k for n, k in _owned(claim.folder).items() if n not in unused})
+    except OSError:
+        pass  # the ledger keeps a name it does not need: harmless
 
 
-def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> None:
-    """Check that ``outputs`` overlap no input and replace only detr_peg's own files, then record them.
+def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> OutputClaims:
+    """Check that ``outputs`` overlap no input and replace only detr_peg's own files, then claim them.
 
-    Call it once per command, after its inputs are known and before it writes.
+    Call it once per command, after its inputs are known and before it
+    writes, and write inside the ``with`` block of what it returns::
+
+        with guard_outputs("predict", inputs, outputs):
+            ...  # write
+
+    Returns:
+        The claims, settled when the block is left (see :class:`OutputClaims`).
 
     Raises:
         UserError: one sentence naming the options at fault.
@@ -286,4 +302,4 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)
     check_ownership(command, outputs)
-    record_ownership(command, outputs)
+    return OutputClaims(record_ownership(command, outputs))

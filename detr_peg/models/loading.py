@@ -22,6 +22,7 @@ from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint
 from detr_peg.config.loader import config_to_dict, load_config
 from detr_peg.config.schema import Config
 from detr_peg.data.label_map import LabelMap
+from detr_peg.errors import ConfigError
 from detr_peg.models.builder import build_model, build_postprocessor
 from detr_peg.models.postprocess import Postprocessor
 
@@ -34,6 +35,31 @@ def without_backbone_weights(cfg: Config) -> Config:
     reads no backbone file and downloads nothing.
     """
     return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
+
+
+def resolve_num_classes(cfg: Config, label_map: LabelMap, source: str) -> Config:
+    """``cfg`` with ``model.num_classes`` taken from the label map when unset.
+
+    Args:
+        cfg: the run's config.
+        label_map: the dataset's (or checkpoint's) label map.
+        source: the annotation file, for messages.
+
+    Raises:
+        ConfigError: ``model.num_classes`` is set but smaller than the labels
+            of the data need.
+    """
+    needed = label_map.num_classes
+    given = cfg.model.num_classes
+    if given is None:
+        return replace(cfg, model=replace(cfg.model, num_classes=needed))
+    if given < needed:
+        kind = "contiguous labels" if label_map.contiguous else "labels equal to the category ids"
+        raise ConfigError(
+            f"model.num_classes is {given} but {source} needs {needed} ({len(label_map)} categories, {kind}); "
+            "remove model.num_classes to take it from the data."
+        )
+    return cfg
 
 
 @dataclass

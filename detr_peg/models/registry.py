@@ -1,8 +1,24 @@
-"""The model-architecture registry: one registration per detector family."""
+"""The model-architecture registry: one registration per detector family, carrying everything the rest of
+the package needs to know about it.
+
+A family's registration (:class:`Architecture`) names its builders (model,
+criterion, post-processor), its config fields and defaults, its switchable
+attention implementations (:class:`AttentionImpls`: what ``bench --gpu``
+compares, what the ONNX export and the FLOP count use) and its official
+counterpart (:class:`OfficialCode`: what ``bench --official`` builds). No code
+outside :mod:`detr_peg.models` tests an architecture's name or its modules'
+attributes; it asks the registration. The model a family builds follows one
+contract: ``model(images Tensor[B, 3, H, W], mask Tensor[B, H, W] bool (True =
+padding))`` returns at least ``pred_logits`` ``Tensor[B, Q, C]`` and
+``pred_boxes`` ``Tensor[B, Q, 4]`` (normalised cx, cy, w, h relative to each
+unpadded image), and ``model.size_divisibility`` is the multiple of pixels
+its padded batches should have (its coarsest stride).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +27,43 @@ from torch import nn
 from detr_peg.config.options import ArchitectureSchema, register_architecture_schema
 from detr_peg.config.schema import Config
 from detr_peg.registry import Registry
+
+
+@dataclass(frozen=True)
+class AttentionImpls:
+    """A family's attention layers with switchable implementations (an ``impl`` attribute).
+
+    Attributes:
+        module: the layer class (instances have a settable ``impl``).
+        compared_on_gpu: the implementations ``bench --gpu`` times side by side.
+        export: the implementation the ONNX export traces.
+        flop_count: the implementation FLOPs are counted with (one whose
+            operations torch's FLOP counter counts as the work they do).
+    """
+
+    module: type
+    compared_on_gpu: tuple[str, ...] = ()
+    export: str | None = None
+    flop_count: str | None = None
+
+
+@dataclass(frozen=True)
+class OfficialCode:
+    """Where a family's official implementation lives, and how to build it from a local checkout.
+
+    Attributes:
+        repository: ``owner/name`` on GitHub.
+        marker: a file every checkout has (checked before anything is imported from it).
+        build: ``(path, argv, cuda_op) -> (model, criterion, args)``: the official model,
+            its criterion and its parsed arguments (``argv``: its command-line flags;
+            ``cuda_op``: build its compiled op on this machine instead of a pure-PyTorch path).
+        gpu_label: the row label of the official code in ``bench --gpu``.
+    """
+
+    repository: str
+    marker: str
+    build: Callable[[str, list[str], bool], tuple[nn.Module, nn.Module, Any]]
+    gpu_label: str = "official"
 
 
 @dataclass(frozen=True)
@@ -28,6 +81,11 @@ class Architecture:
             another family is a config error naming the key and the family.
         defaults: nested ``{section: {key: value}}`` of the shared fields whose
             default differs from the official DETR value.
+        attention: the family's switchable attention layers, or None.
+        official: the family's official implementation, or None.
+        detectron2_name: the name of the detectron2 meta-architecture that
+            builds this family only (``MODEL.META_ARCHITECTURE``), or None;
+            the generic ``DetrPegModel`` builds any family.
     """
 
     build_model: Callable[[Config], nn.Module]
@@ -35,6 +93,9 @@ class Architecture:
     build_postprocessor: Callable[[Config], nn.Module]
     options: Mapping[str, type] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    attention: AttentionImpls | None = None
+    official: OfficialCode | None = None
+    detectron2_name: str | None = None
 
 
 MODELS: Registry = Registry(
@@ -53,3 +114,42 @@ def register_architecture(name: str, architecture: Architecture) -> Architecture
         name, ArchitectureSchema(sections=architecture.options, defaults=architecture.defaults)
     )
     return MODELS.register(name)(architecture)
+
+
+def _switchable_layers(model: nn.Module) -> list[tuple[nn.Module, AttentionImpls]]:
+    kinds = [a.attention for a in (MODELS.get(name) for name in MODELS.names()) if a.attention is not None]
+    return [(m, kind) for m in model.modules() for kind in kinds if isinstance(m, kind.module)]
+
+
+def set_attention_impl(
+    model: nn.Module, choose: str | Callable[[AttentionImpls], str | None]
+) -> list[tuple[nn.Module, str]]:
+    """Switch every switchable attention layer of ``model`` to another implementation.
+
+    Args:
+        model: any detector (layers of every registered family are found).
+        choose: the implementation, or a function of the layer's
+            :class:`AttentionImpls` giving it (``lambda a: a.export``); None
+            leaves a layer as it is.
+
+    Returns:
+        ``(layer, previous implementation)`` of every layer found.
+    """
+    previous = []
+    for layer, kind in _switchable_layers(model):
+        previous.append((layer, layer.impl))
+        impl = choose(kind) if callable(choose) else choose
+        if impl is not None:
+            layer.impl = impl
+    return previous
+
+
+@contextlib.contextmanager
+def attention_impl(model: nn.Module, choose: str | Callable[[AttentionImpls], str | None]) -> Iterator[None]:
+    """:func:`set_attention_impl` for the duration of a ``with`` block; the implementations are restored on exit."""
+    previous = set_attention_impl(model, choose)
+    try:
+        yield
+    finally:
+        for layer, impl in previous:
+            layer.impl = impl

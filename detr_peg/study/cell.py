@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.config.loader import config_to_dict, load_config
-from detr_peg.engine.run_setup import write_json
+from detr_peg.fileio.atomic import write_json
 from detr_peg.study.grid import Cell, EvalPlan
 
 CELLS_DIR = "cells"

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detr_peg.engine.run_setup import write_json
+from detr_peg.fileio.atomic import write_json
 from detr_peg.study.cell import cell_paths, read_state
 from detr_peg.study.grid import Cell, StudyDefinition
 

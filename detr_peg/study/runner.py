@@ -30,10 +30,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from detr_peg.config.loader import load_config
+from detr_peg.engine.evaluation.scales import canvas_data, check_scales
 from detr_peg.engine.metrics_log import format_duration
-from detr_peg.engine.run_setup import write_json
-from detr_peg.engine.scale_evaluation import canvas_data, check_scales
 from detr_peg.errors import ConfigError, DataError, UserError
+from detr_peg.fileio.atomic import write_json
 from detr_peg.study.cell import (
     CellOutcome,
     CommandRunner,
@@ -152,7 +152,7 @@ def check_test_scales(cells: Sequence[Cell], plan: EvalPlan) -> None:
     """Refuse test scales that ``detr-peg eval`` would refuse for a cell's data, before any cell trains.
 
     Raises:
-        ConfigError: from :func:`detr_peg.engine.scale_evaluation.check_scales`, naming the cell's config.
+        ConfigError: from :func:`detr_peg.engine.evaluation.scales.check_scales`, naming the cell's config.
     """
     if not (plan.scales or plan.canvas_scales):
         return

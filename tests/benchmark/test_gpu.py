@@ -15,10 +15,11 @@ import sys
 import pytest
 import torch
 
-from detr_peg.benchmark.gpu import ATTENTION_IMPLS, add_throughput, format_throughput, plan_gpu_cases
-from detr_peg.benchmark.official_cuda_op import float32_function, patched_sources
+from detr_peg.benchmark.gpu import add_throughput, format_throughput, plan_gpu_cases
 from detr_peg.benchmark.worker import Case, _build
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
+from detr_peg.models.deformable.official_cuda_op import float32_function, patched_sources
+from detr_peg.models.registry import MODELS
 from tests.conftest import REPO_ROOT
 
 SIZES = {"infer": (64, 96), "train": (64, 64)}
@@ -84,7 +85,7 @@ def test_deformable_plan_official_first_then_each_attention_impl():
         ("detr_peg triton", "train", "triton"),
         ("detr_peg embedding_bag", "train", "embedding_bag"),
     ]
-    assert ATTENTION_IMPLS == ("triton", "embedding_bag")
+    assert MODELS.get("deformable_detr").attention.compared_on_gpu == ("triton", "embedding_bag")
     for case in cases:
         assert (case.device, case.amp, case.compile, case.batch) == ("cuda", "bf16", True, 4)
         assert (case.height, case.width) == SIZES[case.mode]

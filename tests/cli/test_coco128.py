@@ -18,7 +18,7 @@ from PIL import Image
 
 import detr_peg
 from detr_peg.cli.main import main
-from detr_peg.engine.coco_eval import STAT_NAMES
+from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
 
 
 @pytest.fixture(scope="module")

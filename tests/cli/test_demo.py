@@ -23,7 +23,7 @@ from pycocotools.cocoeval import COCOeval
 import detr_peg
 from detr_peg.cli.demo import clear_folder, default_config, format_elapsed, is_run_file
 from detr_peg.cli.main import main
-from detr_peg.engine.coco_eval import STAT_NAMES
+from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
 from detr_peg.errors import UserError
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import TINY_MODEL

@@ -19,8 +19,7 @@ from detr_peg.engine.checkpointing import (
     load_initial_weights,
     save_training_checkpoint,
 )
-from detr_peg.engine.lr_schedule import build_lr_scheduler
-from detr_peg.engine.optimizer import build_optimizer
+from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
 from detr_peg.errors import CheckpointError, TrainingError
 from detr_peg.models import build_model
 from tests.engine.tiny_run import TINY_MODEL

@@ -6,8 +6,8 @@ import torch
 from pycocotools.coco import COCO
 
 from detr_peg.data.label_map import LabelMap
-from detr_peg.engine.coco_eval import STAT_NAMES, detections_to_coco, evaluate_coco, format_metrics_table
-from detr_peg.engine.evaluate import merge_shards
+from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES, detections_to_coco, evaluate_coco, format_metrics_table
+from detr_peg.engine.evaluation.evaluate import merge_shards
 
 # Two images, categories 3 ("cat") and 7 ("dog"): non-contiguous ids.
 GT = {

@@ -31,7 +31,7 @@ def _free_port() -> int:
 def _worker(rank: int, port: int, folder: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
-    import detr_peg.engine.evaluate as evaluate_module
+    import detr_peg.engine.evaluation.evaluate as evaluate_module
 
     def predict_coco(*args, **kwargs):
         if rank == 1:

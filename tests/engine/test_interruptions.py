@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
-from detr_peg.engine.runner import run_training
+from detr_peg.engine.trainer import run_training
 from tests.conftest import REPO_ROOT
 from tests.engine.test_training_runs import assert_same_weights, resume_overrides
 from tests.engine.tiny_run import logged_iterations, tiny_config, wait_for_iteration

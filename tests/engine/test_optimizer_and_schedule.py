@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from detr_peg.config import load_config
-from detr_peg.engine.lr_schedule import build_lr_scheduler, current_lrs
 from detr_peg.engine.mixed_precision import (
     autocast,
     build_grad_scaler,
@@ -19,7 +18,7 @@ from detr_peg.engine.mixed_precision import (
     outputs_to_float,
     resolve_amp,
 )
-from detr_peg.engine.optimizer import build_optimizer
+from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer, current_lrs
 from detr_peg.errors import ConfigError
 
 

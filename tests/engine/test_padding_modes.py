@@ -22,15 +22,14 @@ import torch
 
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.engine.distributed import DistEnv
+from detr_peg.engine.evaluation.padding import predict_raw
 from detr_peg.engine.loader import (
     SizeGroupedBatchSampler,
     build_eval_loader,
     image_sizes,
 )
-from detr_peg.engine.padding_sensitivity import predict_raw
-from detr_peg.engine.run_setup import resolve_num_classes
 from detr_peg.models.builder import build_model, build_postprocessor
-from detr_peg.models.loading import LoadedModel
+from detr_peg.models.loading import LoadedModel, resolve_num_classes
 from tests.engine.tiny_run import (
     RUN,
     SMALL_IMAGES,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.errors import UserError
-from detr_peg.guards.output_guard import OWNERSHIP_FILE, Input, Output, claims_mark, guard_outputs, settle_claims
+from detr_peg.guards.output_guard import OWNERSHIP_FILE, Input, Output, guard_outputs
 
 
 def test_a_hard_link_of_an_input_is_the_input(tmp_path: Path) -> None:
@@ -21,30 +21,28 @@ def test_a_hard_link_of_an_input_is_the_input(tmp_path: Path) -> None:
 
 def test_ownership_is_by_kind_of_command(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    guard_outputs("train", [], [Output(run, "train.output_dir", ("metrics.json", "checkpoint.pth"))])
-    (run / "metrics.json").write_text("{}")
-    (run / "checkpoint.pth").write_text("x")
-    settle_claims()
-    guard_outputs("eval", [], [Output(run, "--output", ("metrics.json",))])  # eval may replace a run's metrics
-    with pytest.raises(UserError, match="was written by detr-peg train, not convert"):
-        guard_outputs("convert", [], [Output(run / "checkpoint.pth", "DST")])
-    settle_claims()
+    with guard_outputs("train", [], [Output(run, "train.output_dir", ("metrics.json", "checkpoint.pth"))]):
+        (run / "metrics.json").write_text("{}")
+        (run / "checkpoint.pth").write_text("x")
+    with guard_outputs("eval", [], [Output(run, "--output", ("metrics.json",))]):  # eval may replace a run's metrics
+        with pytest.raises(UserError, match="was written by detr-peg train, not convert"):
+            guard_outputs("convert", [], [Output(run / "checkpoint.pth", "DST")])
 
 
 def test_a_failed_command_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
     folder = tmp_path / "pred"
-    guard_outputs("predict", [], [Output(folder, "--output", ("predictions.json", "a.png"))])
-    (folder / "predictions.json").write_text("[]")
-    (folder / "a.png").write_text("png")
-    settle_claims()
+    with guard_outputs("predict", [], [Output(folder, "--output", ("predictions.json", "a.png"))]):
+        (folder / "predictions.json").write_text("[]")
+        (folder / "a.png").write_text("png")
     ledger = (folder / OWNERSHIP_FILE).read_bytes()
-    guard_outputs("predict", [], [Output(folder, "--output", ("predictions.json", "a.png", "b.png"))])
-    assert b"b.png" in (folder / OWNERSHIP_FILE).read_bytes()
-    settle_claims()  # b.png was never written: the ledger gets its earlier bytes back
-    assert (folder / OWNERSHIP_FILE).read_bytes() == ledger
+    with pytest.raises(RuntimeError, match="the command failed"):
+        with guard_outputs("predict", [], [Output(folder, "--output", ("predictions.json", "a.png", "b.png"))]):
+            assert b"b.png" in (folder / OWNERSHIP_FILE).read_bytes()
+            raise RuntimeError("the command failed")
+    assert (folder / OWNERSHIP_FILE).read_bytes() == ledger  # b.png was never written: the earlier bytes are back
     new = tmp_path / "new"
-    guard_outputs("predict", [], [Output(new, "--output", ("predictions.json",))])
-    settle_claims()
+    with guard_outputs("predict", [], [Output(new, "--output", ("predictions.json",))]):
+        assert new.is_dir()
     assert not new.exists()  # created for the claim, empty, removed
 
 
@@ -52,13 +50,11 @@ def test_a_command_inside_another_settles_only_its_own_claims(tmp_path: Path) ->
     """A study runs each cell's train command in its process: the cell's end must not settle the study's claims."""
 
     outer, inner = tmp_path / "study", tmp_path / "study" / "cells" / "a"
-    guard_outputs("study", [], [Output(outer, "--output", ("plan.json", "plots"))])
-    mark = claims_mark()
-    guard_outputs("train", [], [Output(inner, "train.output_dir", ("checkpoint.pth", "metrics.json"))])
-    (inner / "metrics.json").write_text("{}")
-    settle_claims(mark)  # the cell ends: its unused checkpoint.pth claim goes, the study's claims stay
-    assert json.loads((inner / OWNERSHIP_FILE).read_text())["names"] == {"metrics.json": "train"}
-    assert json.loads((outer / OWNERSHIP_FILE).read_text())["names"] == {"plan.json": "study", "plots": "study"}
-    (outer / "plots").mkdir()  # the study draws its figures after the cells
-    settle_claims()
+    with guard_outputs("study", [], [Output(outer, "--output", ("plan.json", "plots"))]):
+        with guard_outputs("train", [], [Output(inner, "train.output_dir", ("checkpoint.pth", "metrics.json"))]):
+            (inner / "metrics.json").write_text("{}")
+        # the cell ended: its unused checkpoint.pth claim went, the study's claims stay
+        assert json.loads((inner / OWNERSHIP_FILE).read_text())["names"] == {"metrics.json": "train"}
+        assert json.loads((outer / OWNERSHIP_FILE).read_text())["names"] == {"plan.json": "study", "plots": "study"}
+        (outer / "plots").mkdir()  # the study draws its figures after the cells
     assert json.loads((outer / OWNERSHIP_FILE).read_text())["names"] == {"plots": "study"}

@@ -349,8 +349,8 @@ def _serve() -> None:
 
     for module, _ in cli_main.available_commands().values():
         __import__(module)
-    import detr_peg.engine.evaluation_run  # noqa: F401
-    import detr_peg.engine.runner  # noqa: F401
+    import detr_peg.engine.evaluation.run  # noqa: F401
+    import detr_peg.engine.trainer  # noqa: F401
     import detr_peg.models.builder  # noqa: F401
 
     # ``python -m`` runs the module's code as ``__main__`` without importing it under its own name first.

@@ -6,7 +6,9 @@ Importing this package registers, in detectron2's registries:
   building :class:`DetrPegBackbone`: any detr_peg backbone
   (torchvision ResNet or timm model) as a detectron2 ``Backbone`` with outputs
   ``res2``..``res5`` (strides 4..32);
-* ``DetrPeg`` and ``DeformableDetrPeg`` in ``META_ARCH_REGISTRY``: the detr_peg
+* ``DetrPegModel`` (any architecture, from the detr_peg config) and one
+  meta-architecture per architecture registration that names one
+  (``DetrPeg``, ``DeformableDetrPeg``) in ``META_ARCH_REGISTRY``: the detr_peg
   detectors, taking detectron2's ``batched_inputs`` and returning losses
   (training) or ``[{"instances": Instances}]`` (inference).
 
@@ -40,13 +42,14 @@ except ModuleNotFoundError as exc:
 from detr_peg.integrations.detectron2.backbone import DetrPegBackbone, build_detr_peg_backbone
 from detr_peg.integrations.detectron2.config import add_detr_peg_config, detr_peg_config
 from detr_peg.integrations.detectron2.mapper import DetrPegDatasetMapper
-from detr_peg.integrations.detectron2.meta_arch import DeformableDetrPeg, DetrPeg
+from detr_peg.integrations.detectron2.meta_arch import DeformableDetrPeg, DetrPeg, DetrPegModel
 from detr_peg.integrations.detectron2.solver import build_detr_peg_optimizer
 
 __all__ = [
     "DeformableDetrPeg",
     "DetrPeg",
     "DetrPegBackbone",
+    "DetrPegModel",
     "DetrPegDatasetMapper",
     "add_detr_peg_config",
     "build_detr_peg_backbone",

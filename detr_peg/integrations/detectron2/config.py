@@ -14,6 +14,7 @@ from detectron2.config import CfgNode as CN
 import detr_peg.models  # noqa: F401  (registers the architectures and encodings the config is checked against)
 from detr_peg.config import Config, load_config
 from detr_peg.errors import ConfigError
+from detr_peg.models.registry import MODELS
 
 #: detectron2 output names of the four backbone stages, as detectron2's ResNet names them.
 STAGE_NAMES = {"res2": 1, "res3": 2, "res4": 3, "res5": 4}
@@ -64,8 +65,8 @@ def detr_peg_config(cfg: CN, arch: str | None = None) -> Config:
 
     Args:
         cfg: a detectron2 config that went through :func:`add_detr_peg_config`.
-        arch: the ``model.arch`` the caller builds (``detr`` or
-            ``deformable_detr``); ``None`` accepts any.
+        arch: the ``model.arch`` the caller builds (``detr``,
+            ``deformable_detr``, ...); ``None`` accepts any.
 
     Returns:
         The resolved config, with ``model.num_classes`` set from
@@ -87,10 +88,12 @@ def detr_peg_config(cfg: CN, arch: str | None = None) -> Config:
         overrides.insert(0, f"model.arch={arch}")
     config = load_config(path, overrides)
     if arch is not None and config.model.arch != arch:
+        names = {a: MODELS.get(a).detectron2_name for a in MODELS.names() if MODELS.get(a).detectron2_name}
+        matching = ", ".join(f"{name} for {a}" for a, name in names.items())
         raise ConfigError(
             f"cfg.MODEL.META_ARCHITECTURE {cfg.MODEL.META_ARCHITECTURE!r} builds model.arch {arch!r}, but "
             f"cfg.MODEL.DETR_PEG ({path or 'OVERRIDES'}) describes {config.model.arch!r}; use the matching "
-            "meta-architecture (DetrPeg for detr, DeformableDetrPeg for deformable_detr)."
+            f"meta-architecture ({matching}) or DetrPegModel, which builds any."
         )
     return config
 

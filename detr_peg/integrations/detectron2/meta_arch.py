@@ -1,9 +1,12 @@
-"""DETR-PEG and Deformable-DETR-PEG as detectron2 meta-architectures.
+"""detr_peg detectors as detectron2 meta-architectures.
 
-``MODEL.META_ARCHITECTURE: DetrPeg`` builds detr_peg's ``detr``,
-``DeformableDetrPeg`` its ``deformable_detr``, both with the builders the
+``MODEL.META_ARCHITECTURE: DetrPegModel`` builds whichever architecture the
+detr_peg config in ``cfg.MODEL.DETR_PEG`` describes, with the builders the
 detr_peg command line uses (:func:`detr_peg.build_model`, ``build_criterion``,
-``build_postprocessor``), from the detr_peg config in ``cfg.MODEL.DETR_PEG``.
+``build_postprocessor``). Each registered architecture that names a
+``detectron2_name`` in its registration also gets a meta-architecture of that
+name that builds only it (``DetrPeg`` for ``detr``, ``DeformableDetrPeg`` for
+``deformable_detr``), so a config naming one cannot silently build another.
 The wrapper only translates detectron2's inputs and outputs:
 
 * images: ``uint8[3, H, W]`` in ``INPUT.FORMAT`` channel order, normalised
@@ -37,13 +40,14 @@ from detr_peg.data.padding import pad_images
 from detr_peg.errors import ConfigError
 from detr_peg.integrations.detectron2.config import detr_peg_config
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
+from detr_peg.models.registry import MODELS
 
 INPUT_FORMATS = ("RGB", "BGR")
 
 
 @META_ARCH_REGISTRY.register()
-class DetrPeg(nn.Module):
-    """DETR with pluggable positional encodings (PEG by default in the shipped configs).
+class DetrPegModel(nn.Module):
+    """A detr_peg detector (the architecture of the detr_peg config) with pluggable positional encodings.
 
     Args:
         detector: the detr_peg detector (``images, mask -> outputs``).
@@ -54,8 +58,8 @@ class DetrPeg(nn.Module):
         input_format: channel order of the input images, ``RGB`` or ``BGR``.
     """
 
-    #: The detr_peg ``model.arch`` this meta-architecture builds.
-    arch = "detr"
+    #: The detr_peg ``model.arch`` this meta-architecture builds (None: the one of the detr_peg config).
+    arch: str | None = None
 
     @configurable
     def __init__(
@@ -170,8 +174,18 @@ class DetrPeg(nn.Module):
         return results
 
 
-@META_ARCH_REGISTRY.register()
-class DeformableDetrPeg(DetrPeg):
-    """Deformable-DETR with pluggable positional encodings; same interface as :class:`DetrPeg`."""
+def _register_families() -> dict[str, type[DetrPegModel]]:
+    """One meta-architecture per registered architecture that names its ``detectron2_name``."""
+    classes = {}
+    for arch in MODELS.names():
+        name = MODELS.get(arch).detectron2_name
+        if name is not None:
+            doc = f"{DetrPegModel.__doc__.splitlines()[0]} Builds ``model.arch: {arch}`` only."
+            classes[name] = META_ARCH_REGISTRY.register(type(name, (DetrPegModel,), {"arch": arch, "__doc__": doc}))
+    return classes
 
-    arch = "deformable_detr"
+
+#: detectron2 meta-architecture name -> class, from the architectures' registrations.
+FAMILY_META_ARCHITECTURES = _register_families()
+DetrPeg = FAMILY_META_ARCHITECTURES["DetrPeg"]
+DeformableDetrPeg = FAMILY_META_ARCHITECTURES["DeformableDetrPeg"]

@@ -11,13 +11,14 @@ from detr_peg.models.deformable.decoder import DeformableDecoder, DeformableDeco
 from detr_peg.models.deformable.deformable_detr import GROUP_NORM_GROUPS, DeformableDETR
 from detr_peg.models.deformable.encoder import DeformableEncoder, DeformableEncoderLayer
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
+from detr_peg.models.deformable.official_code import OFFICIAL
 from detr_peg.models.deformable.options import DEFAULTS, OPTIONS
 from detr_peg.models.deformable.transformer import DeformableTransformer
 from detr_peg.models.detr.build import require_num_classes
 from detr_peg.models.matcher import HungarianMatcher
 from detr_peg.models.position import build_position_encoding
 from detr_peg.models.postprocess import TopKPostProcess
-from detr_peg.models.registry import Architecture, register_architecture
+from detr_peg.models.registry import Architecture, AttentionImpls, register_architecture
 
 
 def default_out_stages(num_feature_levels: int) -> list[int]:
@@ -148,5 +149,12 @@ register_architecture(
         build_postprocessor=build_deformable_postprocessor,
         options=OPTIONS,
         defaults=DEFAULTS,
+        # The Triton kernels and the default path are compared on GPUs; the export traces the gathers; FLOPs are
+        # counted with grid_sample (the default path's sparse backward counts as dense products).
+        attention=AttentionImpls(
+            module=MSDeformAttn, compared_on_gpu=("triton", "embedding_bag"), export="gather", flop_count="grid_sample"
+        ),
+        official=OFFICIAL,
+        detectron2_name="DeformableDetrPeg",
     ),
 )

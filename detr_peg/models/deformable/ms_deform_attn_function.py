@@ -258,6 +258,37 @@ def _bilinear_corners(
         # contiguous inner rows instead of a broadcast over the last dimension.
         return t[:, None, None, None, :, None].expand(2, 1, 1, m, n_levels, n_points).contiguous()
 
+    clamped, weight, outside = _clamped_corners(sampling_locations, size, per_level, index_dtype, dtype)
+    # Flattened row of value.reshape(B * S * M, D): ((b * S + start_l + y * W_l + x) * M + m).
+    stride = torch.stack([torch.full_like(size[0], m), size[0] * m]).to(index_dtype)  # x -> M, y -> W * M
+    clamped.mul_(per_level(stride)[:, None])
+    row_base = (
+        (torch.arange(b, device=device) * (num_values * m))[:, None, None]
+        + torch.arange(m, device=device)[:, None]
+        + (level_start_index * m)
+    )  # [B, M, L]
+    clamped[1].add_(row_base.to(index_dtype)[:, None, :, :, None].expand(b, 1, m, n_levels, n_points).contiguous())
+    index = (
+        index_out
+        if index_out is not None
+        else torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=index_dtype, device=device)
+    )
+    torch.add(clamped[1][:, None], clamped[0][None, :], out=index.permute(3, 4, 0, 1, 2, 5, 6))
+    return index, weight, outside
+
+
+def _clamped_corners(
+    sampling_locations: Tensor, size: Tensor, per_level, index_dtype: torch.dtype, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Integer corner coordinates clamped into each level, their 1-d bilinear weights, and which were outside.
+
+    Returns:
+        ``(clamped, weight, outside)``: ``clamped`` and ``outside`` are
+        ``Tensor[2 (x, y), 2 (corner 0, 1), B, Lq, M, L, P]``; ``weight`` is laid
+        out as in :func:`_bilinear_corners`.
+    """
+    b, lq, m, n_levels, n_points, _ = sampling_locations.shape
+    device = sampling_locations.device
     # Pixel coordinate ix = loc * W - 0.5, computed the way grid_sample does on
     # CPU and CUDA, ((2 * loc - 1) + 1) * (W / 2) - 0.5 with a fused multiply-add,
     # so that floor() picks the same cell for points exactly on a pixel center
@@ -283,23 +314,7 @@ def _bilinear_corners(
     torch.sub(torch.ones((), dtype=dtype, device=device), frac, out=weight[:, 0])
     weight[:, 1].copy_(frac)
     weight.masked_fill_(outside, 0.0)
-
-    # Flattened row of value.reshape(B * S * M, D): ((b * S + start_l + y * W_l + x) * M + m).
-    stride = torch.stack([torch.full_like(size[0], m), size[0] * m]).to(index_dtype)  # x -> M, y -> W * M
-    clamped.mul_(per_level(stride)[:, None])
-    row_base = (
-        (torch.arange(b, device=device) * (num_values * m))[:, None, None]
-        + torch.arange(m, device=device)[:, None]
-        + (level_start_index * m)
-    )  # [B, M, L]
-    clamped[1].add_(row_base.to(index_dtype)[:, None, :, :, None].expand(b, 1, m, n_levels, n_points).contiguous())
-    index = (
-        index_out
-        if index_out is not None
-        else torch.empty((b, lq, m, 2, 2, n_levels, n_points), dtype=index_dtype, device=device)
-    )
-    torch.add(clamped[1][:, None], clamped[0][None, :], out=index.permute(3, 4, 0, 1, 2, 5, 6))
-    return index, weight, outside
+    return clamped, weight, outside
 
 
 def _sample_weights(weight: Tensor, attention_weights: Tensor, dtype: torch.dtype) -> Tensor:

@@ -9,6 +9,7 @@ from detr_peg.errors import ConfigError
 from detr_peg.models.backbones import build_backbone
 from detr_peg.models.criterion import SetCriterion, build_weight_dict
 from detr_peg.models.detr.detr import DETR
+from detr_peg.models.detr.official_code import OFFICIAL
 from detr_peg.models.detr.options import DEFAULTS, OPTIONS
 from detr_peg.models.detr.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer, Transformer
 from detr_peg.models.matcher import HungarianMatcher
@@ -85,5 +86,7 @@ register_architecture(
         build_postprocessor=build_detr_postprocessor,
         options=OPTIONS,
         defaults=DEFAULTS,
+        official=OFFICIAL,
+        detectron2_name="DetrPeg",
     ),
 )

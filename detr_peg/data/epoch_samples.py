@@ -1,17 +1,12 @@
-"""Reproducible randomness: per-sample augmentation seeds and saved RNG states.
+"""Training samples whose augmentation is a pure function of ``(seed, epoch, index)``: the data half of exact resume.
 
-Exact resume rests on two rules:
-
-* **Data**: the augmentation of a training sample is a pure function of
-  ``(seed, epoch, index)``. :class:`EpochSampleDataset` receives
-  ``(epoch, index)`` keys from the sampler and seeds torch's and Python's
-  generators from them before the sample is read, inside ``fork_rng`` so the
-  caller's generators are untouched. The result does not depend on the number
-  of data-loader workers, on which worker reads a sample, or on where a run was
-  resumed.
-* **Model**: dropout and other model-side randomness use the process's global
-  generators, seeded once with ``seed + rank`` and saved in every checkpoint
-  (:func:`capture_rng_state` / :func:`restore_rng_state`).
+:class:`EpochSampleDataset` receives ``(epoch, index)`` keys from the sampler
+(:class:`~detr_peg.engine.loader.EpochBatchSampler`) and seeds torch's and
+Python's generators from them before the sample is read, inside
+``fork_rng`` so the caller's generators are untouched. The result does not
+depend on the number of data-loader workers, on which worker reads a sample,
+or on where a run was resumed. (The model half, dropout's generators, is
+saved in every checkpoint: :mod:`detr_peg.engine.checkpointing`.)
 """
 
 from __future__ import annotations
@@ -30,13 +25,6 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     """A 63-bit seed for sample ``index`` of ``epoch``, well mixed by ``numpy.random.SeedSequence``."""
     state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(epoch), int(index)]).generate_state(2, np.uint32)
     return (int(state[0]) << 31) ^ int(state[1])
-
-
-def seed_everything(seed: int) -> None:
-    """Seed torch (CPU and CUDA), Python's ``random`` and NumPy's global generator."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
 
 
 class EpochSampleDataset(Dataset):
@@ -88,44 +76,3 @@ class EpochSampleDataset(Dataset):
         returned = base.ids.index(target["image_id"])
         count = (returned - requested) % n
         return [base.ids[(requested + k) % n] for k in range(count)]
-
-
-def capture_rng_state(device: torch.device) -> dict[str, Any]:
-    """The global generator states of this process, as plain data for a checkpoint."""
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": _python_state_to_plain(random.getstate()),
-        "numpy": _numpy_state_to_plain(np.random.get_state()),
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Inverse of :func:`capture_rng_state`."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(_python_state_from_plain(state["python"]))
-    np.random.set_state(_numpy_state_from_plain(state["numpy"]))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def _python_state_to_plain(state: tuple) -> list:
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _python_state_from_plain(state: list) -> tuple:
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
-
-
-def _numpy_state_to_plain(state: tuple) -> list:
-    name, keys, pos, has_gauss, cached = state
-    return [name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)]
-
-
-def _numpy_state_from_plain(state: list) -> tuple:
-    name, keys, pos, has_gauss, cached = state
-    return (name, keys.numpy().astype(np.uint32), pos, has_gauss, cached)

@@ -15,8 +15,8 @@ import torch
 from pycocotools.coco import COCO
 
 from detr_peg.data.label_map import LabelMap
-from detr_peg.engine.coco_eval import detections_to_coco, evaluate_coco
 from detr_peg.engine.distributed import all_gather_objects, broadcast_object
+from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.errors import UserError
@@ -29,7 +29,7 @@ class EvalOutput:
 
     Attributes:
         metrics: ``{"AP": ..., "AP50": ..., ...}`` (see
-            :data:`~detr_peg.engine.coco_eval.STAT_NAMES`), in every process.
+            :data:`~detr_peg.engine.evaluation.coco_metrics.STAT_NAMES`), in every process.
         detections: COCO result dicts of every image, in the main process
             (empty elsewhere).
         num_images: distinct images evaluated.

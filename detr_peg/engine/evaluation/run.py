@@ -6,7 +6,7 @@ Files written into the output folder by the main process:
   "num_images": int, "annotations": str, "checkpoint": str, ...}``, values
   as fractions (0..1), ``-1`` where COCO defines none;
 * ``detections.json``: every detection in the COCO results format with the
-  dataset's original category ids (see :mod:`detr_peg.engine.coco_eval`).
+  dataset's original category ids (see :mod:`detr_peg.engine.evaluation.coco_metrics`).
 
 The table is printed as well. Under ``torchrun`` the images are split over the
 processes and gathered for ``COCOeval``.
@@ -14,6 +14,7 @@ processes and gathered for ``COCOeval``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +25,16 @@ from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import CocoDetection, build_coco_dataset
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import check_output_dir
-from detr_peg.engine.coco_eval import format_metrics_table
-from detr_peg.engine.distributed import DistEnv, process_group
-from detr_peg.engine.evaluate import evaluate
+from detr_peg.engine.distributed import DistEnv, on_main, process_group
+from detr_peg.engine.evaluation.coco_metrics import format_metrics_table
+from detr_peg.engine.evaluation.evaluate import evaluate
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import evaluation_amp, resolve_amp
-from detr_peg.engine.run_setup import on_main, resolve_num_classes, write_json
+from detr_peg.fileio.atomic import write_json
 from detr_peg.guards.declared_io import eval_io
 from detr_peg.guards.output_guard import Input, guard_outputs
-from detr_peg.models.loading import LoadedModel, model_from_checkpoint
+from detr_peg.models.loading import LoadedModel, model_from_checkpoint, resolve_num_classes
 
 METRICS_JSON = "metrics.json"
 DETECTIONS_JSON = "detections.json"
@@ -174,10 +175,12 @@ def run_evaluation(
         UserError: a missing or unfitting checkpoint, bad data, an unwritable
             output folder.
     """
-    with process_group(cfg.train.device) as env:
+    with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else None
         path = ckpt.path if ckpt is not None else str(checkpoint)
-        on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, path, output_dir, extra_inputs)))
+        owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, path, output_dir, extra_inputs)))
+        if owned is not None:
+            claims.enter_context(owned)  # settled when the evaluation ends, well or not
         loaded, dataset, amp = load_for_evaluation(cfg, ckpt or read_checkpoint(path), env)
         out = Path(output_dir)
         log = on_main(env, lambda: _open(out, progress_bars))

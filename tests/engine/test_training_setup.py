@@ -6,9 +6,10 @@ import pytest
 
 from detr_peg.config import load_config
 from detr_peg.data.label_map import LabelMap
-from detr_peg.engine.distributed import DistEnv
-from detr_peg.engine.run_setup import config_differences, on_main, resolve_num_classes
+from detr_peg.engine.distributed import DistEnv, on_main
+from detr_peg.engine.training_setup import config_differences
 from detr_peg.errors import ConfigError, TrainingError
+from detr_peg.models.loading import resolve_num_classes
 
 COCO_LIKE = LabelMap(category_ids=[1, 2, 90], names=["person", "bicycle", "toothbrush"], contiguous=False)
 
@@ -52,7 +53,7 @@ def test_sync_batchnorm_leaves_the_peg_out() -> None:
     import torch
     from torch import nn
 
-    from detr_peg.engine.run_setup import wrap_sync_batchnorm
+    from detr_peg.engine.training_setup import wrap_sync_batchnorm
     from detr_peg.models import build_model
     from detr_peg.models.position.peg import PEG
     from tests.engine.tiny_run import TINY_MODEL
@@ -73,8 +74,8 @@ def test_json_and_config_files_are_synced_before_they_replace_the_old_ones(tmp_p
     import os
 
     from detr_peg.config.loader import save_config
-    from detr_peg.engine.run_setup import write_json
     from detr_peg.fileio import atomic
+    from detr_peg.fileio.atomic import write_json
 
     synced: list[str] = []
     real_fsync = os.fsync

@@ -1,25 +1,35 @@
-"""A training run's state (:class:`TrainingRun`) and its preparation (:func:`prepare_training_run`).
+"""Building a training run from a config: checkpoint to resume, data, model, optimizer, output folder, log.
 
-:func:`~detr_peg.engine.runner.run_training` prepares a run here, then trains
-it epoch by epoch and ends it (:mod:`detr_peg.engine.runner`). The small steps
-that evaluation runs share (number of classes, determinism, main-process-only
-steps) are in :mod:`detr_peg.engine.run_setup`; this module composes them for
-training: the checkpoint to resume, the datasets, the model, criterion and
-optimizer, the output folder and its log.
+:func:`build_training` does steps 2 and 3 of a run (see :mod:`detr_peg.engine.trainer`):
+
+* read the resume checkpoint (``train.resume``: ``<output_dir>/checkpoint.pth``
+  if it exists) and the datasets; the label map comes from the checkpoint when
+  resuming, else from the training annotations, and gives
+  ``model.num_classes`` when it is unset;
+* build the model with the same seed in every process, load ``train.init_from``
+  weights, check that the output folder is writable and has room for a
+  checkpoint, then write ``config.yaml`` (a resumed run replaces it right after
+  its first checkpoint, so a resume that fails before that leaves the folder as
+  it was).
+
+It returns the keyword arguments of :class:`~detr_peg.engine.trainer.Trainer`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
-from detr_peg.config.loader import save_config
+from detr_peg.config.loader import config_to_dict, save_config
 from detr_peg.config.schema import Config
-from detr_peg.data.coco_dataset import CocoDetection, build_coco_dataset
+from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import (
     CHECKPOINT_NAME,
@@ -29,93 +39,89 @@ from detr_peg.engine.checkpointing import (
     estimate_checkpoint_bytes,
     load_initial_weights,
     restore_training_state,
-    save_training_checkpoint,
+    seed_everything,
 )
-from detr_peg.engine.distributed import DistEnv, all_gather_objects
-from detr_peg.engine.evaluation_run import EvalResult
+from detr_peg.engine.distributed import DistEnv, on_main
 from detr_peg.engine.loader import check_train_size
-from detr_peg.engine.lr_schedule import LrSchedule, build_lr_scheduler
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import build_grad_scaler, check_amp, resolve_amp
-from detr_peg.engine.optimizer import build_optimizer
-from detr_peg.engine.run_setup import (
-    config_differences,
-    on_main,
-    resolve_num_classes,
-    wrap_sync_batchnorm,
-)
-from detr_peg.engine.seeding import capture_rng_state, seed_everything
-from detr_peg.engine.signals import StopRequest
+from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
 from detr_peg.errors import ConfigError, TrainingError
-from detr_peg.guards.declared_io import train_io
-from detr_peg.guards.output_guard import guard_outputs
 from detr_peg.guards.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
-from detr_peg.models.loading import without_backbone_weights
+from detr_peg.models.loading import resolve_num_classes, without_backbone_weights
+from detr_peg.models.position.peg import PEG
 
 
-@dataclass
-class TrainingRun:
-    """Everything the epoch loop and the end of a run use, as the preparation left it.
+def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dict[str, Any]:
+    """Everything a :class:`~detr_peg.engine.trainer.Trainer` of ``cfg`` needs, as its keyword arguments.
 
-    ``model`` is the bare detector (checkpoints, evaluation); ``train_model``
-    is what the optimizer steps through (``model`` itself, or wrapped in
-    DistributedDataParallel and/or ``torch.compile``). ``log`` is None outside
-    the main process.
+    Args:
+        cfg: the resolved config; ``model.num_classes`` is filled in from the
+            data when unset (the returned ``cfg`` holds the result).
+        env: this process.
+        progress_bars: show tqdm bars (main process); ``None``: when stderr is
+            a terminal.
+
+    Raises:
+        UserError: bad data or checkpoint, a checkpoint of another run in the
+            output folder, an unwritable or full output folder.
     """
+    t, device = cfg.train, env.device
+    out = Path(t.output_dir)
+    resume_ckpt = _resume_checkpoint(out, t.resume)
+    stored_map = LabelMap.from_dict(resume_ckpt.label_map) if resume_ckpt and resume_ckpt.label_map else None
+    train_set = build_coco_dataset(cfg.data, "train", label_map=stored_map)
+    label_map = train_set.label_map
+    cfg = resolve_num_classes(cfg, label_map, str(train_set.annotation_file))
+    val_set = None
+    if cfg.data.val_images and cfg.data.val_annotations:
+        val_set = build_coco_dataset(cfg.data, "val", label_map=label_map)
+    per_epoch = check_train_size(len(train_set), cfg, env.world_size)
+    model = _build_model(cfg, env, label_map, resumed=resume_ckpt is not None)
+    optimizer = build_optimizer(model, t)
+    lr_scheduler = build_lr_scheduler(optimizer, t)
+    scaler = build_grad_scaler(t.amp, device)
+    on_main(env, lambda: check_output_dir(out, estimate_checkpoint_bytes(model)))
+    if resume_ckpt is not None:
+        progress, notes = _resume(resume_ckpt, cfg, env, len(train_set), model, optimizer, lr_scheduler, scaler)
+    else:
+        progress = Progress()
+        seed_everything(t.seed + env.rank)  # model-side randomness (dropout) differs per process
+        notes = [f"no checkpoint in {out}; starting a new run"] if t.resume else []
+    log = on_main(env, lambda: _open_log(cfg, out, progress_bars, append=resume_ckpt is not None))
+    if log is not None:
+        _announce(log, cfg, env, train_set, val_set, per_epoch, progress, notes, t.batch_size * env.world_size)
+    return dict(
+        cfg=cfg, env=env, out=out, train_set=train_set, val_set=val_set, label_map=label_map, per_epoch=per_epoch,
+        model=model, train_model=_wrap_for_training(model, cfg, env), criterion=build_criterion(cfg).to(device),
+        postprocessor=build_postprocessor(cfg), optimizer=optimizer, lr_scheduler=lr_scheduler, scaler=scaler,
+        amp=resolve_amp(t.amp, device), progress=progress, log=log, config_pending=resume_ckpt is not None,
+    )  # fmt: skip
 
-    cfg: Config
-    env: DistEnv
-    out: Path
-    train_set: CocoDetection
-    val_set: CocoDetection | None
-    label_map: LabelMap
-    per_epoch: int
-    model: nn.Module
-    train_model: nn.Module
-    criterion: nn.Module
-    postprocessor: nn.Module
-    optimizer: torch.optim.Optimizer
-    lr_scheduler: LrSchedule
-    scaler: torch.amp.GradScaler | None
-    amp: str  # train.amp resolved for the device once (``auto`` -> ``bf16`` or ``none``)
-    progress: Progress
-    log: MetricsLog | None
-    config_pending: bool  # config.yaml still describes the checkpoint being resumed
-    stop: StopRequest = field(default_factory=StopRequest)
-    last_eval: EvalResult | None = None  # the latest evaluation of this run
-    evaluated_at: int = -1  # its iteration, so that no iteration is evaluated twice
 
-    @property
-    def ckpt_file(self) -> Path:
-        return checkpoint_path(self.out)
+def _resume(
+    ckpt: Checkpoint, cfg: Config, env: DistEnv, train_images: int, model, optimizer, lr_scheduler, scaler
+) -> tuple[Progress, list[str]]:
+    """Restore the training state of ``ckpt``; returns where training stands and notes for the log.
 
-    def budget_reached(self) -> bool:
-        """``train.max_iters`` iterations are done."""
-        return self.cfg.train.max_iters is not None and self.progress.iteration >= self.cfg.train.max_iters
-
-    def save(self) -> None:
-        """Write the training checkpoint (every process takes part: the RNG states are gathered)."""
-        rng = all_gather_objects(capture_rng_state(self.env.device))
-        on_main(
-            self.env,
-            lambda: save_training_checkpoint(
-                self.ckpt_file,
-                cfg=self.cfg,
-                model=self.model,
-                optimizer=self.optimizer,
-                lr_scheduler=self.lr_scheduler,
-                grad_scaler=self.scaler,
-                label_map=self.label_map,
-                progress=self.progress,
-                rng_states=rng,
-                world_size=self.env.world_size,
-                train_images=len(self.train_set),
-            ),
-        )
-        if self.config_pending:
-            on_main(self.env, lambda: _write_config(self.cfg, self.out))
-            self.config_pending = False
+    Settings that change what the saved position means are converted, or refused.
+    """
+    out = Path(cfg.train.output_dir)
+    start_batches, notes = resume_position(
+        str(checkpoint_path(out)), stored_shape(ckpt.config, ckpt.extra),
+        RunShape(cfg, env.world_size, train_images), int(ckpt.extra.get("epoch", 0)),
+        int(ckpt.extra.get("epoch_batches_done", 0)),
+    )  # fmt: skip
+    progress = restore_training_state(
+        ckpt, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_scaler=scaler,
+        rank=env.rank, world_size=env.world_size, device=env.device,
+    )  # fmt: skip
+    progress.epoch_batches_done = start_batches
+    changed = config_differences(cfg, ckpt.config)
+    if changed:
+        notes = [*notes, f"the config differs from the checkpoint's in: {', '.join(changed[:8])}"]
+    return progress, notes
 
 
 def check_training_ranges(cfg: Config, device: torch.device) -> None:
@@ -130,75 +136,77 @@ def check_training_ranges(cfg: Config, device: torch.device) -> None:
         raise ConfigError(f"train.eval_every_iters must be 0 (off) or positive, got {t.eval_every_iters}.")
 
 
-def prepare_training_run(cfg: Config, env: DistEnv, progress_bars: bool | None) -> TrainingRun:
-    """Steps 2 and 3 of a run (see :mod:`detr_peg.engine.runner`): checkpoint to resume, data, model, optimizer,
-    output folder, log.
+@contextlib.contextmanager
+def determinism(cfg: Config, device: torch.device) -> Iterator[None]:
+    """``train.deterministic``: deterministic kernels (a warning where none exists), no cuDNN autotuning.
 
-    Args:
-        cfg: the resolved config; ``model.num_classes`` is filled in from the
-            data when unset (the run's ``cfg`` holds the result).
-        env: this process.
-        progress_bars: show tqdm bars (main process); ``None``: when stderr is
-            a terminal.
-
-    Raises:
-        UserError: bad data or checkpoint, a checkpoint of another run in the
-            output folder, an unwritable or full output folder.
+    The process-wide settings are restored on exit, so a run called from
+    Python leaves the caller's settings as they were.
     """
-    t, device = cfg.train, env.device
-    out = Path(t.output_dir)
-    on_main(env, lambda: guard_outputs("train", *train_io(cfg)))
-    resume_ckpt = _resume_checkpoint(out, t.resume)
-    stored_map = LabelMap.from_dict(resume_ckpt.label_map) if resume_ckpt and resume_ckpt.label_map else None
-    train_set = build_coco_dataset(cfg.data, "train", label_map=stored_map)
-    label_map = train_set.label_map
-    cfg = resolve_num_classes(cfg, label_map, str(train_set.annotation_file))
-    val_set = None
-    if cfg.data.val_images and cfg.data.val_annotations:
-        val_set = build_coco_dataset(cfg.data, "val", label_map=label_map)
-    per_epoch = check_train_size(len(train_set), cfg, env.world_size)
-    resume_notes: list[str] = []
-    if resume_ckpt is not None:
-        # Settings that change what the saved position means: converted, or refused before anything is built.
-        start_batches, resume_notes = resume_position(
-            str(checkpoint_path(out)), stored_shape(resume_ckpt.config, resume_ckpt.extra),
-            RunShape(cfg, env.world_size, len(train_set)), int(resume_ckpt.extra.get("epoch", 0)),
-            int(resume_ckpt.extra.get("epoch_batches_done", 0)),
-        )  # fmt: skip
+    if not cfg.train.deterministic:
+        yield
+        return
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.benchmark,
+    )
+    if device.type == "cuda":
+        # cuBLAS needs this before its first use to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.benchmark = previous[2]
 
-    model = _build_model(cfg, env, label_map, resumed=resume_ckpt is not None)
-    criterion = build_criterion(cfg).to(device)
-    postprocessor = build_postprocessor(cfg)
-    optimizer = build_optimizer(model, t)
-    lr_scheduler = build_lr_scheduler(optimizer, t)
-    scaler = build_grad_scaler(t.amp, device)
 
-    on_main(env, lambda: check_output_dir(out, estimate_checkpoint_bytes(model)))
-    if resume_ckpt is not None:
-        progress = restore_training_state(
-            resume_ckpt, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_scaler=scaler,
-            rank=env.rank, world_size=env.world_size, device=device,
-        )  # fmt: skip
-        progress.epoch_batches_done = start_batches
-        changed = config_differences(cfg, resume_ckpt.config)
-        notes = resume_notes + (
-            [f"the config differs from the checkpoint's in: {', '.join(changed[:8])}"] if changed else []
-        )
-    else:
-        progress = Progress()
-        seed_everything(t.seed + env.rank)  # model-side randomness (dropout) differs per process
-        notes = [f"no checkpoint in {out}; starting a new run"] if t.resume else []
-    train_model = _wrap_for_training(model, cfg, env)
+def wrap_sync_batchnorm(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
+    """Convert BatchNorm layers to ``SyncBatchNorm`` when ``model.backbone.norm=sync_bn`` runs on several processes.
 
-    log = on_main(env, lambda: _open_log(cfg, out, progress_bars, append=resume_ckpt is not None))
-    if log is not None:
-        _announce(log, cfg, env, train_set, val_set, per_epoch, progress, notes, t.batch_size * env.world_size)
-    return TrainingRun(
-        cfg=cfg, env=env, out=out, train_set=train_set, val_set=val_set, label_map=label_map, per_epoch=per_epoch,
-        model=model, train_model=train_model, criterion=criterion, postprocessor=postprocessor, optimizer=optimizer,
-        lr_scheduler=lr_scheduler, scaler=scaler, amp=resolve_amp(t.amp, device), progress=progress, log=log,
-        config_pending=resume_ckpt is not None,
-    )  # fmt: skip
+    The PEG's BatchNorm is left as it is: the PEG computes its statistics over
+    valid (unpadded) tokens only with its own masked update
+    (:func:`~detr_peg.models.position.peg.masked_batch_norm`), which
+    ``SyncBatchNorm`` would not follow, so each process keeps the statistics
+    of its own batch there (as with ``model.backbone.norm=bn``).
+    """
+    if cfg.model.backbone.norm == "sync_bn" and env.distributed:
+        return _convert_except_peg(model)
+    return model
+
+
+def _convert_except_peg(module: nn.Module) -> nn.Module:
+    if isinstance(module, (PEG, nn.SyncBatchNorm)):  # the PEG's masked statistics; already synchronised
+        return module
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    for name, child in module.named_children():
+        converted = _convert_except_peg(child)
+        if converted is not child:
+            setattr(module, name, converted)
+    return module
+
+
+def config_differences(cfg: Config, stored: Config, sections: tuple[str, ...] = ("model", "loss", "data")) -> list[str]:
+    """Dotted keys whose values differ between two configs, within ``sections``.
+
+    ``model.backbone.weights`` is ignored (a checkpoint holds the weights).
+    """
+    a, b = config_to_dict(cfg), config_to_dict(stored)
+    out: list[str] = []
+
+    def walk(x: Any, y: Any, prefix: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for key in x:
+                walk(x[key], y.get(key), f"{prefix}.{key}" if prefix else key)
+        elif x != y and prefix != "model.backbone.weights":
+            out.append(prefix)
+
+    for section in sections:
+        walk(a[section], b[section], section)
+    return out
 
 
 def _resume_checkpoint(out: Path, resume: bool) -> Checkpoint | None:
@@ -246,7 +254,12 @@ def _wrap_for_training(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module
     return train_model
 
 
-def _write_config(cfg: Config, out: Path) -> None:
+def write_config(cfg: Config, out: Path) -> None:
+    """Write the resolved config to ``out/config.yaml``.
+
+    Raises:
+        TrainingError: the file cannot be written.
+    """
     try:
         save_config(cfg, out / "config.yaml")
     except OSError as exc:
@@ -256,7 +269,7 @@ def _write_config(cfg: Config, out: Path) -> None:
 def _open_log(cfg: Config, out: Path, progress_bars: bool | None, append: bool) -> MetricsLog:
     """The run's log; a new run (``append=False``) also writes ``config.yaml`` now."""
     if not append:
-        _write_config(cfg, out)
+        write_config(cfg, out)
     return MetricsLog(out, tensorboard=cfg.train.tensorboard, progress_bars=progress_bars, append=append)
 
 

@@ -23,8 +23,8 @@ Files written into the output folder (main process), numbers as plain floats::
 
 ``size`` is the short side asked for (``val_scale`` times ``s``; an image whose
 long side would pass ``val_max_size`` times ``s`` ends up smaller); ``metrics`` holds the
-twelve :data:`~detr_peg.engine.coco_eval.STAT_NAMES`. ``padding.json`` is
-described in :mod:`detr_peg.engine.padding_sensitivity`. A resized scale of
+twelve :data:`~detr_peg.engine.evaluation.coco_metrics.STAT_NAMES`. ``padding.json`` is
+described in :mod:`detr_peg.engine.evaluation.padding`. A resized scale of
 1.0 is the ordinary evaluation (``metrics.json``), number for number.
 
 Beyond the trained range: ``sine`` normalises positions by the image's own
@@ -37,6 +37,7 @@ feature map is refused with a message naming that field and the size needed
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import sys
 from collections.abc import Sequence
@@ -46,22 +47,25 @@ from typing import Any
 from tqdm import tqdm
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
+from detr_peg.config.ranges import MAX_TEST_SIDE
 from detr_peg.config.schema import Config, DataConfig
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
 from detr_peg.engine.checkpointing import check_output_dir
-from detr_peg.engine.distributed import DistEnv, process_group
-from detr_peg.engine.evaluate import evaluate
-from detr_peg.engine.evaluation_run import load_for_evaluation
-from detr_peg.engine.loader import build_eval_loader
-from detr_peg.engine.padding_sensitivity import (
+from detr_peg.engine.distributed import DistEnv, on_main, process_group
+from detr_peg.engine.evaluation.evaluate import evaluate
+from detr_peg.engine.evaluation.padding import (
     PADDING_JSON,
     PADDING_RUNS,
     measure_padding,
 )
-from detr_peg.engine.run_setup import on_main, write_json
+from detr_peg.engine.evaluation.run import load_for_evaluation
+from detr_peg.engine.loader import build_eval_loader
 from detr_peg.errors import ConfigError, DataError
+from detr_peg.fileio.atomic import write_json
 from detr_peg.models.loading import LoadedModel
+
+logger = logging.getLogger(__name__)
 
 RESIZED_JSON = "scales_resized.json"
 CANVAS_JSON = "scales_canvas.json"
@@ -89,10 +93,6 @@ def synthetic_params(data: DataConfig) -> tuple[Path, dict[str, Any]]:
             "other datasets."
         )
     return root, params
-
-
-#: Longest image side (pixels) a test scale may give: one image's feature maps beyond it outgrow a machine's memory.
-MAX_TEST_SIDE = 8192
 
 
 def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Sequence[float]) -> None:
@@ -194,7 +194,7 @@ def run_scale_evaluation(
     """Evaluate ``checkpoint`` at several sizes of both kinds and/or measure padding sensitivity.
 
     Args:
-        cfg: the config (as for :func:`~detr_peg.engine.evaluation_run.run_evaluation`).
+        cfg: the config (as for :func:`~detr_peg.engine.evaluation.run.run_evaluation`).
         checkpoint: a detr_peg checkpoint file, or one already read.
         output_dir: where the JSON files go.
         scales: resized multipliers of the configured validation size.
@@ -263,18 +263,18 @@ def _print_summary(reports: dict[str, Any]) -> None:
     for kind in ("resized", "canvas"):
         for entry in reports.get(kind, {}).get("results", []):
             shown = "  ".join(f"{name} {_percent(entry['metrics'][name])}" for name in ("AP", "AP50", "AP75"))
-            print(
+            logger.info(
                 f"{kind:<7} x{entry['scale']:<5g} short side {entry['size']:>5} px, {entry['num_images']} images: "
                 f"{shown}"
             )
     if "padding" in reports:
         report = reports["padding"]
         for mode, entry in report["modes"].items():
-            print(
+            logger.info(
                 f"padding {mode:<6} batch {entry['batch_size']:>3}: AP {_percent(entry['metrics']['AP'])}  "
                 f"{entry['seconds']:.2f} s"
             )
-        print(
+        logger.info(
             f"padding: largest logit difference mixed vs single {report['max_abs_logit_diff_mixed_vs_single']:.3g}, "
             f"exact vs single {report['max_abs_logit_diff_exact_vs_single']:.3g}"
         )

@@ -64,9 +64,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from detr_peg.data.coco_dataset import CocoDetection
-from detr_peg.engine.coco_eval import detections_to_coco, evaluate_coco
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
-from detr_peg.engine.evaluate import merge_shards
+from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
+from detr_peg.engine.evaluation.evaluate import merge_shards
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.loader import build_eval_loader, image_sizes
 from detr_peg.models.loading import LoadedModel

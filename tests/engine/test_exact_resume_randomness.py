@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader
 
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.collate import collate_detection
+from detr_peg.data.epoch_samples import EpochSampleDataset, sample_seed
+from detr_peg.engine.checkpointing import capture_rng_state, restore_rng_state
 from detr_peg.engine.loader import EpochBatchSampler
-from detr_peg.engine.seeding import EpochSampleDataset, capture_rng_state, restore_rng_state, sample_seed
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
 

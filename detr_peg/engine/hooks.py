@@ -1,0 +1,270 @@
+"""Training hooks: everything around the optimizer step that :class:`~detr_peg.engine.trainer.Trainer` does not.
+
+A hook sees the trainer at these points; the trainer asks every hook, in
+the order it holds them::
+
+    context(trainer)            a context manager entered for the whole run (stop signals)
+    stop_training(trainer)      before each epoch: True ends the run
+    halt_epoch(trainer)         after each optimizer step, first: True ends the epoch after this step
+    after_step(trainer)         then, after each optimizer step (``trainer.halt`` says whether the epoch ends)
+    after_epoch(trainer, stats) after each epoch, or the part of it trained before a halt
+    after_train(trainer)        once, when training ended without an error
+
+The default hooks, in order (:func:`default_hooks`):
+
+* :class:`LrScheduleHook`: the learning-rate warm-up per iteration, the step
+  drop per completed epoch (the only place the schedule is stepped, before
+  the checkpoint that stores it);
+* :class:`BudgetHook`: ``train.max_iters`` ends the run after exactly that many iterations;
+* :class:`CheckpointHook`: the checkpoint after every epoch and every
+  ``train.checkpoint_every`` iterations;
+* :class:`EpochLogHook`: the ``epoch`` record of ``metrics.jsonl``;
+* :class:`StopSignalHook`: SIGINT/SIGTERM become a stop request; the epoch
+  ends after the current iteration and, once its checkpoint is written,
+  :class:`TrainingInterrupted` is raised (exit status 128 + signal number);
+* :class:`EvalHook`: COCO evaluation every ``train.eval_every`` epochs, every
+  ``train.eval_every_iters`` iterations and at the end (once per iteration).
+
+A run's own hooks go in ``Trainer(..., hooks=[...])`` or ``trainer.hooks.append(...)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from detr_peg.engine.distributed import any_process
+from detr_peg.engine.evaluation.run import EvalResult, evaluate_and_write
+from detr_peg.errors import TrainingError
+from detr_peg.models.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from detr_peg.engine.train_step import EpochStats
+    from detr_peg.engine.trainer import Trainer
+
+
+class HookBase:
+    """A training hook; override the points it needs (see the module docstring)."""
+
+    def context(self, trainer: Trainer) -> contextlib.AbstractContextManager:
+        """A context manager active for the whole run (default: none)."""
+        return contextlib.nullcontext()
+
+    def stop_training(self, trainer: Trainer) -> bool:
+        """Asked before each epoch: True ends the run there."""
+        return False
+
+    def halt_epoch(self, trainer: Trainer) -> bool:
+        """Asked after each optimizer step, before any ``after_step``: True ends the epoch after this step.
+
+        Every hook is asked in every process (some answers are collective operations).
+        """
+        return False
+
+    def after_step(self, trainer: Trainer) -> None:
+        """After each optimizer step (``trainer.halt`` tells whether the epoch ends after it)."""
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        """After each epoch (``stats.completed``) or the part of it trained before a halt."""
+
+    def after_train(self, trainer: Trainer) -> None:
+        """Once, after the last epoch, when no error stopped the run."""
+
+
+class LrScheduleHook(HookBase):
+    """Steps :class:`~detr_peg.engine.optimizer.LrSchedule`: warm-up per iteration, drop per completed epoch."""
+
+    def after_step(self, trainer: Trainer) -> None:
+        trainer.lr_scheduler.step_iteration()
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        if stats.completed:
+            trainer.lr_scheduler.step()
+
+
+class TrainingInterrupted(TrainingError):
+    """Training stopped on a signal after writing a checkpoint.
+
+    Attributes:
+        exit_code: ``128 + signal number``, the shell convention.
+    """
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+#: The signals that request a stop.
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequest:
+    """Context manager that turns the first SIGINT/SIGTERM into a stop request; a second one interrupts at once.
+
+    Outside the main thread (where Python cannot install handlers) it does
+    nothing and signals keep their usual effect.
+
+    Attributes:
+        signum: the signal received, or None.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+class StopSignalHook(HookBase):
+    """A stop request in any process ends the epoch after the current iteration; at the epoch's end (after
+    :class:`CheckpointHook` wrote the checkpoint) the run raises :class:`TrainingInterrupted`."""
+
+    def __init__(self) -> None:
+        self.stop = StopRequest()
+
+    def context(self, trainer: Trainer) -> contextlib.AbstractContextManager:
+        return self.stop
+
+    def halt_epoch(self, trainer: Trainer) -> bool:
+        return any_process(self.stop.requested, trainer.env.device)
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        """Raise :class:`TrainingInterrupted` when a process was asked to stop (every process asks, so they agree).
+
+        Raises:
+            TrainingInterrupted: naming the signal, the iteration and the checkpoint written.
+        """
+        if any_process(self.stop.requested, trainer.env.device):
+            raise TrainingInterrupted(
+                f"Stopped by {self.stop.name or 'a signal in another process'} at iteration "
+                f"{trainer.progress.iteration}; the checkpoint {trainer.ckpt_file} was written; continue with "
+                "--resume.",
+                self.stop.signum or 15,
+            )
+
+
+class BudgetHook(HookBase):
+    """``train.max_iters``: the run ends after exactly that many iterations (mid-epoch if need be)."""
+
+    def stop_training(self, trainer: Trainer) -> bool:
+        limit = trainer.cfg.train.max_iters
+        return limit is not None and trainer.progress.iteration >= limit
+
+    def halt_epoch(self, trainer: Trainer) -> bool:
+        return self.stop_training(trainer)
+
+
+class CheckpointHook(HookBase):
+    """The checkpoint after every epoch (or its part trained) and every ``train.checkpoint_every`` iterations.
+
+    A mid-epoch checkpoint is skipped when the epoch is halting or ending
+    anyway (its end writes one).
+    """
+
+    def after_step(self, trainer: Trainer) -> None:
+        every = trainer.cfg.train.checkpoint_every
+        progress = trainer.progress
+        if (
+            not trainer.halt
+            and every > 0
+            and progress.iteration % every == 0
+            and progress.epoch_batches_done < trainer.per_epoch
+        ):
+            trainer.save()
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        trainer.save()
+
+
+class EpochLogHook(HookBase):
+    """The ``epoch`` record of ``metrics.jsonl`` (mean losses, skipped images) and a note on skipped images."""
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        log, progress = trainer.log, trainer.progress
+        if log is None:
+            return
+        log.write(
+            {
+                "type": "epoch",
+                "epoch": stats.epoch,
+                "iteration": progress.iteration,
+                "completed": stats.completed,
+                **stats.means,
+                "skipped_images": len(progress.skipped_image_ids),
+            }
+        )
+        if progress.skipped_image_ids:
+            log.info(
+                f"{len(progress.skipped_image_ids)} unreadable training images skipped so far "
+                "(data.on_bad_sample=skip)."
+            )
+
+
+class EvalHook(HookBase):
+    """COCO evaluation on the validation set: every ``train.eval_every`` completed epochs (not the last),
+    every ``train.eval_every_iters`` iterations, and at the end; never twice for one iteration.
+
+    Attributes:
+        last: the latest :class:`~detr_peg.engine.evaluation.run.EvalResult`, or None.
+    """
+
+    def __init__(self) -> None:
+        self.last: EvalResult | None = None
+        self._evaluated_at = -1
+
+    def evaluate(self, trainer: Trainer, epoch: int) -> None:
+        """Evaluate now (if there is validation data and this iteration was not evaluated yet)."""
+        if trainer.val_set is None or self._evaluated_at == trainer.progress.iteration:
+            return
+        loaded = LoadedModel(trainer.model, trainer.postprocessor, trainer.cfg, trainer.label_map)
+        extra = {"epoch": epoch, "iteration": trainer.progress.iteration}
+        self.last = evaluate_and_write(
+            loaded, trainer.val_set, trainer.cfg, trainer.env, trainer.out, trainer.log, extra=extra, amp=trainer.amp
+        )
+        self._evaluated_at = trainer.progress.iteration
+        trainer.model.train()  # back to training mode for the rest of the epoch
+
+    def after_step(self, trainer: Trainer) -> None:
+        every = trainer.cfg.train.eval_every_iters
+        if not trainer.halt and every > 0 and trainer.progress.iteration % every == 0:
+            self.evaluate(trainer, trainer.progress.epoch)  # the epoch in progress
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        t, progress = trainer.cfg.train, trainer.progress
+        last_epoch = progress.epoch >= t.epochs or trainer.stop_training()
+        if stats.completed and not last_epoch and t.eval_every > 0 and progress.epoch % t.eval_every == 0:
+            self.evaluate(trainer, stats.epoch)
+
+    def after_train(self, trainer: Trainer) -> None:
+        self.evaluate(trainer, trainer.progress.epoch)
+
+
+def default_hooks() -> list[HookBase]:
+    """The hooks of ``detr-peg train``, in the order they run (see the module docstring)."""
+    return [LrScheduleHook(), BudgetHook(), CheckpointHook(), EpochLogHook(), StopSignalHook(), EvalHook()]

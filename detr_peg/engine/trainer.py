@@ -1,0 +1,526 @@
+"""Training: :func:`run_training` from a config to a trained checkpoint, and the :class:`Trainer` loop with hooks.
+
+The command line (``detr-peg train``), ``tools/train.py``, the demo and Python
+callers all call :func:`run_training`; under ``torchrun`` every process calls
+it and the processes find each other from the environment. Order of a run:
+
+1. join the process group (if any), pick the device, refuse mixed precision
+   the device cannot run, claim the output folder (:mod:`detr_peg.guards`);
+2. build the run (:func:`~detr_peg.engine.training_setup.build_training`):
+   checkpoint to resume, datasets, model, optimizer, output folder, log;
+3. :meth:`Trainer.train`: epoch by epoch until ``train.epochs``, one
+   :func:`train_step` per batch; the hooks (:mod:`detr_peg.engine.hooks`) do
+   the rest: learning-rate schedule, iteration budget, checkpoints, the log,
+   stop signals (checkpoint, then :class:`~detr_peg.engine.hooks.TrainingInterrupted`),
+   evaluation.
+
+Losses are checked before the backward pass and the gradient norm before the
+optimizer step, on values averaged over processes so that every process
+stops at the same iteration: a non-finite value raises :class:`NonFiniteError`
+naming the iteration and the loss term (or the gradient norm), and the weights
+are not updated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from detr_peg.checkpoint.format import read_checkpoint
+from detr_peg.config.schema import Config
+from detr_peg.data.coco_dataset import CocoDetection
+from detr_peg.data.label_map import LabelMap
+from detr_peg.engine.checkpointing import Progress, capture_rng_state, checkpoint_path, save_training_checkpoint
+from detr_peg.engine.distributed import DistEnv, all_gather_objects, on_main, process_group, reduce_mean
+from detr_peg.engine.hooks import EvalHook, HookBase, default_hooks
+from detr_peg.engine.loader import build_train_loader, iterate_batches
+from detr_peg.engine.metrics_log import METRICS_FILE, MetricsLog, format_duration
+from detr_peg.engine.mixed_precision import autocast, outputs_to_float
+from detr_peg.engine.optimizer import LrSchedule, current_lrs
+from detr_peg.engine.training_setup import build_training, check_training_ranges, determinism, write_config
+from detr_peg.errors import TrainingError
+from detr_peg.guards.declared_io import train_io
+from detr_peg.guards.output_guard import guard_outputs
+
+#: Unweighted final-layer terms logged every iteration (aux terms only enter the total).
+LOGGED_TERMS = ("loss_ce", "loss_bbox", "loss_giou", "class_error", "cardinality_error")
+
+
+@dataclass
+class TrainResult:
+    """What :func:`run_training` produced.
+
+    Attributes:
+        output_dir: the run's folder.
+        checkpoint: the last checkpoint (``checkpoint.pth``).
+        config_file: the resolved config (``config.yaml``).
+        metrics_log: the JSON-lines log (``metrics.jsonl``).
+        metrics: the last COCO evaluation (``AP``, ``AP50``, ...), or None
+            without validation data.
+        metrics_file: ``metrics.json`` of the last evaluation, or None.
+        detections_file: ``detections.json`` of the last evaluation, or None.
+        epochs_completed: whole epochs trained in total.
+        iterations: optimizer steps done in total.
+        skipped_images: unreadable training images left out
+            (``data.on_bad_sample=skip``), all processes together.
+        losses: the means of the last epoch (or part of it) trained.
+        num_classes: the model's number of classes.
+    """
+
+    output_dir: Path
+    checkpoint: Path
+    config_file: Path
+    metrics_log: Path
+    metrics: dict[str, float] | None = None
+    metrics_file: Path | None = None
+    detections_file: Path | None = None
+    epochs_completed: int = 0
+    iterations: int = 0
+    skipped_images: int = 0
+    losses: dict[str, float] = field(default_factory=dict)
+    num_classes: int = 0
+
+
+def run_training(
+    cfg: Config, *, progress_bars: bool | None = None, hooks: Sequence[HookBase] | None = None
+) -> TrainResult:
+    """Train (or resume training) as ``cfg`` says; see the module docstring.
+
+    Args:
+        cfg: the resolved config (``load_config``).
+        progress_bars: show tqdm bars (main process); ``None``: when stderr is
+            a terminal.
+        hooks: the run's hooks (default :func:`~detr_peg.engine.hooks.default_hooks`).
+
+    Returns:
+        :class:`TrainResult` (in every process; files are written by the
+        main process).
+
+    Raises:
+        UserError: bad config, data or checkpoint, an unwritable output
+            folder, a full disk (:class:`~detr_peg.errors.TrainingError`), a
+            non-finite loss or gradient, or a stop request
+            (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
+    """
+    with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
+        check_training_ranges(cfg, env.device)
+        owned = on_main(env, lambda: guard_outputs("train", *train_io(cfg)))
+        if owned is not None:
+            claims.enter_context(owned)  # settled when the run ends, well or not
+        trainer = Trainer(**build_training(cfg, env, progress_bars), hooks=hooks)
+        try:
+            return trainer.train()
+        finally:
+            if trainer.log is not None:
+                trainer.log.close()
+
+
+class NonFiniteError(TrainingError):
+    """A loss term or the gradient norm became NaN or infinite.
+
+    Attributes:
+        iteration: the global iteration (1-based) that produced it.
+        epoch: its epoch (0-based).
+        term: the loss term, or ``"gradient norm"``.
+        value: the offending value.
+    """
+
+    def __init__(self, iteration: int, epoch: int, term: str, value: float) -> None:
+        self.iteration, self.epoch, self.term, self.value = iteration, epoch, term, value
+        super().__init__(f"Non-finite {term} ({value}) at iteration {iteration} (epoch {epoch})")
+
+
+@dataclass
+class EpochStats:
+    """What one call of :meth:`Trainer.train_epoch` did.
+
+    Attributes:
+        epoch: the epoch (0-based).
+        batches_done: batches of the epoch finished after the call, including
+            those done before a mid-epoch resume.
+        completed: every batch of the epoch was trained.
+        means: averages over the iterations of this call (``loss``, the
+            logged terms, ``grad_norm``).
+        skipped_image_ids: unreadable images left out (``data.on_bad_sample=skip``)
+            in this process.
+    """
+
+    epoch: int
+    batches_done: int
+    completed: bool
+    means: dict[str, float] = field(default_factory=dict)
+    skipped_image_ids: set[int] = field(default_factory=set)
+
+
+class Trainer:
+    """The training loop: epochs of :func:`train_step`, with hooks around it.
+
+    Built by :func:`run_training` from
+    :func:`~detr_peg.engine.training_setup.build_training`; every argument is
+    kept as an attribute of the same name. ``model`` is the bare detector
+    (checkpoints, evaluation); ``train_model`` is what the optimizer steps
+    through (``model`` itself, or wrapped in DistributedDataParallel and/or
+    ``torch.compile``). ``log`` is None outside the main process.
+
+    Attributes:
+        hooks: the hooks, in the order they are asked.
+        halt: the current epoch ends after this step (set from the hooks'
+            :meth:`~detr_peg.engine.hooks.HookBase.halt_epoch`).
+    """
+
+    def __init__(
+        self,
+        *,
+        cfg: Config,
+        env: DistEnv,
+        out: Path,
+        train_set: CocoDetection,
+        val_set: CocoDetection | None,
+        label_map: LabelMap,
+        per_epoch: int,
+        model: nn.Module,
+        train_model: nn.Module,
+        criterion: nn.Module,
+        postprocessor: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: LrSchedule,
+        scaler: torch.amp.GradScaler | None,
+        amp: str,
+        progress: Progress,
+        log: MetricsLog | None,
+        config_pending: bool,
+        hooks: Sequence[HookBase] | None = None,
+    ) -> None:
+        self.cfg, self.env, self.out = cfg, env, out
+        self.train_set, self.val_set, self.label_map, self.per_epoch = train_set, val_set, label_map, per_epoch
+        self.model, self.train_model, self.criterion, self.postprocessor = model, train_model, criterion, postprocessor
+        self.optimizer, self.lr_scheduler, self.scaler, self.amp = optimizer, lr_scheduler, scaler, amp
+        self.progress, self.log = progress, log
+        self.config_pending = config_pending  # config.yaml still describes the checkpoint being resumed
+        self.hooks: list[HookBase] = list(default_hooks() if hooks is None else hooks)
+        self.halt = False
+
+    @property
+    def ckpt_file(self) -> Path:
+        """The run's checkpoint (``<output_dir>/checkpoint.pth``)."""
+        return checkpoint_path(self.out)
+
+    def stop_training(self) -> bool:
+        """Whether a hook ends the run before the next epoch (the iteration budget)."""
+        return any([hook.stop_training(self) for hook in self.hooks])
+
+    def train(self) -> TrainResult:
+        """Train until ``train.epochs`` or a hook ends the run; then the hooks' ``after_train`` and the result."""
+        losses: dict[str, float] = {}
+        with contextlib.ExitStack() as stack:
+            for hook in self.hooks:
+                stack.enter_context(hook.context(self))
+            for epoch in range(self.progress.epoch, self.cfg.train.epochs):
+                if self.stop_training():
+                    break
+                stats = self.train_epoch(epoch)
+                losses = stats.means
+                self.end_epoch(stats)
+        for hook in self.hooks:
+            hook.after_train(self)
+        return self.result(losses)
+
+    def train_epoch(self, epoch: int) -> EpochStats:
+        """Train the rest of ``epoch`` (from ``progress.epoch_batches_done``) until it ends or a hook halts it.
+
+        Raises:
+            TrainingError: a non-finite loss or gradient (the last good checkpoint is kept).
+        """
+        t, progress = self.cfg.train, self.progress
+        start = progress.epoch_batches_done
+        loader = build_train_loader(
+            self.train_set, self.cfg, self.env, epoch=epoch, size_divisibility=self.model.size_divisibility,
+            start_batch=start,
+        )  # fmt: skip
+        self.train_model.train()
+        self.criterion.train()
+        params = [p for p in self.train_model.parameters() if p.requires_grad]
+        tally = _Tally()
+        bar = self.log.progress(total=self.per_epoch, initial=start, desc=f"epoch {epoch}") if self.log else None
+        began = last = time.perf_counter()
+        batches = iterate_batches(loader)
+        try:
+            for images, mask, targets in batches:
+                data_time = time.perf_counter() - last
+                record = train_step(
+                    self.train_model, self.criterion, self.optimizer, params, (images, mask, targets),
+                    device=self.env.device, amp=self.amp, scaler=self.scaler, clip_max_norm=t.clip_max_norm,
+                    iteration=progress.iteration, epoch=epoch,
+                )  # fmt: skip
+                progress.iteration += 1
+                progress.epoch_batches_done += 1
+                now = time.perf_counter()
+                tally.add(record, targets)
+                if self.log is not None:
+                    eta = (now - began) / tally.count * (self.per_epoch - progress.epoch_batches_done)
+                    times = {"data_time": round(data_time, 4), "iter_time": round(now - last, 4)}
+                    batch = (progress.epoch_batches_done, self.per_epoch)
+                    _log_iteration(self.log, bar, record, current_lrs(self.optimizer), epoch=epoch,
+                                   iteration=progress.iteration, batch=batch, log_every=t.log_every, times=times,
+                                   eta=eta)  # fmt: skip
+                last = now
+                if self._after_step():
+                    break
+        except NonFiniteError as exc:
+            raise TrainingError(f"{exc}; training stopped and {self._kept()}. Lower train.lr, check the data, "
+                                "or keep train.clip_max_norm > 0.") from None  # fmt: skip
+        finally:
+            batches.close()
+            if self.log is not None:
+                self.log.close_bar()
+        completed = progress.epoch_batches_done >= self.per_epoch
+        return EpochStats(epoch, progress.epoch_batches_done, completed, tally.means(), tally.skipped)
+
+    def _after_step(self) -> bool:
+        """Ask every hook whether the epoch ends here, then run their ``after_step``; returns the answer."""
+        self.halt = any([hook.halt_epoch(self) for hook in self.hooks])  # every hook asked, in every process
+        for hook in self.hooks:
+            hook.after_step(self)
+        return self.halt
+
+    def end_epoch(self, stats: EpochStats) -> None:
+        """After an epoch (or the part of it trained): count skipped images, advance the epoch, run the hooks."""
+        for ids in all_gather_objects(stats.skipped_image_ids):
+            self.progress.skipped_image_ids.update(ids)
+        if stats.completed:
+            self.progress.epoch, self.progress.epoch_batches_done = stats.epoch + 1, 0
+        for hook in self.hooks:
+            hook.after_epoch(self, stats)
+
+    def save(self) -> None:
+        """Write the training checkpoint (every process takes part: the RNG states are gathered)."""
+        rng = all_gather_objects(capture_rng_state(self.env.device))
+        on_main(
+            self.env,
+            lambda: save_training_checkpoint(
+                self.ckpt_file, cfg=self.cfg, model=self.model, optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler, grad_scaler=self.scaler, label_map=self.label_map,
+                progress=self.progress, rng_states=rng, world_size=self.env.world_size,
+                train_images=len(self.train_set),
+            ),
+        )  # fmt: skip
+        if self.config_pending:
+            on_main(self.env, lambda: write_config(self.cfg, self.out))
+            self.config_pending = False
+
+    def result(self, losses: dict[str, float]) -> TrainResult:
+        """The :class:`TrainResult` of the run so far, and the log's ``end`` record."""
+        progress, out = self.progress, self.out
+        evaluation = next((hook.last for hook in self.hooks if isinstance(hook, EvalHook)), None)
+        result = TrainResult(
+            output_dir=out, checkpoint=self.ckpt_file, config_file=out / "config.yaml",
+            metrics_log=out / METRICS_FILE, metrics=evaluation.metrics if evaluation else None,
+            metrics_file=evaluation.metrics_file if evaluation else None,
+            detections_file=evaluation.detections_file if evaluation else None, epochs_completed=progress.epoch,
+            iterations=progress.iteration, skipped_images=len(progress.skipped_image_ids), losses=losses,
+            num_classes=self.cfg.model.num_classes,
+        )  # fmt: skip
+        if self.log is not None:
+            self.log.write({"type": "end", "epochs_completed": result.epochs_completed,
+                            "iterations": result.iterations, "skipped_images": result.skipped_images,
+                            "metrics": result.metrics})  # fmt: skip
+            ap = f", AP {result.metrics['AP']:.3f} AP50 {result.metrics['AP50']:.3f}" if result.metrics else ""
+            self.log.info(
+                f"Done: {result.iterations} iterations, {result.epochs_completed} epochs{ap}; "
+                f"skipped images: {result.skipped_images}; checkpoint {self.ckpt_file}"
+            )
+        return result
+
+    def _kept(self) -> str:
+        if not self.ckpt_file.is_file():
+            return "no checkpoint was written yet"
+        return f"the last good checkpoint {self.ckpt_file} (iteration {_stored_iteration(self.ckpt_file)}) is kept"
+
+
+def _stored_iteration(path: Path) -> str:
+    try:
+        return str(read_checkpoint(path).extra.get("iteration", "?"))
+    except Exception:  # the message is best effort; the file itself was never touched
+        return "?"
+
+
+# --- One iteration ---------------------------------------------------------------------------------------------------
+
+
+def _to_device(targets: list[dict], device: torch.device) -> list[dict]:
+    return [
+        {k: (v.to(device, non_blocking=True) if isinstance(v, Tensor) else v) for k, v in t.items()} for t in targets
+    ]
+
+
+def _first_non_finite(terms: dict[str, Tensor], weight_dict: dict[str, float]) -> tuple[str, float] | None:
+    for key in weight_dict:
+        if key in terms and not math.isfinite(float(terms[key])):
+            return key, float(terms[key])
+    return None
+
+
+@dataclass
+class _Tally:
+    """Sums of the logged values over the iterations of one :meth:`Trainer.train_epoch` call."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    count: int = 0
+    skipped: set[int] = field(default_factory=set)
+
+    def add(self, record: dict[str, float], targets: list[dict]) -> None:
+        """Count one iteration's ``record`` and the images its batch left out."""
+        self.skipped.update(i for t in targets for i in t.get("skipped_image_ids", ()))
+        for key, value in record.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.count += 1
+
+    def means(self) -> dict[str, float]:
+        """Per logged value, its mean over the counted iterations (empty when none)."""
+        return {k: v / self.count for k, v in self.sums.items()} if self.count else {}
+
+
+def train_step(
+    model: nn.Module,
+    criterion: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    batch: tuple[Tensor, Tensor, list[dict]],
+    *,
+    device: torch.device,
+    amp: str,
+    scaler: torch.amp.GradScaler | None,
+    clip_max_norm: float,
+    iteration: int,
+    epoch: int,
+) -> dict[str, float]:
+    """One iteration on ``batch`` = ``(images, mask, targets)`` as the loader yields it.
+
+    Returns:
+        ``loss`` (the weighted total averaged over processes), the logged
+        terms and ``grad_norm``.
+
+    Raises:
+        NonFiniteError: a loss term or the gradient norm is not finite.
+    """
+    images, mask, targets = batch
+    images = images.to(device, non_blocking=True)
+    mask = mask.to(device, non_blocking=True)
+    targets = _to_device(targets, device)
+    loss, reduced = _forward_loss(
+        model, criterion, images, mask, targets, amp=amp, device=device, iteration=iteration, epoch=epoch
+    )
+    total = float(sum(reduced[k] * w for k, w in criterion.weight_dict.items() if k in reduced))
+    grad_norm = _backward_step(
+        loss, optimizer, params, scaler=scaler, clip_max_norm=clip_max_norm, iteration=iteration, epoch=epoch
+    )
+    return {"loss": total, **{k: float(reduced[k]) for k in LOGGED_TERMS if k in reduced}, "grad_norm": grad_norm}
+
+
+def _forward_loss(
+    model: nn.Module,
+    criterion: nn.Module,
+    images: Tensor,
+    mask: Tensor,
+    targets: list[dict],
+    *,
+    amp: str,
+    device: torch.device,
+    iteration: int,
+    epoch: int,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The forward pass and the set loss of one batch.
+
+    Returns:
+        ``(loss, reduced)``: the weighted total of this process (for the
+        backward pass) and the loss terms averaged over processes.
+
+    Raises:
+        NonFiniteError: a weighted loss term is not finite in some process.
+    """
+    weight_dict = criterion.weight_dict
+    with autocast(amp, device):
+        outputs = model(images, mask)
+    # The loss in float32: matching and GIoU are sensitive to half precision.
+    outputs = outputs_to_float(outputs)
+    terms = criterion(outputs, targets)
+    loss = criterion.weighted_total(terms)
+    reduced = reduce_mean({k: v for k, v in terms.items() if k in weight_dict or k in LOGGED_TERMS})
+    bad = _first_non_finite(reduced, weight_dict)
+    if bad is not None:
+        raise NonFiniteError(iteration + 1, epoch, f"loss term {bad[0]}", bad[1])
+    return loss, reduced
+
+
+def _backward_step(
+    loss: Tensor,
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    *,
+    scaler: torch.amp.GradScaler | None,
+    clip_max_norm: float,
+    iteration: int,
+    epoch: int,
+) -> float:
+    """Backward, gradient clipping and the optimizer step; returns the gradient norm before clipping.
+
+    Raises:
+        NonFiniteError: the gradient norm is not finite without fp16 loss
+            scaling (the weights are not updated).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    max_norm = clip_max_norm if clip_max_norm > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if not math.isfinite(grad_norm) and scaler is None:
+        raise NonFiniteError(iteration + 1, epoch, "gradient norm", grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)  # skips the step when fp16 gradients overflowed
+        scaler.update()
+    else:
+        optimizer.step()
+    return grad_norm
+
+
+def _log_iteration(
+    log: MetricsLog,
+    bar: Any,
+    record: dict[str, float],
+    lrs: dict[str, float],
+    *,
+    epoch: int,
+    iteration: int,
+    batch: tuple[int, int],
+    log_every: int,
+    times: dict[str, float],
+    eta: float,
+) -> None:
+    """Advance the progress bar; every ``log_every`` iterations (and the first) write an ``iter`` record and a line.
+
+    Args:
+        record: ``loss`` (the weighted total), the logged terms and ``grad_norm``.
+        lrs: the learning rate of each parameter group.
+        batch: ``(batches done in the epoch, batches per epoch)``.
+        times: ``data_time`` and ``iter_time`` in seconds.
+        eta: seconds left in the epoch.
+    """
+    lr = next(iter(lrs.values()))
+    log.step(bar, loss=record["loss"], lr=lr)
+    if iteration == 1 or iteration % max(log_every, 1) == 0:
+        log.write({"type": "iter", "epoch": epoch, "iteration": iteration, "batch": batch[0], **record, **lrs, **times})
+        log.line(
+            f"epoch {epoch} [{batch[0]}/{batch[1]}] iter {iteration} loss {record['loss']:.4f} lr {lr:.2e} "
+            f"grad {record['grad_norm']:.3f} eta {format_duration(eta)}"
+        )
