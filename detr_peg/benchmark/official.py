@@ -34,7 +34,9 @@ def check_official_repo(path: str, arch: str) -> None:
     check_checkout(path, official_code(arch), arch)
 
 
-def build_official(arch: str, path: str, argv: list[str], *, cuda_op: bool = False) -> tuple[nn.Module, nn.Module, object]:
+def build_official(
+    arch: str, path: str, argv: list[str], *, cuda_op: bool = False
+) -> tuple[nn.Module, nn.Module, object]:
     """The official ``(model, criterion, args)`` of ``arch`` from the checkout at ``path``."""
     return official_code(arch).build(path, argv, cuda_op)
 
