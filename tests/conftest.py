@@ -84,3 +84,38 @@ def coco128_checkpoint(coco128_dir: Path, tmp_path_factory) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "AP50" in proc.stdout and "Done: 3 iterations" in proc.stdout
     return out / "checkpoint.pth"
+
+
+# Score threshold 0: every detection is drawn and listed, so predictions.json is never empty.
+TINY_DEMO = [
+    "--num-train",
+    "8",
+    "--num-val",
+    "4",
+    "--pictures",
+    "3",
+    *TINY_MODEL,
+    "train.max_iters=2",
+    "train.batch_size=4",
+    "eval.batch_size=4",
+    "eval.score_threshold=0.0",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_demo_dir(tmp_path_factory) -> Path:
+    """`detr-peg demo` with a tiny model, 8 + 4 images and 2 iterations, run in a subprocess; its folder."""
+    out = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # From another folder: the default config is found through the package, not the working directory.
+    proc = subprocess.run(
+        [sys.executable, "-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY_DEMO],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (out / "stdout.txt").write_text(proc.stdout)
+    return out

@@ -10,9 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,41 +22,12 @@ from detr_peg.cli.demo import clear_folder, default_config, format_elapsed, is_r
 from detr_peg.cli.main import main
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
 from detr_peg.errors import UserError
-from tests.conftest import REPO_ROOT
-from tests.engine.tiny_run import TINY_MODEL
-
-# Score threshold 0: every detection is drawn and listed, so predictions.json is never empty.
-TINY = [
-    "--num-train",
-    "8",
-    "--num-val",
-    "4",
-    "--pictures",
-    "3",
-    *TINY_MODEL,
-    "train.max_iters=2",
-    "train.batch_size=4",
-    "eval.batch_size=4",
-    "eval.score_threshold=0.0",
-]
+from tests.conftest import REPO_ROOT, TINY_DEMO
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    # From another folder: the default config is found through the package, not the working directory.
-    proc = subprocess.run(
-        [sys.executable, "-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY],
-        cwd=out,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (out / "stdout.txt").write_text(proc.stdout)
-    return out
+def demo_dir(tiny_demo_dir: Path) -> Path:
+    return tiny_demo_dir
 
 
 def test_demo_writes_dataset_run_metrics_and_pictures(demo_dir: Path) -> None:
@@ -117,7 +85,7 @@ def test_rerun_reuses_the_dataset_and_trains_afresh(demo_dir: Path, capsys) -> N
     manifest = demo_dir / "data" / "manifest.json"
     stamp = manifest.stat().st_mtime_ns
     (demo_dir / "predictions" / "stale.png").write_bytes(b"")
-    assert main(["demo", "--output", str(demo_dir), *TINY, "--pictures", "1"]) == 0
+    assert main(["demo", "--output", str(demo_dir), *TINY_DEMO, "--pictures", "1"]) == 0
     assert manifest.stat().st_mtime_ns == stamp
     starts = [json.loads(line) for line in (demo_dir / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["resumed_iteration"] for r in starts if r["type"] == "start"] == [0]  # a new log, not appended
