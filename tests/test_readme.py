@@ -41,7 +41,7 @@ BLOCKS = python_blocks((REPO_ROOT / "README.md").read_text())
 
 def test_the_readme_has_its_python_blocks_and_the_first_is_three_lines() -> None:
     assert len(BLOCKS) >= 4
-    first = BLOCKS[0][1].strip().splitlines()
+    first = [line for line in BLOCKS[0][1].splitlines() if line.strip()]
     assert len(first) == 3 and first[0] == "import detr_peg" and "Detector.from_checkpoint" in first[1]
 
 
