@@ -15,11 +15,11 @@ by the evaluation transform of the model's config, then batched by equal
 size, each batch padded only to a multiple of the model's coarsest stride:
 a batch gives exactly what one image at a time gives (up to float rounding),
 whatever the sizes in the list. ``evaluate`` gives the COCO metrics of a
-COCO-format set and ``export_onnx`` writes an ONNX graph.
-
-The command line's ``predict`` and ``demo`` are thin wrappers over this class;
-``detr-peg eval`` runs the same inference loop
-(:func:`~detr_peg.engine.inference.run_inference`) sharded over processes.
+COCO-format set (in the current process group, so ``torchrun`` shares the
+images out) and ``export_onnx`` writes an ONNX graph. The command line's
+``predict``, ``eval`` and ``demo`` are thin wrappers over this class, and
+every path runs the one inference loop
+(:func:`~detr_peg.engine.inference.run_inference`).
 """
 
 from __future__ import annotations
@@ -32,21 +32,24 @@ from typing import Any
 
 import torch
 
+from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.config.loader import config_to_dict, load_config
 from detr_peg.config.schema import Config
-from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.padding import pad_images
 from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.engine.detections import Detections, category_of
-from detr_peg.engine.distributed import DistEnv, resolve_device
+from detr_peg.engine.distributed import process_group, resolve_device
 from detr_peg.engine.evaluation.evaluate import evaluate
+from detr_peg.engine.evaluation.run import load_for_evaluation, run_evaluation
+from detr_peg.engine.evaluation.scales import run_scale_evaluation
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.errors import ConfigError
-from detr_peg.models.loading import LoadedModel, load_model
+from detr_peg.guards.output_guard import Input
+from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
 
 
 class Detector:
@@ -78,20 +81,31 @@ class Detector:
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | os.PathLike, *, device: str | torch.device = "auto", overrides: Iterable[str] = ()
+        cls,
+        path: str | os.PathLike | Checkpoint,
+        *,
+        device: str | torch.device = "auto",
+        overrides: Iterable[str] = (),
+        config: Config | None = None,
     ) -> Detector:
-        """The model of a detr_peg checkpoint (``.pth`` or ``.safetensors`` file, or URL).
+        """The model of a detr_peg checkpoint (``.pth`` or ``.safetensors`` file, URL, or one already read).
 
         Args:
             path: the checkpoint.
             device: see the class.
             overrides: ``key=value`` config changes that do not alter weights
                 (``data.val_scale=512``, ``eval.score_threshold=0.3``).
+            config: use this config instead of the stored one (it must
+                describe the same model; ``detr-peg eval`` passes the stored
+                config with ``--config`` and the overrides applied).
 
         Raises:
             CheckpointError: unreadable, unsafe or unfitting checkpoint.
         """
-        return cls(load_model(path, overrides=overrides), device=device)
+        if config is None:
+            return cls(load_model(path, overrides=overrides), device=device)
+        checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
+        return cls(model_from_checkpoint(checkpoint, config), device=device)
 
     @classmethod
     def from_config(
@@ -209,14 +223,29 @@ class Detector:
         return results  # type: ignore[return-value]
 
     def evaluate(
-        self, images: str | os.PathLike, annotations: str | os.PathLike, *, batch_size: int | None = None
+        self,
+        images: str | os.PathLike | None = None,
+        annotations: str | os.PathLike | None = None,
+        *,
+        batch_size: int | None = None,
+        output_dir: str | os.PathLike | None = None,
+        extra_inputs: Sequence[Input] = (),
+        progress_bars: bool | None = None,
     ) -> dict[str, float]:
         """COCO bbox metrics of the model on a COCO-format set.
 
+        Runs in the current process group (every process of a ``torchrun``
+        launch calls it and the images are shared out), in one process otherwise.
+
         Args:
-            images: the folder the annotations' ``file_name`` entries are relative to.
-            annotations: the COCO-format JSON file.
+            images: the folder the annotations' ``file_name`` entries are
+                relative to (default ``data.val_images`` of the config).
+            annotations: the COCO-format JSON file (default ``data.val_annotations``).
             batch_size: images per forward pass (default ``eval.batch_size``).
+            output_dir: also write ``metrics.json`` and ``detections.json``
+                there and print the table (what ``detr-peg eval`` does).
+            extra_inputs: more files the caller read, which the outputs must not overlap.
+            progress_bars: show a bar with ``output_dir``; ``None``: when stderr is a terminal.
 
         Returns:
             ``{"AP": ..., "AP50": ..., "AP75": ..., "APs": ..., "APm": ..., "APl": ...,
@@ -224,24 +253,62 @@ class Detector:
             as fractions (``-1`` where COCO defines none).
 
         Raises:
-            DataError: unreadable or invalid annotations or images.
+            UserError: unreadable or invalid annotations or images, a data set
+                with more classes than the model, an unwritable ``output_dir``.
         """
+        cfg = self._evaluation_config(images, annotations, batch_size)
+        with process_group(str(self.device)) as env:
+            if output_dir is not None:
+                run = run_evaluation(
+                    cfg, self.loaded, output_dir, extra_inputs=extra_inputs, progress_bars=progress_bars
+                )
+                return run.metrics
+            loaded, dataset, _ = load_for_evaluation(cfg, self.loaded, env)
+            loader = build_eval_loader(
+                dataset, cfg.eval.batch_size, cfg.data.num_workers, env,
+                size_divisibility=loaded.model.size_divisibility, padding_mode=cfg.eval.padding_mode,
+            )  # fmt: skip
+            out = evaluate(
+                loaded, loader, coco_gt=dataset.coco, device=env.device, label_map=dataset.label_map,
+                is_main=env.is_main, amp=self.amp,
+            )  # fmt: skip
+            return out.metrics
+
+    def evaluate_scales(
+        self,
+        output_dir: str | os.PathLike,
+        *,
+        scales: Sequence[float] = (),
+        canvas_scales: Sequence[float] = (),
+        padding: bool = False,
+    ) -> dict[str, Path]:
+        """The multi-resolution evaluation of ``detr-peg eval --scales/--canvas-scales/--padding``.
+
+        See :mod:`detr_peg.engine.evaluation.scales` for the two kinds of test
+        size and :mod:`detr_peg.engine.evaluation.padding` for the padding comparison.
+
+        Returns:
+            The files written, by kind (``resized``, ``canvas``, ``padding``).
+        """
+        return run_scale_evaluation(
+            self.config, self.loaded, output_dir, scales=scales, canvas_scales=canvas_scales, padding=padding
+        )
+
+    def _evaluation_config(
+        self, images: str | os.PathLike | None, annotations: str | os.PathLike | None, batch_size: int | None
+    ) -> Config:
         cfg = self.config
-        data = replace(cfg.data, val_images=str(images), val_annotations=str(annotations))
-        dataset = build_coco_dataset(data, "val", label_map=self.label_map)
-        env = DistEnv(device=self.device)
-        loader = build_eval_loader(
-            dataset,
-            batch_size or cfg.eval.batch_size,
-            cfg.data.num_workers,
-            env,
-            size_divisibility=self.loaded.model.size_divisibility,
-            padding_mode=cfg.eval.padding_mode,
+        data = replace(
+            cfg.data,
+            val_images=str(images) if images is not None else cfg.data.val_images,
+            val_annotations=str(annotations) if annotations is not None else cfg.data.val_annotations,
         )
-        out = evaluate(
-            self.loaded, loader, coco_gt=dataset.coco, device=self.device, label_map=dataset.label_map, amp=self.amp
-        )
-        return out.metrics
+        if not (data.val_images and data.val_annotations):
+            raise ConfigError(
+                "evaluate needs images and annotations (or data.val_images and data.val_annotations in the config)."
+            )
+        evaluation = replace(cfg.eval, batch_size=batch_size) if batch_size is not None else cfg.eval
+        return replace(cfg, data=data, eval=evaluation)
 
     def export_onnx(self, path: str | os.PathLike, **options: Any) -> Path:
         """Export the model to an ONNX file; see :func:`detr_peg.export.onnx_export.export_onnx` for ``options``.

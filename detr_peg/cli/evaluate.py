@@ -87,8 +87,8 @@ def config_over_checkpoint(checkpoint, config_file: str | None, overrides: list[
 
 def run(args: argparse.Namespace) -> int:
     from detr_peg.checkpoint.format import read_checkpoint
+    from detr_peg.detector import Detector
     from detr_peg.engine.distributed import process_group
-    from detr_peg.engine.evaluation.run import run_evaluation
     from detr_peg.guards.output_guard import Input
 
     checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
@@ -105,15 +105,14 @@ def run(args: argparse.Namespace) -> int:
                     canvas_side(params, scale)
     output = Path(args.output) if args.output else Path(args.checkpoint).resolve().parent / "eval"
     config_input = [Input(Path(args.config), "--config")] if args.config else []
-    with process_group(cfg.train.device):  # one process group for every evaluation of the command
-        result = run_evaluation(cfg, checkpoint, output, extra_inputs=config_input)
-        if result.metrics_file is not None:
-            print(f"Wrote {result.metrics_file} and {result.detections_file} ({result.num_detections} detections).")
+    with process_group(cfg.train.device) as env:  # one process group for every evaluation of the command
+        detector = Detector.from_checkpoint(checkpoint, config=cfg, device=env.device)
+        detector.evaluate(output_dir=output, extra_inputs=config_input)
+        if env.is_main:
+            print(f"Wrote {output / 'metrics.json'} and {output / 'detections.json'}.")
         if args.scales or args.canvas_scales or args.padding:
-            from detr_peg.engine.evaluation.scales import run_scale_evaluation
-
-            written = run_scale_evaluation(
-                cfg, checkpoint, output, scales=args.scales, canvas_scales=args.canvas_scales, padding=args.padding
+            written = detector.evaluate_scales(
+                output, scales=args.scales, canvas_scales=args.canvas_scales, padding=args.padding
             )
             if written:
                 print(f"Wrote {', '.join(str(path) for path in written.values())}.")

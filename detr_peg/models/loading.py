@@ -73,6 +73,7 @@ class LoadedModel:
         label_map: model label <-> dataset category id and name, or None
             (labels are then reported as ``class <label>``).
         iteration: the training iteration the checkpoint was written at, if stored.
+        source: the checkpoint file it was loaded from, if any.
     """
 
     model: nn.Module
@@ -80,6 +81,7 @@ class LoadedModel:
     config: Config
     label_map: LabelMap | None = None
     iteration: int | None = None
+    source: str | None = None
 
     @classmethod
     def from_config(cls, cfg: Config, *, label_map: LabelMap | None = None) -> LoadedModel:
@@ -137,4 +139,4 @@ def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap 
     if label_map is None and ckpt.label_map:
         label_map = LabelMap.from_dict(ckpt.label_map)
     iteration = ckpt.extra.get("iteration")
-    return LoadedModel(model.eval(), build_postprocessor(cfg), cfg, label_map, iteration)
+    return LoadedModel(model.eval(), build_postprocessor(cfg), cfg, label_map, iteration, str(ckpt.path))

@@ -131,28 +131,43 @@ def evaluate_and_write(
     )
 
 
-def load_for_evaluation(cfg: Config, checkpoint: Checkpoint, env: DistEnv) -> tuple[LoadedModel, CocoDetection, str]:
-    """Build the model of ``checkpoint`` on ``env.device`` and the validation set of ``cfg``.
+def load_for_evaluation(
+    cfg: Config, model: Checkpoint | LoadedModel, env: DistEnv
+) -> tuple[LoadedModel, CocoDetection, str]:
+    """The model on ``env.device`` and the validation set of ``cfg``.
+
+    Args:
+        cfg: the config; its ``data`` section names the validation set.
+        model: a checkpoint (the model is built from ``cfg`` and given its
+            weights) or a model already loaded.
+        env: this process.
 
     Returns:
         ``(loaded, dataset, amp)``: the model (config with ``model.num_classes``
-        resolved; label map the checkpoint's, else the dataset's), the
-        validation set, and the forward pass's autocast resolved for the device
-        (``none`` on the CPU unless ``train.amp`` is ``auto``).
+        resolved; label map the model's, else the dataset's), the validation
+        set, and the forward pass's autocast resolved for the device (``none``
+        on the CPU unless ``train.amp`` is ``auto``).
 
     Raises:
-        UserError: an unfitting checkpoint, bad data.
+        UserError: an unfitting checkpoint, bad data, a dataset with more
+            classes than the model has.
     """
-    stored = LabelMap.from_dict(checkpoint.label_map) if checkpoint.label_map else None
+    if isinstance(model, LoadedModel):
+        stored = model.label_map
+    else:
+        stored = LabelMap.from_dict(model.label_map) if model.label_map else None
     dataset = build_coco_dataset(cfg.data, "val", label_map=stored)
     cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
-    loaded = model_from_checkpoint(checkpoint, cfg, label_map=dataset.label_map).to(env.device)
-    return loaded, dataset, evaluation_amp(cfg.train.amp, env.device)
+    if isinstance(model, LoadedModel):
+        loaded = LoadedModel(model.model, model.postprocessor, cfg, dataset.label_map, model.iteration, model.source)
+    else:
+        loaded = model_from_checkpoint(model, cfg, label_map=dataset.label_map)
+    return loaded.to(env.device), dataset, evaluation_amp(cfg.train.amp, env.device)
 
 
 def run_evaluation(
     cfg: Config,
-    checkpoint: str | Path | Checkpoint,
+    checkpoint: str | Path | Checkpoint | LoadedModel,
     output_dir: str | Path,
     *,
     progress_bars: bool | None = None,
@@ -165,7 +180,8 @@ def run_evaluation(
             model (the command line starts from the config stored in the
             checkpoint).
         checkpoint: a detr_peg checkpoint file (official ones need ``detr-peg
-            convert``), or one already read.
+            convert``), one already read, or a model already loaded
+            (:meth:`detr_peg.Detector.evaluate` passes its own).
         output_dir: where ``metrics.json`` and ``detections.json`` go.
         progress_bars: show a progress bar; ``None``: when stderr is a terminal.
         extra_inputs: more files the caller read (``--config``), which the
@@ -176,12 +192,13 @@ def run_evaluation(
             output folder.
     """
     with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
-        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else None
-        path = ckpt.path if ckpt is not None else str(checkpoint)
+        path = _source(checkpoint)
         owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, path, output_dir, extra_inputs)))
         if owned is not None:
             claims.enter_context(owned)  # settled when the evaluation ends, well or not
-        loaded, dataset, amp = load_for_evaluation(cfg, ckpt or read_checkpoint(path), env)
+        if not isinstance(checkpoint, (Checkpoint, LoadedModel)):
+            checkpoint = read_checkpoint(path)
+        loaded, dataset, amp = load_for_evaluation(cfg, checkpoint, env)
         out = Path(output_dir)
         log = on_main(env, lambda: _open(out, progress_bars))
         try:
@@ -198,6 +215,13 @@ def run_evaluation(
         finally:
             if log is not None:
                 log.close()
+
+
+def _source(checkpoint: str | Path | Checkpoint | LoadedModel) -> str | None:
+    """The checkpoint file an evaluation reads (None for a model already loaded)."""
+    if isinstance(checkpoint, LoadedModel):
+        return checkpoint.source
+    return checkpoint.path if isinstance(checkpoint, Checkpoint) else str(checkpoint)
 
 
 def _open(out: Path, progress_bars: bool | None) -> MetricsLog:

@@ -183,7 +183,7 @@ def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv, amp: str)
 
 def run_scale_evaluation(
     cfg: Config,
-    checkpoint: str | Path | Checkpoint,
+    checkpoint: str | Path | Checkpoint | LoadedModel,
     output_dir: str | Path,
     *,
     scales: Sequence[float] = (),
@@ -195,7 +195,7 @@ def run_scale_evaluation(
 
     Args:
         cfg: the config (as for :func:`~detr_peg.engine.evaluation.run.run_evaluation`).
-        checkpoint: a detr_peg checkpoint file, or one already read.
+        checkpoint: a detr_peg checkpoint file, one already read, or a model already loaded.
         output_dir: where the JSON files go.
         scales: resized multipliers of the configured validation size.
         canvas_scales: canvas multipliers (synthetic data only).
@@ -217,8 +217,9 @@ def run_scale_evaluation(
         # Every canvas set is checked and generated (by the main process alone) before the first evaluation.
         on_main(env, lambda: [canvas_data(cfg.data, s) for s in canvas_scales])
         canvas_sets = [(s, canvas_data(cfg.data, s)) for s in canvas_scales]
-        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
-        loaded, dataset, amp = load_for_evaluation(cfg, ckpt, env)
+        if not isinstance(checkpoint, (Checkpoint, LoadedModel)):
+            checkpoint = read_checkpoint(checkpoint)
+        loaded, dataset, amp = load_for_evaluation(cfg, checkpoint, env)
         total = len(scales) + len(canvas_sets) + (len(PADDING_RUNS) if padding else 0)
         show = env.is_main and (sys.stderr.isatty() if progress_bars is None else progress_bars)
         bar = tqdm(total=total, desc="evaluations", disable=not show, dynamic_ncols=True)
