@@ -12,7 +12,9 @@ options:
   --output photos/out`` on ``photos/`` would read its own pictures back);
 * an output file that would be written over a file detr_peg did not write.
 
-Ownership is recorded in the folder a command writes into: the hidden file
+Every folder a command writes into is locked for the command's duration
+(:mod:`detr_peg.guards.folder_lock`): a second command writing there stops
+at once, naming the first. Ownership is recorded in the folder a command writes into: the hidden file
 ``.detr-peg-outputs.json`` maps each name detr_peg has written there (in this
 or an earlier run) to the kind of command that wrote it. A name that already
 exists in the folder is replaced only by the same kind of command (and
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from detr_peg.errors import UserError
 from detr_peg.fileio.atomic import atomic_write
+from detr_peg.guards.folder_lock import FolderLock
 
 #: The file, inside a folder, listing the names detr_peg wrote there.
 OWNERSHIP_FILE = ".detr-peg-outputs.json"
@@ -249,8 +252,9 @@ class OutputClaims:
     inside another (each cell of a study) settles its own on leaving its block.
     """
 
-    def __init__(self, claims: list[_Claim]) -> None:
+    def __init__(self, claims: list[_Claim], locks: list[FolderLock] | None = None) -> None:
         self._claims = claims
+        self._locks = list(locks or [])
 
     def __enter__(self) -> OutputClaims:
         return self
@@ -259,9 +263,11 @@ class OutputClaims:
         self.settle()
 
     def settle(self) -> None:
-        """Take back the names not written (idempotent)."""
+        """Take back the names not written, then release the folders' locks (idempotent)."""
         while self._claims:
             _settle(self._claims.pop())
+        while self._locks:
+            self._locks.pop().release()
 
 
 def _settle(claim: _Claim) -> None:
@@ -301,5 +307,35 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)
-    check_ownership(command, outputs)
-    return OutputClaims(record_ownership(command, outputs))
+    claims = OutputClaims([], lock_folders(command, outputs))
+    try:
+        check_ownership(command, outputs)
+        claims._claims = record_ownership(command, outputs)
+    except BaseException:
+        claims.settle()
+        raise
+    return claims
+
+
+def lock_folders(command: str, outputs: Sequence[Output]) -> list[FolderLock]:
+    """Take the lock of every folder ``outputs`` write into (see :mod:`detr_peg.guards.folder_lock`).
+
+    Raises:
+        FolderInUse: another process holds one of them (the ones taken are released).
+    """
+    locks: list[FolderLock] = []
+    seen: set[str] = set()
+    try:
+        for output in outputs:
+            folder = _split(output, command)[0]
+            key = os.path.abspath(folder)
+            if key not in seen:
+                seen.add(key)
+                lock = FolderLock(folder, command, output.option)
+                lock.acquire()
+                locks.append(lock)
+    except BaseException:
+        for lock in reversed(locks):
+            lock.release()
+        raise
+    return locks

@@ -1,0 +1,116 @@
+"""One command per output folder, with real processes: the second stops at once naming the first, the first's
+files stay whole, and a killed holder blocks nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from detr_peg.guards.folder_lock import HOLDER_FILE, LOCK_FILE, FolderInUse, FolderLock
+from detr_peg.guards.output_guard import Output, guard_outputs
+from tests.conftest import REPO_ROOT
+from tests.engine.tiny_run import synthetic_data, synthetic_overrides
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from detr_peg.guards.output_guard import Output, guard_outputs
+with guard_outputs("train", [], [Output(Path(sys.argv[1]), "--output", ("metrics.json",))]):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+
+def _wait_for(path: Path, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _holder(folder: Path, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds)], env=_env(), stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"held"
+    return proc
+
+
+def test_a_second_command_on_a_held_folder_names_the_holder(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    holder = _holder(folder, 30)
+    try:
+        with pytest.raises(FolderInUse) as refused:
+            guard_outputs("eval", [], [Output(folder, "--output", ("metrics.json",))])
+        message = str(refused.value)
+        assert f"--output {folder} is in use by detr-peg train (process {holder.pid} on " in message
+        assert "\n" not in message
+        # a file output locks its folder too
+        with pytest.raises(FolderInUse, match="in use by detr-peg train"):
+            guard_outputs("export", [], [Output(folder / "model.onnx", "--output")])
+    finally:
+        holder.terminate()
+        holder.wait()
+    # the holder ended (SIGTERM): the folder is free, and as it left it
+    with guard_outputs("eval", [], [Output(folder, "--output", ("metrics.json",))]):
+        assert json.loads((folder / HOLDER_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_a_killed_holder_blocks_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    holder = _holder(folder, 60)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert (folder / LOCK_FILE).exists()  # left behind by the killed process, and harmless
+    with guard_outputs("train", [], [Output(folder, "--output", ("metrics.json",))]):
+        pass
+
+
+def test_the_lock_is_reentrant_in_one_process_and_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
+    folder = tmp_path / "demo" / "run"
+    outer = FolderLock(folder, "demo", "--output")
+    outer.acquire()
+    inner = FolderLock(folder, "train", "train.output_dir")
+    inner.acquire()  # the demo's training run, in the same process
+    assert json.loads((folder / HOLDER_FILE).read_text())["command"] == "demo"
+    inner.release()
+    assert (folder / HOLDER_FILE).exists()  # still held by the outer one
+    outer.release()
+    assert not folder.exists()  # created for the lock, nothing written: gone again
+    (folder).mkdir(parents=True)
+    (folder / "mine.txt").write_text("x")
+    with guard_outputs("train", [], [Output(folder, "--output", ("metrics.json",))]):
+        pass
+    assert sorted(p.name for p in folder.iterdir()) == ["mine.txt"]
+
+
+@pytest.mark.slow
+def test_two_trainings_into_one_folder_one_runs_the_other_exits_2(tmp_path: Path) -> None:
+    data = synthetic_data(tmp_path / "data", num_train=8, num_val=2)
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "detr_peg.cli.main", "train",
+            *synthetic_overrides(data, out, "train.max_iters=30", "train.batch_size=2")]  # fmt: skip
+    first = subprocess.Popen(args, env=_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(out / HOLDER_FILE)
+        second = subprocess.run(args, env=_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        stdout, stderr = first.communicate(timeout=600)
+    assert second.returncode == 2, second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"is in use by detr-peg train (process {first.pid} on " in lines[0]
+    assert first.returncode == 0, stderr[-2000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in records].count("start") == 1
+    assert [r["iteration"] for r in records if r["type"] == "iter"] == list(range(1, 31))  # train.log_every=1
+    assert json.loads((out / "metrics.json").read_text())["iteration"] == 30
+    assert not (out / HOLDER_FILE).exists() and not (out / LOCK_FILE).exists()
