@@ -181,7 +181,9 @@ def _register_families() -> dict[str, type[DetrPegModel]]:
         name = MODELS.get(arch).detectron2_name
         if name is not None:
             doc = f"{DetrPegModel.__doc__.splitlines()[0]} Builds ``model.arch: {arch}`` only."
-            classes[name] = META_ARCH_REGISTRY.register(type(name, (DetrPegModel,), {"arch": arch, "__doc__": doc}))
+            cls = type(name, (DetrPegModel,), {"arch": arch, "__doc__": doc, "__module__": __name__})
+            META_ARCH_REGISTRY.register(cls)  # detectron2's register(obj) returns None
+            classes[name] = cls
     return classes
 
 
