@@ -29,6 +29,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from detr_peg.cli import option_types
@@ -88,8 +89,9 @@ def config_over_checkpoint(checkpoint, config_file: str | None, overrides: list[
 def run(args: argparse.Namespace) -> int:
     from detr_peg.checkpoint.format import read_checkpoint
     from detr_peg.detector import Detector
-    from detr_peg.engine.distributed import process_group
-    from detr_peg.guards.output_guard import Input
+    from detr_peg.engine.distributed import on_main, process_group
+    from detr_peg.guards.declared_io import eval_io
+    from detr_peg.guards.output_guard import Input, guard_outputs
 
     checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
     cfg = config_over_checkpoint(checkpoint, args.config, args.overrides)
@@ -105,7 +107,12 @@ def run(args: argparse.Namespace) -> int:
                     canvas_side(params, scale)
     output = Path(args.output) if args.output else Path(args.checkpoint).resolve().parent / "eval"
     config_input = [Input(Path(args.config), "--config")] if args.config else []
-    with process_group(cfg.train.device) as env:  # one process group for every evaluation of the command
+    # One process group for every evaluation of the command, and one claim on the output folder for all of
+    # them (each evaluation's own claim inside it adds nothing: the names stay claimed until the command ends).
+    with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
+        owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, args.checkpoint, output, config_input)))
+        if owned is not None:
+            claims.enter_context(owned)
         detector = Detector.from_checkpoint(checkpoint, config=cfg, device=env.device)
         detector.evaluate(output_dir=output, extra_inputs=config_input)
         if env.is_main:

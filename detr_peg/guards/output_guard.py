@@ -307,9 +307,11 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)
+    # Ownership is checked before the locks create any missing folder (a folder created for its lock is not
+    # a file of the user's); a second command of the same kind passes it and then stops at the lock.
+    check_ownership(command, outputs)
     claims = OutputClaims([], lock_folders(command, outputs))
     try:
-        check_ownership(command, outputs)
         claims._claims = record_ownership(command, outputs)
     except BaseException:
         claims.settle()
