@@ -10,8 +10,10 @@ reused) and then measures:
   of the coarsest stride): ``padding.json``;
 * with ``--before PATH`` (a checkout of the code before the fix), the same
   command run by that code on the same checkpoint: ``padding_before.json``;
-* model level, on the coco128 validation images resized to the proxy's size
-  (``--coco128``): the largest and mean absolute difference of logits and
+* model level, on the coco128 validation images resized to a short side of
+  104 px and a long side of at most 140 px (``--coco128``; sizes that are not
+  multiples of the strides, so the canvas of a batch rarely is one either):
+  the largest and mean absolute difference of logits and
   boxes between mixed batches and one image at a time, for three ways of
   batching: the canvas of the largest image with the official ``nearest``
   masks (what the code did before), the same canvas with
@@ -42,6 +44,8 @@ PROXIES = {
     "deformable_small_multiscale": ("configs/proxy/deformable_small.yaml", MULTISCALE),
 }
 ENCODINGS = ("sine", "peg")
+#: The resize of the model-level comparison: canvases that are not stride multiples.
+MODEL_LEVEL_SIZE = ["data.val_scale=104", "data.val_max_size=140"]
 
 
 def _run(args: list[str], log: Path, env: dict | None = None) -> None:
@@ -113,11 +117,11 @@ def outputs_vs_single(run: Path, checkpoint: Path, coco128: Path) -> None:
     from detr_peg.data.transforms import build_eval_transforms
     from detr_peg.models.loading import load_model
 
-    loaded = load_model(checkpoint)
+    loaded = load_model(checkpoint, overrides=MODEL_LEVEL_SIZE)
     model, transform = loaded.model, build_eval_transforms(loaded.config.data)
     names = [i["file_name"] for i in json.loads((coco128 / "annotations_val.json").read_text())["images"]]
     images = [transform(tv_tensors.Image(as_rgb_tensor(load_rgb_image(coco128 / "images" / n)))) for n in names]
-    report = {"images": len(images), "sizes": len({tuple(i.shape[-2:]) for i in images})}
+    report = {"images": len(images), "sizes": len({tuple(i.shape[-2:]) for i in images}), "resize": MODEL_LEVEL_SIZE}
     with torch.no_grad():
         single = [model(*pad_images([image], model.size_divisibility)) for image in images]
         for name, rule, divisibility in (("official_canvas_nearest", "nearest", 0),
