@@ -221,6 +221,28 @@ def test_meta_arch_trains_and_infers(d2, cfg, meta_arch):
         assert ((instances.pred_classes >= 0) & (instances.pred_classes < NUM_CLASSES)).all()
 
 
+@pytest.mark.parametrize("arch", list(ARCHS.values()))
+def test_the_generic_meta_arch_builds_the_architecture_of_the_detr_peg_config(d2, cfg, arch):
+    from detectron2.modeling import META_ARCH_REGISTRY, build_model
+
+    from detr_peg.models.registry import MODELS
+
+    # One meta-architecture per registration that names one, plus the generic one.
+    assert {n: c.arch for n, c in d2.meta_arch.FAMILY_META_ARCHITECTURES.items()} == {
+        MODELS.get(a).detectron2_name: a for a in MODELS.names() if MODELS.get(a).detectron2_name
+    }
+    cfg.MODEL.META_ARCHITECTURE = "DetrPegModel"
+    cfg.MODEL.DETR_PEG.OVERRIDES = [*cfg.MODEL.DETR_PEG.OVERRIDES, f"model.arch={arch}"]
+    assert META_ARCH_REGISTRY.get("DetrPegModel") is d2.DetrPegModel
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    expected = MODELS.get(arch).build_model(d2.detr_peg_config(cfg))
+    assert type(model.detector) is type(expected)
+    model.eval()
+    with torch.no_grad():
+        assert len(model(batched_inputs(with_instances=False))) == 2
+
+
 def test_bgr_input_equals_rgb_input(d2, cfg):
     """A BGR model given BGR images (and BGR statistics) sees exactly what an RGB model sees."""
     from detectron2.modeling import build_model
