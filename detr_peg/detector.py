@@ -41,11 +41,10 @@ from detr_peg.data.padding import pad_images
 from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.engine.detections import Detections, category_of
 from detr_peg.engine.distributed import process_group, resolve_device
-from detr_peg.engine.evaluation.evaluate import evaluate
+from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.evaluation.run import load_for_evaluation, run_evaluation
 from detr_peg.engine.evaluation.scales import run_scale_evaluation
 from detr_peg.engine.inference import run_inference
-from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.errors import ConfigError
 from detr_peg.guards.output_guard import Input
@@ -264,14 +263,7 @@ class Detector:
                 )
                 return run.metrics
             loaded, dataset, _ = load_for_evaluation(cfg, self.loaded, env)
-            loader = build_eval_loader(
-                dataset, cfg.eval.batch_size, cfg.data.num_workers, env,
-                size_divisibility=loaded.model.size_divisibility, padding_mode=cfg.eval.padding_mode,
-            )  # fmt: skip
-            out = evaluate(
-                loaded, loader, coco_gt=dataset.coco, device=env.device, label_map=dataset.label_map,
-                is_main=env.is_main, amp=self.amp,
-            )  # fmt: skip
+            out = evaluate_dataset(loaded, dataset, env, amp=self.amp)
             return out.metrics
 
     def evaluate_scales(

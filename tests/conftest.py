@@ -26,6 +26,18 @@ COCO128_DIR = SHARED_DIR / "data" / "coco128"
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def python_env(**extra: str) -> dict[str, str]:
+    """The environment of a Python subprocess that imports this checkout's ``detr_peg``."""
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), **extra}
+
+
+def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    """``python ARGS`` in a fresh interpreter (this checkout's ``detr_peg``), output captured as text."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=python_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+
+
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
     """The official-code fixtures (``shared/reference``); skips when absent."""
@@ -72,15 +84,7 @@ def coco128_checkpoint(coco128_dir: Path, tmp_path_factory) -> Path:
             coco128_dir / "annotations_val.json",
         ),
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "detr_peg.cli.main", "train", "--output", str(out), *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_python("-m", "detr_peg.cli.main", "train", "--output", str(out), *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "AP50" in proc.stdout and "Done: 3 iterations" in proc.stdout
     return out / "checkpoint.pth"
@@ -106,16 +110,8 @@ TINY_DEMO = [
 def tiny_demo_dir(tmp_path_factory) -> Path:
     """`detr-peg demo` with a tiny model, 8 + 4 images and 2 iterations, run in a subprocess; its folder."""
     out = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     # From another folder: the default config is found through the package, not the working directory.
-    proc = subprocess.run(
-        [sys.executable, "-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY_DEMO],
-        cwd=out,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python("-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY_DEMO, cwd=out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (out / "stdout.txt").write_text(proc.stdout)
     return out

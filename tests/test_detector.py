@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +18,7 @@ from PIL import Image
 import detr_peg
 from detr_peg.cli.main import main
 from detr_peg.errors import ConfigError, DataError
-from tests.conftest import REPO_ROOT
+from tests.conftest import run_python
 from tests.engine.tiny_run import TINY_MODEL
 
 #: coco128 validation images of five different sizes (portrait and landscape).
@@ -55,10 +52,7 @@ def test_three_lines_give_what_the_command_line_predicts(coco128_checkpoint, coc
         f"print(detector.predict({str(image)!r}, threshold=0.0).records(1))\n"
     )
     assert len(script.read_text().splitlines()) == 3
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = run_python(str(script), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     from_script = ast.literal_eval(proc.stdout.strip())
     out = tmp_path / "predicted"

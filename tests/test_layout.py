@@ -4,13 +4,10 @@ that loads no torch."""
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_python
 
 MAX_FUNCTION_LINES = 80
 MAX_TRAIN_PATH_FILES = 12
@@ -27,16 +24,9 @@ def test_no_function_is_longer_than_80_lines() -> None:
     assert not long, long
 
 
-def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
 @pytest.mark.slow
 def test_the_way_from_train_to_the_first_iteration_crosses_at_most_12_files() -> None:
-    proc = _run("tools/trace_train_path.py")
+    proc = run_python("tools/trace_train_path.py", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     header = next(line for line in proc.stdout.splitlines() if line.startswith("Orchestration"))
     count = int(header.split(":")[1].split()[0])
@@ -57,6 +47,6 @@ def test_help_loads_neither_torch_nor_the_models(words: list[str]) -> None:
         "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'detr_peg.models')))\n"
         "print('HEAVY', heavy)\n"
     )
-    proc = _run("-c", code, timeout=60)
+    proc = run_python("-c", code, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage: detr-peg" in proc.stdout and proc.stdout.strip().endswith("HEAVY []")

@@ -10,16 +10,13 @@ installed (detectron2) are skipped with a reason.
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_python
 
 #: Runs before each block: a block that reaches for the network fails here instead of hanging.
 OFFLINE = """
@@ -58,8 +55,5 @@ def test_python_block_runs_as_written(workdir: Path, line: int, code: str) -> No
     for module in re.findall(r"^\s*(?:from|import) (\w+)", code, re.M):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"the block at README.md line {line} needs {module}, which is not installed")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", OFFLINE + code], cwd=workdir, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = run_python("-c", OFFLINE + code, cwd=workdir, HF_HUB_OFFLINE="1")
     assert proc.returncode == 0, f"README.md line {line}:\n{proc.stderr[-3000:]}"

@@ -64,6 +64,8 @@ def train(run: Path, config: str, overrides: list[str], data: Path) -> Path:
     if (run / "metrics.json").is_file():
         return run / "checkpoint.pth"
     run.mkdir(parents=True, exist_ok=True)
+    # Paths relative to the repository (the commands run there), so the run's config.yaml names no machine.
+    data, out = Path(os.path.relpath(data, REPO)), Path(os.path.relpath(run, REPO))
     data_overrides = [
         f"data.train_images={data / 'train'}",
         f"data.train_annotations={data / 'annotations_train.json'}",
@@ -71,7 +73,7 @@ def train(run: Path, config: str, overrides: list[str], data: Path) -> Path:
         f"data.val_annotations={data / 'annotations_val.json'}",
     ]
     resume = ["--resume"] if (run / "checkpoint.pth").is_file() else []
-    _run(_cli("train", "--config", config, "--output", str(run), *resume, *overrides, *data_overrides),
+    _run(_cli("train", "--config", config, "--output", str(out), *resume, *overrides, *data_overrides),
          run / "log.txt")  # fmt: skip
     return run / "checkpoint.pth"
 
@@ -180,10 +182,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, default=REPO / "studies" / "padding_masks")
     parser.add_argument("--data", type=Path, default=REPO / "outputs" / "demo" / "data")
+    # Given paths are taken from the current folder, as usual; the commands below run in the repository.
     parser.add_argument("--before", type=Path, help="a checkout of the code before the fix (optional)")
     parser.add_argument("--coco128", type=Path, help="coco128 folder for the model-level comparison (optional)")
     parser.add_argument("--proxies", default=",".join(PROXIES), help="comma-separated subset of the proxies")
     args = parser.parse_args()
+    args.output, args.data = args.output.resolve(), args.data.resolve()
     args.output.mkdir(parents=True, exist_ok=True)
     if not (args.data / "annotations_val.json").is_file():
         _run(_cli("demo", "--data-only", "--output", str(args.data.parent)), args.output / "demo_log.txt")

@@ -42,8 +42,7 @@ from detr_peg.errors import TrainingError
 from detr_peg.models.loading import LoadedModel
 
 if TYPE_CHECKING:
-    from detr_peg.engine.train_step import EpochStats
-    from detr_peg.engine.trainer import Trainer
+    from detr_peg.engine.trainer import EpochStats, Trainer
 
 
 class HookBase:
@@ -245,7 +244,7 @@ class EvalHook(HookBase):
         loaded = LoadedModel(trainer.model, trainer.postprocessor, trainer.cfg, trainer.label_map)
         extra = {"epoch": epoch, "iteration": trainer.progress.iteration}
         self.last = evaluate_and_write(
-            loaded, trainer.val_set, trainer.cfg, trainer.env, trainer.out, trainer.log, extra=extra, amp=trainer.amp
+            loaded, trainer.val_set, trainer.env, trainer.out, trainer.log, amp=trainer.amp, extra=extra
         )
         self._evaluated_at = trainer.progress.iteration
         trainer.model.train()  # back to training mode for the rest of the epoch

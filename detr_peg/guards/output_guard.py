@@ -259,6 +259,10 @@ class OutputClaims:
     def __enter__(self) -> OutputClaims:
         return self
 
+    def add(self, claims: list[_Claim]) -> None:
+        """Hold ``claims`` too (settled with the rest)."""
+        self._claims.extend(claims)
+
     def __exit__(self, *exc: object) -> None:
         self.settle()
 
@@ -312,7 +316,7 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     check_ownership(command, outputs)
     claims = OutputClaims([], lock_folders(command, outputs))
     try:
-        claims._claims = record_ownership(command, outputs)
+        claims.add(record_ownership(command, outputs))
     except BaseException:
         claims.settle()
         raise

@@ -15,7 +15,7 @@ import pytest
 
 from detr_peg.guards.folder_lock import HOLDER_FILE, LOCK_FILE, FolderInUse, FolderLock
 from detr_peg.guards.output_guard import Output, guard_outputs
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, python_env, run_python
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides
 
 HOLD = """
@@ -28,10 +28,6 @@ with guard_outputs("train", [], [Output(Path(sys.argv[1]), "--output", ("metrics
 """
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-
-
 def _wait_for(path: Path, timeout: float = 120) -> None:
     end = time.monotonic() + timeout
     while not path.exists():
@@ -40,7 +36,9 @@ def _wait_for(path: Path, timeout: float = 120) -> None:
 
 
 def _holder(folder: Path, seconds: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds)], env=_env(), stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder), str(seconds)], env=python_env(), stdout=subprocess.PIPE
+    )
     assert proc.stdout.readline().strip() == b"held"
     return proc
 
@@ -86,7 +84,7 @@ def test_the_lock_is_reentrant_in_one_process_and_leaves_the_folder_as_it_was(tm
     assert (folder / HOLDER_FILE).exists()  # still held by the outer one
     outer.release()
     assert not folder.exists()  # created for the lock, nothing written: gone again
-    (folder).mkdir(parents=True)
+    folder.mkdir(parents=True)
     (folder / "mine.txt").write_text("x")
     with guard_outputs("train", [], [Output(folder, "--output", ("metrics.json",))]):
         pass
@@ -99,10 +97,12 @@ def test_two_trainings_into_one_folder_one_runs_the_other_exits_2(tmp_path: Path
     out = tmp_path / "run"
     args = [sys.executable, "-m", "detr_peg.cli.main", "train",
             *synthetic_overrides(data, out, "train.max_iters=30", "train.batch_size=2")]  # fmt: skip
-    first = subprocess.Popen(args, env=_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        args, env=python_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_for(out / HOLDER_FILE)
-        second = subprocess.run(args, env=_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        second = run_python(*args[1:], timeout=300)
     finally:
         stdout, stderr = first.communicate(timeout=600)
     assert second.returncode == 2, second.stderr

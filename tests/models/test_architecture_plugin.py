@@ -8,14 +8,11 @@ into a temporary folder, imported, and then trained for two iterations, evaluate
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import run_python
 
 TOY_MODULE = '''
 """A toy detector: pooled backbone features, one linear head per output."""
@@ -124,15 +121,7 @@ def test_a_toy_architecture_in_one_new_module_trains_evaluates_predicts_and_expo
     except ImportError:
         export = "none"
     (tmp_path / "toy_architecture.py").write_text(textwrap.dedent(TOY_MODULE))
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path), export],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_python("-c", SCRIPT, str(tmp_path), export)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.rsplit("REPORT ", 1)[1])
     assert report["iterations"] == 2

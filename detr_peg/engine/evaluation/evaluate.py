@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 import torch
 from pycocotools.coco import COCO
 
+from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.data.label_map import LabelMap
-from detr_peg.engine.distributed import all_gather_objects, broadcast_object
+from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.inference import run_inference
+from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.errors import UserError
 from detr_peg.models.loading import LoadedModel
@@ -136,3 +138,44 @@ def evaluate(
         detections, num_images, metrics = [], 0, {}
     metrics, num_images = broadcast_object((metrics, num_images))
     return EvalOutput(metrics=metrics, detections=detections, num_images=num_images)
+
+
+def evaluate_dataset(
+    loaded: LoadedModel,
+    dataset: CocoDetection,
+    env: DistEnv,
+    *,
+    amp: str,
+    log: MetricsLog | None = None,
+) -> EvalOutput:
+    """:func:`evaluate` on a validation set: this process's shard, batched as ``loaded.config.eval`` says.
+
+    Batches hold ``eval.batch_size`` images (``eval.padding_mode``), padded to
+    a multiple of the model's coarsest stride; ``data.num_workers`` read them.
+
+    Args:
+        loaded: the bare detector, its post-processor and config.
+        dataset: the validation set (its ``label_map`` maps labels back, its ``coco`` is the ground truth).
+        env: this process.
+        amp: the resolved autocast.
+        log: progress display (main process), or None.
+    """
+    cfg = loaded.config
+    loader = build_eval_loader(
+        dataset,
+        cfg.eval.batch_size,
+        cfg.data.num_workers,
+        env,
+        size_divisibility=loaded.model.size_divisibility,
+        padding_mode=cfg.eval.padding_mode,
+    )
+    return evaluate(
+        loaded,
+        loader,
+        coco_gt=dataset.coco,
+        device=env.device,
+        label_map=dataset.label_map,
+        is_main=env.is_main,
+        amp=amp,
+        log=log,
+    )

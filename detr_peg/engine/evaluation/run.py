@@ -27,10 +27,9 @@ from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import check_output_dir
 from detr_peg.engine.distributed import DistEnv, on_main, process_group
 from detr_peg.engine.evaluation.coco_metrics import format_metrics_table
-from detr_peg.engine.evaluation.evaluate import evaluate
-from detr_peg.engine.loader import build_eval_loader
+from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.metrics_log import MetricsLog
-from detr_peg.engine.mixed_precision import evaluation_amp, resolve_amp
+from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.fileio.atomic import write_json
 from detr_peg.guards.declared_io import eval_io
 from detr_peg.guards.output_guard import Input, guard_outputs
@@ -62,44 +61,27 @@ class EvalResult:
 def evaluate_and_write(
     loaded: LoadedModel,
     dataset: CocoDetection,
-    cfg: Config,
     env: DistEnv,
     output_dir: Path,
     log: MetricsLog | None,
+    *,
+    amp: str,
     extra: dict[str, Any] | None = None,
-    amp: str | None = None,
 ) -> EvalResult:
-    """Evaluate ``model`` on ``dataset``, print the table, write the two JSON files.
+    """Evaluate ``loaded`` on ``dataset``, print the table, write the two JSON files.
 
     Args:
-        loaded: the bare detector and its post-processor.
+        loaded: the bare detector, its post-processor and its config (``eval.batch_size``,
+            ``eval.padding_mode``, ``data.num_workers``).
         dataset: the validation set (its ``label_map`` maps labels back).
-        cfg: uses ``eval.batch_size``, ``eval.padding_mode``, ``data.num_workers`` and ``train.amp``.
         env: this process.
         output_dir: where the files go.
         log: the main process's log (an ``eval`` record is appended), or None.
+        amp: the resolved autocast of the forward pass.
         extra: more entries for ``metrics.json`` and the log record.
-        amp: mixed precision for the forward pass (default ``train.amp``).
     """
     extra = dict(extra or {})
-    loader = build_eval_loader(
-        dataset,
-        cfg.eval.batch_size,
-        cfg.data.num_workers,
-        env,
-        size_divisibility=loaded.model.size_divisibility,
-        padding_mode=cfg.eval.padding_mode,
-    )
-    out = evaluate(
-        loaded,
-        loader,
-        coco_gt=dataset.coco,
-        device=env.device,
-        label_map=dataset.label_map,
-        is_main=env.is_main,
-        amp=resolve_amp(cfg.train.amp if amp is None else amp, env.device),
-        log=log,
-    )
+    out = evaluate_dataset(loaded, dataset, env, amp=amp, log=log)
 
     def write() -> tuple[Path, Path]:
         detections = write_json(output_dir / DETECTIONS_JSON, out.detections, indent=None)
@@ -203,14 +185,7 @@ def run_evaluation(
         log = on_main(env, lambda: _open(out, progress_bars))
         try:
             return evaluate_and_write(
-                loaded,
-                dataset,
-                loaded.config,
-                env,
-                out,
-                log,
-                extra={"checkpoint": path, "iteration": loaded.iteration},
-                amp=amp,
+                loaded, dataset, env, out, log, amp=amp, extra={"checkpoint": path, "iteration": loaded.iteration}
             )
         finally:
             if log is not None:

@@ -53,14 +53,13 @@ from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
 from detr_peg.engine.checkpointing import check_output_dir
 from detr_peg.engine.distributed import DistEnv, on_main, process_group
-from detr_peg.engine.evaluation.evaluate import evaluate
+from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.evaluation.padding import (
     PADDING_JSON,
     PADDING_RUNS,
     measure_padding,
 )
 from detr_peg.engine.evaluation.run import load_for_evaluation
-from detr_peg.engine.loader import build_eval_loader
 from detr_peg.errors import ConfigError, DataError
 from detr_peg.fileio.atomic import write_json
 from detr_peg.models.loading import LoadedModel
@@ -159,25 +158,8 @@ def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv, amp: str)
     Returns:
         ``{"size": short side, "num_images": int, "metrics": {...}}``.
     """
-    cfg = loaded.config
     dataset = build_coco_dataset(data, "val", label_map=loaded.label_map)
-    loader = build_eval_loader(
-        dataset,
-        cfg.eval.batch_size,
-        cfg.data.num_workers,
-        env,
-        size_divisibility=loaded.model.size_divisibility,
-        padding_mode=cfg.eval.padding_mode,
-    )
-    out = evaluate(
-        loaded,
-        loader,
-        coco_gt=dataset.coco,
-        device=env.device,
-        label_map=loaded.label_map,
-        is_main=env.is_main,
-        amp=amp,
-    )
+    out = evaluate_dataset(loaded, dataset, env, amp=amp)
     return {"size": data.val_scale, "num_images": out.num_images, "metrics": out.metrics}
 
 
