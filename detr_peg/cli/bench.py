@@ -95,14 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE", default="bench.json", help="JSON report (default bench.json)")
 
 
-def _measure_peak(args: argparse.Namespace, amp: str) -> MatmulPeak:
-    """The matmul peak of ``--device`` and ``--threads`` in the dtype of ``amp`` (float32 for ``none``)."""
+def _measure_peak(args: argparse.Namespace, amp: str, device: str) -> MatmulPeak:
+    """The matmul peak of ``device`` and ``--threads`` in the dtype of ``amp`` (float32 for ``none``)."""
     import torch
 
     from detr_peg.benchmark.matmul_peak import measure_matmul_peak
     from detr_peg.engine.mixed_precision import AMP_DTYPES
 
-    return measure_matmul_peak(args.device, args.threads, size=args.peak_size, dtype=AMP_DTYPES.get(amp, torch.float32))
+    return measure_matmul_peak(device, args.threads, size=args.peak_size, dtype=AMP_DTYPES.get(amp, torch.float32))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,13 +197,15 @@ def _run_with_peaks(args: argparse.Namespace, cases: list) -> tuple[list[dict], 
     from detr_peg.benchmark.runner import run_cases
 
     peaks: dict[str, MatmulPeak] = {}
-    if args.peak_size:  # before the cases, in the dtype of --amp
-        peaks[args.amp] = _measure_peak(args, args.amp)
+    device = cases[0].device  # every case runs on one device (--gpu: CUDA, whatever --device says)
+    amp = cases[0].amp
+    if args.peak_size:  # before the cases, in the dtype the cases compute in
+        peaks[amp] = _measure_peak(args, amp, device)
     results = add_ratios(run_cases(cases, progress=sys.stderr.isatty(), rounds=args.rounds))
     if peaks:
         # Rows that computed in another dtype (--compare train.amp=none,auto) are compared with its own peak.
         for amp in sorted({r.get("amp", "none") for r in results} - set(peaks)):
-            peaks[amp] = _measure_peak(args, amp)
+            peaks[amp] = _measure_peak(args, amp, device)
         add_peak_fractions(results, peaks)
     return results, peaks
 

@@ -11,7 +11,6 @@ runs the compiled kernels where a GPU is present.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ import torch
 
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
 from detr_peg.models.deformable.ms_deform_attn_function import ms_deform_attn
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, python_env
 from tests.models.deformable.test_ms_deform_attn import SHAPES, level_start, make_inputs
 from tests.models.deformable.triton_interpreter_run import run
 
@@ -81,7 +80,7 @@ def interpreted(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     directory = tmp_path_factory.mktemp("triton_interpreter")
     cases = {name: make() for name, make in CASES.items()}
     torch.save(list(cases.values()), directory / "cases.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = python_env(TRITON_INTERPRET="1")
     proc = subprocess.run(
         [
             sys.executable,
@@ -149,8 +148,10 @@ def test_module_accepts_the_triton_impl():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_matches_pure_path(dtype):
     case = {k: v.cuda() for k, v in _crowded_case(torch.float32).items()}
-    want = run(case, impl="embedding_bag")
     low = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in case.items()}
+    # The reference sees the same rounded inputs in float32: a location rounded to bfloat16 can cross a pixel
+    # edge, where the gradient with respect to it jumps, so only the kernel's own arithmetic is compared.
+    want = run({k: (v.float() if v.is_floating_point() else v) for k, v in low.items()}, impl="embedding_bag")
     got = run(low, impl="triton")
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.05, "atol": 0.05}
     for key in ("output", *GRADIENTS):
