@@ -10,7 +10,9 @@ command given is imported, so ``detr-peg --help`` and ``detr-peg COMMAND
   other user error (:class:`~detr_peg.errors.UserError`, printed without a
   traceback; a training run stopped by SIGINT/SIGTERM after writing its
   checkpoint exits with 128 + the signal number); anything else is a bug and
-  keeps its traceback;
+  keeps its traceback, except an ``OSError`` that names a file (a folder
+  without permission, a name too long, a full disk), which is the same one
+  line (:func:`~detr_peg.fileio.os_errors.describe_os_error`);
 * **``key=value`` anywhere**: config overrides (and, for ``predict``, image
   paths) may come before, between and after options; the words argparse
   leaves over join the command's positional list (its ``POSITIONAL_DEST``,
@@ -156,6 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"detr-peg {top.command}: error: {message}", file=sys.stderr)
         # A stop on a signal exits with 128 + its number (130 SIGINT, 143 SIGTERM).
         return int(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        if exc.filename is None:  # an operating-system error about no file is a bug: keep its traceback
+            raise
+        from detr_peg.fileio.os_errors import describe_os_error
+
+        print(f"detr-peg {top.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"detr-peg {top.command}: interrupted", file=sys.stderr)
         return 130

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.errors import ConfigError
+from detr_peg.fileio.atomic import save_figure
+from detr_peg.fileio.os_errors import make_folder
 
 try:
     import matplotlib
@@ -109,7 +111,7 @@ def plot_main_bars(settings: list[dict[str, Any]], out: Path) -> Path | None:
 def plot_study(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
     """Draw every figure of a study from its results (:func:`detr_peg.study.results.collect`)."""
     out = Path(study_dir) / PLOTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     settings = results["settings"]
     drawn = [plot_ap_vs_scale(settings, out), plot_learning_curves(settings, out), plot_main_bars(settings, out)]
     return [p for p in drawn if p is not None]
@@ -145,12 +147,14 @@ def plot_run(run_dir: str | Path) -> Path:
     ax_loss.set_title("Training loss", fontsize=11)
     ax_loss.grid(alpha=0.3)
     out = run_dir / PLOTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     return _save(fig, out / "learning_curve.png")
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        save_figure(path, fig, dpi=100)
+    finally:
+        plt.close(fig)
     return path
