@@ -31,6 +31,9 @@ from pathlib import Path
 
 from detr_peg.cli import option_types
 
+#: The folder inside --output where pictures wait until every image succeeded (then moved into place).
+STAGE_PREFIX = ".predict-tmp-"
+
 #: Words left after the options (image paths and key=value overrides) join ``inputs``.
 POSITIONAL_DEST = "inputs"
 #: Errors about these config keys name the option instead, when it was given.
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.detector import Detector
         from detr_peg.engine.drawing import draw_detections
         from detr_peg.errors import ConfigError
-        from detr_peg.fileio.atomic import write_json
+        from detr_peg.fileio.atomic import remove_stale_folders, write_json
         from detr_peg.fileio.os_errors import make_folder, write_error, writing
         from detr_peg.guards.declared_io import predict_io
         from detr_peg.guards.output_guard import guard_outputs
@@ -147,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
 
         records: list[dict] = []
         used: set[str] = set()
-        stage = out / f".predict-tmp-{os.getpid()}"
+        remove_stale_folders(out, STAGE_PREFIX)  # the staging of a predict that was killed
+        stage = out / f"{STAGE_PREFIX}{os.getpid()}"
         try:
             stage.mkdir()
             with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:

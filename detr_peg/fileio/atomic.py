@@ -19,6 +19,7 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -116,6 +117,28 @@ def _remove_stale_temporaries(path: Path) -> None:
         if pid.isdigit() and int(pid) != os.getpid() and not _process_exists(int(pid)):
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def remove_stale_folders(folder: str | os.PathLike, prefix: str) -> list[Path]:
+    """Remove the folders ``folder/PREFIX<pid>`` of processes that no longer exist (a killed command's staging).
+
+    Returns:
+        The folders removed.
+    """
+    if os.name != "posix":
+        return []
+    removed = []
+    try:
+        candidates = list(Path(folder).glob(f"{glob.escape(prefix)}*"))
+    except OSError:
+        return []
+    for candidate in candidates:
+        pid = candidate.name[len(prefix) :]
+        if candidate.is_dir() and not candidate.is_symlink() and pid.isdigit() and int(pid) != os.getpid():
+            if not _process_exists(int(pid)):
+                shutil.rmtree(candidate, ignore_errors=True)
+                removed.append(candidate)
+    return removed
 
 
 def _process_exists(pid: int) -> bool:

@@ -268,11 +268,26 @@ class OutputClaims:
         self.settle()
 
     def settle(self) -> None:
-        """Take back the names not written, then release the folders' locks (idempotent)."""
-        while self._claims:
-            _settle(self._claims.pop())
-        while self._locks:
-            self._locks.pop().release()
+        """Take back the names not written and release the folders' locks, deepest folder first (idempotent).
+
+        A folder's lock goes right after its claim is settled, so a subfolder
+        that only its lock created is gone before its parent's claim is
+        settled, and the parent takes back its name too.
+        """
+
+        def depth(folder: Path) -> int:
+            return -len(Path(os.path.abspath(folder)).parts)
+
+        locks = {os.path.abspath(lock.folder): lock for lock in self._locks}
+        self._locks.clear()
+        claims, self._claims = sorted(self._claims, key=lambda claim: depth(claim.folder)), []
+        for claim in claims:
+            _settle(claim)
+            lock = locks.pop(os.path.abspath(claim.folder), None)
+            if lock is not None:
+                lock.release()
+        for lock in sorted(locks.values(), key=lambda lock: depth(lock.folder)):
+            lock.release()
 
 
 def _settle(claim: _Claim) -> None:

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from detr_peg.errors import ConfigError
+from detr_peg.errors import ConfigError, DataError
 from detr_peg.fileio.atomic import save_figure
 from detr_peg.fileio.os_errors import make_folder
 
@@ -32,7 +32,7 @@ except ImportError:
 matplotlib.use("Agg")  # files only: no display, safe in jobs and tests
 import matplotlib.pyplot as plt  # after choosing the backend
 
-from detr_peg.study.results import KIND_TITLES, KINDS, learning_curve
+from detr_peg.study.results import KIND_TITLES, KINDS, is_number, learning_curve
 
 PLOTS_DIR = "plots"
 BARS = ("AP", "AP50", "AP75")
@@ -127,11 +127,21 @@ def plot_run(run_dir: str | Path) -> Path:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("type") == "iter" and isinstance(record.get("loss"), (int, float)):
+        if (
+            isinstance(record, dict)
+            and record.get("type") == "iter"
+            and is_number(record.get("loss"))
+            and is_number(record.get("iteration"))
+        ):
             losses.append((record["iteration"], record["loss"]))
+    curves = {stat: learning_curve(log, stat) for stat in ("AP", "AP50")}
+    if not losses and not any(curves.values()):
+        raise DataError(
+            f"{log} holds no usable record (no training iteration with a loss and no evaluation); nothing to plot. "
+            "Plot a run after its first logged iteration."
+        )
     fig, (ax_ap, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
-    for stat in ("AP", "AP50"):
-        curve = learning_curve(log, stat)
+    for stat, curve in curves.items():
         if curve:
             ax_ap.plot(*zip(*[(it, 100 * v) for it, v in curve]), marker="o", label=stat)
     ax_ap.set_xlabel("iteration")

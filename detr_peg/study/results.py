@@ -61,9 +61,19 @@ def learning_curve(metrics_jsonl: Path, stat: str = "AP") -> list[tuple[int, flo
             record = json.loads(line)
         except ValueError:  # a line being written
             continue
-        if record.get("type") == "eval" and stat in record and record.get("iteration") is not None:
+        if (
+            isinstance(record, dict)
+            and record.get("type") == "eval"
+            and is_number(record.get(stat))
+            and is_number(record.get("iteration"))
+        ):
             points[int(record["iteration"])] = float(record[stat])
     return sorted(points.items())
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a log record's numbers must be to be drawn."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
