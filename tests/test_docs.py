@@ -8,8 +8,10 @@ the files ``detr-peg demo`` writes (``outputs/demo/...``) and to the
 repository's ``configs/``; they run in a folder holding a copy of a tiny
 demo's output there, with every network connection refused:
 
-* ``python`` blocks run in a fresh interpreter, ``bash`` blocks in bash (with
-  this checkout's ``detr-peg``);
+* ``python`` blocks run one after the other in one fresh interpreter (each in
+  its own namespace; one import of torch instead of one per block, and a block
+  repeated on several pages runs once), ``bash`` blocks in bash (with this
+  checkout's ``detr-peg``);
 * a skipped ``bash`` block (COCO on disk, a GPU, a cluster, an official
   checkpoint) still has its commands checked: each ``detr-peg`` command is
   parsed by the command's own parser, ``train`` runs with ``--print-config``
@@ -95,8 +97,54 @@ def block_env(workdir: Path) -> dict[str, str]:
     return env
 
 
+#: Runs the Python blocks (a JSON list of [name, code]) and writes each one's traceback, or null, to a JSON file.
+RUNNER = """
+import contextlib, io, json, sys, traceback
+blocks, results = json.load(open(sys.argv[1])), {}
+for name, code in blocks:
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+        results[name] = None
+    except BaseException:
+        results[name] = traceback.format_exc()[-3000:]
+json.dump(results, open(sys.argv[2], "w"))
+"""
+
+
+def missing_module(block) -> str | None:
+    """A module the block imports (or its ``importorskip`` names) that is not installed."""
+    modules = [block.importorskip] if block.importorskip else []
+    if block.syntax == "python":
+        modules += re.findall(r"^\s*(?:from|import) (\w+)", block.code, re.M)
+    return next((m for m in modules if importlib.util.find_spec(m) is None), None)
+
+
+@pytest.fixture(scope="module")
+def python_results(workdir: Path) -> dict[str, str | None]:
+    """Each Python block's traceback (None when it ran), keyed by its code: all blocks run in one interpreter."""
+    codes = []
+    for param in RUN:
+        block = param.values[1]
+        runs = not any(m.name == "skip" for m in param.marks) and missing_module(block) is None
+        if block.syntax == "python" and runs and block.code not in codes:
+            codes.append(block.code)
+    (workdir / "blocks.json").write_text(json.dumps([[f"<block {i}>", code] for i, code in enumerate(codes)]))
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, "blocks.json", "results.json"],
+        cwd=workdir,
+        env=block_env(workdir),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((workdir / "results.json").read_text())
+    return {code: results[f"<block {i}>"] for i, code in enumerate(codes)}
+
+
 @pytest.mark.parametrize(("page", "block"), RUN)
-def test_block_runs_as_written(workdir: Path, page: str, block) -> None:
+def test_block_runs_as_written(workdir: Path, page: str, block, request) -> None:
     where = f"{page} line {block.lineno}"
     if block.syntax == "yaml":
         yaml.safe_load(block.code)
@@ -104,17 +152,14 @@ def test_block_runs_as_written(workdir: Path, page: str, block) -> None:
     if block.syntax == "json":
         json.loads(block.code)
         return
-    modules = [block.importorskip] if block.importorskip else []
+    module = missing_module(block)
+    if module is not None:
+        pytest.skip(f"the block at {where} needs {module}, which is not installed")
     if block.syntax == "python":
-        modules += re.findall(r"^\s*(?:from|import) (\w+)", block.code, re.M)
-    for module in modules:
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"the block at {where} needs {module}, which is not installed")
-    command = (
-        [sys.executable, "-c", block.code]
-        if block.syntax == "python"
-        else ["bash", "-euo", "pipefail", "-c", block.code]
-    )
+        error = request.getfixturevalue("python_results")[block.code]
+        assert error is None, f"{where}:\n{error}"
+        return
+    command = ["bash", "-euo", "pipefail", "-c", block.code]
     proc = subprocess.run(command, cwd=workdir, env=block_env(workdir), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{where}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
