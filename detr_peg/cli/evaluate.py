@@ -7,7 +7,7 @@ holds the twelve COCO numbers (AP, AP50, AP75, APs, APm, APl, AR1, AR10,
 AR100, ARs, ARm, ARl) and <output>/detections.json every detection in the
 COCO results format, with the dataset's original category ids.
 
-Multi-resolution evaluation (files next to metrics.json; see the README, "Multi-resolution evaluation"):
+Multi-resolution evaluation (files next to metrics.json; see the documentation, "Evaluation"):
   --scales 1,1.5,2        the validation images resized to these multiples of data.val_scale and
                           data.val_max_size -> scales_resized.json
   --canvas-scales 1.5,2   synthetic data only: validation images on a canvas this many times larger

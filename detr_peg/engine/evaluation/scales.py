@@ -31,7 +31,7 @@ Beyond the trained range: ``sine`` normalises positions by the image's own
 size and PEG and ``none`` have no size at all, so they run at any size; the
 ``learned`` table has ``model.position.num_embeddings`` rows and a larger
 feature map is refused with a message naming that field and the size needed
-(rows beyond the trained size were never trained, which the README notes).
+(rows beyond the trained size were never trained, which the documentation notes).
 """
 
 from __future__ import annotations
