@@ -3,12 +3,14 @@
 For a study folder (it holds plan.json): the results are read back from the
 cells' files, study.md / study.csv / study.json are rewritten and the figures
 drawn into STUDY/plots/ (AP against test scale per kind, learning curves, the
-main table as bars). For a training run folder (it holds metrics.jsonl): its
+main table as bars), with the paired comparisons against the reference setting
+the study was run with (--baseline and --equal-within choose others). For a training run folder (it holds metrics.jsonl): its
 learning curve (AP and AP50 against iteration, and the training loss) goes to
 RUN/plots/learning_curve.png.
 
 Examples:
   detr-peg plot studies/demo
+  detr-peg plot studies/demo --baseline model.position.name=peg --equal-within 0.5
   detr-peg plot outputs/demo/run
 """
 
@@ -18,10 +20,13 @@ import argparse
 import contextlib
 from pathlib import Path
 
+from detr_peg.cli.study import add_comparison_arguments, comparison_options
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("path", metavar="RUN_OR_STUDY", help="a study folder or a training run folder")
+    add_comparison_arguments(parser)  # a study's; by default those it was run with (plan.json)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,9 +47,13 @@ def run(args: argparse.Namespace) -> int:
             from detr_peg.study.grid import StudyDefinition, expand_cells
             from detr_peg.study.results import collect, write_results
             from detr_peg.study.runner import read_plan
+            from detr_peg.study.seed_rule import SeedRule
 
-            definition = StudyDefinition.from_dict(read_plan(path)["definition"])
-            results = collect(path, definition, expand_cells(definition))
+            plan = read_plan(path)
+            definition = StudyDefinition.from_dict(plan["definition"])
+            options = comparison_options(args, plan.get("comparison"))
+            rule = SeedRule.from_dict(plan.get("seeds_auto"))
+            results = collect(path, definition, expand_cells(definition), options, rule)
             files = [*write_results(path, results), *plot_study(path, results)]
         elif (path / "metrics.jsonl").is_file():
             files = [plot_run(path)]

@@ -58,7 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=V1,V2,...",
         help="a grid axis; repeat for several (their product is taken)",
     )
-    parser.add_argument("--seeds", metavar="N", help="seeds per setting: train.seed = 0 .. N-1 (default 1)")
+    parser.add_argument(
+        "--seeds",
+        metavar="N|auto",
+        help="seeds per setting: train.seed = 0 .. N-1 (default 1); auto: add seeds in rounds until every "
+        "comparison's 95%% interval is within --target-ci",
+    )
+    parser.add_argument(
+        "--target-ci", metavar="AP", help="with --seeds auto: the 95%% interval half-width to reach (default 1.0)"
+    )
+    parser.add_argument(
+        "--max-seeds", type=option_types.integer(2), metavar="N", help="with --seeds auto: at most N seeds (default 10)"
+    )
+    add_comparison_arguments(parser)
     ev = parser.add_argument_group("evaluation (passed to detr-peg eval)")
     ev.add_argument("--scales", metavar="S1,S2", help="test scales: the validation images resized, e.g. 1,1.5,2")
     ev.add_argument(
@@ -101,9 +113,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
 
 
-def definition_from_args(args: argparse.Namespace):
-    """The study definition and the cluster options of the command (study file, then options)."""
+def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--baseline`` and ``--equal-within``: how the report compares settings (``study`` and ``plot``)."""
+    group = parser.add_argument_group("paired comparisons in the report")
+    group.add_argument(
+        "--baseline",
+        metavar="KEY=VALUE",
+        help="the reference setting's value of one axis (config=FILE for the base configs); "
+        "default: the first value of the first axis",
+    )
+    group.add_argument(
+        "--equal-within",
+        metavar="AP",
+        help="call a comparison equal when its whole 95%% interval lies within +-AP points (default 1.0)",
+    )
+
+
+def comparison_options(args: argparse.Namespace, earlier: dict | None):
+    """The report's comparison options: the command's, else ``earlier`` (a study file's or ``plan.json``'s)."""
+    from detr_peg.study.comparisons import ComparisonOptions, parse_equal_within
+
+    earlier = ComparisonOptions.from_dict(earlier)
+    return ComparisonOptions(
+        baseline=args.baseline if args.baseline is not None else earlier.baseline,
+        equal_within=parse_equal_within(args.equal_within) if args.equal_within is not None else earlier.equal_within,
+    )
+
+
+def seed_rule(args: argparse.Namespace, file):
+    """The ``--seeds auto`` rule of the command (options, then the study file), or None for a fixed count."""
     from detr_peg.errors import ConfigError
+    from detr_peg.study.comparisons import parse_equal_within
+    from detr_peg.study.seed_rule import SeedRule
+
+    auto = args.seeds == "auto" if args.seeds is not None else file.seeds == "auto"
+    if not auto:
+        if args.target_ci is not None or args.max_seeds is not None:
+            raise ConfigError("--target-ci and --max-seeds go with --seeds auto.")
+        return None
+    target = parse_equal_within(args.target_ci, "--target-ci") if args.target_ci is not None else file.target_ci
+    return SeedRule(target_ci=target or 1.0, max_seeds=args.max_seeds or file.max_seeds or 10)
+
+
+def definition_from_args(args: argparse.Namespace):
+    """The study definition, the cluster options, the comparison options and the seed rule (or None).
+
+    The study file is read first, the command's options add to it or replace its values.
+    """
+    from detr_peg.errors import ConfigError
+    from detr_peg.study.comparisons import reference
     from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis, parse_scales, parse_seeds
     from detr_peg.study.slurm import ClusterOptions
     from detr_peg.study.study_file import StudyFile, load_study_file
@@ -117,7 +175,11 @@ def definition_from_args(args: argparse.Namespace):
             raise ConfigError(f"Config file {config} does not exist.")
     axes = {axis.key: axis for axis in map(parse_axis, file.grid)}
     axes.update({axis.key: axis for axis in map(parse_axis, args.grid)})  # the command line wins
-    seeds = parse_seeds(args.seeds) if args.seeds is not None else (file.seeds or 1)
+    rule = seed_rule(args, file)
+    if rule is not None:
+        seeds = rule.start(0)
+    else:
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else (file.seeds or 1)
     ev = file.eval
     scales = parse_scales(args.scales, "--scales") if args.scales else tuple(float(s) for s in ev.get("scales", ()))
     canvas = (
@@ -143,7 +205,11 @@ def definition_from_args(args: argparse.Namespace):
         mem=args.mem or cl.get("mem"),
         local=args.submitit_local,
     )
-    return definition, cluster
+    options = comparison_options(args, file.comparison)
+    compared = reference(definition.to_dict(), options.baseline)  # a wrong --baseline is refused before any run
+    if rule is not None and compared is None:
+        raise ConfigError("--seeds auto needs two settings or more to compare (a --grid axis or several --config).")
+    return definition, cluster, options, rule
 
 
 def check_eval_options(definition) -> None:
@@ -191,11 +257,17 @@ def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
     return code, lines[-1] if lines else f"detr-peg {argv[0]} exited with status {code} (see {log})"
 
 
+class _NotWaiting(Exception):
+    """``--no-wait``: the jobs were submitted and the command returns (a rerun continues the study)."""
+
+
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from dataclasses import replace
+
         from detr_peg.errors import ConfigError
         from detr_peg.study import runner, slurm
-        from detr_peg.study.grid import expand_cells
+        from detr_peg.study.grid import StudyDefinition, expand_cells
         from detr_peg.study.plots import plot_study
         from detr_peg.study.results import collect, write_results
 
@@ -203,11 +275,14 @@ def run(args: argparse.Namespace) -> int:
         if args.slurm and args.submitit_local:
             raise ConfigError("--slurm and --submitit-local exclude each other; choose one.")
         jobs = args.slurm or args.submitit_local
-        definition, cluster = definition_from_args(args)
+        definition, cluster, options, rule = definition_from_args(args)
         if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)
             slurm.parse_time(cluster.time)
         check_eval_options(definition)
         study_dir = Path(args.output)
+        if rule is not None:  # a rerun continues with the seeds the folder already planned
+            earlier = runner.read_plan(study_dir)
+            definition = replace(definition, seeds=rule.start(int(earlier["definition"]["seeds"]) if earlier else 0))
         # Inputs every cell would fail on are refused before anything is written.
         runner.check_test_scales(expand_cells(definition), definition.eval)
         if not (args.plan or args.slurm):  # cluster jobs may see other file systems than this machine
@@ -217,14 +292,22 @@ def run(args: argparse.Namespace) -> int:
             from detr_peg.guards.output_guard import guard_outputs
 
             claims.enter_context(guard_outputs("study", *study_io(study_dir, definition.configs, args.study)))
-        cells = runner.prepare(study_dir, definition, write=not args.plan)
+        report = {"comparison": options.to_dict(), "seeds_auto": rule.to_dict() if rule else None}
+        cells = runner.prepare(study_dir, definition, write=not args.plan, report=report)
         if args.plan:
             print("\n".join(slurm.plan_lines(study_dir, cells, definition.eval, cluster if jobs else None)))
+            if rule is not None:
+                print(
+                    f"# --seeds auto: the first round ({definition.seeds} seeds per setting); more rounds may follow, "
+                    f"up to {rule.max_seeds} seeds per setting, until every comparison's 95% interval is within "
+                    f"±{rule.target_ci:g} AP"
+                )
             return 0
 
-        todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
-        print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
-        try:
+        def run_round(definition, cells):
+            """Run the cells not done yet (here or as jobs); returns their outcomes."""
+            todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
+            print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
             if jobs and todo:
                 if definition.eval.canvas_scales:
                     runner.make_canvas_sets(todo, definition.eval.canvas_scales)
@@ -235,9 +318,13 @@ def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 if args.no_wait:
-                    print(f"study: not waiting; detr-peg plot {study_dir} writes the tables of the cells done so far.")
-                    return 0
-                slurm.wait(
+                    more = " and plans the next round of seeds" if rule is not None else ""
+                    print(
+                        f"study: not waiting; detr-peg plot {study_dir} writes the tables of the cells done so far; "
+                        f"the same command, run once the jobs have ended, continues the study{more}."
+                    )
+                    raise _NotWaiting
+                return slurm.wait(
                     study_dir,
                     submitted,
                     todo,
@@ -245,10 +332,22 @@ def run(args: argparse.Namespace) -> int:
                     len(cells) - len(todo),
                     poll_seconds=1 if cluster.local else 10,
                 )
-            elif todo:
-                runner.run_here(study_dir, definition, cells, run_command)
+            if todo:
+                return runner.run_here(study_dir, definition, cells, run_command)
+            return []
+
+        try:
+            if rule is None:
+                run_round(definition, cells)
+            else:
+                runner.run_in_rounds(study_dir, definition, rule, options, run_round, report)
+        except _NotWaiting:
+            return 0
         finally:
-            results = collect(study_dir, definition, cells)
+            if rule is not None:  # the last round planned (plan.json), also when a round was interrupted
+                definition = StudyDefinition.from_dict(runner.read_plan(study_dir)["definition"])
+                cells = expand_cells(definition)
+            results = collect(study_dir, definition, cells, options, rule)
             write_results(study_dir, results)
             plot_study(study_dir, results)
         line, status = runner.summary_line(study_dir, cells, started)

@@ -31,7 +31,17 @@ from typing import Any
 
 from detr_peg.fileio.atomic import atomic_write_text, write_json
 from detr_peg.study.cell import cell_paths, read_state
+from detr_peg.study.comparisons import (
+    ALPHA,
+    PERMUTATION_BELOW,
+    POWER,
+    ComparisonOptions,
+    compare,
+    format_points,
+    verdict_text,
+)
 from detr_peg.study.grid import Cell, StudyDefinition
+from detr_peg.study.seed_rule import SeedRule, describe_stop
 
 STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 KINDS = {"resized": "scales_resized.json", "canvas": "scales_canvas.json"}
@@ -160,11 +170,33 @@ def mean_curve(curves: Sequence[Sequence[tuple[int, float]]]) -> list[dict[str, 
     return [{"iteration": it, **aggregate([dict(c)[it] for c in curves])} for it in sorted(common)]
 
 
-def collect(study_dir: str | Path, definition: StudyDefinition, cells: Sequence[Cell]) -> dict[str, Any]:
-    """The whole study's results (the content of ``study.json``)."""
+def collect(
+    study_dir: str | Path,
+    definition: StudyDefinition,
+    cells: Sequence[Cell],
+    options: ComparisonOptions | None = None,
+    rule: SeedRule | None = None,
+) -> dict[str, Any]:
+    """The whole study's results (the content of ``study.json``).
+
+    Args:
+        options: how settings are compared (default: :class:`ComparisonOptions`).
+        rule: the stopping rule of a ``--seeds auto`` study, stated in the report.
+
+    Returns:
+        ``{"definition", "cells", "settings", "comparisons"}`` (see :func:`detr_peg.study.comparisons.compare`),
+        and ``"seeds_auto"`` (the rule and the sentence saying what ended the study) with a rule.
+    """
     study_dir = Path(study_dir)
     records = [collect_cell(study_dir, cell) for cell in cells]
-    return {"definition": definition.to_dict(), "cells": records, "settings": summarize(records)}
+    results = {"definition": definition.to_dict(), "cells": records, "settings": summarize(records)}
+    results["comparisons"] = compare(results, options or ComparisonOptions())
+    if rule is not None:
+        results["seeds_auto"] = {
+            **rule.to_dict(),
+            "stopped": describe_stop(results["comparisons"], definition.seeds, rule),
+        }
+    return results
 
 
 def write_results(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
@@ -177,8 +209,18 @@ def write_results(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
     return [*files, md]
 
 
+#: The columns of ``study.csv`` that only its ``difference`` rows fill (the paired comparisons).
+COMPARISON_FIELDS = ("ci_low", "ci_high", "test", "p", "p_holm", "mde", "verdict")
+
+
 def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per setting, kind, scale and metric (the content of ``study.csv``)."""
+    """The content of ``study.csv``.
+
+    ``row`` is ``setting`` for one row per setting, kind, scale and metric (mean, std, n and the per-seed
+    values), then ``difference`` for one row per paired comparison (``reference`` names the reference
+    setting; mean, std and values are those of the per-seed differences in AP points, with the interval,
+    test, p-values, minimum detectable effect and verdict of :mod:`detr_peg.study.comparisons`).
+    """
     keys = [a["key"] for a in results["definition"]["axes"]]
     rows = []
     for entry in results["settings"]:
@@ -197,6 +239,8 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     rows.append(
                         {
                             **base,
+                            "row": "setting",
+                            "reference": None,
                             "kind": kind,
                             "scale": scale,
                             "size": size,
@@ -205,15 +249,54 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             "std": agg["std"],
                             "n": agg["n"],
                             "values": ";".join(repr(v) for v in agg["values"]),
+                            **dict.fromkeys(COMPARISON_FIELDS),
                         }
                     )
+    entries = {e["setting"]: e for e in results["settings"]}
+    for c in results.get("comparisons", {}).get("rows", []):
+        entry = entries[c["setting"]]
+        rows.append(
+            {
+                "setting": c["setting"],
+                "config": Path(entry["config"]).name,
+                **{k: entry["values"].get(k) for k in keys},
+                "row": "difference",
+                "reference": c["reference"],
+                "kind": f"padding:{c['mode']}" if c["kind"] == "padding" else c["kind"],
+                "scale": c["scale"],
+                "size": None,
+                "metric": "AP",
+                "mean": c["mean"],
+                "std": c["sd"],
+                "n": c["n"],
+                "values": ";".join(repr(v) for v in c["differences"]),
+                "ci_low": c["ci"][0] if c["ci"] else None,
+                "ci_high": c["ci"][1] if c["ci"] else None,
+                **{k: c[k] for k in ("test", "p", "p_holm", "mde", "verdict")},
+            }
+        )
     return rows
 
 
 def _write_csv(path: Path, results: dict[str, Any]) -> Path:
     rows = csv_rows(results)
     keys = [a["key"] for a in results["definition"]["axes"]]
-    fields = ["setting", "config", *keys, "kind", "scale", "size", "metric", "mean", "std", "n", "values"]
+    fields = [
+        "setting",
+        "config",
+        *keys,
+        "row",
+        "reference",
+        "kind",
+        "scale",
+        "size",
+        "metric",
+        "mean",
+        "std",
+        "n",
+        "values",
+        *COMPARISON_FIELDS,
+    ]
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=fields)
     writer.writeheader()
@@ -242,6 +325,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"seeds per setting: {d['seeds']}; overrides: {' '.join(d['overrides']) or 'none'}."
         ),
         "COCO bbox metrics in percent, mean ± sample standard deviation over the seeds (n = seeds done).",
+        *([results["seeds_auto"]["stopped"]] if results.get("seeds_auto") else []),
+        *comparison_lines(results),
         "",
         "## At the configured validation size",
         "",
@@ -303,3 +388,53 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", "## Cells not done", "", "| cell | status | error |", "|---|---|---|"]
         lines += [f"| {c['name']} | {c['status']} | {(c['error'] or '').replace('|', '/')} |" for c in unfinished]
     return "\n".join(lines) + "\n"
+
+
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f}"
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "<0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def comparison_lines(results: dict[str, Any]) -> list[str]:
+    """The section of ``study.md`` that leads it: every setting against the reference setting, seed by seed."""
+    comparisons = results.get("comparisons")
+    if not comparisons or comparisons["baseline"] is None:
+        return []
+    x = format_points(comparisons["equal_within"])
+    rows = comparisons["rows"]
+    lines = [
+        "",
+        f"## Paired comparisons with {comparisons['baseline']}",
+        "",
+        (
+            "Each setting against the setting with the same other values and "
+            f"{comparisons['baseline']} (the reference), seed by seed: the same seed has the same "
+            "initialisation, data order and augmentation, and a seed missing in either setting is left out "
+            "(n = seeds paired). Difference = setting - reference, mean over the seeds, in AP points; "
+            f"95% confidence interval from the t distribution; p two-sided, from an exact sign-flip "
+            f"permutation test below {PERMUTATION_BELOW} pairs and a paired t-test from {PERMUTATION_BELOW} on, "
+            f"Holm-corrected over the study's {sum(r['p'] is not None for r in rows)} tests; MDE: the smallest "
+            f"difference a paired t-test at alpha {ALPHA:g} detects with {POWER:.0%} power given the spread of "
+            f"the differences. Verdict: ahead / behind when the Holm-corrected p is below {ALPHA:g}; "
+            f"equal within ±{x} AP when the whole interval lies within ±{x}; undecided otherwise. "
+            f"The sign-flip test's smallest p is 2/2^n (0.25 with 3 pairs), so ahead and behind need "
+            f"6 pairs or more."
+        ),
+        "",
+        "| setting | reference | metric | n | difference | 95% CI | test | p | p (Holm) | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ci = f"[{_signed(r['ci'][0])}, {_signed(r['ci'][1])}]" if r["ci"] else "n/a"
+        lines.append(
+            f"| {r['setting']} | {r['reference']} | {r['label']} | {r['n']} | {_signed(r['mean'])} | {ci} | "
+            f"{r['test'] or 'n/a'} | {_p(r['p'])} | {_p(r['p_holm'])} | "
+            f"{'n/a' if r['mde'] is None else format(r['mde'], '.2f')} | "
+            f"{verdict_text(r, comparisons['equal_within'])} |"
+        )
+    return lines

@@ -7,7 +7,8 @@ same folder
 * with the same definition: skips the finished cells, continues an
   interrupted cell from its checkpoint and retries failed ones;
 * with more or fewer seeds: adds (or leaves out of the tables) the cells of
-  those seeds, the others unchanged;
+  those seeds, the others unchanged (``--seeds auto`` adds seeds in rounds,
+  :func:`run_in_rounds`);
 * with any other change to the definition, or when a cell's resolved config
   differs from the one it was started with (a base config file was edited): is
   refused with one line naming what changed, before anything runs.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,7 +46,10 @@ from detr_peg.study.cell import (
     run_cell,
     train_argv,
 )
+from detr_peg.study.comparisons import ComparisonOptions
 from detr_peg.study.grid import Cell, EvalPlan, StudyDefinition, expand_cells
+from detr_peg.study.results import collect
+from detr_peg.study.seed_rule import SeedRule, next_seeds, stop_reason
 
 PLAN_FILE = "plan.json"
 #: Exit status of a study in which some cells failed (the others finished).
@@ -71,8 +75,14 @@ def read_plan(study_dir: str | Path) -> dict | None:
         raise ConfigError(f"{path} is not valid JSON; it is written by detr-peg study, do not edit it.") from None
 
 
-def prepare(study_dir: str | Path, definition: StudyDefinition, *, write: bool = True) -> list[Cell]:
+def prepare(
+    study_dir: str | Path, definition: StudyDefinition, *, write: bool = True, report: dict | None = None
+) -> list[Cell]:
     """The study's cells, after checking the folder's earlier plan and cells; writes ``plan.json``.
+
+    Args:
+        report: how the report compares settings (``comparison``) and the ``--seeds auto`` rule
+            (``seeds_auto``), recorded in ``plan.json`` for ``detr-peg plot``.
 
     Raises:
         ConfigError: a cell's config is invalid, the definition differs from the
@@ -106,7 +116,7 @@ def prepare(study_dir: str | Path, definition: StudyDefinition, *, write: bool =
         )
     if write:
         study_dir.mkdir(parents=True, exist_ok=True)
-        write_json(study_dir / PLAN_FILE, plan_record(study_dir, definition, cells))
+        write_json(study_dir / PLAN_FILE, {**plan_record(study_dir, definition, cells), **(report or {})})
     return cells
 
 
@@ -240,6 +250,45 @@ def run_here(
     finally:
         bar.close()
     return outcomes
+
+
+#: Runs the cells of one round (here or as jobs) and returns their outcomes.
+RoundRunner = Callable[[StudyDefinition, list[Cell]], Sequence[CellOutcome]]
+
+
+def run_in_rounds(
+    study_dir: str | Path,
+    definition: StudyDefinition,
+    rule: SeedRule,
+    options: ComparisonOptions,
+    run_round: RoundRunner,
+    report: dict | None = None,
+) -> tuple[StudyDefinition, list[Cell], str]:
+    """``--seeds auto``: run rounds of seeds until :func:`~detr_peg.study.seed_rule.stop_reason` says stop.
+
+    The first round has :meth:`SeedRule.start` seeds (as many as the folder already planned when more, so a
+    rerun continues where it stopped); after each round the cells are read back, compared, and the next
+    round's seed count taken from :func:`~detr_peg.study.seed_rule.next_seeds`. Cells already done are
+    skipped by ``run_round`` as in any rerun.
+
+    Returns:
+        The definition and the cells of the last round, and the reason the rounds stopped.
+    """
+    study_dir = Path(study_dir)
+    earlier = read_plan(study_dir)
+    seeds = rule.start(int(earlier["definition"]["seeds"]) if earlier else 0)
+    while True:
+        definition = replace(definition, seeds=seeds)
+        cells = prepare(study_dir, definition, report=report)
+        print(f"study: round of {seeds} seeds per setting ({len(cells)} cells)", flush=True)
+        outcomes = run_round(definition, cells)
+        failed = sum(o.status == "failed" for o in outcomes)
+        comparisons = collect(study_dir, definition, cells, options)["comparisons"]
+        reason = stop_reason(comparisons, seeds, rule, failed)
+        if reason is not None:
+            print(f"study: seeds auto stopped at {seeds} seeds per setting: {reason}", flush=True)
+            return definition, cells, reason
+        seeds = next_seeds(comparisons, seeds, rule)
 
 
 def describe(outcome: CellOutcome, index: int, total: int) -> str:

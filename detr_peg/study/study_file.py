@@ -8,7 +8,9 @@ Format (every field optional except ``configs``; paths relative to the file)::
     grid:                          # more axes: key -> list of values
       model.position.peg_kernel: [3, 7]
       model.position.peg_layers: [[0], [0, 1, 2]]
-    seeds: 3
+    seeds: 3                       # or auto (then target_ci and max_seeds, as --target-ci and --max-seeds)
+    baseline: model.position.name=sine   # the reference setting of the paired comparisons (--baseline)
+    equal_within: 1.0              # AP points (--equal-within)
     overrides:                     # applied to every cell
       - train.eval_every=5
     eval:
@@ -21,8 +23,8 @@ Format (every field optional except ``configs``; paths relative to the file)::
       time: "72:00:00"
 
 Options given on the command line add to the file: ``--config`` and
-``--grid`` add axes values, overrides are appended, ``--seeds`` and the eval
-options replace the file's.
+``--grid`` add axes values, overrides are appended, ``--seeds``, the eval
+options and the comparison options replace the file's.
 """
 
 from __future__ import annotations
@@ -38,7 +40,18 @@ import yaml
 from detr_peg.errors import ConfigError
 from detr_peg.fileio.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
 
-KNOWN_KEYS = ("configs", "grid", "seeds", "overrides", "eval", "cluster")
+KNOWN_KEYS = (
+    "configs",
+    "grid",
+    "seeds",
+    "target_ci",
+    "max_seeds",
+    "baseline",
+    "equal_within",
+    "overrides",
+    "eval",
+    "cluster",
+)
 EVAL_KEYS = ("scales", "canvas_scales", "padding")
 CLUSTER_KEYS = ("partition", "nodes", "gpus_per_node", "time", "cpus_per_task", "mem")
 
@@ -49,10 +62,13 @@ class StudyFile:
 
     configs: list[str] = field(default_factory=list)
     grid: list[str] = field(default_factory=list)  # "KEY=V1,V2" as on the command line
-    seeds: int | None = None
+    seeds: int | str | None = None  # a number, or "auto"
+    target_ci: float | None = None
+    max_seeds: int | None = None
     overrides: list[str] = field(default_factory=list)
     eval: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
+    comparison: dict[str, Any] = field(default_factory=dict)  # baseline, equal_within
 
 
 def load_study_file(path: str | Path) -> StudyFile:
@@ -82,8 +98,9 @@ def load_study_file(path: str | Path) -> StudyFile:
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"{path}: 'grid' must map each config key to a non-empty list of values.")
     seeds = data.get("seeds")
-    if seeds is not None and (not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1):
-        raise ConfigError(f"{path}: 'seeds' must be a whole number of at least 1, got {seeds!r}.")
+    if seeds is not None and seeds != "auto" and (not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1):
+        raise ConfigError(f"{path}: 'seeds' must be a whole number of at least 1 or auto, got {seeds!r}.")
+    top = _checked({k: data.get(k) for k in TOP_RULES}, "", path)
     overrides = data.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings.")
@@ -91,9 +108,12 @@ def load_study_file(path: str | Path) -> StudyFile:
         configs=[str((path.parent / c).resolve()) for c in configs],
         grid=[f"{key}={','.join(_value_text(v) for v in values)}" for key, values in grid.items()],
         seeds=seeds,
+        target_ci=top.get("target_ci"),
+        max_seeds=top.get("max_seeds"),
         overrides=list(overrides),
         eval=_checked(_section(data, "eval", EVAL_KEYS, path), "eval", path),
         cluster=_checked(_section(data, "cluster", CLUSTER_KEYS, path), "cluster", path),
+        comparison={k: top[k] for k in ("baseline", "equal_within") if k in top},
     )
 
 
@@ -111,6 +131,10 @@ def _whole_at_least_one(value: Any) -> bool:
 
 #: What each key of the ``eval`` and ``cluster`` sections must hold: (check, description for the error).
 FIELD_RULES = {
+    "target_ci": (lambda v: _is_number(v) and v > 0, "a positive number of AP points such as 1.0"),
+    "max_seeds": (lambda v: _whole_at_least_one(v) and v >= 2, "a whole number of at least 2"),
+    "baseline": (lambda v: isinstance(v, str) and "=" in v, "KEY=VALUE such as model.position.name=sine"),
+    "equal_within": (lambda v: _is_number(v) and v > 0, "a positive number of AP points such as 1.0"),
     "eval.scales": (_positive_numbers, "a list of positive numbers such as [1, 1.5, 2]"),
     "eval.canvas_scales": (_positive_numbers, "a list of positive numbers such as [1.5, 2]"),
     "eval.padding": (lambda v: isinstance(v, bool), "true or false"),
@@ -123,12 +147,17 @@ FIELD_RULES = {
 }
 
 
+#: The top-level keys checked by :data:`FIELD_RULES` (the paired comparisons and ``seeds: auto``).
+TOP_RULES = ("target_ci", "max_seeds", "baseline", "equal_within")
+
+
 def _checked(section: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
     """``section`` after checking every key against :data:`FIELD_RULES` (null means the default)."""
     for key, value in section.items():
-        check, valid = FIELD_RULES[f"{name}.{key}"]
+        dotted = f"{name}.{key}" if name else key
+        check, valid = FIELD_RULES[dotted]
         if value is not None and not check(value):
-            raise ConfigError(f"{path}: '{name}.{key}' must be {valid}, got {value!r}.")
+            raise ConfigError(f"{path}: '{dotted}' must be {valid}, got {value!r}.")
     return {key: value for key, value in section.items() if value is not None}
 
 

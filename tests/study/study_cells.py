@@ -1,0 +1,45 @@
+"""Finished study cells written by the tests: the files of ``detr-peg train`` and ``detr-peg eval``, no training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from detr_peg.study.cell import cell_paths, new_state, write_state
+from detr_peg.study.grid import Cell
+
+STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+
+
+def coco_stats(ap: float) -> dict[str, float]:
+    """Twelve COCO numbers (fractions, as the files without a ``unit`` hold them) around one AP."""
+    return {name: round(ap + i / 1000, 6) for i, name in enumerate(STAT_NAMES)}
+
+
+def write_done_cell(study: Path, cell: Cell, ap: dict[tuple[str, object], float]) -> None:
+    """A finished cell whose AP rows are ``ap``: ``{("val", None): 0.4, ("resized", 1.5): 0.3, ...}``.
+
+    Kinds: ``val`` (``eval/metrics.json``), ``resized`` / ``canvas`` by scale (``eval/scales_*.json``),
+    ``padding`` by mode (``eval/padding.json``).
+    """
+    paths = cell_paths(study, cell)
+    paths.eval.mkdir(parents=True, exist_ok=True)
+    paths.run.mkdir(parents=True, exist_ok=True)
+    state = new_state(cell, {})
+    state.update(status="done", stages={"train": "done", "eval": "done"})
+    write_state(paths, state)
+    (paths.eval / "metrics.json").write_text(json.dumps({"bbox": coco_stats(ap[("val", None)]), "num_images": 4}))
+    for kind in ("resized", "canvas"):
+        rows = [
+            {"scale": where, "size": int(64 * where), "num_images": 4, "metrics": coco_stats(value)}
+            for (k, where), value in ap.items()
+            if k == kind
+        ]
+        if rows:
+            (paths.eval / f"scales_{kind}.json").write_text(
+                json.dumps({"kind": kind, "base_size": 64, "results": rows})
+            )
+    modes = {where: value for (k, where), value in ap.items() if k == "padding"}
+    if modes:
+        record = {"modes": {m: {"batch_size": 4, "metrics": coco_stats(v), "seconds": 1.0} for m, v in modes.items()}}
+        (paths.eval / "padding.json").write_text(json.dumps(record))

@@ -1,0 +1,243 @@
+"""Paired comparisons in a study's report, checked against scipy.stats computed here from the cells' own numbers.
+
+The cells' metrics files are written by the tests (no training); every number
+of the report is recomputed independently: the per-seed differences, the t
+interval (:func:`scipy.stats.ttest_rel`), the p-values (the exact sign-flip
+test as :func:`scipy.stats.permutation_test` of the differences alone, and
+the paired t-test), Holm's correction and the power at the minimum
+detectable effect.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from detr_peg.cli.main import main
+from detr_peg.errors import ConfigError
+from detr_peg.study.comparisons import ComparisonOptions, holm, reference
+from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
+from detr_peg.study.results import collect, write_results
+from detr_peg.study.runner import PLAN_FILE, plan_record
+from tests.study.study_cells import write_done_cell
+
+ROWS = [("val", None), ("resized", 1.5), ("canvas", 2.0), ("padding", "mixed"), ("padding", "single")]
+LABELS = ["AP", "AP resized x1.5", "AP canvas x2", "AP padding mixed", "AP padding single"]
+
+
+def make_study(folder: Path, axis: str, seeds: int, ap, *, skip=(), eval_plan=None) -> tuple:
+    """A study folder whose cells hold ``ap(cell)`` (a dict of AP rows, fractions); cells in ``skip`` are absent."""
+    definition = StudyDefinition(
+        configs=("base.yaml",),
+        axes=(parse_axis(axis),),
+        seeds=seeds,
+        eval=eval_plan or EvalPlan(scales=(1.5,), canvas_scales=(2.0,), padding=True),
+    )
+    cells = expand_cells(definition)
+    for cell in cells:
+        if cell.name not in skip:
+            write_done_cell(folder, cell, ap(cell))
+    (folder / PLAN_FILE).write_text(json.dumps(plan_record(folder, definition, cells)))
+    return definition, cells
+
+
+def holm_reference(p: list[float]) -> list[float]:
+    """Holm's adjustment written another way: sorted, scaled by (m - i), running maximum, clipped, unsorted."""
+    p = np.asarray(p)
+    order = np.argsort(p)
+    scaled = np.minimum(1.0, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
+    out = np.empty_like(scaled)
+    out[order] = scaled
+    return out.tolist()
+
+
+def sign_flip_p(d: np.ndarray) -> float:
+    """The exact sign-flip p-value from scipy on the differences alone (one sample, signs flipped)."""
+    result = stats.permutation_test(
+        (d,), lambda x, axis: np.mean(x, axis=axis), permutation_type="samples", n_resamples=np.inf
+    )
+    return float(result.pvalue)
+
+
+def test_holm_matches_its_definition() -> None:
+    p = [0.01, 0.04, 0.03, 0.2, 0.001, 0.04]
+    assert holm(p) == pytest.approx(holm_reference(p))
+    assert holm([0.5, 0.9]) == [1.0, 1.0]
+
+
+def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    seeds = 4
+    # Per seed, a shared level (what the seed's initialisation and data order do to every setting) plus an
+    # effect per setting and row and a little noise of the cell's own.
+    level = {s: rng.normal(0.30, 0.03) for s in range(seeds)}
+    effect = {"sine": 0.0, "peg": 0.02, "learned": -0.01}
+    noise = {(name, s, row): rng.normal(0, 0.004) for name in effect for s in range(seeds) for row in ROWS}
+
+    def ap(cell):
+        name = dict(cell.values)["model.position.name"]
+        return {row: level[cell.seed] + effect[name] + noise[(name, cell.seed, row)] for row in ROWS}
+
+    definition, cells = make_study(tmp_path, "model.position.name=sine,peg,learned", seeds, ap)
+    results = collect(tmp_path, definition, cells)
+    write_results(tmp_path, results)
+    comparisons = results["comparisons"]
+    assert comparisons["baseline"] == "model.position.name=sine"  # the first value of the first axis
+    rows = comparisons["rows"]
+    assert [(r["setting"], r["label"]) for r in rows] == [
+        (f"position.name={name}", label) for name in ("peg", "learned") for label in LABELS
+    ]
+    raw_p = []
+    for r in rows:
+        name = r["setting"].split("=")[1]
+        kind, where = ROWS[LABELS.index(r["label"])]
+        x = np.array([ap_of(tmp_path, cells, name, s, kind, where) for s in range(seeds)])
+        y = np.array([ap_of(tmp_path, cells, "sine", s, kind, where) for s in range(seeds)])
+        d = 100 * (x - y)  # AP points
+        assert r["reference"] == "position.name=sine" and r["n"] == seeds and r["seeds"] == [0, 1, 2, 3]
+        assert r["differences"] == pytest.approx(d.tolist())
+        assert r["mean"] == pytest.approx(d.mean())
+        t = stats.ttest_rel(100 * x, 100 * y)
+        ci = t.confidence_interval(0.95)
+        assert r["ci"] == pytest.approx([ci.low, ci.high])
+        assert r["half_width"] == pytest.approx((ci.high - ci.low) / 2)
+        assert r["test"] == "sign-flip permutation (exact)"  # n < 10
+        assert r["p"] == pytest.approx(sign_flip_p(d))
+        # The same p by counting all 2**n sign patterns whose |mean| reaches the observed one.
+        flips = [abs(np.mean(d * np.array(signs))) for signs in itertools.product((1, -1), repeat=seeds)]
+        assert r["p"] == pytest.approx(np.mean([f >= abs(d.mean()) - 1e-9 for f in flips]))
+        # At the minimum detectable effect a paired t-test at 0.05 has 80% power.
+        sd, df = d.std(ddof=1), seeds - 1
+        nc = r["mde"] * np.sqrt(seeds) / sd
+        crit = stats.t.ppf(0.975, df)
+        assert stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc) == pytest.approx(0.8, abs=1e-6)
+        raw_p.append(r["p"])
+    assert [r["p_holm"] for r in rows] == pytest.approx(holm_reference(raw_p))
+
+    md = (tmp_path / "study.md").read_text()
+    assert md.index("## Paired comparisons with model.position.name=sine") < md.index("## At the configured")
+    first = rows[0]
+    line = (
+        f"| position.name=peg | position.name=sine | AP | 4 | {first['mean']:+.2f} | "
+        f"[{first['ci'][0]:+.2f}, {first['ci'][1]:+.2f}] | sign-flip permutation (exact) | {first['p']:.3f} | "
+        f"{first['p_holm']:.3f} | {first['mde']:.2f} | "
+    )
+    assert line in md
+    with open(tmp_path / "study.csv", newline="") as f:
+        diffs = [r for r in csv.DictReader(f) if r["row"] == "difference"]
+    assert len(diffs) == len(rows)
+    assert float(diffs[0]["mean"]) == pytest.approx(first["mean"]) and diffs[0]["reference"] == "position.name=sine"
+    assert float(diffs[0]["p_holm"]) == pytest.approx(first["p_holm"]) and diffs[0]["kind"] == "val"
+    assert [d["kind"] for d in diffs[3:5]] == ["padding:mixed", "padding:single"]
+    stored = json.loads((tmp_path / "study.json").read_text())["comparisons"]
+    assert stored["rows"][0]["p_holm"] == pytest.approx(first["p_holm"]) and stored["unit"] == "AP points"
+
+
+def ap_of(folder: Path, cells, name: str, seed: int, kind: str, where) -> float:
+    """One AP as the cell's own file holds it."""
+    cell = next(c for c in cells if c.name == f"position.name={name}_seed{seed}")
+    root = folder / "cells" / cell.name / "eval"
+    if kind == "val":
+        return json.loads((root / "metrics.json").read_text())["bbox"]["AP"]
+    if kind == "padding":
+        return json.loads((root / "padding.json").read_text())["modes"][where]["metrics"]["AP"]
+    results = json.loads((root / f"scales_{kind}.json").read_text())["results"]
+    return next(r for r in results if r["scale"] == where)["metrics"]["AP"]
+
+
+#: Per-seed differences in AP points of each verdict's setting from the reference (8 seeds: the sign-flip test
+#: reaches 2/256, below 0.05 after Holm's factor of 4).
+VERDICT_DIFFS = {
+    "ahead": [5.0, 4.2, 5.5, 6.1, 4.8, 5.3, 4.6, 5.9],
+    "behind": [-3.0, -2.5, -3.4, -2.8, -3.1, -2.2, -3.6, -2.9],
+    "equal": [0.1, -0.1, 0.2, -0.2, 0.1, -0.1, 0.05, -0.05],
+    "undecided": [3.0, -2.0, 4.0, -3.0, 1.0, -4.0, 2.0, -1.0],
+}
+
+
+def verdict_study(folder: Path, skip=()) -> tuple:
+    def ap(cell):
+        name = dict(cell.values)["train.lr"]
+        diff = 0.0 if name == "ref" else VERDICT_DIFFS[name][cell.seed]
+        return {("val", None): 0.30 + 0.01 * cell.seed + diff / 100}
+
+    return make_study(folder, "train.lr=ref,ahead,behind,equal,undecided", 8, ap, skip=skip, eval_plan=EvalPlan())
+
+
+def test_verdicts_ahead_behind_equal_within_and_undecided(tmp_path: Path) -> None:
+    definition, cells = verdict_study(tmp_path)
+    results = collect(tmp_path, definition, cells)
+    write_results(tmp_path, results)
+    verdicts = {r["setting"].split("=")[1]: r for r in results["comparisons"]["rows"]}
+    assert {name: r["verdict"] for name, r in verdicts.items()} == {n: n for n in VERDICT_DIFFS}
+    assert verdicts["ahead"]["p"] == pytest.approx(2 / 2**8) and verdicts["ahead"]["p_holm"] < 0.05
+    assert -1 <= verdicts["equal"]["ci"][0] and verdicts["equal"]["ci"][1] <= 1
+    md = (tmp_path / "study.md").read_text()
+    assert "| lr=equal | lr=ref | AP | 8 |" in md and "| equal within ±1.0 AP |" in md
+    assert "| ahead |" in md and "| behind |" in md and "| undecided |" in md
+    # A narrower threshold: the same interval is no longer inside it.
+    narrow = collect(tmp_path, definition, cells, ComparisonOptions(equal_within=0.1))
+    assert next(r for r in narrow["comparisons"]["rows"] if r["setting"] == "lr=equal")["verdict"] == "undecided"
+
+
+def test_pairs_are_made_by_seed_and_a_missing_seed_is_left_out(tmp_path: Path) -> None:
+    definition, cells = verdict_study(tmp_path, skip=("lr=ahead_seed2", "lr=ref_seed5"))
+    rows = {r["setting"]: r for r in collect(tmp_path, definition, cells)["comparisons"]["rows"]}
+    assert rows["lr=ahead"]["seeds"] == [0, 1, 3, 4, 6, 7] and rows["lr=ahead"]["n"] == 6
+    kept = [VERDICT_DIFFS["ahead"][s] for s in (0, 1, 3, 4, 6, 7)]
+    assert rows["lr=ahead"]["differences"] == pytest.approx(kept)  # not the mean of 7 minus the mean of 7
+    assert rows["lr=behind"]["n"] == 7  # only the reference's seed 5 is missing
+    write_results(tmp_path, collect(tmp_path, definition, cells))
+    assert "| lr=ahead | lr=ref | AP | 6 |" in (tmp_path / "study.md").read_text()
+
+
+def test_ten_pairs_or_more_use_the_paired_t_test(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    values = {(name, s): round(0.3 + rng.normal(0, 0.01), 6) for name in ("a", "b") for s in range(12)}
+    definition, cells = make_study(
+        tmp_path,
+        "train.lr=a,b",
+        12,
+        lambda cell: {("val", None): values[(dict(cell.values)["train.lr"], cell.seed)]},
+        eval_plan=EvalPlan(),
+    )
+    (row,) = collect(tmp_path, definition, cells)["comparisons"]["rows"]
+    x = np.array([values[("b", s)] for s in range(12)])
+    y = np.array([values[("a", s)] for s in range(12)])
+    assert row["test"] == "paired t" and row["n"] == 12
+    assert row["p"] == pytest.approx(stats.ttest_rel(100 * x, 100 * y).pvalue)
+    assert row["p_holm"] == pytest.approx(row["p"])  # one test: nothing to correct
+
+
+def test_baseline_is_chosen_by_key_and_value_and_a_wrong_one_is_refused(tmp_path: Path, capsys) -> None:
+    definition, cells = verdict_study(tmp_path)
+    d = definition.to_dict()
+    assert reference(d, "train.lr=equal") == ("train.lr", "equal")
+    assert reference(d, "lr=equal") == ("train.lr", "equal")  # the key as in the cell names
+    with pytest.raises(ConfigError, match="not a value of train.lr; its values are ref, ahead"):
+        reference(d, "train.lr=0.1")
+    with pytest.raises(ConfigError, match="not one of the study's axes \\(train.lr\\)"):
+        reference(d, "model.lr=ref")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        reference(d, "train.lr")
+    # The plot command rewrites the report against another reference setting.
+    assert main(["plot", str(tmp_path), "--baseline", "train.lr=ahead", "--equal-within", "0.5"]) == 0
+    md = (tmp_path / "study.md").read_text()
+    assert "## Paired comparisons with train.lr=ahead" in md and "| lr=ref | lr=ahead | AP | 8 |" in md
+    assert "equal within ±0.5 AP when the whole interval" in md
+    assert main(["plot", str(tmp_path), "--baseline", "train.lr=fast"]) == 2
+    assert "'fast' is not a value of train.lr" in capsys.readouterr().err
+
+
+def test_a_single_setting_has_nothing_to_compare(tmp_path: Path) -> None:
+    definition, cells = make_study(tmp_path, "train.lr=a", 2, lambda cell: {("val", None): 0.3}, eval_plan=EvalPlan())
+    results = collect(tmp_path, definition, cells)
+    assert results["comparisons"]["baseline"] is None and results["comparisons"]["rows"] == []
+    write_results(tmp_path, results)
+    assert "Paired comparisons" not in (tmp_path / "study.md").read_text()
