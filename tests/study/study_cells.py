@@ -16,8 +16,10 @@ def coco_stats(ap: float) -> dict[str, float]:
     return {name: round(ap + i / 1000, 6) for i, name in enumerate(STAT_NAMES)}
 
 
-def write_done_cell(study: Path, cell: Cell, ap: dict[tuple[str, object], float]) -> None:
+def write_done_cell(study: Path, cell: Cell, ap: dict[tuple[str, object], float], config: dict | None = None) -> None:
     """A finished cell whose AP rows are ``ap``: ``{("val", None): 0.4, ("resized", 1.5): 0.3, ...}``.
+
+    ``config`` is the resolved config recorded in ``cell.json`` (a rerun refuses a cell whose config changed).
 
     Kinds: ``val`` (``eval/metrics.json``), ``resized`` / ``canvas`` by scale (``eval/scales_*.json``),
     ``padding`` by mode (``eval/padding.json``).
@@ -25,7 +27,7 @@ def write_done_cell(study: Path, cell: Cell, ap: dict[tuple[str, object], float]
     paths = cell_paths(study, cell)
     paths.eval.mkdir(parents=True, exist_ok=True)
     paths.run.mkdir(parents=True, exist_ok=True)
-    state = new_state(cell, {})
+    state = new_state(cell, config or {})
     state.update(status="done", stages={"train": "done", "eval": "done"})
     write_state(paths, state)
     (paths.eval / "metrics.json").write_text(json.dumps({"bbox": coco_stats(ap[("val", None)]), "num_images": 4}))
