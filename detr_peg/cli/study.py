@@ -7,6 +7,18 @@ for. The study folder gets plan.json (the definition and every cell's
 commands), study.md / study.csv / study.json (mean +- std over seeds per
 setting, per test scale of each kind, padding sensitivity) and plots/*.png.
 
+The report opens with paired comparisons: every setting against the reference
+setting (--baseline KEY=VALUE; default: the first value of the first axis with
+several values), seed by seed, with the mean difference in AP points, its 95%
+interval, an exact sign-flip (below 10 seeds) or paired t p-value corrected
+with Holm over the study, the minimum detectable effect at 80% power and a
+verdict: ahead, behind, equal within +-X AP (--equal-within X, default 1.0) or
+undecided.
+
+--seeds auto trains 3 seeds per setting, then adds seeds in rounds until
+every comparison's 95% interval is within +-AP (--target-ci, default 1.0) or
+--max-seeds N (default 10) is reached; the report says which rule stopped it.
+
 Grid values are parsed like key=value overrides; commas inside brackets
 belong to the value: --grid model.position.peg_layers=[0],[0,1,2] is two
 values. Seeds are train.seed = 0 .. N-1.
@@ -25,6 +37,8 @@ Examples (the proxy configs train on the synthetic shapes: run detr-peg demo --d
       --seeds 3 --scales 1,1.5,2 --canvas-scales 1.5,2 --padding --output studies/detr_small
   detr-peg study --config configs/detr_r50_peg.yaml --grid model.position.peg_layers=[0],[0,1,2] \\
       --grid model.position.peg_kernel=1,3,7 --output studies/peg_placement --plan
+  detr-peg study --config configs/proxy/detr_small.yaml --grid model.position.name=sine,peg \\
+      --seeds auto --target-ci 1.0 --max-seeds 10 --output studies/sine_vs_peg
   detr-peg study --study configs/study/paper_coco.yaml --output studies/paper --slurm --slurm-partition gpu
 """
 
@@ -120,7 +134,7 @@ def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
         "--baseline",
         metavar="KEY=VALUE",
         help="the reference setting's value of one axis (config=FILE for the base configs); "
-        "default: the first value of the first axis",
+        "default: the first value of the first axis that has several",
     )
     group.add_argument(
         "--equal-within",

@@ -4,5 +4,7 @@
 :mod:`~detr_peg.study.study_file` reads study files, :mod:`~detr_peg.study.cell`
 runs one cell, :mod:`~detr_peg.study.runner` runs a study in this process,
 :mod:`~detr_peg.study.slurm` as submitit jobs, :mod:`~detr_peg.study.results`
-tabulates and :mod:`~detr_peg.study.plots` draws. The command is ``detr-peg study``.
+tabulates, :mod:`~detr_peg.study.comparisons` compares each setting with the
+reference setting seed by seed, :mod:`~detr_peg.study.seed_rule` decides when
+``--seeds auto`` has enough seeds, and :mod:`~detr_peg.study.plots` draws. The command is ``detr-peg study``.
 """

@@ -10,6 +10,13 @@ Per cell (see :mod:`detr_peg.study.cell`) the numbers come from
 * ``eval/padding.json``: the evaluation modes with and without batch padding;
 * ``run/metrics.jsonl``: the ``eval`` records, AP against iteration.
 
+Before the per-setting tables, ``study.md`` leads with the paired comparisons
+of every setting with the reference setting
+(:mod:`~detr_peg.study.comparisons`), which ``study.json`` holds under
+``comparisons`` and ``study.csv`` as its ``difference`` rows; a ``--seeds
+auto`` study also states which rule stopped it
+(:mod:`~detr_peg.study.seed_rule`).
+
 Per setting (the cells that differ only in their seed) each number is given
 as mean, sample standard deviation (``ddof=1``; none with one seed) and the
 per-seed values. Files written into the study folder: ``study.json`` (cells
