@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 import traceback
 from pathlib import Path
@@ -275,12 +276,47 @@ class _NotWaiting(Exception):
     """``--no-wait``: the jobs were submitted and the command returns (a rerun continues the study)."""
 
 
+def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, cells, *, auto: bool) -> list:
+    """Run the cells not done yet, in this process or as jobs; returns their outcomes (one round of ``auto``).
+
+    Raises:
+        _NotWaiting: ``--no-wait`` after submitting the jobs.
+    """
+    from detr_peg.study import runner, slurm
+
+    todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
+    print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
+    if not todo:
+        return []
+    if not (args.slurm or args.submitit_local):
+        return runner.run_here(study_dir, definition, cells, run_command)
+    if definition.eval.canvas_scales:
+        runner.make_canvas_sets(todo, definition.eval.canvas_scales)
+    submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
+    print(
+        f"study: submitted {len(submitted)} jobs ({', '.join(j.job_id for j in submitted[:3])}"
+        f"{', ...' if len(submitted) > 3 else ''}); logs in {study_dir / slurm.JOBS_DIR}",
+        flush=True,
+    )
+    if args.no_wait:
+        more = " and plans the next round of seeds" if auto else ""
+        print(
+            f"study: not waiting; detr-peg plot {study_dir} writes the tables of the cells done so far; "
+            f"the same command, run once the jobs have ended, continues the study{more}."
+        )
+        raise _NotWaiting
+    return slurm.wait(
+        study_dir, submitted, todo, len(cells), len(cells) - len(todo), poll_seconds=1 if cluster.local else 10
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
         from dataclasses import replace
 
         from detr_peg.errors import ConfigError
         from detr_peg.study import runner, slurm
+        from detr_peg.study.comparisons import format_points
         from detr_peg.study.grid import StudyDefinition, expand_cells
         from detr_peg.study.plots import plot_study
         from detr_peg.study.results import collect, write_results
@@ -314,42 +350,11 @@ def run(args: argparse.Namespace) -> int:
                 print(
                     f"# --seeds auto: the first round ({definition.seeds} seeds per setting); more rounds may follow, "
                     f"up to {rule.max_seeds} seeds per setting, until every comparison's 95% interval is within "
-                    f"±{rule.target_ci:g} AP"
+                    f"±{format_points(rule.target_ci)} AP"
                 )
             return 0
 
-        def run_round(definition, cells):
-            """Run the cells not done yet (here or as jobs); returns their outcomes."""
-            todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
-            print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
-            if jobs and todo:
-                if definition.eval.canvas_scales:
-                    runner.make_canvas_sets(todo, definition.eval.canvas_scales)
-                submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
-                print(
-                    f"study: submitted {len(submitted)} jobs ({', '.join(j.job_id for j in submitted[:3])}"
-                    f"{', ...' if len(submitted) > 3 else ''}); logs in {study_dir / slurm.JOBS_DIR}",
-                    flush=True,
-                )
-                if args.no_wait:
-                    more = " and plans the next round of seeds" if rule is not None else ""
-                    print(
-                        f"study: not waiting; detr-peg plot {study_dir} writes the tables of the cells done so far; "
-                        f"the same command, run once the jobs have ended, continues the study{more}."
-                    )
-                    raise _NotWaiting
-                return slurm.wait(
-                    study_dir,
-                    submitted,
-                    todo,
-                    len(cells),
-                    len(cells) - len(todo),
-                    poll_seconds=1 if cluster.local else 10,
-                )
-            if todo:
-                return runner.run_here(study_dir, definition, cells, run_command)
-            return []
-
+        run_round = functools.partial(run_cells, args, study_dir, cluster, auto=rule is not None)
         try:
             if rule is None:
                 run_round(definition, cells)

@@ -125,6 +125,8 @@ def paired_statistics(differences: Sequence[float]) -> dict[str, Any]:
     if n < 2:
         return out
     sd = float(d.std(ddof=1))
+    if sd <= 1e-9 * max(1.0, abs(out["mean"])):  # equal differences up to rounding (file values, float sums)
+        sd = 0.0
     out["sd"] = sd
     if sd > 0:
         # ttest_rel(d, 0) is the paired t-test of (setting, reference): only the differences enter it.
@@ -258,6 +260,8 @@ def reference(definition: dict[str, Any], baseline: str | None) -> tuple[str, st
             f"--baseline {baseline!r} is not of the form KEY=VALUE (for example model.position.name=sine)."
         )
     if key == CONFIG_KEY:
+        if len(configs) == 1:
+            raise ConfigError(f"--baseline {baseline}: the study has a single base config; choose an axis instead.")
         for config in configs:
             if value in (config, Path(config).name, Path(config).stem) or Path(value).resolve() == Path(config):
                 return CONFIG_KEY, config
@@ -270,6 +274,8 @@ def reference(definition: dict[str, Any], baseline: str | None) -> tuple[str, st
         valid = ", ".join([*axes, *([CONFIG_KEY] if len(configs) > 1 else [])]) or "none"
         raise ConfigError(f"--baseline {baseline}: {key!r} is not one of the study's axes ({valid}).")
     key = matches[0]
+    if len(axes[key]) == 1:
+        raise ConfigError(f"--baseline {baseline}: {key} has a single value; choose an axis with several values.")
     wanted = _yaml(value)
     for raw in axes[key]:
         if raw == value or _yaml(raw) == wanted:

@@ -279,7 +279,8 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "values": ";".join(repr(v) for v in c["differences"]),
                 "ci_low": c["ci"][0] if c["ci"] else None,
                 "ci_high": c["ci"][1] if c["ci"] else None,
-                **{k: c[k] for k in ("test", "p", "p_holm", "mde", "verdict")},
+                **{k: c[k] for k in ("test", "p", "p_holm", "mde")},
+                "verdict": verdict_text(c, results["comparisons"]["equal_within"]),
             }
         )
     return rows

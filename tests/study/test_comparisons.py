@@ -226,6 +226,12 @@ def test_baseline_is_chosen_by_key_and_value_and_a_wrong_one_is_refused(tmp_path
         reference(d, "model.lr=ref")
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         reference(d, "train.lr")
+    two_axes = {**d, "axes": [*d["axes"], {"key": "train.epochs", "values": ["1"]}]}
+    assert reference(two_axes, None) == ("train.lr", "ref")  # the first axis with several values
+    with pytest.raises(ConfigError, match="train.epochs has a single value"):
+        reference(two_axes, "train.epochs=1")
+    with pytest.raises(ConfigError, match="single base config"):
+        reference(d, "config=base.yaml")
     # The plot command rewrites the report against another reference setting.
     assert main(["plot", str(tmp_path), "--baseline", "train.lr=ahead", "--equal-within", "0.5"]) == 0
     md = (tmp_path / "study.md").read_text()
@@ -241,3 +247,26 @@ def test_a_single_setting_has_nothing_to_compare(tmp_path: Path) -> None:
     assert results["comparisons"]["baseline"] is None and results["comparisons"]["rows"] == []
     write_results(tmp_path, results)
     assert "Paired comparisons" not in (tmp_path / "study.md").read_text()
+
+
+def test_pairs_keep_the_other_axes_values(tmp_path: Path) -> None:
+    """In a 2 x 2 grid, b is compared with a at each value of the other axis, never across it."""
+    definition = StudyDefinition(
+        configs=("base.yaml",), axes=(parse_axis("train.lr=a,b"), parse_axis("train.epochs=1,2")), seeds=3
+    )
+    cells = expand_cells(definition)
+    effect = {("a", "1"): 0.0, ("b", "1"): 0.01, ("a", "2"): 0.10, ("b", "2"): 0.07}
+
+    def ap(cell):
+        v = dict(cell.values)
+        return round(0.3 + effect[(v["train.lr"], v["train.epochs"])] + 0.001 * cell.seed**2, 6)
+
+    for cell in cells:
+        write_done_cell(tmp_path, cell, {("val", None): ap(cell)})
+    rows = collect(tmp_path, definition, cells)["comparisons"]["rows"]
+    assert [(r["setting"], r["reference"]) for r in rows] == [
+        ("lr=b_epochs=1", "lr=a_epochs=1"),
+        ("lr=b_epochs=2", "lr=a_epochs=2"),
+    ]
+    assert rows[0]["differences"] == pytest.approx([1.0] * 3) and rows[1]["differences"] == pytest.approx([-3.0] * 3)
+    assert rows[0]["ci"] == pytest.approx([1.0, 1.0])  # no spread: a point interval
