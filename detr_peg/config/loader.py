@@ -291,6 +291,28 @@ def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> No
         raise ConfigError(f"{source}: '{key}' must be {why}, got {value!r}.")
 
 
+def memory_need(cfg: Config, key: str) -> float:
+    """Bytes that ``key``'s value alone forces a run of ``cfg`` to allocate, at least.
+
+    The estimate of the key's field (see :mod:`detr_peg.config.ranges`) with
+    every other resource-sized value at most its default, as the loader
+    checks each value; for sizes that come from elsewhere (``model.num_classes``
+    taken from the data).
+    """
+    arch, encoding = cfg.model.arch, cfg.model.position.name
+    defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
+    metadata = dict(_fields_with_memory(cfg))[key]
+    return _need(cfg, _defaults_config(arch, encoding, defaults), key, metadata, alone=True)
+
+
+def _need(cfg: Config, baseline: Config, key: str, metadata: Any, *, alone: bool) -> float:
+    def get(other: str) -> Any:
+        value = _value(cfg, other)
+        return value if other == key or not alone else _smaller(value, _value(baseline, other))
+
+    return field_memory(metadata)(get)
+
+
 def _check_memory(cfg: Config, baseline: Config, sources: Mapping[str, str]) -> None:
     """Each resource-sized value alone must fit the memory of this machine (see :mod:`detr_peg.config.ranges`)."""
     available = machine_memory()
@@ -299,12 +321,7 @@ def _check_memory(cfg: Config, baseline: Config, sources: Mapping[str, str]) -> 
     # then all values together, naming the first whose estimate is too large with the others as given.
     for alone in (True, False):
         for key, metadata in fields:
-
-            def get(other: str, key: str = key, alone: bool = alone) -> Any:
-                value = _value(cfg, other)
-                return value if other == key or not alone else _smaller(value, _value(baseline, other))
-
-            need = field_memory(metadata)(get)
+            need = _need(cfg, baseline, key, metadata, alone=alone)
             if need > available:
                 together = "" if alone else " with the other values given"
                 raise ConfigError(

@@ -73,7 +73,9 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
     stored_map = LabelMap.from_dict(resume_ckpt.label_map) if resume_ckpt and resume_ckpt.label_map else None
     train_set = build_coco_dataset(cfg.data, "train", label_map=stored_map)
     label_map = train_set.label_map
-    cfg = resolve_num_classes(cfg, label_map, str(train_set.annotation_file))
+    cfg = resolve_num_classes(
+        cfg, label_map, str(train_set.annotation_file), categories=train_set.coco.dataset["categories"]
+    )
     val_set = None
     if cfg.data.val_images and cfg.data.val_annotations:
         val_set = build_coco_dataset(cfg.data, "val", label_map=label_map)

@@ -139,7 +139,9 @@ def load_for_evaluation(
     else:
         stored = LabelMap.from_dict(model.label_map) if model.label_map else None
     dataset = build_coco_dataset(cfg.data, "val", label_map=stored)
-    cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
+    cfg = resolve_num_classes(
+        cfg, dataset.label_map, str(dataset.annotation_file), categories=dataset.coco.dataset["categories"]
+    )
     if isinstance(model, LoadedModel):
         loaded = LoadedModel(model.model, model.postprocessor, cfg, dataset.label_map, model.iteration, model.source)
     else:
