@@ -36,8 +36,9 @@ from tests.reliability.conftest import (
 ANN = str(ANNOTATIONS)
 BIG = "more than this machine has"
 EVAL = ["eval", "--checkpoint", OUT / "checkpoint.pth", "--output", OUT]
-#: A fresh run whose labels are the category ids themselves.
-RAW_LABELS = ["train", *BASE, f"train.output_dir={OUT / 'raw'}", "train.epochs=1", "data.contiguous_labels=false"]
+#: A fresh run (labels made contiguous), and one whose labels are the category ids themselves.
+FRESH = ["train", *BASE, f"train.output_dir={OUT / 'raw'}", "train.epochs=1"]
+RAW_LABELS = [*FRESH, "data.contiguous_labels=false"]
 
 
 def _category_id(index: int, new_id: int):
@@ -107,6 +108,12 @@ CASES = [
         lambda c: _categories(_too_many_categories())(c),
     ),
     # more members of the class
+    (
+        "too-many-categories-for-a-fresh-run",
+        FRESH,
+        [ANN, "'categories' (", "entries) needs at least", "to evaluate", BIG],
+        lambda c: _categories(_too_many_categories())(c),
+    ),
     (
         "unused-category-with-a-huge-id",
         RAW_LABELS,
