@@ -27,3 +27,7 @@ class CheckpointError(UserError):
 
 class TrainingError(UserError):
     """Training cannot go on (non-finite loss, unwritable output folder, full disk)."""
+
+
+class OutputError(UserError):
+    """A file or folder that cannot be written (permissions, a name too long, a full disk, a file in the way)."""

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from detr_peg.fileio.atomic import atomic_write_text
+from detr_peg.fileio.os_errors import make_folder
 
 
 def _mib(n: int | None) -> str:
@@ -84,7 +85,7 @@ def write_json(
     The folder is created.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     report: dict = {"results": results}
     if matmul_peak is not None:
         report["matmul_peak"] = matmul_peak

@@ -30,6 +30,7 @@ from typing import Any
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
+from detr_peg.checkpoint.validation import check_checkpoint_fields
 from detr_peg.checkpoint.weights_check import check_loaded_weights
 from detr_peg.config.loader import config_from_dict, config_to_dict
 from detr_peg.config.schema import Config
@@ -118,6 +119,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
             label_map = json.loads(meta.get("label_map", "null"))
         except (KeyError, json.JSONDecodeError):
             raise CheckpointError(f"{spec}: the detr_peg metadata 'config' is missing or not valid JSON.") from None
+        check_checkpoint_fields({"model": obj["state_dict"], "label_map": label_map}, spec)
         return Checkpoint(spec, _config(cfg_dict, spec), obj["state_dict"], label_map)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{spec} does not hold a checkpoint dict (found {type(obj).__name__}).")
@@ -140,6 +142,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     for key in ("config", "model"):
         if not isinstance(obj.get(key), dict):
             raise CheckpointError(f"{spec} has no '{key}' entry.")
+    check_checkpoint_fields(obj, spec)
     extra = {k: v for k, v in obj.items() if k not in ("format", "format_version", "config", "model", "label_map")}
     return Checkpoint(spec, _config(obj["config"], spec), obj["model"], obj.get("label_map"), extra)
 

@@ -182,10 +182,11 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
     from detr_peg.cli.predict import predict_files
     from detr_peg.detector import Detector
     from detr_peg.engine.drawing import draw_detections
-    from detr_peg.fileio.atomic import write_json
+    from detr_peg.fileio.atomic import save_image, write_json
+    from detr_peg.fileio.os_errors import make_folder
 
     detector = Detector.from_checkpoint(checkpoint, device="cpu")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     records: list[dict] = []
     with tqdm(total=len(images), desc="pictures", unit="img", leave=False, disable=not sys.stderr.isatty()) as bar:
         found = predict_files(detector, images, threshold=score_threshold, batch_size=8, progress=bar.update)
@@ -195,7 +196,7 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
             if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
                 picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
                 detections.boxes = detections.boxes * factor
-            draw_detections(picture, detections).save(out / f"{path.stem}.png")
+            save_image(out / f"{path.stem}.png", draw_detections(picture, detections))
     write_json(out / "predictions.json", records)
     return len(records)
 

@@ -7,7 +7,7 @@ holds the twelve COCO numbers (AP, AP50, AP75, APs, APm, APl, AR1, AR10,
 AR100, ARs, ARm, ARl) and <output>/detections.json every detection in the
 COCO results format, with the dataset's original category ids.
 
-Multi-resolution evaluation (files next to metrics.json; see the README, "Multi-resolution evaluation"):
+Multi-resolution evaluation (files next to metrics.json; see the documentation, "Evaluation"):
   --scales 1,1.5,2        the validation images resized to these multiples of data.val_scale and
                           data.val_max_size -> scales_resized.json
   --canvas-scales 1.5,2   synthetic data only: validation images on a canvas this many times larger
@@ -96,10 +96,14 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
     cfg = config_over_checkpoint(checkpoint, args.config, args.overrides)
     if args.scales or args.canvas_scales:
+        from detr_peg.data.coco_file import read_coco_file
         from detr_peg.engine.evaluation.scales import canvas_side, check_scales, synthetic_params
 
-        # Refused before the first evaluation, not after it.
-        check_scales(cfg.data, args.scales, args.canvas_scales)
+        # Refused before the first evaluation and before anything is written, against the images themselves.
+        images = []
+        if cfg.data.val_annotations and Path(cfg.data.val_annotations).is_file():
+            images = read_coco_file(cfg.data.val_annotations, on_bad_sample=cfg.data.on_bad_sample).data["images"]
+        check_scales(cfg.data, args.scales, args.canvas_scales, images)
         if args.canvas_scales:
             _, params = synthetic_params(cfg.data)
             for scale in args.canvas_scales:

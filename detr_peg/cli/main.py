@@ -13,7 +13,9 @@ command given is imported, so ``detr-peg --help`` and ``detr-peg COMMAND
   other user error (:class:`~detr_peg.errors.UserError`, printed without a
   traceback; a training run stopped by SIGINT/SIGTERM after writing its
   checkpoint exits with 128 + the signal number); anything else is a bug and
-  keeps its traceback;
+  keeps its traceback, except an ``OSError`` that names a file (a folder
+  without permission, a name too long, a full disk), which is the same one
+  line (:func:`~detr_peg.fileio.os_errors.describe_os_error`);
 * **``key=value`` anywhere**: config overrides (and, for ``predict``, image
   paths) may come before, between and after options; the words argparse
   leaves over join the command's positional list (its ``POSITIONAL_DEST``,
@@ -31,12 +33,15 @@ command line shows them on the terminal as plain lines
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import logging
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import NoReturn
 
@@ -181,6 +186,33 @@ def show_messages() -> logging.Handler:
     return handler
 
 
+class Terminated(BaseException):
+    """SIGTERM outside a training loop (start-up, evaluation, prediction): the command stops where it is.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
+    Exception`` on the way catches it; the atomic writer removes its temporary
+    file on the way out. Training installs its own handlers (a checkpoint
+    first, see :class:`detr_peg.engine.hooks.StopRequest`) while it runs.
+    """
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _terminate_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while the command runs (main thread only); the old handler comes back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     words = list(sys.argv[1:] if argv is None else argv)
@@ -193,15 +225,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
     handler = show_messages()
     try:
-        return int(module.run(args) or 0)
+        with _terminate_on_sigterm():
+            return int(module.run(args) or 0)
     except UserError as exc:
         message = in_users_words(str(exc), module, words)
         print(f"detr-peg {top.command}: error: {message}", file=sys.stderr)
         # A stop on a signal exits with 128 + its number (130 SIGINT, 143 SIGTERM).
         return int(getattr(exc, "exit_code", 2))
+    except OSError as exc:
+        if exc.filename is None:  # an operating-system error about no file is a bug: keep its traceback
+            raise
+        from detr_peg.fileio.os_errors import describe_os_error
+
+        print(f"detr-peg {top.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"detr-peg {top.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(
+            f"detr-peg {top.command}: stopped by SIGTERM; the files it finished are complete and none is half-written",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGTERM
     finally:
         logging.getLogger("detr_peg").removeHandler(handler)
 

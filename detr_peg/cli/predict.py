@@ -31,6 +31,9 @@ from pathlib import Path
 
 from detr_peg.cli import option_types
 
+#: The folder inside --output where pictures wait until every image succeeded (then moved into place).
+STAGE_PREFIX = ".predict-tmp-"
+
 #: Words left after the options (image paths and key=value overrides) join ``inputs``.
 POSITIONAL_DEST = "inputs"
 #: Errors about these config keys name the option instead, when it was given.
@@ -118,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.data.image_input import collect_images
         from detr_peg.detector import Detector
         from detr_peg.engine.drawing import draw_detections
-        from detr_peg.errors import ConfigError, UserError
-        from detr_peg.fileio.atomic import write_json
+        from detr_peg.errors import ConfigError
+        from detr_peg.fileio.atomic import remove_stale_folders, write_json
+        from detr_peg.fileio.os_errors import make_folder, write_error, writing
         from detr_peg.guards.declared_io import predict_io
         from detr_peg.guards.output_guard import guard_outputs
 
@@ -142,14 +146,12 @@ def run(args: argparse.Namespace) -> int:
             detector = Detector.from_checkpoint(args.checkpoint, device=args.device, overrides=overrides)
         threshold = detector.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
         out = Path(args.output)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"Output folder {out} cannot be created ({exc.strerror or exc}).") from None
+        make_folder(out)
 
         records: list[dict] = []
         used: set[str] = set()
-        stage = out / f".predict-tmp-{os.getpid()}"
+        remove_stale_folders(out, STAGE_PREFIX)  # the staging of a predict that was killed
+        stage = out / f"{STAGE_PREFIX}{os.getpid()}"
         try:
             stage.mkdir()
             with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
@@ -159,15 +161,13 @@ def run(args: argparse.Namespace) -> int:
                 for image_id, path, picture, detections in found:
                     records.extend(detections.records(image_id))
                     name = unique_png_name(path, used)
-                    try:
+                    with writing(out / name):
                         draw_detections(picture, detections).save(stage / name)
-                    except OSError as exc:
-                        raise UserError(f"Could not write {out / name}: {exc.strerror or exc}.") from None
             for name in sorted(used):
                 os.replace(stage / name, out / name)
             write_json(out / "predictions.json", records)
         except OSError as exc:
-            raise UserError(f"Could not write into {out}: {exc.strerror or exc}.") from None
+            raise write_error(out, exc, "write into") from None
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         print(

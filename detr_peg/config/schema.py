@@ -306,7 +306,7 @@ class EvalConfig:
         padding_mode: ``mixed`` batches images in dataset order, padded to the
             largest of each batch; ``exact`` batches only images of equal size,
             so no image is padded and the outputs equal those of one image at a
-            time (see the README, "Padding").
+            time (see the documentation, "Evaluation", "Padding").
     """
 
     batch_size: int = field(default=2, metadata=valid(1, memory=eval_batch_memory))

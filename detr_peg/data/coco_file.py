@@ -120,6 +120,8 @@ def file_name_problem(file_name: Any) -> str | None:
     """
     if not isinstance(file_name, str) or not file_name.strip():
         return "which is not a non-empty string"
+    if "\x00" in file_name:
+        return "which contains a NUL character, which no file name can hold"
     if file_name.startswith(("/", "\\")) or PureWindowsPath(file_name).drive:
         return "which is absolute, but file names must be relative to the image folder"
     depth = 0

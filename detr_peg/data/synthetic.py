@@ -46,6 +46,8 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from detr_peg.errors import DataError
+from detr_peg.fileio.atomic import atomic_write_text
+from detr_peg.fileio.os_errors import make_folder, writing
 
 SHAPES = ("circle", "square", "triangle", "cross")
 MANIFEST_NAME = "manifest.json"
@@ -198,7 +200,7 @@ def render_image(
 def _write_split(
     split: str, folder: Path, annotation_file: Path, count: int, params: dict[str, Any], progress: bool
 ) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     images, annotations = [], []
     suffix = params["image_format"]
     for index in tqdm(range(count), desc=f"synthetic {split}", disable=not progress, leave=False):
@@ -212,10 +214,11 @@ def _write_split(
             reference_size=params["reference_size"],
         )
         file_name = f"{index:06d}.{suffix}"
-        if suffix == "png":
-            image.save(folder / file_name, format="PNG", compress_level=1)
-        else:
-            image.save(folder / file_name, format="JPEG", quality=95)
+        with writing(folder / file_name):
+            if suffix == "png":
+                image.save(folder / file_name, format="PNG", compress_level=1)
+            else:
+                image.save(folder / file_name, format="JPEG", quality=95)
         image_id = index + 1
         images.append({"id": image_id, "file_name": file_name, "width": image.width, "height": image.height})
         for obj in objects:
@@ -236,7 +239,7 @@ def _write_split(
         "annotations": annotations,
         "categories": [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(SHAPES)],
     }
-    annotation_file.write_text(json.dumps(coco, indent=1) + "\n")
+    atomic_write_text(annotation_file, json.dumps(coco, indent=1) + "\n")
 
 
 def _check_arguments(
@@ -362,14 +365,14 @@ def _write_dataset(result: SyntheticCoco, params: dict, *, ours: bool, progress:
                     "choose an empty or new output folder."
                 )
             shutil.rmtree(folder)
-    result.root.mkdir(parents=True, exist_ok=True)
+    make_folder(result.root)
     manifest_path = result.root / MANIFEST_NAME
     info = {"object_sides": list(object_sides(params["reference_size"]))}
-    manifest_path.write_text(json.dumps({"params": params, **info, "complete": False}, indent=1) + "\n")
+    atomic_write_text(manifest_path, json.dumps({"params": params, **info, "complete": False}, indent=1) + "\n")
     if params["num_train"] > 0:
         _write_split("train", result.train_images, result.train_annotations, params["num_train"], params, progress)
     _write_split("val", result.val_images, result.val_annotations, params["num_val"], params, progress)
-    manifest_path.write_text(json.dumps({"params": params, **info, "complete": True}, indent=1) + "\n")
+    atomic_write_text(manifest_path, json.dumps({"params": params, **info, "complete": True}, indent=1) + "\n")
 
 
 def _with_defaults(params: Any) -> Any:
@@ -436,8 +439,9 @@ def larger_canvas(
     if not (target / MANIFEST_NAME).is_file():
         # Written next to the target and renamed into place, so evaluations running at the same
         # time never see (or delete) each other's half-written set; the sets are identical anyway.
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        make_folder(target.parent)
+        with writing(target.parent, "write into"):
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         generate_synthetic_coco(staging, **arguments)
         try:
             staging.rename(target)

@@ -220,15 +220,18 @@ def restore_training_state(
                 "use train.init_from to start a new run from it."
             )
     load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
-    try:
-        optimizer.load_state_dict(extra["optimizer"])
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(
-            f"The optimizer state in {ckpt.path} does not fit this run ({exc}); the trainable parameters changed."
-        ) from None
-    lr_scheduler.load_state_dict(extra["lr_scheduler"])
+    states = [("optimizer", optimizer), ("lr_scheduler", lr_scheduler)]
     if grad_scaler is not None and "grad_scaler" in extra:
-        grad_scaler.load_state_dict(extra["grad_scaler"])
+        states.append(("grad_scaler", grad_scaler))
+    for key, owner in states:
+        try:
+            owner.load_state_dict(extra[key])
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError) as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(
+                f"The '{key}' state in {ckpt.path} does not fit this run ({reason}); the trainable parameters "
+                "or the schedule's kind changed, or the file was not written by detr-peg train."
+            ) from None
     rng = extra.get("rng") or []
     if len(rng) == world_size:
         restore_rng_state(rng[rank], device)

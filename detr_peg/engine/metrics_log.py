@@ -37,6 +37,7 @@ from typing import Any
 from tqdm import tqdm
 
 from detr_peg.errors import ConfigError, TrainingError
+from detr_peg.fileio.os_errors import write_error
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -93,7 +94,7 @@ class MetricsLog:
             try:
                 self._file = open(self.path, "a" if append else "w", encoding="utf-8")
             except OSError as exc:
-                raise TrainingError(f"Could not open {self.path}: {exc.strerror or exc}.") from None
+                raise write_error(self.path, exc, "open") from None
         self.progress_bars = sys.stderr.isatty() if progress_bars is None else progress_bars
         self._bar = None
         self._writer = None

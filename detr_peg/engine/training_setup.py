@@ -49,7 +49,7 @@ from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
 from detr_peg.errors import ConfigError, TrainingError
 from detr_peg.guards.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
-from detr_peg.models.loading import resolve_num_classes, without_backbone_weights
+from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
 
 
@@ -70,7 +70,7 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
     t, device = cfg.train, env.device
     out = Path(t.output_dir)
     resume_ckpt = _resume_checkpoint(out, t.resume)
-    stored_map = LabelMap.from_dict(resume_ckpt.label_map) if resume_ckpt and resume_ckpt.label_map else None
+    stored_map = checkpoint_label_map(resume_ckpt, resume_ckpt.config) if resume_ckpt else None
     train_set = build_coco_dataset(cfg.data, "train", label_map=stored_map)
     label_map = train_set.label_map
     cfg = resolve_num_classes(
@@ -217,7 +217,13 @@ def _resume_checkpoint(out: Path, resume: bool) -> Checkpoint | None:
     Raises:
         TrainingError: ``out`` holds a checkpoint but ``train.resume`` is false.
     """
-    if not checkpoint_path(out).is_file():
+    path = checkpoint_path(out)
+    if os.path.lexists(path) and not path.is_file():
+        raise TrainingError(
+            f"{path} is not a regular file (a folder, a broken link or a device); move it away to start a new "
+            "run, or restore the checkpoint to continue this one."
+        )
+    if not path.is_file():
         return None
     if not resume:
         raise TrainingError(

@@ -54,6 +54,7 @@ from detr_peg.config.loader import config_to_dict
 from detr_peg.config.ranges import MAX_TEST_SIDE, format_bytes, machine_memory
 from detr_peg.errors import ConfigError, UserError
 from detr_peg.export import DEFAULT_OPSET
+from detr_peg.fileio.os_errors import write_error
 from detr_peg.models.loading import LoadedModel, load_model
 from detr_peg.models.postprocess import Postprocessor
 from detr_peg.models.registry import attention_impl
@@ -225,7 +226,7 @@ def export_onnx(
         _write(program, tmp, metadata)
         os.replace(tmp, output)
     except OSError as exc:
-        raise UserError(f"Could not write {output}: {exc.strerror or exc}.") from None
+        raise write_error(output, exc) from None
     finally:
         tmp.unlink(missing_ok=True)
     return output

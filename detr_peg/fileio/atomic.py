@@ -19,24 +19,27 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from detr_peg.errors import TrainingError, UserError
+from detr_peg.errors import OutputError, UserError
+from detr_peg.fileio.os_errors import write_error
 
 
 def atomic_write(
-    path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, error: type[UserError] | None = None
+    path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, error: type[UserError] | None = OutputError
 ) -> Path:
     """Write a file atomically: ``write(handle)`` into a temporary file, fsync, rename over ``path``.
 
     Args:
         path: the final file.
         write: writes the content into the binary file object it is given.
-        error: on an ``OSError`` (unwritable folder, full disk), raise this
-            error class with the message "Could not write PATH: REASON.";
-            ``None`` re-raises the ``OSError`` itself.
+        error: on an ``OSError`` (unwritable folder, full disk, a name too
+            long), raise this error class with the one-sentence message of
+            :func:`~detr_peg.fileio.os_errors.write_error` (the path, the
+            reason, what to do); ``None`` re-raises the ``OSError`` itself.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -64,7 +67,7 @@ def atomic_write(
         tmp.unlink(missing_ok=True)
         if error is None:
             raise
-        raise error(f"Could not write {path}: {exc.strerror or exc}.") from None
+        raise error(str(write_error(path, exc))) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -73,7 +76,7 @@ def atomic_write(
     return path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *, error: type[UserError] | None = None) -> Path:
+def atomic_write_text(path: str | os.PathLike, text: str, *, error: type[UserError] | None = OutputError) -> Path:
     """Write ``text`` as UTF-8 atomically (see :func:`atomic_write`)."""
     data = text.encode("utf-8")
     return atomic_write(path, lambda handle: handle.write(data), error=error)
@@ -116,6 +119,28 @@ def _remove_stale_temporaries(path: Path) -> None:
                 tmp.unlink()
 
 
+def remove_stale_folders(folder: str | os.PathLike, prefix: str) -> list[Path]:
+    """Remove the folders ``folder/PREFIX<pid>`` of processes that no longer exist (a killed command's staging).
+
+    Returns:
+        The folders removed.
+    """
+    if os.name != "posix":
+        return []
+    removed = []
+    try:
+        candidates = list(Path(folder).glob(f"{glob.escape(prefix)}*"))
+    except OSError:
+        return []
+    for candidate in candidates:
+        pid = candidate.name[len(prefix) :]
+        if candidate.is_dir() and not candidate.is_symlink() and pid.isdigit() and int(pid) != os.getpid():
+            if not _process_exists(int(pid)):
+                shutil.rmtree(candidate, ignore_errors=True)
+                removed.append(candidate)
+    return removed
+
+
 def _process_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -145,8 +170,31 @@ def write_json(path: str | Path, data: Any, *, indent: int | None = 1) -> Path:
     compactly.
 
     Raises:
-        TrainingError: the folder is not writable or the disk is full.
+        OutputError: the folder is not writable, the name too long or the disk full.
     """
     separators = None if indent is not None else (",", ":")
     text = json.dumps(data, indent=indent, separators=separators) + "\n"
-    return atomic_write_text(path, text, error=TrainingError)
+    return atomic_write_text(path, text)
+
+
+def save_image(path: str | os.PathLike, image: Any, **options: Any) -> Path:
+    """Save a ``PIL.Image.Image`` atomically, in the format its suffix names (``.png``, ``.jpg``, ...)."""
+    fmt = _format_of(path)
+    return atomic_write(path, lambda handle: image.save(handle, format=fmt, **options))
+
+
+def save_figure(path: str | os.PathLike, figure: Any, **options: Any) -> Path:
+    """Save a Matplotlib figure atomically, in the format its suffix names (``.png``, ``.pdf``, ``.svg``)."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    return atomic_write(path, lambda handle: figure.savefig(handle, format=fmt, **options))
+
+
+def _format_of(path: str | os.PathLike) -> str:
+    """Pillow's format name for a file suffix (``.jpg`` -> ``JPEG``)."""
+    from PIL import Image
+
+    suffix = Path(path).suffix.lower()
+    Image.init()
+    if suffix not in Image.EXTENSION:
+        raise ValueError(f"{path}: no image format has the suffix {suffix!r}")
+    return Image.EXTENSION[suffix]

@@ -26,6 +26,7 @@ could still both write.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -35,6 +36,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from detr_peg.errors import UserError
+from detr_peg.fileio.os_errors import write_error
 
 #: The lock file and the holder's description, in the locked folder.
 LOCK_FILE = ".detr-peg.lock"
@@ -64,11 +66,11 @@ class FolderLock:
     def acquire(self) -> None:
         """Take the lock, or raise :class:`FolderInUse` naming the holder.
 
-        A folder that cannot be created or written is left unlocked: the
-        command's own checks report it in its words.
-
         Raises:
             FolderInUse: another process holds the folder.
+            OutputError: the folder cannot be created or written (one
+                sentence naming it, the reason and what to do), before the
+                command has written anything.
         """
         try:
             self._created = not self.folder.exists()
@@ -78,9 +80,11 @@ class FolderLock:
             lock.acquire()
         except Timeout:
             raise FolderInUse(self._in_use_message()) from None
-        except OSError:
+        except OSError as exc:
             self._created = False
-            return
+            if isinstance(exc, FileExistsError):  # mkdir met a file where a folder of the path should be
+                exc = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            raise write_error(self.folder, exc, f"write into {self.option}") from None
         self._lock = lock
         if lock.lock_counter == 1:  # the first holder in this process describes itself
             self._write_holder()

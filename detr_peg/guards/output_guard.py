@@ -36,8 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from detr_peg.errors import UserError
+from detr_peg.errors import OutputError, UserError
 from detr_peg.fileio.atomic import atomic_write
+from detr_peg.fileio.os_errors import write_error
 from detr_peg.guards.folder_lock import FolderLock
 
 #: The file, inside a folder, listing the names detr_peg wrote there.
@@ -238,7 +239,7 @@ def _write_ledger(folder: Path, names: dict[str, str]) -> None:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda handle: handle.write(data))
+    atomic_write(path, lambda handle: handle.write(data), error=None)
 
 
 class OutputClaims:
@@ -267,11 +268,26 @@ class OutputClaims:
         self.settle()
 
     def settle(self) -> None:
-        """Take back the names not written, then release the folders' locks (idempotent)."""
-        while self._claims:
-            _settle(self._claims.pop())
-        while self._locks:
-            self._locks.pop().release()
+        """Take back the names not written and release the folders' locks, deepest folder first (idempotent).
+
+        A folder's lock goes right after its claim is settled, so a subfolder
+        that only its lock created is gone before its parent's claim is
+        settled, and the parent takes back its name too.
+        """
+
+        def depth(folder: Path) -> int:
+            return -len(Path(os.path.abspath(folder)).parts)
+
+        locks = {os.path.abspath(lock.folder): lock for lock in self._locks}
+        self._locks.clear()
+        claims, self._claims = sorted(self._claims, key=lambda claim: depth(claim.folder)), []
+        for claim in claims:
+            _settle(claim)
+            lock = locks.pop(os.path.abspath(claim.folder), None)
+            if lock is not None:
+                lock.release()
+        for lock in sorted(locks.values(), key=lambda lock: depth(lock.folder)):
+            lock.release()
 
 
 def _settle(claim: _Claim) -> None:
@@ -316,11 +332,42 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     check_ownership(command, outputs)
     claims = OutputClaims([], lock_folders(command, outputs))
     try:
+        check_writable(command, outputs)
         claims.add(record_ownership(command, outputs))
     except BaseException:
         claims.settle()
         raise
     return claims
+
+
+def check_writable(command: str, outputs: Sequence[Output]) -> None:
+    """Refuse, before anything is computed, an output that the atomic writer could not write.
+
+    Each file a command will write is written there as the writer would
+    (``.NAME.tmp-PID``, created and removed at once), so a folder without
+    permission, a read-only disk or a name too long for the file system is
+    one sentence now rather than a failure after the work; a folder standing
+    where a file output goes is refused too.
+
+    Raises:
+        OutputError: naming the option, the path, the reason and what to do.
+    """
+    for output in outputs:
+        folder, names, _ = _split(output, command)
+        for name in names:
+            target = folder / name
+            if not output.is_folder and target.is_dir():
+                raise OutputError(
+                    f"Could not write {output.option} {target}: it is a folder; choose a file name for {output.option}."
+                )
+            probe = folder / f".{name}.tmp-{os.getpid()}"
+            try:
+                os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                os.unlink(probe)
+            except FileExistsError:
+                continue  # this process is writing it already
+            except OSError as exc:
+                raise write_error(target, exc, f"write {output.option}") from None
 
 
 def lock_folders(command: str, outputs: Sequence[Output]) -> list[FolderLock]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from detr_peg.config.schema import Config
+from detr_peg.models.argument_checks import check_config
 from detr_peg.models.criterion import SetCriterion
 from detr_peg.models.registry import MODELS, Architecture
 
@@ -14,6 +15,7 @@ import detr_peg.models.deformable  # noqa: E402,F401  isort: skip
 
 
 def _architecture(cfg: Config) -> Architecture:
+    check_config(cfg)
     return MODELS.get(cfg.model.arch)
 
 

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
 
 from detr_peg.errors import ConfigError
+from detr_peg.models.argument_checks import check_targets
 from detr_peg.models.matcher import HungarianMatcher, Indices
 
 
@@ -163,6 +164,7 @@ class SetCriterion(nn.Module):
             ``dict[str, Tensor]`` of 0-dim loss terms; with ``return_indices``,
             ``(losses, {"final": ..., "aux0": ..., "enc": ...})``.
         """
+        check_targets(outputs, targets)
         num_boxes = average_num_boxes(targets, outputs["pred_logits"].device)
         losses, final = self._stage(outputs, targets, num_boxes, "", log=True)
         all_indices = {"final": final}

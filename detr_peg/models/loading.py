@@ -24,7 +24,7 @@ from detr_peg.config.loader import config_to_dict, load_config
 from detr_peg.config.schema import Config
 from detr_peg.data.dataset_memory import check_num_classes_memory, num_classes_origin
 from detr_peg.data.label_map import LabelMap
-from detr_peg.errors import ConfigError
+from detr_peg.errors import CheckpointError, ConfigError, DataError
 from detr_peg.models.builder import build_model, build_postprocessor
 from detr_peg.models.postprocess import Postprocessor
 
@@ -52,28 +52,65 @@ def resolve_num_classes(
             from, so that a message names the entry (``categories[3].id``).
 
     Raises:
-        ConfigError: ``model.num_classes`` is set but smaller than the labels
-            of the data need.
+        ConfigError: ``model.num_classes`` is set and the label map does not
+            fit it (see :func:`label_map_fit_problem`).
         DataError: ``model.num_classes`` taken from the data needs more memory
             than this machine has (see :mod:`detr_peg.data.dataset_memory`).
     """
-    needed = label_map.num_classes
-    given = cfg.model.num_classes
-    if given is None:
-        resolved = replace(cfg, model=replace(cfg.model, num_classes=needed))
+    if cfg.model.num_classes is None:
+        resolved = replace(cfg, model=replace(cfg.model, num_classes=label_map.num_classes))
         if categories is not None:
             origin = num_classes_origin(categories, label_map.contiguous)
         else:
             origin = f"{len(label_map)} categories"
         check_num_classes_memory(resolved, origin, source)
         return resolved
-    if given < needed:
-        kind = "contiguous labels" if label_map.contiguous else "labels equal to the category ids"
+    problem = label_map_fit_problem(label_map, cfg.model.num_classes)
+    if problem:
         raise ConfigError(
-            f"model.num_classes is {given} but {source} needs {needed} ({len(label_map)} categories, {kind}); "
+            f"model.num_classes is {cfg.model.num_classes} but {source} {problem}; "
             "remove model.num_classes to take it from the data."
         )
     return cfg
+
+
+def label_map_fit_problem(label_map: LabelMap, num_classes: int) -> str | None:
+    """Why ``label_map`` does not fit a classifier of ``num_classes`` classes, or ``None`` when it does.
+
+    The classifier has one logit per class (DETR adds one "no object" logit,
+    which is not a class). A contiguous map fits when it names exactly
+    ``num_classes`` categories, one per class, so every predicted label has a
+    category; a map of raw category ids fits when every id is below
+    ``num_classes`` (the official COCO models: ids 1..90, 91 classes, some
+    ids unused, and a label that is no category's id is reported as that id).
+    """
+    if label_map.contiguous and len(label_map) != num_classes:
+        return f"names {len(label_map)} categories with contiguous labels, which need exactly one class per category"
+    if not label_map.contiguous and label_map.num_classes > num_classes:
+        return f"has category id {label_map.category_ids[-1]}, and labels equal to the ids need {label_map.num_classes} classes"
+    return None
+
+
+def checkpoint_label_map(ckpt: Checkpoint, cfg: Config) -> LabelMap | None:
+    """The label map stored in ``ckpt``, checked against the classifier of ``cfg``.
+
+    Raises:
+        CheckpointError: the stored map is malformed or does not fit
+            ``model.num_classes`` (see :func:`label_map_fit_problem`).
+    """
+    if not ckpt.label_map:
+        return None
+    try:
+        label_map = LabelMap.from_dict(ckpt.label_map)
+    except DataError as exc:
+        raise CheckpointError(f"{ckpt.path}: {exc}") from None
+    problem = label_map_fit_problem(label_map, cfg.model.num_classes) if cfg.model.num_classes else None
+    if problem:
+        raise CheckpointError(
+            f"{ckpt.path}: its model has {cfg.model.num_classes} classes (model.num_classes) but its label map "
+            f"{problem}; the file was not written by one training run."
+        )
+    return label_map
 
 
 @dataclass
@@ -148,9 +185,9 @@ def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap 
     """
     # The checkpoint holds the backbone weights; do not load them from elsewhere.
     cfg = without_backbone_weights(cfg)
+    stored = checkpoint_label_map(ckpt, cfg)  # checked before the model is built
     model = build_model(cfg)
     load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
-    if label_map is None and ckpt.label_map:
-        label_map = LabelMap.from_dict(ckpt.label_map)
+    label_map = label_map if label_map is not None else stored
     iteration = ckpt.extra.get("iteration")
     return LoadedModel(model.eval(), build_postprocessor(cfg), cfg, label_map, iteration, str(ckpt.path))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from detr_peg.data.padding import pad_images
+from detr_peg.models.argument_checks import check_image_list, check_images
 
 
 def downsample_mask(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
@@ -130,10 +131,11 @@ def batch_with_mask(images, mask: Tensor | None = None, size_divisibility: int =
     if isinstance(images, (list, tuple)):
         if mask is not None:
             raise ValueError("pass either a list of unpadded images or a batch tensor with its mask, not both")
-        return pad_images(images, size_divisibility=size_divisibility)
-    if not isinstance(images, Tensor) or images.dim() != 4:
-        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-        raise ValueError(f"images must be Tensor[B, 3, H, W] or a list of Tensor[3, H, W], got {shape}")
+        check_image_list(images)
+        batch, mask = pad_images(images, size_divisibility=size_divisibility)
+        check_images(batch)
+        return batch, mask
+    check_images(images)
     if mask is None:
         b, _, h, w = images.shape
         return images, torch.zeros((b, h, w), dtype=torch.bool, device=images.device)

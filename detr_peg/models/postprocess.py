@@ -11,6 +11,8 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import box_convert
 
+from detr_peg.models.argument_checks import check_target_sizes
+
 
 def scale_boxes(boxes_cxcywh: Tensor, target_sizes: Tensor) -> Tensor:
     """Normalised (cx, cy, w, h) ``[B, Q, 4]`` -> absolute (x0, y0, x1, y1) for sizes ``[B, 2]`` (h, w)."""
@@ -54,6 +56,7 @@ class Postprocessor(nn.Module):
             Per image ``{"scores": Tensor[N], "labels": Tensor[N] int64,
             "boxes": Tensor[N, 4]}`` with absolute (x0, y0, x1, y1) pixel boxes.
         """
+        check_target_sizes(outputs, target_sizes)
         scores, labels, boxes = self.tensors(outputs["pred_logits"], outputs["pred_boxes"], target_sizes)
         return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
 

@@ -20,7 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from detr_peg.errors import ConfigError
+from detr_peg.errors import ConfigError, DataError
+from detr_peg.fileio.atomic import save_figure
+from detr_peg.fileio.os_errors import make_folder
 
 try:
     import matplotlib
@@ -30,7 +32,7 @@ except ImportError:
 matplotlib.use("Agg")  # files only: no display, safe in jobs and tests
 import matplotlib.pyplot as plt  # after choosing the backend
 
-from detr_peg.study.results import KIND_TITLES, KINDS, learning_curve
+from detr_peg.study.results import KIND_TITLES, KINDS, is_number, learning_curve
 
 PLOTS_DIR = "plots"
 BARS = ("AP", "AP50", "AP75")
@@ -109,7 +111,7 @@ def plot_main_bars(settings: list[dict[str, Any]], out: Path) -> Path | None:
 def plot_study(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
     """Draw every figure of a study from its results (:func:`detr_peg.study.results.collect`)."""
     out = Path(study_dir) / PLOTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     settings = results["settings"]
     drawn = [plot_ap_vs_scale(settings, out), plot_learning_curves(settings, out), plot_main_bars(settings, out)]
     return [p for p in drawn if p is not None]
@@ -125,11 +127,21 @@ def plot_run(run_dir: str | Path) -> Path:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("type") == "iter" and isinstance(record.get("loss"), (int, float)):
+        if (
+            isinstance(record, dict)
+            and record.get("type") == "iter"
+            and is_number(record.get("loss"))
+            and is_number(record.get("iteration"))
+        ):
             losses.append((record["iteration"], record["loss"]))
+    curves = {stat: learning_curve(log, stat) for stat in ("AP", "AP50")}
+    if not losses and not any(curves.values()):
+        raise DataError(
+            f"{log} holds no usable record (no training iteration with a loss and no evaluation); nothing to plot. "
+            "Plot a run after its first logged iteration."
+        )
     fig, (ax_ap, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
-    for stat in ("AP", "AP50"):
-        curve = learning_curve(log, stat)
+    for stat, curve in curves.items():
         if curve:
             ax_ap.plot(*zip(*[(it, 100 * v) for it, v in curve]), marker="o", label=stat)
     ax_ap.set_xlabel("iteration")
@@ -145,12 +157,14 @@ def plot_run(run_dir: str | Path) -> Path:
     ax_loss.set_title("Training loss", fontsize=11)
     ax_loss.grid(alpha=0.3)
     out = run_dir / PLOTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     return _save(fig, out / "learning_curve.png")
 
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        save_figure(path, fig, dpi=100)
+    finally:
+        plt.close(fig)
     return path

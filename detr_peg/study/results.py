@@ -22,13 +22,14 @@ out of the averages.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from detr_peg.fileio.atomic import write_json
+from detr_peg.fileio.atomic import atomic_write_text, write_json
 from detr_peg.study.cell import cell_paths, read_state
 from detr_peg.study.grid import Cell, StudyDefinition
 
@@ -60,9 +61,19 @@ def learning_curve(metrics_jsonl: Path, stat: str = "AP") -> list[tuple[int, flo
             record = json.loads(line)
         except ValueError:  # a line being written
             continue
-        if record.get("type") == "eval" and stat in record and record.get("iteration") is not None:
+        if (
+            isinstance(record, dict)
+            and record.get("type") == "eval"
+            and is_number(record.get(stat))
+            and is_number(record.get("iteration"))
+        ):
             points[int(record["iteration"])] = float(record[stat])
     return sorted(points.items())
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool): what a log record's numbers must be to be drawn."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
@@ -162,7 +173,7 @@ def write_results(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
     files = [write_json(study_dir / RESULTS_JSON, results)]
     files.append(_write_csv(study_dir / RESULTS_CSV, results))
     md = study_dir / RESULTS_MD
-    md.write_text(markdown(results), encoding="utf-8")
+    atomic_write_text(md, markdown(results))
     return [*files, md]
 
 
@@ -203,11 +214,11 @@ def _write_csv(path: Path, results: dict[str, Any]) -> Path:
     rows = csv_rows(results)
     keys = [a["key"] for a in results["definition"]["axes"]]
     fields = ["setting", "config", *keys, "kind", "scale", "size", "metric", "mean", "std", "n", "values"]
-    with open(path, "w", newline="", encoding="utf-8") as out:
-        writer = csv.DictWriter(out, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write_text(path, text.getvalue())
 
 
 def format_stat(agg: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from detr_peg.errors import TrainingError
+from detr_peg.errors import OutputError, TrainingError
 from detr_peg.fileio import atomic_torch_save, atomic_write, atomic_write_text, read_checkpoint_file
 
 
@@ -32,8 +32,13 @@ def test_a_failed_write_keeps_the_previous_file_and_removes_its_temporary(tmp_pa
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space left"):
+        atomic_write(path, write_then_fail, error=None)
+    with pytest.raises(OutputError, match=r"^Could not write .*metrics\.json: No space left on device; "):
         atomic_write(path, write_then_fail)
-    with pytest.raises(TrainingError, match=r"^Could not write .*metrics\.json: No space left on device\.$"):
+    with pytest.raises(
+        TrainingError,
+        match=r"^Could not write .*metrics\.json: No space left on device; free some space or choose a folder on another disk\.$",
+    ):
         atomic_write(path, write_then_fail, error=TrainingError)
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]

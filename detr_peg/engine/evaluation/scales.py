@@ -31,7 +31,7 @@ Beyond the trained range: ``sine`` normalises positions by the image's own
 size and PEG and ``none`` have no size at all, so they run at any size; the
 ``learned`` table has ``model.position.num_embeddings`` rows and a larger
 feature map is refused with a message naming that field and the size needed
-(rows beyond the trained size were never trained, which the README notes).
+(rows beyond the trained size were never trained, which the documentation notes).
 """
 
 from __future__ import annotations
@@ -94,13 +94,28 @@ def synthetic_params(data: DataConfig) -> tuple[Path, dict[str, Any]]:
     return root, params
 
 
-def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Sequence[float]) -> None:
-    """Refuse test scales that are not positive and finite or that give images beyond :data:`MAX_TEST_SIDE`.
+def check_scales(
+    data: DataConfig,
+    scales: Sequence[float],
+    canvas_scales: Sequence[float],
+    images: Sequence[dict[str, Any]] = (),
+) -> None:
+    """Refuse test scales that are not positive and finite, that give images beyond :data:`MAX_TEST_SIDE`,
+    or that resize one of ``images`` to nothing.
 
-    Called before any evaluation, so a bad scale costs nothing.
+    Called before any evaluation and before anything is written, so a bad
+    scale costs nothing.
+
+    Args:
+        data: the data config (``val_scale``, ``val_max_size``).
+        scales: the ``--scales`` factors.
+        canvas_scales: the ``--canvas-scales`` factors.
+        images: the validation images of the annotation file (``file_name``,
+            ``width``, ``height``): each ``--scales`` factor must leave every
+            one at least 1 pixel on its short side.
 
     Raises:
-        ConfigError: naming the option, the value and the largest accepted.
+        ConfigError: naming the option, the value and the range accepted.
     """
     base = max(data.val_scale, data.val_max_size or 0)
     for name, values in (("--scales", scales), ("--canvas-scales", canvas_scales)):
@@ -113,6 +128,31 @@ def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Seque
                     f"data.val_max_size {base} x {value:g}), more than the {MAX_TEST_SIDE} px accepted; "
                     f"use scales up to {MAX_TEST_SIDE / base:.3g}."
                 )
+    if images and scales:
+        narrowest = min(images, key=lambda im: min(im["width"], im["height"]) / max(im["width"], im["height"]))
+        short, long = sorted((narrowest["width"], narrowest["height"]))
+        for value in scales:
+            size = scaled_data(data, value)
+            if resized_short_side(short, long, size.val_scale, size.val_max_size) < 1:
+                least = max(1 / data.val_scale, long / (short * data.val_max_size)) if data.val_max_size else 0
+                raise ConfigError(
+                    f"--scales {value:g} resizes image {narrowest['file_name']!r} ({narrowest['width']}x"
+                    f"{narrowest['height']}) to less than 1 pixel on its short side (data.val_scale "
+                    f"{data.val_scale} and data.val_max_size {data.val_max_size} times {value:g}); use scales of at "
+                    f"least {1.05 * least:.3g}."
+                )
+
+
+def resized_short_side(short: int, long: int, size: int, max_size: int | None) -> int:
+    """The short side, in pixels, that the evaluation's resize gives an image of sides ``short <= long``.
+
+    The short side becomes ``size`` unless the long side would then exceed
+    ``max_size``, which caps it (``torchvision.transforms.v2.Resize`` with
+    ``max_size``, sides truncated to whole pixels).
+    """
+    if max_size is not None and (size >= max_size or size * long / short > max_size):
+        return int(max_size * short / long)
+    return size
 
 
 def canvas_side(params: dict[str, Any], scale: float) -> int:

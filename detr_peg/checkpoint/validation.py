@@ -1,0 +1,115 @@
+"""A checkpoint is checked as a whole, field by field, before any of it is used.
+
+:func:`check_checkpoint_fields` runs on every checkpoint read
+(:func:`detr_peg.checkpoint.format.read_checkpoint`), before a model is
+built, weights are loaded or anything is written. Every field a detr_peg
+checkpoint may hold has one rule here; a field that breaks it is one
+:class:`~detr_peg.errors.CheckpointError` sentence naming the file, the field
+and what it holds:
+
+* ``model``: names (``str``) to dense tensors (strided layout; no sparse,
+  quantized or meta tensors); dtypes and finiteness are checked against the
+  model when the weights are loaded (:mod:`detr_peg.checkpoint.weights_check`);
+* ``label_map``: ``None`` or a mapping (its content is parsed, and checked
+  against the classifier, by :func:`detr_peg.models.loading.checkpoint_label_map`);
+* ``epoch``, ``iteration``, ``epoch_batches_done``, ``train_images``:
+  integers of at least 0 (``bool`` is not an integer here);
+* ``skipped_image_ids``: a list of integers;
+* ``optimizer``, ``lr_scheduler``, ``grad_scaler``: mappings (state dicts);
+* ``rng``: a list with one entry per process, each restorable: its states are
+  tried on throw-away generators of torch, Python and NumPy (the libraries'
+  own checks), never on the global ones.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from detr_peg.errors import CheckpointError
+
+#: Counters of a training checkpoint: non-negative integers.
+COUNTERS = ("epoch", "iteration", "epoch_batches_done", "train_images")
+
+#: State dicts of a training checkpoint: mappings.
+STATE_DICTS = ("optimizer", "lr_scheduler", "grad_scaler")
+
+
+def _kind(value: Any) -> str:
+    """What a value is, in a few words, for messages."""
+    if isinstance(value, Tensor):
+        layout = "" if value.layout == torch.strided else f"{str(value.layout).replace('torch.', '')} "
+        return f"a {layout}{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def check_checkpoint_fields(obj: Mapping[str, Any], spec: str) -> None:
+    """Check every field of a checkpoint dict (see the module docstring).
+
+    Args:
+        obj: the dict stored in the file (``format`` and ``config`` already checked).
+        spec: the file, for messages.
+
+    Raises:
+        CheckpointError: the first field that breaks its rule.
+    """
+    check_state_dict(obj.get("model"), spec)
+    label_map = obj.get("label_map")
+    if label_map is not None and not isinstance(label_map, Mapping):
+        raise CheckpointError(f"{spec}: 'label_map' holds {_kind(label_map)}; it must be a mapping or null.")
+    for key in COUNTERS:
+        if key in obj and (isinstance(obj[key], bool) or not isinstance(obj[key], int) or obj[key] < 0):
+            raise CheckpointError(f"{spec}: '{key}' holds {_kind(obj[key])}; it must be an integer of at least 0.")
+    for key in STATE_DICTS:
+        if key in obj and not isinstance(obj[key], Mapping):
+            raise CheckpointError(f"{spec}: '{key}' holds {_kind(obj[key])}; it must be a state dict (a mapping).")
+    skipped = obj.get("skipped_image_ids", [])
+    if not isinstance(skipped, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in skipped):
+        raise CheckpointError(f"{spec}: 'skipped_image_ids' holds {_kind(skipped)}; it must be a list of integers.")
+    if "rng" in obj:
+        _check_rng(obj["rng"], spec)
+
+
+def check_state_dict(state: Any, spec: str, field: str = "model") -> None:
+    """Names to dense tensors, or one sentence naming the first entry that is not."""
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"{spec}: '{field}' holds {_kind(state)}; it must map parameter names to tensors.")
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"{spec}: '{field}' has a key {key!r} that is not a parameter name (a string).")
+        if not isinstance(value, Tensor):
+            raise CheckpointError(f"{spec}: '{field}.{key}' holds {_kind(value)}, not a tensor.")
+        if value.layout != torch.strided or value.is_quantized or value.is_meta:
+            raise CheckpointError(
+                f"{spec}: '{field}.{key}' holds {_kind(value)}; weights must be dense tensors with values."
+            )
+
+
+def _check_rng(rng: Any, spec: str) -> None:
+    """Each process's generator states, tried on throw-away generators."""
+    if not isinstance(rng, (list, tuple)):
+        raise CheckpointError(f"{spec}: 'rng' holds {_kind(rng)}; it must be a list with one entry per process.")
+    for rank, state in enumerate(rng):
+        where = f"{spec}: 'rng[{rank}]'"
+        if not isinstance(state, Mapping) or not {"torch", "python", "numpy"} <= state.keys():
+            raise CheckpointError(f"{where} holds {_kind(state)}; it needs the 'torch', 'python' and 'numpy' states.")
+        try:
+            torch.Generator().set_state(state["torch"])
+            version, internal, gauss = state["python"]
+            random.Random().setstate((version, tuple(internal), gauss))
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.RandomState().set_state(
+                (name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached))
+            )
+            if "cuda" in state and not (isinstance(state["cuda"], Tensor) and state["cuda"].dtype == torch.uint8):
+                raise TypeError("the 'cuda' state is not a uint8 tensor")
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CheckpointError(f"{where} is not a generator state that can be restored ({reason}).") from None

@@ -1,0 +1,76 @@
+"""Operating-system errors as one sentence: which path, what went wrong, what to do.
+
+Every file detr_peg writes goes through :func:`detr_peg.fileio.atomic.atomic_write`
+or :func:`writing`, and the command line turns any other ``OSError`` that names
+a file into the same kind of sentence (:func:`describe_os_error`), so a folder
+without write permission, a name too long for the file system, a full disk
+or a file where a folder should be is one line and exit status 2, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+
+from detr_peg.errors import OutputError
+
+#: What to do, by ``errno``; the system's own wording comes first.
+_ADVICE = {
+    errno.EACCES: "choose a folder you can write to",
+    errno.EPERM: "choose a folder you can write to",
+    errno.EROFS: "the file system is read-only: choose a folder on a writable disk",
+    errno.ENOSPC: "free some space or choose a folder on another disk",
+    errno.EDQUOT: "free some space within your quota or choose a folder on another disk",
+    errno.ENAMETOOLONG: "choose a shorter name",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
+    errno.EISDIR: "a folder is in the way of the file: choose another name",
+    errno.EEXIST: "something is in the way: choose another path",
+    errno.ENOENT: "a folder on the way does not exist and cannot be created there: choose another path",
+    errno.ELOOP: "the path has a loop of symbolic links: choose another path",
+}
+
+
+def os_error_reason(exc: OSError) -> str:
+    """The system's reason (``strerror``) followed by what to do, e.g. ``File name too long; choose a shorter name``."""
+    reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
+    advice = _ADVICE.get(exc.errno or 0)
+    return f"{reason}; {advice}" if advice else reason
+
+
+def _shown(path: object, limit: int = 120) -> str:
+    """A path for a message: whole when short, else its start and end around an ellipsis."""
+    text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-(limit // 2) :]} ({len(text)} characters)"
+
+
+def write_error(path: str | os.PathLike, exc: OSError, verb: str = "write") -> OutputError:
+    """``Could not <verb> PATH: <reason>; <what to do>.`` as an :class:`OutputError`."""
+    return OutputError(f"Could not {verb} {_shown(path)}: {os_error_reason(exc)}.")
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One sentence for an ``OSError`` that reached the command line (its file, the reason, what to do)."""
+    if exc.filename is None:
+        return f"{os_error_reason(exc)}."
+    target = _shown(exc.filename)
+    if exc.filename2 is not None:
+        target = f"{target} -> {_shown(exc.filename2)}"
+    return f"Could not access {target}: {os_error_reason(exc)}."
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, verb: str = "write") -> Iterator[None]:
+    """Run the block; an ``OSError`` in it becomes :func:`write_error` naming ``path`` (or the file it names)."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(exc.filename if exc.filename is not None else path, exc, verb) from None
+
+
+def make_folder(path: str | os.PathLike) -> None:
+    """``mkdir -p path``, or one :class:`OutputError` sentence saying why it cannot be made."""
+    with writing(path, "create the folder"):
+        os.makedirs(path, exist_ok=True)

@@ -1,0 +1,125 @@
+"""Arguments of the public model API, checked before any computation.
+
+The detectors, the post-processors, the criteria and the builders are the
+Python API people call directly. Each checks what it is given here, with one
+function per kind of argument, and raises ``TypeError`` (wrong kind of
+object) or ``ValueError`` (right kind, unusable value) with one sentence
+naming the argument, what it got and what it needs, instead of failing deep
+inside torch or, worse, returning results for the wrong images:
+
+* :func:`check_images`: a padded batch ``Tensor[B, 3, H, W]`` of a floating
+  dtype, ``B, H, W >= 1``, finite values (checked eagerly; skipped while
+  ``torch.compile`` or an export traces the model, where the value is not known);
+* :func:`check_same_batch`: per-image arguments (target sizes, targets) that
+  must count as many images as the outputs;
+* :func:`check_targets`: training targets, ``labels`` ``Tensor[N]`` of an
+  integer dtype and ``boxes`` ``Tensor[N, 4]`` floating;
+* :func:`check_config`: a :class:`~detr_peg.config.schema.Config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from detr_peg.config.schema import Config
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"{str(value.dtype).replace('torch.', '')} Tensor{list(value.shape)}"
+    return type(value).__name__
+
+
+def check_images(images: Tensor, name: str = "images") -> None:
+    """A batch the detectors can take, or one ``TypeError``/``ValueError`` naming ``name``.
+
+    Args:
+        images: ``Tensor[B, 3, H, W]``, floating (normalised pixels, as the
+            transforms give them: uint8 pixels must be converted first).
+    """
+    if not isinstance(images, Tensor):
+        raise TypeError(f"{name} must be a Tensor[B, 3, H, W] or a list of Tensor[3, H, W], got {_describe(images)}")
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(
+            f"{name} must have 3 colour channels, as Tensor[B, 3, H, W] (or a list of Tensor[3, H, W]), "
+            f"got {_describe(images)}"
+        )
+    if not images.is_floating_point():
+        raise TypeError(
+            f"{name} must be floating point (normalised pixels, e.g. from detr_peg.data.image_input.as_rgb_tensor "
+            f"and the config's normalisation), got {_describe(images)}"
+        )
+    if images.dtype == torch.float64:
+        raise TypeError(f"{name} is float64 but the detectors compute in float32: pass images.float()")
+    if _tracing():
+        return
+    if 0 in images.shape:
+        raise ValueError(f"{name} must hold at least one image of at least 1x1 pixel, got {_describe(images)}")
+    if not bool(torch.isfinite(images).all()):
+        bad = int((~torch.isfinite(images)).sum())
+        raise ValueError(f"{name} holds {bad} NaN or infinite values; every pixel must be finite")
+
+
+def check_image_list(images: Sequence[Any], name: str = "images") -> None:
+    """A non-empty list of ``Tensor[3, H, W]`` of one floating dtype, before padding."""
+    if len(images) == 0:
+        raise ValueError(f"{name} is an empty list; pass at least one Tensor[3, H, W]")
+    for i, image in enumerate(images):
+        if not isinstance(image, Tensor) or image.dim() != 3 or image.shape[0] != 3:
+            raise ValueError(f"{name}[{i}] must be a Tensor[3, H, W], got {_describe(image)}")
+    dtypes = {image.dtype for image in images}
+    if len(dtypes) > 1:
+        raise TypeError(f"{name} mixes dtypes {sorted(str(d).replace('torch.', '') for d in dtypes)}; use one")
+
+
+def check_same_batch(outputs: dict, other: Any, name: str) -> None:
+    """``other`` (sizes or targets) counts as many images as ``outputs["pred_logits"]``."""
+    logits = outputs.get("pred_logits") if isinstance(outputs, dict) else None
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"outputs must be the model's output dict with 'pred_logits', got {_describe(outputs)}")
+    if _tracing():
+        return
+    count = len(other) if isinstance(other, (Sequence, Tensor)) else None
+    if count != logits.shape[0]:
+        raise ValueError(
+            f"{name} describes {count if count is not None else _describe(other)} images but the outputs hold "
+            f"{logits.shape[0]}; give one entry per image, in the batch's order"
+        )
+
+
+def check_target_sizes(outputs: dict, target_sizes: Any) -> None:
+    """``target_sizes`` is ``Tensor[B, 2]`` (h, w) with one row per image of ``outputs``."""
+    if not isinstance(target_sizes, Tensor) or target_sizes.dim() != 2 or target_sizes.shape[1] != 2:
+        raise ValueError(f"target_sizes must be a Tensor[B, 2] of (height, width), got {_describe(target_sizes)}")
+    check_same_batch(outputs, target_sizes, "target_sizes")
+
+
+def check_targets(outputs: dict, targets: Any) -> None:
+    """One target per image: ``labels`` integer ``Tensor[N]``, ``boxes`` floating ``Tensor[N, 4]``."""
+    if not isinstance(targets, (list, tuple)):
+        raise TypeError(f"targets must be a list of dicts, one per image, got {_describe(targets)}")
+    check_same_batch(outputs, targets, "targets")
+    for i, target in enumerate(targets):
+        labels = target.get("labels") if isinstance(target, dict) else None
+        boxes = target.get("boxes") if isinstance(target, dict) else None
+        if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.is_floating_point():
+            raise ValueError(f"targets[{i}]['labels'] must be an integer Tensor[N], got {_describe(labels)}")
+        if not isinstance(boxes, Tensor) or boxes.shape != (labels.shape[0], 4) or not boxes.is_floating_point():
+            raise ValueError(
+                f"targets[{i}]['boxes'] must be a floating Tensor[{labels.shape[0]}, 4] of normalised "
+                f"(cx, cy, w, h), got {_describe(boxes)}"
+            )
+
+
+def check_config(cfg: Any, name: str = "cfg") -> None:
+    """``cfg`` is a :class:`Config` (from :func:`detr_peg.load_config`)."""
+    if not isinstance(cfg, Config):
+        raise TypeError(f"{name} must be a detr_peg Config (detr_peg.load_config(...)), got {_describe(cfg)}")

@@ -1,0 +1,136 @@
+"""Rule: the public Python API refuses what it cannot use, before computing, naming the argument.
+
+The detectors (both architectures), the post-processors, the criteria and
+the builders raise ``TypeError`` or ``ValueError`` whose message names the
+argument; a call that would once have returned results for the wrong images
+(one size for two images, one target for two images) is refused too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detr_peg import build_model, load_config
+from detr_peg.models.builder import build_criterion, build_postprocessor
+from tests.engine.tiny_run import TINY_MODEL
+
+ARCHS = ["detr", "deformable_detr"]
+
+
+def _config(arch: str):
+    return load_config(
+        None, [*TINY_MODEL, f"model.arch={arch}", "model.num_classes=3", "model.backbone.out_stages=[2]"]
+    )
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def parts(request):
+    cfg = _config(request.param)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    return cfg, model, build_postprocessor(cfg), build_criterion(cfg)
+
+
+GOOD = torch.rand(2, 3, 64, 128)  # a multiple of the coarsest stride: a list needs no padding either
+BAD_IMAGES = {
+    "uint8 pixels": (lambda: (GOOD * 255).to(torch.uint8), TypeError, "floating point"),
+    "float64": (lambda: GOOD.double(), TypeError, "float64"),
+    "1 channel": (lambda: GOOD[:, :1], ValueError, "3 colour channels"),
+    "4 channels": (lambda: torch.cat([GOOD, GOOD[:, :1]], 1), ValueError, "3 colour channels"),
+    "HWC layout": (lambda: GOOD.permute(0, 2, 3, 1), ValueError, "3 colour channels"),
+    "no batch dimension": (lambda: GOOD[0], ValueError, "3 colour channels"),
+    "empty batch": (lambda: GOOD[:0], ValueError, "at least one image"),
+    "zero width": (lambda: GOOD[..., :0], ValueError, "at least one image"),
+    "NaN pixel": (
+        lambda: GOOD.clone().index_put_((torch.tensor([1]),) * 4, torch.tensor(float("nan"))),
+        ValueError,
+        "NaN",
+    ),
+    "infinite pixel": (lambda: GOOD.clone().fill_(float("inf")), ValueError, "NaN or infinite"),
+    "a NumPy array": (lambda: GOOD.numpy(), TypeError, "images must be"),
+    "empty list": (lambda: [], ValueError, "empty list"),
+    "list of HWC images": (lambda: [GOOD[0].permute(1, 2, 0)], ValueError, "images[0] must be a Tensor[3, H, W]"),
+    "list of mixed dtypes": (lambda: [GOOD[0], GOOD[1].half()], TypeError, "mixes dtypes"),
+    "list of uint8 images": (lambda: [(GOOD[0] * 255).to(torch.uint8)], TypeError, "floating point"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_IMAGES))
+def test_the_detectors_refuse_images_they_cannot_use(parts, case: str) -> None:
+    _, model, _, _ = parts
+    make, error, fragment = BAD_IMAGES[case]
+    with pytest.raises(error, match="images") as info, torch.no_grad():
+        model(make())
+    assert fragment in str(info.value)
+
+
+def test_good_images_still_run_as_a_batch_and_as_a_list(parts) -> None:
+    _, model, _, _ = parts
+    with torch.no_grad():
+        batched = model(GOOD)
+        listed = model([GOOD[0], GOOD[1]])
+    torch.testing.assert_close(batched["pred_logits"], listed["pred_logits"])
+    torch.testing.assert_close(batched["pred_boxes"], listed["pred_boxes"])
+
+
+BAD_SIZES = {
+    "one size for two images": (torch.tensor([[64, 128]]), ValueError, "target_sizes describes 1 images"),
+    "three sizes for two images": (torch.tensor([[64, 128]] * 3), ValueError, "target_sizes describes 3 images"),
+    "sizes as a flat tensor": (torch.tensor([64, 128]), ValueError, "target_sizes must be a Tensor[B, 2]"),
+    "sizes as a list": ([[64, 128], [64, 128]], ValueError, "target_sizes must be a Tensor[B, 2]"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SIZES))
+def test_the_postprocessor_needs_one_size_per_image(parts, case: str) -> None:
+    _, model, postprocessor, _ = parts
+    with torch.no_grad():
+        outputs = model(GOOD)
+    sizes, error, fragment = BAD_SIZES[case]
+    with pytest.raises(error) as info:
+        postprocessor(outputs, sizes)
+    assert fragment in str(info.value)
+
+
+def _target(n: int = 1) -> dict:
+    return {"labels": torch.zeros(n, dtype=torch.int64), "boxes": torch.full((n, 4), 0.5)}
+
+
+BAD_TARGETS = {
+    "one target for two images": (lambda: [_target()], ValueError, "targets describes 1 images"),
+    "a dict instead of a list": (lambda: _target(), TypeError, "targets must be a list"),
+    "float labels": (lambda: [_target(), {**_target(), "labels": torch.zeros(1)}], ValueError, "targets[1]['labels']"),
+    "boxes of 5 numbers": (
+        lambda: [_target(), {**_target(), "boxes": torch.zeros(1, 5)}],
+        ValueError,
+        "targets[1]['boxes']",
+    ),
+    "boxes and labels disagree": (
+        lambda: [_target(2), {**_target(), "boxes": torch.zeros(3, 4)}],
+        ValueError,
+        "Tensor[1, 4]",
+    ),
+    "no boxes key": (
+        lambda: [_target(), {"labels": torch.zeros(1, dtype=torch.int64)}],
+        ValueError,
+        "targets[1]['boxes']",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TARGETS))
+def test_the_criterion_needs_one_valid_target_per_image(parts, case: str) -> None:
+    _, model, _, criterion = parts
+    outputs = model(GOOD)
+    make, error, fragment = BAD_TARGETS[case]
+    with pytest.raises(error) as info:
+        criterion(outputs, make())
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("builder", [build_model, build_criterion, build_postprocessor])
+@pytest.mark.parametrize("cfg", [None, {"model": {"arch": "detr"}}, "configs/detr_r50_peg.yaml"])
+def test_the_builders_need_a_config_object(builder, cfg) -> None:
+    with pytest.raises(TypeError, match=r"^cfg must be a detr_peg Config \(detr_peg.load_config\(...\)\), got "):
+        builder(cfg)

@@ -1,0 +1,113 @@
+"""Rules: a stop by SIGTERM outside training is one line and exit 143; a killed command's staging goes at the
+next start; ``plot`` refuses a log it cannot draw anything from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.conftest import IMAGES, OUT, assert_one_line_error, assert_outputs_kept, snapshot
+
+
+def _many_images(case: Path, copies: int = 50) -> Path:
+    folder = case / "many"
+    folder.mkdir()
+    for i in range(copies):
+        for image in sorted((case / IMAGES).iterdir()):
+            shutil.copy(image, folder / f"{i:03d}_{image.name}")
+    return folder
+
+
+def _wait_for(condition, proc, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() or time.monotonic() > deadline:
+            if not proc.poll():
+                proc.send_signal(signal.SIGKILL)
+            result = proc.wait()
+            raise AssertionError(f"the command ended before the awaited moment: {result.returncode} {result.stderr}")
+        time.sleep(0.01)
+
+
+def test_sigterm_while_predicting_is_one_line_and_publishes_nothing(cli, case: Path) -> None:
+    """Inside the inference loop (pictures staged): exit 143, one line, no picture published, no staging left."""
+    many = _many_images(case)
+    proc = cli.start(["predict", "--checkpoint", OUT / "checkpoint.pth", many, "--output", "pred"], cwd=case)
+    _wait_for(lambda: any(p.is_dir() and any(p.iterdir()) for p in (case / "pred").glob(".predict-tmp-*")), proc)
+    proc.send_signal(signal.SIGTERM)
+    result = proc.wait()
+    assert_one_line_error(result, "stopped by SIGTERM", returncode=143)
+    left = sorted(p.name for p in (case / "pred").iterdir()) if (case / "pred").exists() else []
+    assert not [name for name in left if name.endswith(".png") or name.startswith((".predict-tmp-", "predictions"))]
+
+
+@pytest.mark.parametrize("moment_s", [0.2, 0.6, 1.2])
+def test_sigterm_at_any_moment_of_an_evaluation_is_one_line(cli, case: Path, moment_s: float) -> None:
+    """Start-up, data loading, inference or writing: whatever the moment, one line and 143 (or success)."""
+    before = snapshot(case / OUT)
+    proc = cli.start(["eval", "--checkpoint", OUT / "checkpoint.pth", "--output", "ev"], cwd=case)
+    time.sleep(moment_s)
+    proc.send_signal(signal.SIGTERM)
+    result = proc.wait()
+    if result.returncode != 0:  # it may have finished before the signal
+        assert_one_line_error(result, "stopped by SIGTERM", returncode=143)
+        assert not (case / "ev" / "metrics.json").exists() or json.loads((case / "ev" / "metrics.json").read_text())
+    assert not [p for p in case.rglob("*") if ".tmp-" in p.name]
+    assert_outputs_kept(before, case / OUT)
+
+
+def test_the_staging_of_a_killed_predict_goes_at_the_next_start(cli, case: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has ended
+    stage = case / OUT / "predictions" / f".predict-tmp-{pid}"
+    stage.mkdir()
+    (stage / "img0.png").write_bytes(b"half a picture")
+    mine = case / OUT / "predictions" / f".predict-tmp-{os.getpid()}"  # a live process's staging stays
+    mine.mkdir()
+    result = cli.run(
+        ["predict", "--checkpoint", OUT / "checkpoint.pth", IMAGES, "--output", OUT / "predictions"], cwd=case
+    )
+    assert result.returncode == 0, result.stderr
+    assert not stage.exists()
+    assert mine.is_dir()
+
+
+GARBAGE_LOGS = {
+    "empty": "",
+    "blank lines": "\n\n\n",
+    "not JSON": "this is not json\n{broken\n",
+    "JSON that is not a record": '[1, 2]\n3\n"text"\nnull\n',
+    "records without numbers": '{"type": "iter", "iteration": 1, "loss": "high"}\n{"type": "eval", "AP": null}\n',
+    "non-finite numbers": '{"type": "iter", "iteration": 1, "loss": NaN}\n{"type": "iter", "iteration": 2, "loss": Infinity}\n',
+    "only a start record": '{"type": "start", "iteration": 0}\n',
+}
+
+
+@pytest.mark.parametrize("content", list(GARBAGE_LOGS))
+def test_plot_refuses_a_log_with_no_usable_record(cli, case: Path, content: str) -> None:
+    run = case / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(GARBAGE_LOGS[content])
+    before = snapshot(run)
+    result = cli.run(["plot", "run"], cwd=case)
+    assert_one_line_error(result, "metrics.jsonl", "no usable record")
+    assert_outputs_kept(before, run)
+    assert not (run / "plots").exists()
+
+
+def test_plot_draws_a_log_with_one_usable_record_among_garbage(cli, case: Path) -> None:
+    run = case / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("garbage\n[1]\n" + '{"type": "iter", "iteration": 1, "loss": 2.5}\n')
+    result = cli.run(["plot", "run"], cwd=case)
+    assert result.returncode == 0, result.stderr
+    assert (run / "plots" / "learning_curve.png").stat().st_size > 1000
