@@ -22,7 +22,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -349,10 +349,21 @@ def memory_need(cfg: Config, key: str) -> float:
     checks each value; for sizes that come from elsewhere (``model.num_classes``
     taken from the data).
     """
+    metadata = dict(_fields_with_memory(cfg))[key]
+    others = at_most_defaults(cfg)
+    return field_memory(metadata)(lambda other: _value(cfg, other) if other == key else others(other))
+
+
+def at_most_defaults(cfg: Config) -> Callable[[str], Any]:
+    """``get(key)``: each value of ``cfg`` at most its default (the config as a size from elsewhere is checked with).
+
+    A size that comes from the data is refused because of itself, not
+    because a config value is also large (see :mod:`detr_peg.config.ranges`).
+    """
     arch, encoding = cfg.model.arch, cfg.model.position.name
     defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
-    metadata = dict(_fields_with_memory(cfg))[key]
-    return _need(cfg, _defaults_config(arch, encoding, defaults), key, metadata, alone=True)
+    baseline = _defaults_config(arch, encoding, defaults)
+    return lambda key: _smaller(_value(cfg, key), _value(baseline, key))
 
 
 def _need(cfg: Config, baseline: Config, key: str, metadata: Any, *, alone: bool) -> float:

@@ -15,17 +15,24 @@ the value and the need, raised before the allocation:
   ``model.num_classes`` is taken from the data): the number of categories, or
   the largest category id + 1 when ids are not made contiguous
   (``data.contiguous_labels=false``), becomes ``model.num_classes`` and is
-  checked with the config's own estimate of that key.
+  checked with the config's own estimate of that key;
+* **annotations of one image** (:func:`check_matching_memory`, when training
+  starts): the matcher compares every query of a batch with every box of the
+  batch, several ``[B x Q, boxes]`` float32 cost tables.
+
+Config values in these estimates count at most their defaults, so a size is
+refused because of itself (as the loader checks each config value alone).
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detr_peg.config.loader import memory_need
-from detr_peg.config.ranges import format_bytes, machine_memory
+from detr_peg.config.loader import at_most_defaults, memory_need
+from detr_peg.config.ranges import FLOAT, Lookup, format_bytes, machine_memory
 from detr_peg.config.schema import Config
 from detr_peg.errors import DataError
 
@@ -34,6 +41,9 @@ IOU_THRESHOLDS, RECALL_POINTS, AREA_RANGES, DETECTION_LIMITS = 10, 101, 4, 3
 
 #: Bytes of one float64 value and of one Python reference.
 DOUBLE = POINTER = 8
+
+#: ``[B x Q, boxes]`` tables the matcher holds at once: the L1 cost, the class cost and the GIoU.
+COST_TABLES = 3
 
 
 def evaluation_memory(num_categories: int, num_images: int) -> float:
@@ -105,4 +115,33 @@ def check_num_classes_memory(cfg: Config, origin: str, path: str | os.PathLike) 
             f"Annotation file {os.fspath(path)}: {origin} makes model.num_classes {cfg.model.num_classes}, "
             f"which needs at least {format_bytes(need)} of memory, more than this machine has "
             f"({format_bytes(available)})."
+        )
+
+
+def matching_memory(get: Lookup, boxes: int) -> float:
+    """Bytes of the matcher's cost tables for a batch holding an image of ``boxes`` boxes, at least."""
+    return FLOAT * COST_TABLES * get("train.batch_size") * get("model.num_queries") * boxes
+
+
+def check_matching_memory(cfg: Config, data: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Refuse a training set whose most annotated image has more boxes than matching can hold on this machine.
+
+    Args:
+        cfg: the run's config (batch size and queries count at most their defaults).
+        data: the parsed annotation file; crowd annotations are not matched.
+        path: the file, for the message.
+
+    Raises:
+        DataError: naming the file, the image id, its number of annotations and the need.
+    """
+    counts = Counter(ann["image_id"] for ann in data["annotations"] if not ann.get("iscrowd", 0))
+    if not counts:
+        return
+    image_id, boxes = counts.most_common(1)[0]
+    need, available = matching_memory(at_most_defaults(cfg), boxes), machine_memory()
+    if need > available:
+        raise DataError(
+            f"Annotation file {os.fspath(path)}: image id {image_id} has {boxes} annotations ('annotations' with "
+            f"image_id {image_id}), whose matching to the queries needs at least {format_bytes(need)} of memory, "
+            f"more than this machine has ({format_bytes(available)})."
         )
