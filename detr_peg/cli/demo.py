@@ -10,7 +10,7 @@ Everything goes into the output folder (default outputs/demo):
 
 Every demo trains from scratch: a previous demo run in <output>/run is
 replaced. --resume continues an interrupted run from its checkpoint instead.
-The model and recipe are configs/demo.yaml; the training budget is
+The model and recipe are the shipped config demo (configs/demo.yaml); the budget is
 train.max_iters iterations, so a run does the same work on any machine.
 
 --data-only generates (or checks) the dataset and stops: the proxy configs of
@@ -65,8 +65,10 @@ DRAW_MIN_SIDE = 384
 
 
 def default_config() -> Path:
-    """``configs/demo.yaml`` of the source tree this package was installed from (editable installs)."""
-    return Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    """The shipped demo config (``configs/demo.yaml``; ``detr-peg configs copy demo`` copies it out for editing)."""
+    from detr_peg.config.shipped import require_shipped
+
+    return require_shipped("demo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder for the dataset, the run and the pictures (default: outputs/demo)",
     )
     parser.add_argument(
-        "--config", metavar="FILE", help="model and training config (default: configs/demo.yaml of this source tree)"
+        "--config",
+        type=option_types.config_file,
+        metavar="FILE",
+        help="model and training config: a file or a shipped config name (default: the shipped demo config)",
     )
     parser.add_argument(
         "--num-train",
@@ -121,17 +126,7 @@ def format_elapsed(seconds: float) -> str:
 
 
 def _config_file(args: argparse.Namespace) -> Path:
-    from detr_peg.errors import ConfigError
-
-    if args.config:
-        return Path(args.config)
-    path = default_config()
-    if not path.is_file():
-        raise ConfigError(
-            f"The demo config {path} was not found (the package is not installed from its source tree); "
-            "pass --config FILE with a copy of configs/demo.yaml."
-        )
-    return path
+    return Path(args.config) if args.config else default_config()
 
 
 def is_run_file(path: Path) -> bool:

@@ -46,7 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)"
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML config applied over the checkpoint's own")
+    parser.add_argument(
+        "--config",
+        type=option_types.config_file,
+        metavar="FILE",
+        help="config file or shipped config name applied over the checkpoint's own",
+    )
     parser.add_argument(
         "--output",
         metavar="DIR",
