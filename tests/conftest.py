@@ -28,7 +28,11 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 def python_env(**extra: str) -> dict[str, str]:
     """The environment of a Python subprocess that imports this checkout's ``detr_peg``."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])), **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        **extra,
+    }
 
 
 def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
