@@ -82,7 +82,12 @@ def copy_config(name: str, dest: str | None) -> int:
     for path, text in files.items():
         atomic_write_text(path, text)
         print(f"configs: wrote {path}")
-    print(f"configs: use it with --config {target}")
+    if name.replace("\\", "/").removeprefix("configs/").startswith("detectron2/"):
+        print(f"configs: use it with python tools/train_detectron2.py --config-file {target}")
+    elif "configs" in (yaml.safe_load(files[target]) or {}):
+        print(f"configs: use it with detr-peg study --study {target}")
+    else:
+        print(f"configs: use it with --config {target}")
     return 0
 
 
