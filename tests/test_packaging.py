@@ -121,8 +121,8 @@ def test_the_installed_wheel_runs_from_another_folder(installed, tmp_path) -> No
     version = _run([detr_peg, "--version"], tmp_path, env)
     assert version.stdout.strip() == "detr-peg 0.1.0"
 
-    demo = _run([detr_peg, "demo", "--data-only", "--output", "d", "--num-train", "4", "--num-val", "2"], tmp_path, env)
-    assert "demo: dataset" in demo.stdout and (tmp_path / "d" / "data" / "annotations_val.json").is_file()
+    demo = _run([detr_peg, "demo", "--data-only", "--output", "D"], tmp_path, env)
+    assert "demo: dataset" in demo.stdout and (tmp_path / "D" / "data" / "annotations_val.json").is_file()
 
     printed = _run([detr_peg, "train", "--config", "detr_r50_peg", "--print-config"], tmp_path, env)
     assert "arch: detr" in printed.stdout and "name: peg" in printed.stdout
