@@ -61,6 +61,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("detr_peg.cli.study", "run a grid of trainings over configs, values and seeds; tables and plots"),
     "plot": ("detr_peg.cli.plot", "redraw the figures of a study or of a training run"),
     "export": ("detr_peg.cli.export", "export a checkpoint to ONNX (any batch and image size)"),
+    "configs": ("detr_peg.cli.configs", "list the shipped configs, or copy one out for editing"),
 }
 
 
@@ -220,9 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, module = command_parser(top.command)
     args = parse_command(parser, module, words[1:])
     args.command = top.command
-    # The architectures and positional encodings register the config fields that every command validates.
-    importlib.import_module("detr_peg.models")
-    retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
+    if getattr(module, "NEEDS_MODELS", True):
+        # The architectures and positional encodings register the config fields that every command validates.
+        importlib.import_module("detr_peg.models")
+        retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
     handler = show_messages()
     try:
         with _terminate_on_sigterm():

@@ -38,6 +38,7 @@ from detr_peg.config.ranges import (
     out_of_range,
 )
 from detr_peg.config.schema import Config
+from detr_peg.config.shipped import missing_config_message, resolve_config
 from detr_peg.errors import ConfigError
 from detr_peg.fileio.atomic import atomic_write_text
 from detr_peg.fileio.bounded_read import ScalarText, decode_utf8, load_yaml_text, plain, read_bounded_bytes
@@ -58,7 +59,8 @@ def load_config(
     """Build a validated :class:`Config`.
 
     Args:
-        path: YAML config file, or ``None`` for defaults only.
+        path: YAML config file or the name of a shipped config (``detr_r50_peg``,
+            see :mod:`detr_peg.config.shipped`), or ``None`` for defaults only.
         overrides: ``"dotted.key=value"`` strings; values are parsed as YAML
             (``train.lr=2e-4``, ``model.position.peg_layers=[0,1]``).
         base: a complete stored config (as :func:`config_to_dict` writes it,
@@ -78,14 +80,14 @@ def load_config(
     """
     layers: list[Layer] = [] if base is None else [_flatten(base, base_source)]
     if path is not None:
-        layers.extend(_read_file_layers(Path(path), seen=()))
+        layers.extend(file_layers(path))
     layers.append(parse_overrides(overrides))
     return build_config(layers, lenient={0} if base is not None else ())
 
 
 def file_layers(path: str | os.PathLike) -> list[Layer]:
-    """The flattened layers of a config file and its ``_base_`` parents, parents first."""
-    return _read_file_layers(Path(path), seen=())
+    """The flattened layers of a config file (or shipped config name) and its ``_base_`` parents, parents first."""
+    return _read_file_layers(resolve_config(path), seen=())
 
 
 def dotted_layer(values: Mapping[str, Any], source: str) -> Layer:
@@ -220,6 +222,8 @@ def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
 
 def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
     source = str(path)
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(missing_config_message(path))
     raw = read_bounded_bytes(path, "Config file", "config", ConfigError)
     resolved = path.resolve()
     if resolved in seen:
@@ -252,7 +256,8 @@ def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
         raise ConfigError(f"{source}: '{BASE_KEY}' must be a file path or a list of file paths.")
     layers: list[Layer] = []
     for base in bases:
-        layers.extend(_read_file_layers(path.parent / base, seen + (resolved,)))
+        # A parent is a path relative to this file, or the name of a shipped config (in copies of shipped configs).
+        layers.extend(_read_file_layers(resolve_config(base, relative_to=path.parent), seen + (resolved,)))
     layers.append(_flatten(data, source))
     return layers
 
