@@ -23,9 +23,13 @@ checked against.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Any
 
-__version__ = "0.1.0"
+try:  # the version of the installed distribution (pyproject.toml's, in an editable install too)
+    __version__ = importlib.metadata.version("detr_peg")
+except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path that was never installed
+    __version__ = "0.0.0+unknown"
 
 _EXPORTS = {
     "Detector": "detr_peg.detector",

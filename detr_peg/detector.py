@@ -249,7 +249,7 @@ class Detector:
         Returns:
             ``{"AP": ..., "AP50": ..., "AP75": ..., "APs": ..., "APm": ..., "APl": ...,
             "AR1": ..., "AR10": ..., "AR100": ..., "ARs": ..., "ARm": ..., "ARl": ...}``
-            as fractions (``-1`` where COCO defines none).
+            in percent, 0-100 (``-1`` where COCO defines none).
 
         Raises:
             UserError: unreadable or invalid annotations or images, a data set

@@ -36,6 +36,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from detr_peg.engine.evaluation.metric_units import percent_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 MULTISCALE = ["data.train_scales=[64,72,80,88,96,104,112,120,128]", "data.train_max_size=128"]
 PROXIES = {
@@ -161,7 +163,10 @@ def summary(output: Path) -> str:
             outputs = _read(run / "outputs_vs_single.json")
 
             def ap(report, mode):
-                return f"{report['modes'][mode]['metrics']['AP'] * 100:.1f}" if report else "-"
+                if not report:
+                    return "-"
+                # padding_before.json of an older checkout holds fractions: read both as percent.
+                return f"{percent_metrics(report['modes'][mode]['metrics'], report.get('unit'))['AP']:.1f}"
 
             boxes = " / ".join(
                 f"{outputs[k]['boxes_max']:.3f}" if outputs else "-"

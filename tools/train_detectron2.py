@@ -31,6 +31,10 @@ from __future__ import annotations
 import argparse
 import os
 
+from detr_peg.cli.extras import require
+
+require("tools/train_detectron2.py", "detectron2")  # one line and exit status 2 without it, --help included
+
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.config import CfgNode, get_cfg
 from detectron2.data import build_detection_test_loader, build_detection_train_loader

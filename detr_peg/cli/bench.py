@@ -40,7 +40,12 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--config", metavar="FILE", help="detr_peg config to benchmark")
+    parser.add_argument(
+        "--config",
+        type=option_types.config_file,
+        metavar="FILE",
+        help="config file or shipped config name (detr-peg configs list) to benchmark",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.add_argument("--modes", default="infer,train", help="comma-separated: infer, train (default both)")
     parser.add_argument("--infer-size", default="800x1066", help="HxW of inference inputs (default 800x1066)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+from detr_peg.cli import option_types
 from detr_peg.config.options import own_options
 
 
@@ -24,7 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("src", help="official checkpoint (.pth with 'model', bare state dict, or .safetensors)")
     parser.add_argument("dst", help="output detr_peg checkpoint (.pth, or .safetensors for weights + config)")
-    parser.add_argument("--config", metavar="FILE", help="YAML config for values the weights do not determine")
+    parser.add_argument(
+        "--config",
+        type=option_types.config_file,
+        metavar="FILE",
+        help="config file or shipped config name for values the weights do not determine",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 

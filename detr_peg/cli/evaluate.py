@@ -4,7 +4,7 @@ The config is the one stored in the checkpoint, then --config (if given),
 then key=value overrides; the images and annotations are data.val_images and
 data.val_annotations. The metrics table is printed; <output>/metrics.json
 holds the twelve COCO numbers (AP, AP50, AP75, APs, APm, APl, AR1, AR10,
-AR100, ARs, ARm, ARl) and <output>/detections.json every detection in the
+AR100, ARs, ARm, ARl) in percent and <output>/detections.json every detection in the
 COCO results format, with the dataset's original category ids.
 
 Multi-resolution evaluation (files next to metrics.json; see the documentation, "Evaluation"):
@@ -46,7 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)"
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML config applied over the checkpoint's own")
+    parser.add_argument(
+        "--config",
+        type=option_types.config_file,
+        metavar="FILE",
+        help="config file or shipped config name applied over the checkpoint's own",
+    )
     parser.add_argument(
         "--output",
         metavar="DIR",

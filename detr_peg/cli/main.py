@@ -5,6 +5,9 @@ Each command lives in its own module of :mod:`detr_peg.cli` exposing
 command given is imported, so ``detr-peg --help`` and ``detr-peg COMMAND
 --help`` load neither torch nor the models. Three rules hold for every command:
 
+* **each option once**: an option that takes a value given twice
+  (``--config a.yaml --config b.yaml``) is a usage error, not a silent
+  choice of the last (:class:`OneLineParser`);
 * **one line per error**: a usage error is ``detr-peg <command>: error:
   <message> (see detr-peg <command> --help)`` with exit status 2, like every
   other user error (:class:`~detr_peg.errors.UserError`, printed without a
@@ -58,11 +61,52 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("detr_peg.cli.study", "run a grid of trainings over configs, values and seeds; tables and plots"),
     "plot": ("detr_peg.cli.plot", "redraw the figures of a study or of a training run"),
     "export": ("detr_peg.cli.export", "export a checkpoint to ONNX (any batch and image size)"),
+    "configs": ("detr_peg.cli.configs", "list the shipped configs, or copy one out for editing"),
 }
 
 
+#: Where :class:`_StoreOnce` notes the options given so far (removed from the parsed arguments).
+_GIVEN = "_options_given"
+
+
+def _shown(value: object) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+class _StoreOnce(argparse._StoreAction):
+    """``store``, except that an option given a second time is an error instead of silently replacing the first."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+        if option_string is not None:
+            given = namespace.__dict__.setdefault(_GIVEN, {})
+            if self.dest in given:
+                first_option, first = given[self.dest]
+                if first_option == option_string:
+                    both = f"{_shown(first)}, then {_shown(values)}"
+                else:
+                    both = f"{first_option} {_shown(first)}, then {option_string} {_shown(values)}"
+                parser.error(f"option {first_option} is given twice ({both}); give it once")
+            given[self.dest] = (option_string, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr (exit status 2)."""
+    """An ``ArgumentParser`` whose errors are one line on stderr (exit status 2).
+
+    Every option that takes a value may be given once: a second
+    ``--config b.yaml`` would otherwise replace the first without a word
+    (options meant to be repeated say so with ``action="append"``).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - argparse's signature
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 - argparse's signature
+        parsed, extra = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(_GIVEN, None)
+        return parsed, extra
 
     def error(self, message: str) -> NoReturn:
         hint = f" (see {self.prog} --help)" if " " in self.prog else ""
@@ -177,9 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, module = command_parser(top.command)
     args = parse_command(parser, module, words[1:])
     args.command = top.command
-    # The architectures and positional encodings register the config fields that every command validates.
-    importlib.import_module("detr_peg.models")
-    retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
+    if getattr(module, "NEEDS_MODELS", True):
+        # The architectures and positional encodings register the config fields that every command validates.
+        importlib.import_module("detr_peg.models")
+        retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
     handler = show_messages()
     try:
         with _terminate_on_sigterm():

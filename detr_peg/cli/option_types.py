@@ -70,6 +70,19 @@ def device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"must be one of 'auto', 'cpu', 'cuda' or 'cuda:N', got {text!r}")
 
 
+def config_file(text: str) -> str:
+    """A config file, or the name of a shipped config (``detr_r50_peg``, ``study/proxy_synthetic``).
+
+    Returns the path of the file it names (see
+    :func:`detr_peg.config.shipped.resolve_config`); a name that is neither is
+    returned as given, and the command reports it as missing.
+    """
+    # Imported here so that `detr-peg COMMAND --help` does not load the config machinery.
+    from detr_peg.config.shipped import resolve_config
+
+    return str(resolve_config(text))
+
+
 #: Probabilities and score thresholds.
 fraction = number(0.0, 1.0)
 #: Counts of one or more (batch sizes, runs).

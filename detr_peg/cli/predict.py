@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.data.image_input import collect_images
         from detr_peg.detector import Detector
         from detr_peg.engine.drawing import draw_detections
+        from detr_peg.engine.run_hints import no_detections_note, short_training_note
         from detr_peg.errors import ConfigError
         from detr_peg.fileio.atomic import remove_stale_folders, write_json
         from detr_peg.fileio.os_errors import make_folder, write_error, writing
@@ -174,4 +175,12 @@ def run(args: argparse.Namespace) -> int:
             f"{len(records)} detections (score >= {threshold:g}) in {len(images)} images; wrote "
             f"{out / 'predictions.json'} and {len(images)} PNG files to {out}."
         )
+        iterations = detector.loaded.iteration  # None for an ONNX graph or a converted official checkpoint
+        note = (
+            short_training_note(iterations)
+            if records
+            else no_detections_note(threshold, iterations, "--score-threshold")
+        )
+        if note:
+            print(note)
         return 0

@@ -58,10 +58,16 @@ from detr_peg.cli.main import main
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--output", required=True, metavar="STUDY_DIR", help="the study folder")
-    parser.add_argument("--study", metavar="FILE", help="study file (configs/study/*.yaml); options below add to it")
+    parser.add_argument(
+        "--study",
+        type=option_types.config_file,
+        metavar="FILE",
+        help="study file or shipped study name (study/proxy_synthetic); options below add to it",
+    )
     parser.add_argument(
         "--config",
         action="append",
+        type=option_types.config_file,
         default=[],
         metavar="FILE",
         help="base config; repeat for several (they form an axis of the grid)",
@@ -175,6 +181,7 @@ def definition_from_args(args: argparse.Namespace):
 
     The study file is read first, the command's options add to it or replace its values.
     """
+    from detr_peg.config.shipped import missing_config_message, resolve_config
     from detr_peg.errors import ConfigError
     from detr_peg.study.comparisons import reference
     from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis, parse_scales, parse_seeds
@@ -182,12 +189,12 @@ def definition_from_args(args: argparse.Namespace):
     from detr_peg.study.study_file import StudyFile, load_study_file
 
     file = load_study_file(args.study) if args.study else StudyFile()
-    configs = [*file.configs, *(str(Path(c).resolve()) for c in args.config)]
+    configs = [*file.configs, *(str(resolve_config(c).resolve()) for c in args.config)]
     if not configs:
         raise ConfigError("A study needs a base config: --config FILE (or 'configs' in a --study file).")
     for config in configs:
         if not Path(config).is_file():
-            raise ConfigError(f"Config file {config} does not exist.")
+            raise ConfigError(missing_config_message(config))
     axes = {axis.key: axis for axis in map(parse_axis, file.grid)}
     axes.update({axis.key: axis for axis in map(parse_axis, args.grid)})  # the command line wins
     rule = seed_rule(args, file)

@@ -29,13 +29,20 @@ import sys
 
 import yaml
 
+from detr_peg.cli import option_types
+
 #: Errors about these config keys name the option instead, when it was given.
 OPTION_KEYS = {"--output": "train.output_dir", "--resume": "train.resume"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/*.yaml)")
+    parser.add_argument(
+        "--config",
+        type=option_types.config_file,
+        metavar="FILE",
+        help="config file, or the name of a shipped config: detr_r50_peg (detr-peg configs list)",
+    )
     parser.add_argument("--output", metavar="DIR", help="output folder (sets train.output_dir)")
     parser.add_argument(
         "--resume",

@@ -22,18 +22,26 @@ import math
 import os
 import types
 import typing
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
 from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of, section_of
-from detr_peg.config.ranges import field_memory, field_range, format_bytes, machine_memory, out_of_range
+from detr_peg.config.ranges import (
+    field_memory,
+    field_non_empty,
+    field_range,
+    format_bytes,
+    machine_memory,
+    out_of_range,
+)
 from detr_peg.config.schema import Config
+from detr_peg.config.shipped import missing_config_message, resolve_config
 from detr_peg.errors import ConfigError
 from detr_peg.fileio.atomic import atomic_write_text
-from detr_peg.fileio.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
+from detr_peg.fileio.bounded_read import ScalarText, decode_utf8, load_yaml_text, plain, read_bounded_bytes
 
 BASE_KEY = "_base_"
 
@@ -51,7 +59,8 @@ def load_config(
     """Build a validated :class:`Config`.
 
     Args:
-        path: YAML config file, or ``None`` for defaults only.
+        path: YAML config file or the name of a shipped config (``detr_r50_peg``,
+            see :mod:`detr_peg.config.shipped`), or ``None`` for defaults only.
         overrides: ``"dotted.key=value"`` strings; values are parsed as YAML
             (``train.lr=2e-4``, ``model.position.peg_layers=[0,1]``).
         base: a complete stored config (as :func:`config_to_dict` writes it,
@@ -71,14 +80,14 @@ def load_config(
     """
     layers: list[Layer] = [] if base is None else [_flatten(base, base_source)]
     if path is not None:
-        layers.extend(_read_file_layers(Path(path), seen=()))
+        layers.extend(file_layers(path))
     layers.append(parse_overrides(overrides))
     return build_config(layers, lenient={0} if base is not None else ())
 
 
 def file_layers(path: str | os.PathLike) -> list[Layer]:
-    """The flattened layers of a config file and its ``_base_`` parents, parents first."""
-    return _read_file_layers(Path(path), seen=())
+    """The flattened layers of a config file (or shipped config name) and its ``_base_`` parents, parents first."""
+    return _read_file_layers(resolve_config(path), seen=())
 
 
 def dotted_layer(values: Mapping[str, Any], source: str) -> Layer:
@@ -111,15 +120,42 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
 
 
 def parse_overrides(overrides: Iterable[str], source: str = "command line") -> Layer:
-    """Parse ``key=value`` strings into a layer (values are YAML scalars or lists)."""
+    """Parse ``key=value`` strings into a layer (values are YAML scalars or lists).
+
+    A plain value that YAML reads as a date, number, bool or null is kept
+    with its text (:class:`~detr_peg.fileio.bounded_read.ScalarText`), so a
+    string field gets what the user wrote (``train.output_dir=2001-12-14``).
+
+    Raises:
+        ConfigError: an item without ``=``, a key with an empty part
+            (``model..arch``, ``.train.lr``, ``train.lr.``), or a value that
+            gives a YAML key twice.
+    """
     layer: Layer = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"{source}: override {item!r} is not of the form key=value (for example train.lr=2e-4).")
+        parts = key.split(".")
+        if not all(part.strip() for part in parts):
+            where = (
+                "starts with a dot"
+                if not parts[0].strip()
+                else "ends with a dot"
+                if not parts[-1].strip()
+                else ("has two dots in a row")
+            )
+            raise ConfigError(
+                f"{source}: override {item!r} has an empty part in its key {key!r} (it {where}); "
+                "keys are dotted names such as train.lr."
+            )
         try:
-            value = load_yaml_text(raw, key, f"{source}: override", "config", ConfigError) if raw.strip() else None
+            value = (
+                load_yaml_text(raw, key, f"{source}: override", "config", ConfigError, keep_text=True)
+                if raw.strip()
+                else None
+            )
         except yaml.YAMLError:
             value = raw
         layer.update(_flatten({key: value} if "." not in key else _nest(key, value), source))
@@ -169,6 +205,7 @@ def _defaults_config(arch: str, encoding: str, defaults: Layer) -> Config:
 
 def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
     name, source = merged.get(key, (default, "defaults"))
+    name = name.text if isinstance(name, ScalarText) else name
     if not isinstance(name, str) or name not in registry:
         if not len(registry):
             raise ConfigError(
@@ -185,13 +222,20 @@ def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
 
 def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
     source = str(path)
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(missing_config_message(path))
     raw = read_bounded_bytes(path, "Config file", "config", ConfigError)
     resolved = path.resolve()
     if resolved in seen:
         raise ConfigError(f"{source}: '_base_' files include each other in a cycle.")
     try:
         data = load_yaml_text(
-            decode_utf8(raw, path, "Config file", ConfigError), path, "Config file", "config", ConfigError
+            decode_utf8(raw, path, "Config file", ConfigError),
+            path,
+            "Config file",
+            "config",
+            ConfigError,
+            keep_text=True,
         )
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -200,18 +244,20 @@ def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
         problem = getattr(exc, "problem", None)
         detail = f" ({problem})" if problem else ""
         raise ConfigError(f"{source}: invalid YAML{where}{detail}.") from None
+    data = plain(data)  # a document that is one scalar
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a config file must hold a mapping of sections, not {type(data).__name__}.")
-    bases = data.pop(BASE_KEY, [])
+    bases = plain(data.pop(BASE_KEY, []))
     if isinstance(bases, str):
         bases = [bases]
     if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
         raise ConfigError(f"{source}: '{BASE_KEY}' must be a file path or a list of file paths.")
     layers: list[Layer] = []
     for base in bases:
-        layers.extend(_read_file_layers(path.parent / base, seen + (resolved,)))
+        # A parent is a path relative to this file, or the name of a shipped config (in copies of shipped configs).
+        layers.extend(_read_file_layers(resolve_config(base, relative_to=path.parent), seen + (resolved,)))
     layers.append(_flatten(data, source))
     return layers
 
@@ -230,6 +276,11 @@ def _flatten(data: Mapping[str, Any], source: str, prefix: str = "", node: Any =
     for key, value in data.items():
         if not isinstance(key, str):
             raise ConfigError(f"{source}: key {key!r} under '{prefix or 'top level'}' is not a string.")
+        if not all(part.strip() for part in key.split(".")):
+            raise ConfigError(
+                f"{source}: key {key!r} under '{prefix[:-1] or 'the top level'}' has an empty name "
+                "(or an empty part between dots); keys are names such as lr under train."
+            )
         dotted = f"{prefix}{key}"
         child = getattr(node, key, None) if dataclasses.is_dataclass(node) else None
         if dataclasses.is_dataclass(child):
@@ -284,11 +335,48 @@ def _resolve(cfg: Config, key: str, source: str, arch: str, encoding: str) -> tu
 
 
 def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> None:
-    """A numeric value outside its field's range (or a non-finite float) is an error naming the range."""
-    metadata = next(f.metadata for f in dataclasses.fields(owner) if f.name == name)
+    """A numeric value outside its field's range, a non-finite float or an empty list that needs an item is an error."""
+    spec = next(f for f in dataclasses.fields(owner) if f.name == name)
+    metadata = spec.metadata
+    if value == [] and field_non_empty(metadata):
+        unset = " (leave it unset or null for the default)" if spec.default is None else ""
+        raise ConfigError(f"{source}: '{key}' must hold at least one item, got []{unset}.")
     why = out_of_range(value, field_range(metadata))
     if why is not None:
         raise ConfigError(f"{source}: '{key}' must be {why}, got {value!r}.")
+
+
+def memory_need(cfg: Config, key: str) -> float:
+    """Bytes that ``key``'s value alone forces a run of ``cfg`` to allocate, at least.
+
+    The estimate of the key's field (see :mod:`detr_peg.config.ranges`) with
+    every other resource-sized value at most its default, as the loader
+    checks each value; for sizes that come from elsewhere (``model.num_classes``
+    taken from the data).
+    """
+    metadata = dict(_fields_with_memory(cfg))[key]
+    others = at_most_defaults(cfg)
+    return field_memory(metadata)(lambda other: _value(cfg, other) if other == key else others(other))
+
+
+def at_most_defaults(cfg: Config) -> Callable[[str], Any]:
+    """``get(key)``: each value of ``cfg`` at most its default (the config as a size from elsewhere is checked with).
+
+    A size that comes from the data is refused because of itself, not
+    because a config value is also large (see :mod:`detr_peg.config.ranges`).
+    """
+    arch, encoding = cfg.model.arch, cfg.model.position.name
+    defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
+    baseline = _defaults_config(arch, encoding, defaults)
+    return lambda key: _smaller(_value(cfg, key), _value(baseline, key))
+
+
+def _need(cfg: Config, baseline: Config, key: str, metadata: Any, *, alone: bool) -> float:
+    def get(other: str) -> Any:
+        value = _value(cfg, other)
+        return value if other == key or not alone else _smaller(value, _value(baseline, other))
+
+    return field_memory(metadata)(get)
 
 
 def _check_memory(cfg: Config, baseline: Config, sources: Mapping[str, str]) -> None:
@@ -299,12 +387,7 @@ def _check_memory(cfg: Config, baseline: Config, sources: Mapping[str, str]) -> 
     # then all values together, naming the first whose estimate is too large with the others as given.
     for alone in (True, False):
         for key, metadata in fields:
-
-            def get(other: str, key: str = key, alone: bool = alone) -> Any:
-                value = _value(cfg, other)
-                return value if other == key or not alone else _smaller(value, _value(baseline, other))
-
-            need = field_memory(metadata)(get)
+            need = _need(cfg, baseline, key, metadata, alone=alone)
             if need > available:
                 together = "" if alone else " with the other values given"
                 raise ConfigError(
@@ -350,6 +433,16 @@ def _type_name(hint: Any) -> str:
 
 
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
+    """``value`` as the type ``hint`` of its field, or a :class:`ConfigError` naming the key and value.
+
+    A plain YAML scalar read as another type (:class:`ScalarText`) gives a
+    string field (``str``, or a ``Literal`` of strings) the text the user
+    wrote: ``2001-12-14`` is a folder name there, not a date.
+    """
+    raw = value
+    text = value.text if isinstance(value, ScalarText) else None
+    value = plain(value)
+
     def fail() -> ConfigError:
         return ConfigError(f"{source}: '{key}' must be {_type_name(hint)}, got {value!r}.")
 
@@ -362,22 +455,25 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg, key, source)
+                return _coerce(raw, arg, key, source)
             except ConfigError:
                 pass
         raise fail()
     if origin is Literal:
+        if text is not None and text in typing.get_args(hint):
+            return text
         if value in typing.get_args(hint) and type(value) is not bool:
             return value
         raise fail()
     if origin is list:
         (item,) = typing.get_args(hint)
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list):
+        items = raw.value if isinstance(raw, ScalarText) else raw
+        if isinstance(items, tuple):
+            items = list(items)
+        if not isinstance(items, list):
             raise fail()
         try:
-            return [_coerce(v, item, key, source) for v in value]
+            return [_coerce(v, item, key, source) for v in items]
         except ConfigError:
             raise fail() from None
     if hint is bool:
@@ -404,5 +500,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     if hint is str:
         if isinstance(value, str):
             return value
+        if text is not None and value is not None:
+            return text
         raise fail()
     raise TypeError(f"unsupported config type {hint!r} for {key}")

@@ -5,8 +5,8 @@ metadata, made by :func:`valid`::
 
     num_queries: int = field(default=100, metadata=valid(1, memory=query_memory))
 
-The loader checks each value against its range (and that floats are finite)
-before anything is built, and then checks each resource-sized value (one with
+The loader checks each value against its range (that floats are finite, and
+that a list marked ``non_empty`` holds an item) before anything is built, and then checks each resource-sized value (one with
 a ``memory`` estimate) against the memory of the machine. Both failures are
 one line naming the source, the key, the value and the range or the need.
 
@@ -87,8 +87,9 @@ def valid(
     low_open: bool = False,
     high_open: bool = False,
     memory: Callable[[Lookup], float] | None = None,
+    non_empty: bool = False,
 ) -> dict[str, Any]:
-    """Field metadata: the valid range and, for resource-sized fields, the memory estimate.
+    """Field metadata: the valid range, for resource-sized fields the memory estimate, for lists whether one is needed.
 
     Args:
         low: smallest valid value.
@@ -97,13 +98,21 @@ def valid(
         high_open: ``high`` itself is not valid.
         memory: ``memory(get) -> bytes``, a lower bound of what the value
             forces a run to allocate (see the module docstring).
+        non_empty: a list field whose empty list means nothing (no stage, no
+            scale): the loader refuses ``[]`` instead of letting it fall back
+            to a default or to nothing.
     """
-    return {"range": Range(low, high, high_open, low_open), "memory": memory}
+    return {"range": Range(low, high, high_open, low_open), "memory": memory, "non_empty": non_empty}
 
 
 def field_range(metadata: Any) -> Range | None:
     """The :class:`Range` in a field's metadata, if any."""
     return metadata.get("range") if metadata else None
+
+
+def field_non_empty(metadata: Any) -> bool:
+    """Whether a list field needs at least one item."""
+    return bool(metadata.get("non_empty")) if metadata else False
 
 
 def field_memory(metadata: Any) -> Callable[[Lookup], float] | None:

@@ -77,7 +77,7 @@ class BackboneConfig:
     norm: Literal["frozen_bn", "bn", "sync_bn"] = "frozen_bn"
     dilation: bool = False
     frozen_stages: int = field(default=1, metadata=valid(0))
-    out_stages: list[int] | None = field(default=None, metadata=valid(1))
+    out_stages: list[int] | None = field(default=None, metadata=valid(1, non_empty=True))
     train: bool = True
     memory_format: Literal["contiguous", "channels_last"] = "contiguous"
 
@@ -204,11 +204,11 @@ class DataConfig:
     val_annotations: str | None = None
     contiguous_labels: bool = True
     train_scales: list[int] = field(
-        default_factory=lambda: list(range(480, 801, 32)), metadata=valid(1, memory=train_scales_memory)
+        default_factory=lambda: list(range(480, 801, 32)), metadata=valid(1, memory=train_scales_memory, non_empty=True)
     )
     train_max_size: int = field(default=1333, metadata=valid(1))
-    crop_scales: list[int] = field(default_factory=lambda: [400, 500, 600], metadata=valid(1))
-    crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1))
+    crop_scales: list[int] = field(default_factory=lambda: [400, 500, 600], metadata=valid(1, non_empty=True))
+    crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1, non_empty=True))
     crop_prob: float = field(default=0.5, metadata=valid(0, 1))
     hflip_prob: float = field(default=0.5, metadata=valid(0, 1))
     val_scale: int = field(default=800, metadata=valid(1, memory=val_scale_memory))

@@ -27,6 +27,7 @@ from detr_peg.config.loader import Layer, build_config, dotted_layer, file_layer
 from detr_peg.config.schema import Config
 from detr_peg.convert.registry import OFFICIAL_FORMATS, OfficialFormat
 from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.fileio.bounded_read import plain
 from detr_peg.fileio.checkpoint_files import read_checkpoint_file
 from detr_peg.models.builder import build_model
 from detr_peg.models.loading import without_backbone_weights
@@ -96,9 +97,9 @@ def _args_layer(args: dict[str, Any], fmt: OfficialFormat, source: str) -> Layer
 
 def _refuse_contradictions(hard: dict[str, Any], cli: Layer, src: str) -> None:
     for key, value in hard.items():
-        if key in cli and cli[key][0] != value:
+        if key in cli and plain(cli[key][0]) != value:
             raise ConfigError(
-                f"command line: {key}={cli[key][0]!r} contradicts the weights in {src}, which have {value!r}; "
+                f"command line: {key}={plain(cli[key][0])!r} contradicts the weights in {src}, which have {value!r}; "
                 "convert first, then change the model by fine-tuning (train.init_from with train.reset_classifier)."
             )
 

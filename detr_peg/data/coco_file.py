@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from pycocotools.coco import COCO
 
+from detr_peg.data.dataset_memory import check_evaluation_memory
 from detr_peg.errors import DataError
 from detr_peg.fileio.bounded_read import check_tree, read_bounded_bytes
 
@@ -311,6 +312,7 @@ def read_coco_file(path: str | Path, *, on_bad_sample: OnBadSample = "error") ->
     path = Path(path)
     data = read_json_file(path)
     check_structure(data, path)
+    check_evaluation_memory(data, path)
     problems = find_sample_problems(data, path)
     if problems and on_bad_sample == "error":
         more = f" ({len(problems) - 1} more problems in this file)" if len(problems) > 1 else ""

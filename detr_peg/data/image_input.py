@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from detr_peg.data.image_file import load_rgb_image
+from detr_peg.data.image_file import load_rgb_image, to_rgb
 from detr_peg.errors import DataError
 from detr_peg.fileio.bounded_read import check_regular_file
 
@@ -61,7 +61,8 @@ def as_rgb_tensor(image: ImageInput, name: str = "image") -> Tensor:
 
     Args:
         image: a path (decoded by :func:`~detr_peg.data.image_file.load_rgb_image`),
-            a PIL image (any mode, converted to RGB), a NumPy ``uint8`` array
+            a PIL image (converted to RGB by :func:`~detr_peg.data.image_file.to_rgb`,
+            which refuses modes without a defined conversion), a NumPy ``uint8`` array
             ``(H, W, 3)`` RGB or ``(H, W)`` grey, or a tensor ``(3, H, W)``:
             ``uint8``, or floating point with values in ``[0, 1]``.
         name: how messages refer to the input (``image 3``).
@@ -73,7 +74,7 @@ def as_rgb_tensor(image: ImageInput, name: str = "image") -> Tensor:
     if isinstance(image, (str, os.PathLike)):
         image = load_rgb_image(image)
     if isinstance(image, Image.Image):
-        rgb = image if image.mode == "RGB" else image.convert("RGB")
+        rgb = to_rgb(image, name)
         return torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()
     if isinstance(image, np.ndarray):
         return _from_array(image, name)

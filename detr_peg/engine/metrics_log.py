@@ -12,8 +12,8 @@
   ``cardinality_error``, ``grad_norm`` (before clipping), one ``lr_<group>``
   per parameter group, ``data_time`` and ``iter_time`` in seconds;
 * ``"epoch"``: the epoch's means and ``skipped_images`` (running total);
-* ``"eval"``: the COCO metrics (``AP``, ``AP50``, ... see
-  :mod:`detr_peg.engine.evaluation.coco_metrics`);
+* ``"eval"``: the COCO metrics (``AP``, ``AP50``, ... in percent, with
+  ``"unit": "percent"``; see :mod:`detr_peg.engine.evaluation.metric_units`);
 * ``"end"``: the summary of :class:`~detr_peg.engine.trainer.TrainResult`.
 
 Every record also has ``time`` (seconds since the epoch). A resumed run

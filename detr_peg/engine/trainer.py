@@ -40,11 +40,13 @@ from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import Progress, capture_rng_state, checkpoint_path, save_training_checkpoint
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, on_main, process_group, reduce_mean
+from detr_peg.engine.evaluation.metric_units import UNIT, format_percent
 from detr_peg.engine.hooks import EvalHook, HookBase, default_hooks
 from detr_peg.engine.loader import build_train_loader, iterate_batches
 from detr_peg.engine.metrics_log import METRICS_FILE, MetricsLog, format_duration
 from detr_peg.engine.mixed_precision import autocast, outputs_to_float
 from detr_peg.engine.optimizer import LrSchedule, current_lrs
+from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.training_setup import build_training, check_training_ranges, determinism, write_config
 from detr_peg.errors import TrainingError
 from detr_peg.guards.declared_io import train_io
@@ -62,8 +64,7 @@ class TrainResult:
         output_dir: the run's folder.
         checkpoint: the last checkpoint (``checkpoint.pth``).
         config_file: the resolved config (``config.yaml``).
-        metrics_log: the JSON-lines log (``metrics.jsonl``).
-        metrics: the last COCO evaluation (``AP``, ``AP50``, ...), or None
+        metrics: the last COCO evaluation (``AP``, ``AP50``, ... in percent), or None
             without validation data.
         metrics_file: ``metrics.json`` of the last evaluation, or None.
         detections_file: ``detections.json`` of the last evaluation, or None.
@@ -331,12 +332,16 @@ class Trainer:
         if self.log is not None:
             self.log.write({"type": "end", "epochs_completed": result.epochs_completed,
                             "iterations": result.iterations, "skipped_images": result.skipped_images,
-                            "metrics": result.metrics})  # fmt: skip
-            ap = f", AP {result.metrics['AP']:.3f} AP50 {result.metrics['AP50']:.3f}" if result.metrics else ""
+                            "metrics": result.metrics, "unit": UNIT})  # fmt: skip
+            ap = (f", AP {format_percent(result.metrics['AP'])} AP50 {format_percent(result.metrics['AP50'])}"
+                  if result.metrics else "")  # fmt: skip
             self.log.info(
                 f"Done: {result.iterations} iterations, {result.epochs_completed} epochs{ap}; "
                 f"skipped images: {result.skipped_images}; checkpoint {self.ckpt_file}"
             )
+            note = low_ap_note(result.metrics.get("AP") if result.metrics else None, result.iterations)
+            if note:
+                self.log.info(note)
         return result
 
     def _kept(self) -> str:

@@ -30,6 +30,7 @@ from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.config.loader import config_to_dict, save_config
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
+from detr_peg.data.dataset_memory import check_matching_memory
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import (
     CHECKPOINT_NAME,
@@ -73,7 +74,10 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
     stored_map = checkpoint_label_map(resume_ckpt, resume_ckpt.config) if resume_ckpt else None
     train_set = build_coco_dataset(cfg.data, "train", label_map=stored_map)
     label_map = train_set.label_map
-    cfg = resolve_num_classes(cfg, label_map, str(train_set.annotation_file))
+    cfg = resolve_num_classes(
+        cfg, label_map, str(train_set.annotation_file), categories=train_set.coco.dataset["categories"]
+    )
+    check_matching_memory(cfg, train_set.coco.dataset, train_set.annotation_file)
     val_set = None
     if cfg.data.val_images and cfg.data.val_annotations:
         val_set = build_coco_dataset(cfg.data, "val", label_map=label_map)

@@ -15,7 +15,8 @@ One layer under every reader (config YAML, COCO JSON, checkpoints, images):
   ``max_nodes`` values (YAML aliases that refer to each other multiply: the
   "billion laughs" file is a few hundred bytes), or holds integers outside
   the signed 64-bit range (ids that no tensor or database can hold).
-* :func:`load_yaml_text` parses YAML with the safe loader and bounds the result.
+* :func:`load_yaml_text` parses YAML with the safe loader, refuses a key given
+  twice in one mapping, and bounds the result.
 
 Limits are module constants (:data:`LIMITS`), generous for real files.
 """
@@ -170,6 +171,8 @@ def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: 
     nodes = 0
     while stack:
         value, depth = stack.pop()
+        if isinstance(value, ScalarText):
+            value = value.value
         nodes += 1
         if nodes > limits.max_nodes:
             raise error(
@@ -189,10 +192,54 @@ def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: 
     return data
 
 
+@dataclass(frozen=True)
+class ScalarText:
+    """A plain YAML scalar that YAML reads as another type than a string, with the text as written.
+
+    ``2001-12-14`` is a date, ``yes`` a bool and ``1e3`` a string to YAML 1.1;
+    a reader that expects a string (a folder name, a choice) takes ``text``
+    instead of YAML's guess (see ``keep_text`` of :func:`load_yaml_text`).
+
+    Attributes:
+        value: what YAML made of it (``datetime.date``, ``bool``, ``int``, ``float``, ``None``).
+        text: the scalar exactly as written.
+    """
+
+    value: Any
+    text: str
+
+
+def plain(value: Any) -> Any:
+    """``value`` without its :class:`ScalarText` wrapper (lists too)."""
+    if isinstance(value, ScalarText):
+        return value.value
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: int, again: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first, self.again = key, first, again
+
+
 class _BoundedLoader(yaml.SafeLoader):
-    """The safe loader with a bounded number of alias uses (each may expand a whole subtree)."""
+    """The safe loader with a bounded number of alias uses (each may expand a whole subtree) and unique keys.
+
+    A key given twice in one mapping (at any depth) is an error: YAML keeps
+    the last silently, so the file would say two things and mean one. Keys
+    brought in by a ``<<`` merge may be overridden, as YAML intends. With
+    ``keep_text``, plain scalar values that YAML reads as another type than a
+    string come back as :class:`ScalarText`.
+    """
 
     max_aliases = 1000
+
+    def __init__(self, text: str, keep_text: bool = False) -> None:
+        super().__init__(text)
+        self.keep_text = keep_text
+        self.key_nodes: set[int] = set()
 
     def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
         if self.check_event(yaml.AliasEvent):
@@ -201,19 +248,71 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise yaml.YAMLError(f"more than {self.max_aliases} YAML aliases")
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                self.key_nodes.add(id(key_node))
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = lines.get(key)
+                except TypeError:  # an unhashable key: the safe loader refuses it below
+                    continue
+                if first is not None:
+                    raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
+                lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
-def load_yaml_text(text: str, path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> Any:
+    def construct_object(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        value = super().construct_object(node, deep=deep)
+        if (
+            self.keep_text
+            and isinstance(node, yaml.ScalarNode)
+            and node.style is None
+            and not isinstance(value, str)
+            and id(node) not in self.key_nodes
+        ):
+            return ScalarText(value, node.value)
+        return value
+
+
+def load_yaml_text(
+    text: str,
+    path: str | os.PathLike,
+    what: str,
+    kind: str,
+    error: Callable[[str], UserError],
+    *,
+    keep_text: bool = False,
+) -> Any:
     """Parse YAML safely and bound the result (see :func:`check_tree`).
+
+    Args:
+        text: the YAML.
+        path: where it comes from (a file, or an override's key), for messages.
+        what: how messages name it ("Config file").
+        kind: a key of :data:`LIMITS`.
+        error: builds the exception to raise from a message.
+        keep_text: plain scalar values that YAML reads as a date, number,
+            bool or null come back as :class:`ScalarText` (value and text).
 
     Raises:
         yaml.YAMLError: invalid YAML (the caller words it with the line);
-        UserError: too many aliases, too deep, too many values, huge integers.
+        UserError: a key given twice in one mapping (naming the key and both
+            lines), too many aliases, too deep, too many values, huge integers.
     """
-    loader = _BoundedLoader(text)
+    loader = _BoundedLoader(text, keep_text)
     try:
         data = loader.get_single_data()
     except RecursionError:
         raise error(f"{what} {os.fspath(path)} is nested too deeply to parse; refusing to use it.") from None
+    except _DuplicateKey as exc:
+        raise error(
+            f"{what} {os.fspath(path)} gives the key {exc.key!r} twice in one mapping (line {exc.first} and "
+            f"line {exc.again}); YAML would keep only the last, so keep one."
+        ) from None
     except yaml.YAMLError as exc:
         if str(exc).startswith("more than"):
             raise error(

@@ -12,8 +12,9 @@ is attached to the ``nn.Module`` itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from torch import nn
 from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint
 from detr_peg.config.loader import config_to_dict, load_config
 from detr_peg.config.schema import Config
+from detr_peg.data.dataset_memory import check_num_classes_memory, num_classes_origin
 from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError, ConfigError, DataError
 from detr_peg.models.builder import build_model, build_postprocessor
@@ -37,20 +39,32 @@ def without_backbone_weights(cfg: Config) -> Config:
     return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
 
 
-def resolve_num_classes(cfg: Config, label_map: LabelMap, source: str) -> Config:
+def resolve_num_classes(
+    cfg: Config, label_map: LabelMap, source: str, *, categories: Sequence[Mapping[str, Any]] | None = None
+) -> Config:
     """``cfg`` with ``model.num_classes`` taken from the label map when unset.
 
     Args:
         cfg: the run's config.
         label_map: the dataset's (or checkpoint's) label map.
         source: the annotation file, for messages.
+        categories: the file's ``categories`` list the label map was made
+            from, so that a message names the entry (``categories[3].id``).
 
     Raises:
         ConfigError: ``model.num_classes`` is set and the label map does not
             fit it (see :func:`label_map_fit_problem`).
+        DataError: ``model.num_classes`` taken from the data needs more memory
+            than this machine has (see :mod:`detr_peg.data.dataset_memory`).
     """
     if cfg.model.num_classes is None:
-        return replace(cfg, model=replace(cfg.model, num_classes=label_map.num_classes))
+        resolved = replace(cfg, model=replace(cfg.model, num_classes=label_map.num_classes))
+        if categories is not None:
+            origin = num_classes_origin(categories, label_map.contiguous)
+        else:
+            origin = f"{len(label_map)} categories"
+        check_num_classes_memory(resolved, origin, source)
+        return resolved
     problem = label_map_fit_problem(label_map, cfg.model.num_classes)
     if problem:
         raise ConfigError(

@@ -39,8 +39,9 @@ BARS = ("AP", "AP50", "AP75")
 
 
 def _pct(agg: dict[str, Any]) -> tuple[float, float]:
+    """Mean and std (percent, as the study's results hold them; nan and 0 without values)."""
     mean = agg["mean"] if agg["mean"] is not None else float("nan")
-    return 100 * mean, 100 * (agg["std"] or 0.0)
+    return mean, agg["std"] or 0.0
 
 
 def plot_ap_vs_scale(settings: list[dict[str, Any]], out: Path) -> Path | None:
@@ -143,7 +144,7 @@ def plot_run(run_dir: str | Path) -> Path:
     fig, (ax_ap, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
     for stat, curve in curves.items():
         if curve:
-            ax_ap.plot(*zip(*[(it, 100 * v) for it, v in curve]), marker="o", label=stat)
+            ax_ap.plot(*zip(*curve), marker="o", label=stat)  # percent (learning_curve reads older logs too)
     ax_ap.set_xlabel("iteration")
     ax_ap.set_ylabel("%")
     ax_ap.set_title("Evaluation", fontsize=11)

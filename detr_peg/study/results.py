@@ -21,9 +21,11 @@ Per setting (the cells that differ only in their seed) each number is given
 as mean, sample standard deviation (``ddof=1``; none with one seed) and the
 per-seed values. Files written into the study folder: ``study.json`` (cells
 and settings), ``study.csv`` (one row per setting, kind, scale and metric) and
-``study.md`` (the tables). COCO numbers are fractions in the JSON and CSV
-files and percentages in ``study.md``; -1 (COCO's "no such objects") is left
-out of the averages.
+``study.md`` (the tables). COCO numbers are in percent (0-100) in every file
+(``study.json`` says ``"unit": "percent"``, ``study.csv`` has a ``unit``
+column); cells' files from before the unit was recorded hold fractions and are
+read as percent (:func:`~detr_peg.engine.evaluation.metric_units.read_metrics`).
+-1 (COCO's "no such objects") is left out of the averages.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
 from detr_peg.fileio.atomic import atomic_write_text, write_json
 from detr_peg.study.cell import cell_paths, read_state
 from detr_peg.study.comparisons import (
@@ -67,7 +70,7 @@ def _read_json(path: Path) -> Any | None:
 
 
 def learning_curve(metrics_jsonl: Path, stat: str = "AP") -> list[tuple[int, float]]:
-    """``(iteration, value)`` of every ``eval`` record of a run's ``metrics.jsonl`` (last one per iteration)."""
+    """``(iteration, value in percent)`` of every ``eval`` record of a run's ``metrics.jsonl`` (last one per iteration)."""
     points: dict[int, float] = {}
     try:
         lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
@@ -78,13 +81,10 @@ def learning_curve(metrics_jsonl: Path, stat: str = "AP") -> list[tuple[int, flo
             record = json.loads(line)
         except ValueError:  # a line being written
             continue
-        if (
-            isinstance(record, dict)
-            and record.get("type") == "eval"
-            and is_number(record.get(stat))
-            and is_number(record.get("iteration"))
-        ):
-            points[int(record["iteration"])] = float(record[stat])
+        if isinstance(record, dict) and record.get("type") == "eval" and is_number(record.get("iteration")):
+            value = read_metrics(record).get(stat)  # percent, from older logs in fractions too
+            if is_number(value):
+                points[int(record["iteration"])] = value
     return sorted(points.items())
 
 
@@ -106,13 +106,22 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         "values": dict(cell.values),
         "status": state.get("status", "not started"),
         "error": state.get("error"),
-        "metrics": main["bbox"] if main and state.get("status") == "done" else None,
+        "metrics": read_metrics(main) if main and state.get("status") == "done" else None,
         "curve": learning_curve(paths.run / "metrics.jsonl"),
     }
     for kind, name in KINDS.items():
         data = _read_json(paths.eval / name)
-        record[kind] = data["results"] if data else []
-    record["padding"] = _read_json(paths.eval / "padding.json")
+        unit = data.get("unit") if data else None
+        record[kind] = (
+            [{**row, "metrics": percent_metrics(row["metrics"], unit)} for row in data["results"]] if data else []
+        )
+    padding = _read_json(paths.eval / "padding.json")
+    if padding:
+        modes = padding.get("modes", {})
+        padding["modes"] = {
+            m: {**r, "metrics": percent_metrics(r["metrics"], padding.get("unit"))} for m, r in modes.items()
+        }
+    record["padding"] = padding
     return record
 
 
@@ -196,7 +205,7 @@ def collect(
     """
     study_dir = Path(study_dir)
     records = [collect_cell(study_dir, cell) for cell in cells]
-    results = {"definition": definition.to_dict(), "cells": records, "settings": summarize(records)}
+    results = {"definition": definition.to_dict(), "unit": UNIT, "cells": records, "settings": summarize(records)}
     results["comparisons"] = compare(results, options or ComparisonOptions())
     if rule is not None:
         results["seeds_auto"] = {
@@ -252,6 +261,7 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                             "scale": scale,
                             "size": size,
                             "metric": stat,
+                            "unit": UNIT,
                             "mean": agg["mean"],
                             "std": agg["std"],
                             "n": agg["n"],
@@ -273,6 +283,7 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "scale": c["scale"],
                 "size": None,
                 "metric": "AP",
+                "unit": results["comparisons"]["unit"],
                 "mean": c["mean"],
                 "std": c["sd"],
                 "n": c["n"],
@@ -299,6 +310,7 @@ def _write_csv(path: Path, results: dict[str, Any]) -> Path:
         "scale",
         "size",
         "metric",
+        "unit",
         "mean",
         "std",
         "n",
@@ -316,8 +328,8 @@ def format_stat(agg: dict[str, Any]) -> str:
     """``62.5 ± 1.2`` (percent); ``62.5`` with one seed; ``n/a`` without values."""
     if agg["mean"] is None:
         return "n/a"
-    text = f"{100 * agg['mean']:.1f}"
-    return text + (f" ± {100 * agg['std']:.1f}" if agg["std"] is not None else "")
+    text = f"{agg['mean']:.1f}"
+    return text + (f" ± {agg['std']:.1f}" if agg["std"] is not None else "")
 
 
 def markdown(results: dict[str, Any]) -> str:

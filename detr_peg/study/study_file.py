@@ -1,6 +1,6 @@
 """Study files: a study's definition as YAML, so a whole grid is one command.
 
-Format (every field optional except ``configs``; paths relative to the file)::
+Format (every field optional except ``configs``: paths relative to the file, or shipped config names)::
 
     configs:                       # base configs: an axis of the grid
       - ../detr_r50_sine.yaml
@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from detr_peg.config.shipped import resolve_config
 from detr_peg.errors import ConfigError
 from detr_peg.fileio.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
 
@@ -77,7 +78,7 @@ def load_study_file(path: str | Path) -> StudyFile:
     Raises:
         ConfigError: a missing file, invalid YAML, an unknown key or a value of the wrong type.
     """
-    path = Path(path)
+    path = resolve_config(path)  # a file, or a shipped study's name (study/proxy_synthetic)
     # Bounded like every config file: a regular file of at most 1 MiB, UTF-8, YAML of bounded depth and size.
     raw = decode_utf8(read_bounded_bytes(path, "Study file", "config", ConfigError), path, "Study file", ConfigError)
     try:
@@ -105,7 +106,7 @@ def load_study_file(path: str | Path) -> StudyFile:
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings.")
     return StudyFile(
-        configs=[str((path.parent / c).resolve()) for c in configs],
+        configs=[str(resolve_config(c, relative_to=path.parent).resolve()) for c in configs],
         grid=[f"{key}={','.join(_value_text(v) for v in values)}" for key, values in grid.items()],
         seeds=seeds,
         target_ci=top.get("target_ci"),

@@ -60,10 +60,12 @@ def test_ground_truth_as_detections_scores_one_with_original_category_ids() -> N
     assert {tuple(r["bbox"]) for r in results} == {tuple(map(float, a["bbox"])) for a in GT["annotations"]}
     metrics = evaluate_coco(_coco(), results)
     assert list(metrics) == list(STAT_NAMES)
-    assert metrics["AP"] == 1.0 and metrics["AP50"] == 1.0 and metrics["AR100"] == 1.0
+    assert metrics["AP"] == 100.0 and metrics["AP50"] == 100.0 and metrics["AR100"] == 100.0  # percent
     assert metrics["APs"] == -1.0  # no small objects: COCO defines no value
     table = format_metrics_table(metrics)
     assert all(name in table for name in STAT_NAMES) and "n/a" in table
+    assert table.splitlines()[0] == "COCO bbox evaluation, in percent"
+    assert "AP     100.0 %   AP @ IoU=0.50:0.95" in table and "ARs        n/a   AR small" in table
 
 
 def test_raw_labels_that_are_no_category_are_left_out() -> None:

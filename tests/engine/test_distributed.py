@@ -105,4 +105,4 @@ def test_two_processes_train_evaluate_and_match_one_process(tmp_path: Path) -> N
     assert sorted({d["image_id"] for d in detections}) == sorted({d["image_id"] for d in single_detections})
     assert len(detections) == len(single_detections)
     for name in STAT_NAMES:
-        assert metrics["bbox"][name] == pytest.approx(single.metrics[name], abs=1e-3), name
+        assert metrics["bbox"][name] == pytest.approx(single.metrics[name], abs=0.1), name  # percent: 0.1 point

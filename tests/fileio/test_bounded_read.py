@@ -84,3 +84,41 @@ def test_nesting_is_bounded() -> None:
 def test_invalid_yaml_is_left_to_the_caller_with_its_line() -> None:
     with pytest.raises(yaml.YAMLError):
         load_yaml_text("a: [1, 2\n", "bad.yaml", "Config file", "config", DataError)
+
+
+@pytest.mark.parametrize(
+    "text, key, lines",
+    [
+        ("a: 1\nb: 2\na: 3\n", "'a'", (1, 3)),
+        ("data:\n  x: 1\nmodel: {}\ndata:\n  y: 2\n", "'data'", (1, 4)),
+        ("a:\n  b:\n    c: 1\n    d: 2\n    c: 3\n", "'c'", (3, 5)),
+        ("- {k: 1, j: 2, k: 3}\n", "'k'", (1, 1)),
+        ("1: a\n1: b\n", "1", (1, 2)),
+        ("x: &a {p: 1}\ny:\n  <<: *a\n  q: 1\n  q: 2\n", "'q'", (4, 5)),
+        ("'a': 1\na: 2\n", "'a'", (1, 2)),
+    ],
+    ids=["top", "two-sections", "deep", "flow-in-list", "number-key", "beside-a-merge", "quoted-and-plain"],
+)
+def test_a_key_given_twice_in_one_mapping_names_the_key_and_both_lines(text: str, key: str, lines) -> None:
+    with pytest.raises(DataError) as info:
+        load_yaml_text(text, "twice.yaml", "Config file", "config", DataError)
+    message = str(info.value)
+    assert message.startswith(f"Config file twice.yaml gives the key {key} twice in one mapping"), message
+    assert f"(line {lines[0]} and line {lines[1]})" in message, message
+
+
+def test_keys_brought_in_by_a_merge_may_be_overridden() -> None:
+    data = load_yaml_text(
+        "base: &b {lr: 1, wd: 2}\ntrain:\n  <<: *b\n  lr: 3\n", "m.yaml", "Config", "config", DataError
+    )
+    assert data["train"] == {"lr": 3, "wd": 2}
+
+
+def test_keep_text_keeps_the_text_of_non_string_scalars() -> None:
+    data = load_yaml_text(
+        "d: 2001-12-14\nb: [yes, x, 0x1F]\nn: ~\n", "t.yaml", "Config", "config", DataError, keep_text=True
+    )
+    assert data["d"] == bounded_read.ScalarText(__import__("datetime").date(2001, 12, 14), "2001-12-14")
+    assert data["b"] == [bounded_read.ScalarText(True, "yes"), "x", bounded_read.ScalarText(31, "0x1F")]
+    assert data["n"] == bounded_read.ScalarText(None, "~")
+    assert bounded_read.plain(data["b"]) == [True, "x", 31]

@@ -127,7 +127,7 @@ def test_a_toy_architecture_in_one_new_module_trains_evaluates_predicts_and_expo
     assert report["iterations"] == 2
     assert report["detections"] == [5, 5, 5]  # one per query, every score kept
     assert set(report["names"]) <= {"circle", "square", "triangle", "cross"} and report["names"]
-    assert set(report["metrics"]) == set(report["train_metrics"]) and 0 <= report["metrics"]["AP50"] <= 1
+    assert set(report["metrics"]) == set(report["train_metrics"]) and 0 <= report["metrics"]["AP50"] <= 100
     assert report["metrics"] == pytest.approx(report["train_metrics"], abs=1e-12)  # the run's final evaluation
     assert report["repr"].startswith("Detector(toy, ")
     if export == "onnx":

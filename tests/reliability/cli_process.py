@@ -264,7 +264,10 @@ class CliProcess:
 
     def send_signal(self, sig: int) -> None:
         if self._result is None:
-            os.kill(self.pid, sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # it ended already; wait() collects it
+                pass
 
     def poll(self) -> bool:
         """Whether it has ended (a warm command counts as running until the helper has collected it)."""

@@ -20,29 +20,40 @@ from detr_peg.study.runner import PLAN_FILE, plan_record
 STAT_NAMES = (*STATS, "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
-def stats(ap: float) -> dict[str, float]:
-    """Twelve COCO numbers derived from one AP (APl undefined: -1)."""
-    return {name: (-1.0 if name == "APl" else round(ap + i / 100, 4)) for i, name in enumerate(STAT_NAMES)}
+def stats(ap: float, unit: str = "fraction") -> dict[str, float]:
+    """Twelve COCO numbers derived from one AP fraction (APl undefined: -1), as a file of ``unit`` holds them."""
+    scale = 100.0 if unit == "percent" else 1.0
+    return {name: (-1.0 if name == "APl" else round(scale * (ap + i / 100), 4)) for i, name in enumerate(STAT_NAMES)}
 
 
-def fake_cell(study: Path, cell, ap: float) -> None:
-    """The files of a finished cell, in the formats of detr-peg train and detr-peg eval."""
+def fake_cell(study: Path, cell, ap: float, unit: str) -> None:
+    """The files of a finished cell, in the formats of detr-peg train and detr-peg eval.
+
+    ``unit="percent"``: the files of this version (``"unit": "percent"``);
+    ``"fraction"``: files of earlier versions (fractions, no unit field).
+    """
+    tag = {"unit": "percent"} if unit == "percent" else {}
+
+    def stats(value: float) -> dict[str, float]:
+        return globals()["stats"](value, unit)
+
     paths = cell_paths(study, cell)
     paths.eval.mkdir(parents=True)
     paths.run.mkdir(parents=True)
     state = new_state(cell, {})
     state.update(status="done", stages={"train": "done", "eval": "done"})
     write_state(paths, state)
-    (paths.eval / "metrics.json").write_text(json.dumps({"bbox": stats(ap), "num_images": 10}))
+    (paths.eval / "metrics.json").write_text(json.dumps({"bbox": stats(ap), **tag, "num_images": 10}))
     for kind, name, shift in (("resized", "scales_resized.json", -0.1), ("canvas", "scales_canvas.json", -0.05)):
         results = [
             {"scale": s, "size": int(64 * s), "num_images": 10, "metrics": stats(ap + shift * (s - 1))}
             for s in (1.0, 1.5, 2.0)
         ]
-        (paths.eval / name).write_text(json.dumps({"kind": kind, "base_size": 64, "results": results}))
+        (paths.eval / name).write_text(json.dumps({"kind": kind, **tag, "base_size": 64, "results": results}))
     (paths.eval / "padding.json").write_text(
         json.dumps(
             {
+                **tag,
                 "modes": {
                     "mixed": {"batch_size": 8, "metrics": stats(ap - 0.01), "seconds": 1.0},
                     "single": {"batch_size": 1, "metrics": stats(ap), "seconds": 2.0},
@@ -53,14 +64,15 @@ def fake_cell(study: Path, cell, ap: float) -> None:
     )
     records = [
         {"type": "iter", "iteration": 1, "loss": 3.0},
-        {"type": "eval", "iteration": 10, **stats(ap / 2)},
-        {"type": "eval", "iteration": 20, **stats(ap)},
+        {"type": "eval", "iteration": 10, **stats(ap / 2), **tag},
+        {"type": "eval", "iteration": 20, **stats(ap), **tag},
     ]
     (paths.run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-@pytest.fixture
-def study(tmp_path: Path):
+@pytest.fixture(params=["percent", "fraction"])
+def study(tmp_path: Path, request):
+    """A finished two-setting study; its cells' files in percent (this version) or fractions (earlier ones)."""
     definition = StudyDefinition(
         configs=("base.yaml",),
         axes=(parse_axis("model.position.name=sine,peg"),),
@@ -75,7 +87,7 @@ def study(tmp_path: Path):
         "position.name=peg_seed1": 0.46,
     }
     for cell in cells:
-        fake_cell(tmp_path, cell, aps[cell.name])
+        fake_cell(tmp_path, cell, aps[cell.name], request.param)
     (tmp_path / PLAN_FILE).write_text(json.dumps(plan_record(tmp_path, definition, cells)))
     return tmp_path, definition, cells
 
@@ -93,17 +105,18 @@ def test_tables_hold_the_cells_numbers_with_both_kinds_apart(study) -> None:
     write_results(folder, results)
     peg = next(s for s in results["settings"] if s["setting"] == "position.name=peg")
     assert peg["seeds"] == [0, 1]
-    assert peg["main"]["AP"]["values"] == [0.40, 0.46] and math.isclose(peg["main"]["AP"]["mean"], 0.43)
+    # Every number in percent, whichever unit the cells' files hold.
+    assert peg["main"]["AP"]["values"] == pytest.approx([40.0, 46.0]) and math.isclose(peg["main"]["AP"]["mean"], 43.0)
     assert peg["main"]["APl"]["n"] == 0  # COCO's -1 is not averaged
     resized = {r["scale"]: r for r in peg["resized"]}
     canvas = {r["scale"]: r for r in peg["canvas"]}
-    assert resized[2.0]["AP"]["values"] == pytest.approx([0.30, 0.36])
-    assert canvas[2.0]["AP"]["values"] == pytest.approx([0.35, 0.41])
+    assert resized[2.0]["AP"]["values"] == pytest.approx([30.0, 36.0])
+    assert canvas[2.0]["AP"]["values"] == pytest.approx([35.0, 41.0])
     assert resized[2.0]["size"] == 128
-    assert peg["padding"]["AP"]["mixed"]["values"] == pytest.approx([0.39, 0.45])
+    assert peg["padding"]["AP"]["mixed"]["values"] == pytest.approx([39.0, 45.0])
     assert peg["padding"]["max_abs_logit_diff_mixed_vs_single"] == pytest.approx(0.25 * 0.46)  # the largest
     assert [p["iteration"] for p in peg["curve"]] == [10, 20]
-    assert peg["curve"][1]["values"] == [0.40, 0.46]
+    assert peg["curve"][1]["values"] == pytest.approx([40.0, 46.0])
 
     md = (folder / "study.md").read_text()
     assert "| position.name=peg | 2 | 43.0 ± 4.2 | 44.0 ± 4.2 |" in md  # AP, AP50 (+1 point) in percent
@@ -122,8 +135,11 @@ def test_tables_hold_the_cells_numbers_with_both_kinds_apart(study) -> None:
         for r in rows
         if r["setting"] == "position.name=peg" and r["kind"] == "canvas" and r["scale"] == "2.0" and r["metric"] == "AP"
     )
-    assert [float(v) for v in row["values"].split(";")] == pytest.approx([0.35, 0.41])
-    assert json.loads((folder / "study.json").read_text())["settings"][1]["main"]["AP"]["values"] == [0.40, 0.46]
+    assert [float(v) for v in row["values"].split(";")] == pytest.approx([35.0, 41.0]) and row["unit"] == "percent"
+    written = json.loads((folder / "study.json").read_text())
+    assert written["unit"] == "percent" and written["settings"][1]["main"]["AP"]["values"] == pytest.approx(
+        [40.0, 46.0]
+    )
 
 
 def test_plots_are_drawn_and_redrawn_by_the_plot_command(study) -> None:

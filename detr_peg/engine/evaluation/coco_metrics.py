@@ -11,7 +11,7 @@ with the model). Labels that are not a category of the map (with raw COCO
 labels, the unused ids of the 91 logits) cannot be right and are left out.
 
 The twelve standard numbers of ``COCOeval.summarize()`` are returned under
-the names of :data:`STAT_NAMES`.
+the names of :data:`STAT_NAMES`, in percent (see :mod:`detr_peg.engine.evaluation.metric_units`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
 from detr_peg.data.label_map import LabelMap
+from detr_peg.engine.evaluation.metric_units import STAT_NAMES, format_percent, to_percent
 
-#: The order of ``COCOeval.stats`` for bbox evaluation.
-STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+__all__ = ["STAT_NAMES", "detections_to_coco", "evaluate_coco", "format_metrics_table"]
 
 _DESCRIPTIONS = {
     "AP": "AP @ IoU=0.50:0.95, all areas, 100 dets",
@@ -100,9 +100,9 @@ def evaluate_coco(coco_gt: COCO, results: list[dict], image_ids: Iterable[int] |
             images without detections count as misses.
 
     Returns:
-        ``{name: value}`` for :data:`STAT_NAMES`; ``-1`` where COCO defines no
-        value (no ground truth of that size), ``0`` for every number when
-        there is no detection at all.
+        ``{name: value}`` for :data:`STAT_NAMES` in percent (0-100); ``-1``
+        where COCO defines no value (no ground truth of that size), ``0`` for
+        every number when there is no detection at all.
     """
     ids = sorted(coco_gt.getImgIds() if image_ids is None else set(image_ids))
     if not results:
@@ -115,15 +115,13 @@ def evaluate_coco(coco_gt: COCO, results: list[dict], image_ids: Iterable[int] |
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    return {name: float(value) for name, value in zip(STAT_NAMES, np.asarray(evaluator.stats).tolist())}
+    return {name: to_percent(value) for name, value in zip(STAT_NAMES, np.asarray(evaluator.stats).tolist())}
 
 
 def format_metrics_table(metrics: dict[str, float], title: str = "COCO bbox evaluation") -> str:
-    """The metrics as an aligned text table (values in percent, one decimal)."""
-    rows = [title, "-" * 48]
+    """The metrics (percent) as an aligned text table: ``AP      37.5 %   AP @ IoU=0.50:0.95, ...``."""
+    rows = [f"{title}, in percent", "-" * 52]
     for name in STAT_NAMES:
         if name in metrics:
-            value = metrics[name]
-            shown = "  n/a" if value < 0 else f"{value * 100:5.1f}"
-            rows.append(f"{name:<6} {shown}   {_DESCRIPTIONS[name]}")
+            rows.append(f"{name:<6} {format_percent(metrics[name], 7)}   {_DESCRIPTIONS[name]}")
     return "\n".join(rows)

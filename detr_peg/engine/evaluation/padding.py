@@ -67,6 +67,7 @@ from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.evaluation.evaluate import merge_shards
+from detr_peg.engine.evaluation.metric_units import UNIT
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.loader import build_eval_loader, image_sizes
 from detr_peg.models.loading import LoadedModel
@@ -194,6 +195,7 @@ def measure_padding(
         differences[f"max_abs_logit_diff_{name}_vs_single"] = logits
         differences[f"max_abs_box_diff_{name}_vs_single"] = boxes
     return {
+        "unit": UNIT,
         "modes": {name: modes[name] for name in ("mixed", "single", "exact")},
         **differences,
         "extra_padding": extra,

@@ -3,8 +3,10 @@
 Files written into the output folder by the main process:
 
 * ``metrics.json``: ``{"bbox": {"AP": ..., "AP50": ..., ... "ARl": ...},
-  "num_images": int, "annotations": str, "checkpoint": str, ...}``, values
-  as fractions (0..1), ``-1`` where COCO defines none;
+  "unit": "percent", "num_images": int, "annotations": str, "checkpoint": str,
+  ...}``, values in percent (0-100), ``-1`` where COCO defines none (read
+  any metrics.json, older ones in fractions too, with
+  :func:`~detr_peg.engine.evaluation.metric_units.read_metrics`);
 * ``detections.json``: every detection in the COCO results format with the
   dataset's original category ids (see :mod:`detr_peg.engine.evaluation.coco_metrics`).
 
@@ -28,6 +30,7 @@ from detr_peg.engine.checkpointing import check_output_dir
 from detr_peg.engine.distributed import DistEnv, on_main, process_group
 from detr_peg.engine.evaluation.coco_metrics import format_metrics_table
 from detr_peg.engine.evaluation.evaluate import evaluate_dataset
+from detr_peg.engine.evaluation.metric_units import UNIT
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.fileio.atomic import write_json
@@ -44,7 +47,7 @@ class EvalResult:
     """What an evaluation produced.
 
     Attributes:
-        metrics: ``{"AP": ..., "AP50": ..., ...}`` (fractions; every process).
+        metrics: ``{"AP": ..., "AP50": ..., ...}`` (percent; every process).
         metrics_file: ``metrics.json`` (None outside the main process).
         detections_file: ``detections.json`` (None outside the main process).
         num_images: images evaluated.
@@ -89,6 +92,7 @@ def evaluate_and_write(
             output_dir / METRICS_JSON,
             {
                 "bbox": out.metrics,
+                "unit": UNIT,
                 "num_images": out.num_images,
                 "num_detections": len(out.detections),
                 "annotations": str(dataset.annotation_file),
@@ -100,7 +104,12 @@ def evaluate_and_write(
     files = on_main(env, write)
     if log is not None:
         log.write(
-            {"type": "eval", **{k: v for k, v in extra.items() if isinstance(v, (int, float, str))}, **out.metrics}
+            {
+                "type": "eval",
+                **{k: v for k, v in extra.items() if isinstance(v, (int, float, str))},
+                **out.metrics,
+                "unit": UNIT,
+            }
         )
         log.info(format_metrics_table(out.metrics, f"COCO bbox evaluation ({out.num_images} images)"))
     metrics_file, detections_file = files if files else (None, None)
@@ -139,7 +148,9 @@ def load_for_evaluation(
     else:
         stored = LabelMap.from_dict(model.label_map) if model.label_map else None
     dataset = build_coco_dataset(cfg.data, "val", label_map=stored)
-    cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
+    cfg = resolve_num_classes(
+        cfg, dataset.label_map, str(dataset.annotation_file), categories=dataset.coco.dataset["categories"]
+    )
     if isinstance(model, LoadedModel):
         loaded = LoadedModel(model.model, model.postprocessor, cfg, dataset.label_map, model.iteration, model.source)
     else:

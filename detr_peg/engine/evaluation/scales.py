@@ -54,6 +54,7 @@ from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
 from detr_peg.engine.checkpointing import check_output_dir
 from detr_peg.engine.distributed import DistEnv, on_main, process_group
 from detr_peg.engine.evaluation.evaluate import evaluate_dataset
+from detr_peg.engine.evaluation.metric_units import UNIT, format_percent
 from detr_peg.engine.evaluation.padding import (
     PADDING_JSON,
     PADDING_RUNS,
@@ -279,13 +280,13 @@ def _sweep(
         bar.set_postfix_str(f"{kind} x{scale:g}")
         results.append({"scale": float(scale), **evaluate_data(loaded, data, env, amp)})
         bar.update(1)
-    return {"kind": kind, "base_size": base.val_scale, "results": results}
+    return {"kind": kind, "unit": UNIT, "base_size": base.val_scale, "results": results}
 
 
 def _print_summary(reports: dict[str, Any]) -> None:
     for kind in ("resized", "canvas"):
         for entry in reports.get(kind, {}).get("results", []):
-            shown = "  ".join(f"{name} {_percent(entry['metrics'][name])}" for name in ("AP", "AP50", "AP75"))
+            shown = "  ".join(f"{name} {format_percent(entry['metrics'][name], 7)}" for name in ("AP", "AP50", "AP75"))
             logger.info(
                 f"{kind:<7} x{entry['scale']:<5g} short side {entry['size']:>5} px, {entry['num_images']} images: "
                 f"{shown}"
@@ -294,14 +295,10 @@ def _print_summary(reports: dict[str, Any]) -> None:
         report = reports["padding"]
         for mode, entry in report["modes"].items():
             logger.info(
-                f"padding {mode:<6} batch {entry['batch_size']:>3}: AP {_percent(entry['metrics']['AP'])}  "
+                f"padding {mode:<6} batch {entry['batch_size']:>3}: AP {format_percent(entry['metrics']['AP'], 7)}  "
                 f"{entry['seconds']:.2f} s"
             )
         logger.info(
             f"padding: largest logit difference mixed vs single {report['max_abs_logit_diff_mixed_vs_single']:.3g}, "
             f"exact vs single {report['max_abs_logit_diff_exact_vs_single']:.3g}"
         )
-
-
-def _percent(value: float) -> str:
-    return "  n/a" if value < 0 else f"{value * 100:5.1f}"

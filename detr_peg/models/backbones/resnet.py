@@ -11,7 +11,7 @@ from detr_peg.errors import ConfigError
 from detr_peg.models.backbones.base import MEMORY_FORMATS, Backbone
 from detr_peg.models.backbones.registry import BACKBONES
 from detr_peg.models.backbones.resnet_forward import stage_forward, stem_forward
-from detr_peg.models.backbones.weights import load_backbone_weights
+from detr_peg.models.backbones.weights import download_error, load_backbone_weights
 
 RESNETS = (
     "resnet18",
@@ -83,6 +83,21 @@ def freeze_stages(body: nn.Module, frozen_stages: int, train: bool) -> None:
             param.requires_grad_(False)
 
 
+def pretrained_state(name: str) -> dict[str, Tensor]:
+    """torchvision's ImageNet weights of ``name`` (downloaded once into torch's hub cache).
+
+    Raises:
+        CheckpointError: the download failed; the message says what to set
+            ``model.backbone.weights`` to instead.
+    """
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    try:
+        # What torchvision.models.get_model(name, weights=...) loads, with the download's errors caught.
+        return weights.get_state_dict(progress=True, check_hash=True)
+    except (OSError, ValueError, RuntimeError) as exc:  # URLError is an OSError; a bad hash a RuntimeError
+        raise download_error(f"torchvision's ImageNet weights of {name} ({weights.url})", exc) from None
+
+
 @BACKBONES.register("torchvision")
 def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetBackbone:
     """Build a torchvision ResNet backbone from ``cfg`` (see :data:`BACKBONES`)."""
@@ -92,15 +107,11 @@ def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetB
             f"Unknown torchvision backbone {cfg.name!r}: valid are {valid} "
             "(use model.backbone.source=timm for other models)."
         )
-    weights = None
-    if cfg.weights == "pretrained":
-        weights = torchvision.models.get_model_weights(cfg.name).DEFAULT
     body = torchvision.models.get_model(
-        cfg.name,
-        weights=weights,
-        replace_stride_with_dilation=[False, False, cfg.dilation],
-        norm_layer=NORM_LAYERS[cfg.norm],
+        cfg.name, replace_stride_with_dilation=[False, False, cfg.dilation], norm_layer=NORM_LAYERS[cfg.norm]
     )
+    if cfg.weights == "pretrained":
+        body.load_state_dict(pretrained_state(cfg.name))
     backbone = ResNetBackbone(body=body, out_stages=out_stages)
     backbone.set_memory_format(MEMORY_FORMATS[cfg.memory_format])
     if cfg.weights not in (None, "pretrained"):

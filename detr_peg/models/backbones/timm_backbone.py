@@ -50,6 +50,7 @@ from detr_peg.models.backbones.registry import BACKBONES
 from detr_peg.models.backbones.weights import (
     STRIP_PREFIXES,
     backbone_part,
+    download_error,
     load_state_checked,
     read_backbone_state,
     strip_key_prefixes,
@@ -197,13 +198,8 @@ def create_body(cfg: BackboneConfig, out_indices: list[int], layout: nn.Module) 
     if cfg.weights == "pretrained":
         try:
             return timm.create_model(cfg.name, pretrained=True, **kwargs)
-        except Exception as exc:  # download errors come in many types
-            raise CheckpointError(
-                f"Could not get timm's pretrained weights for {cfg.name!r} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); without network, save "
-                "timm.create_model(name, pretrained=True).state_dict() once where there is network "
-                "and set model.backbone.weights to that file."
-            ) from None
+        except Exception as exc:  # download errors come in many types (URLError, huggingface_hub's, ...)
+            raise download_error(f"timm's pretrained weights of {cfg.name!r}", exc) from None
     state = backbone_state(cfg.weights)
     layout_keys = set(layout.state_dict())
     if state.keys() <= layout_keys:

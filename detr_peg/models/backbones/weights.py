@@ -5,7 +5,10 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio.checkpoint_files import read_checkpoint_file
+from detr_peg.fileio.checkpoint_files import fetch_url, is_url, read_checkpoint_file
+
+#: The config key that chooses the backbone's weights (for every backbone source).
+WEIGHTS_KEY = "model.backbone.weights"
 
 # Keys under which common checkpoint layouts nest the state dict.
 _NESTED_KEYS = ("state_dict", "model", "module")
@@ -15,6 +18,22 @@ STRIP_PREFIXES = ("backbone.0.body.", "backbone.body.", "module.")
 
 # Key prefixes of the backbone body inside detector checkpoints (official DETR, detr_peg).
 DETECTOR_PREFIXES = ("backbone.0.body.", "backbone.body.")
+
+
+def download_error(what: str, exc: BaseException) -> CheckpointError:
+    """The one-line error for backbone weights that could not be downloaded: what to set instead.
+
+    Args:
+        what: the weights, in words (``torchvision's ImageNet weights of resnet50 (URL)``).
+        exc: the error of the download (its first line is quoted).
+    """
+    lines = str(exc).strip().splitlines()
+    reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return CheckpointError(
+        f"Could not download {what} for {WEIGHTS_KEY} ({reason}); without network, set {WEIGHTS_KEY} to a "
+        "local weights file (.pth or .safetensors, saved once where there is network) or to null for random "
+        "initialisation."
+    )
 
 
 def extract_state_dict(obj: object, source: str) -> dict[str, Tensor]:
@@ -42,6 +61,12 @@ def read_backbone_state(spec: str) -> dict[str, Tensor]:
     Raises:
         CheckpointError: missing, unreadable or unsafe file, or no tensors in it.
     """
+    if is_url(spec):
+        try:
+            fetch_url(spec)  # into torch's hub cache, where read_checkpoint_file finds it
+        except CheckpointError as exc:
+            # fetch_url raises `from None`: the network error itself is still its context.
+            raise download_error(f"the backbone weights {spec}", exc.__context__ or exc) from None
     return extract_state_dict(read_checkpoint_file(spec, what="backbone weights"), spec)
 
 

@@ -60,7 +60,7 @@ class PEGOptions(PositionConfig):
     """
 
     name: str = "peg"
-    peg_layers: list[int] = field(default_factory=lambda: [0], metadata=valid(-1))
+    peg_layers: list[int] = field(default_factory=lambda: [0], metadata=valid(-1, non_empty=True))
     peg_kernel: int = field(default=3, metadata=valid(1, memory=_kernel_memory))
 
 

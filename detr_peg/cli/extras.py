@@ -1,0 +1,54 @@
+"""Optional dependencies: which ``detr_peg[extra]`` brings a missing package, said in one line.
+
+The scripts of ``tools/`` call :func:`require` before importing an optional
+package, so that running one without it (``--help`` included) prints one line
+naming what to install and exits with status 2, as the command line does for
+every user error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import NoReturn
+
+#: Import name -> how to install it.
+INSTALL = {
+    "matplotlib": 'pip install "detr_peg[study]"',
+    "submitit": 'pip install "detr_peg[study]"',
+    "onnx": 'pip install "detr_peg[onnx]"',
+    "onnxscript": 'pip install "detr_peg[onnx]"',
+    "onnxruntime": 'pip install "detr_peg[onnx]"',
+    "tensorboard": 'pip install "detr_peg[tensorboard]"',
+    "triton": 'pip install "detr_peg[triton]"',
+    "supervision": 'pip install "detr_peg[supervision]"',
+    # Not on PyPI: built from source (https://detectron2.readthedocs.io/en/latest/tutorials/install.html).
+    "detectron2": "pip install 'git+https://github.com/facebookresearch/detectron2.git' (it is not on PyPI)",
+}
+
+
+def missing(*modules: str) -> list[str]:
+    """The modules of ``modules`` that cannot be imported (``sys.modules[name] = None`` blocks one, as for import)."""
+    return [
+        name
+        for name in modules
+        if (sys.modules[name] is None if name in sys.modules else importlib.util.find_spec(name) is None)
+    ]
+
+
+def require(program: str, *modules: str) -> None:
+    """Return when every module of ``modules`` is installed; else print one line and exit with status 2.
+
+    Args:
+        program: how the user ran it, for the message (``tools/train_detectron2.py``).
+        modules: import names of the optional packages ``program`` needs.
+    """
+    absent = missing(*modules)
+    if absent:
+        how = INSTALL.get(absent[0], f"pip install {absent[0]}")
+        _exit(f"{program}: error: {absent[0]} is not installed; install it with {how}.")
+
+
+def _exit(message: str) -> NoReturn:
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
