@@ -26,7 +26,7 @@ from detr_peg.cli.study import add_comparison_arguments, comparison_options
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("path", metavar="RUN_OR_STUDY", help="a study folder or a training run folder")
-    add_comparison_arguments(parser)  # a study's; by default those it was run with (plan.json)
+    add_comparison_arguments(parser, recorded=True)  # a study's; by default those it was run with (plan.json)
 
 
 def run(args: argparse.Namespace) -> int:

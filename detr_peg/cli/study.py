@@ -134,19 +134,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
 
 
-def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--baseline`` and ``--equal-within``: how the report compares settings (``study`` and ``plot``)."""
+def add_comparison_arguments(parser: argparse.ArgumentParser, *, recorded: bool = False) -> None:
+    """``--baseline`` and ``--equal-within``: how the report compares settings (``study`` and ``plot``).
+
+    Args:
+        recorded: the defaults are those the study was run with (``detr-peg plot``).
+    """
     group = parser.add_argument_group("paired comparisons in the report")
     group.add_argument(
         "--baseline",
         metavar="KEY=VALUE",
-        help="the reference setting's value of one axis (config=FILE for the base configs); "
-        "default: the first value of the first axis that has several",
+        help="the reference setting's value of one axis (config=FILE for the base configs); default: "
+        + ("the study's own" if recorded else "the first value of the first axis that has several"),
     )
     group.add_argument(
         "--equal-within",
         metavar="AP",
-        help="call a comparison equal when its whole 95%% interval lies within +-AP points (default 1.0)",
+        help="call a comparison equal when its whole 95%% interval lies within +-AP points (default: "
+        + ("the study's own" if recorded else "1.0")
+        + ")",
     )
 
 
