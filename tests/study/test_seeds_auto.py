@@ -15,7 +15,7 @@ import pytest
 
 from detr_peg.cli.main import main
 from detr_peg.study import runner
-from detr_peg.study.cell import CellOutcome, resolved_config
+from detr_peg.study.cell import CellOutcome, cell_paths, resolved_config
 from tests.study.conftest import write_base_config
 from tests.study.study_cells import write_done_cell
 
@@ -190,3 +190,30 @@ def test_a_study_file_sets_the_seed_rule_and_the_comparison(study_args, tmp_path
     study_file.write_text(study_file.read_text().replace("equal_within: 2.0", "equal_within: -1"))
     assert main(["study", "--study", str(study_file), "--output", str(tmp_path / "s"), *data]) == 2
     assert "'equal_within' must be a positive number of AP points" in capsys.readouterr().err
+
+
+def test_rounds_of_jobs_and_no_wait_continue_at_the_next_run(study_args, tmp_path, monkeypatch, capsys) -> None:
+    """With jobs each round is submitted and waited for; --no-wait returns after a round, a rerun plans the next."""
+    from types import SimpleNamespace
+
+    from detr_peg.study import slurm
+
+    fake = FakeCells(NARROW)
+    submitted: list[list[str]] = []
+
+    def submit(study_dir, cells, plan, options, run_command):
+        submitted.append([c.name for c in cells])
+        for cell in cells:  # the jobs run at once here
+            fake(cell, cell_paths(study_dir, cell), plan, run_command)
+        return [SimpleNamespace(job_id=str(i)) for i, _ in enumerate(cells)]
+
+    monkeypatch.setattr(slurm, "submit", submit)
+    monkeypatch.setattr(
+        slurm, "wait", lambda study_dir, jobs, cells, *a, **k: [CellOutcome(c.name, "done") for c in cells]
+    )
+    assert main(study_args("--submitit-local", "--no-wait")) == 0
+    assert len(submitted) == 1 and len(submitted[0]) == 6  # the first round only
+    assert "continues the study and plans the next round of seeds" in capsys.readouterr().out
+    assert main(study_args("--submitit-local")) == 0
+    assert [len(s) for s in submitted] == [6, 8]  # the rerun: seeds 3-6 of both settings, then stopped
+    assert "stopped at 7 seeds per setting: all intervals within ±1.0 AP" in capsys.readouterr().out
