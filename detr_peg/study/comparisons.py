@@ -5,9 +5,10 @@ KEY=VALUE``; by default the first value of the first axis that has two
 values or more, or the first base config). Every other setting is compared with the
 setting that has the same base config and the same values of the other axes
 but the reference value, **seed by seed**: cells of the same seed share the
-initialisation, the data order and the augmentation, so the per-seed
-difference removes most of the seed-to-seed spread. A seed missing (or
-failed) in either setting is left out of that pair; ``n`` counts the pairs.
+data order and the augmentation and build the model from the same random
+state, so the per-seed difference removes what the seed does to both alike.
+A seed missing (or failed) in either setting is left out of that pair; ``n``
+counts the pairs.
 
 For each comparison and each AP row of the report (the configured validation
 size, every test scale of both kinds, every padding mode), with ``d`` the

@@ -433,8 +433,9 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
         "",
         (
             "Each setting against the setting with the same other values and "
-            f"{comparisons['baseline']} (the reference), seed by seed: the same seed has the same "
-            "initialisation, data order and augmentation, and a seed missing in either setting is left out "
+            f"{comparisons['baseline']} (the reference), seed by seed: the same seed has the same data order "
+            "and augmentation and builds the model from the same random state; a seed missing in either "
+            "setting is left out "
             "(n = seeds paired). Difference = setting - reference, mean over the seeds, in AP points; "
             f"95% confidence interval from the t distribution; p two-sided, from an exact sign-flip "
             f"permutation test below {PERMUTATION_BELOW} pairs and a paired t-test from {PERMUTATION_BELOW} on, "
