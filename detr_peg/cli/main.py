@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import re
 import signal
 import sys
@@ -234,6 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"detr-peg {top.command}: error: {message}", file=sys.stderr)
         # A stop on a signal exits with 128 + its number (130 SIGINT, 143 SIGTERM).
         return int(getattr(exc, "exit_code", 2))
+    except BrokenPipeError:
+        # The reader of the output went away (`detr-peg configs list | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as exc:
         if exc.filename is None:  # an operating-system error about no file is a bug: keep its traceback
             raise

@@ -111,3 +111,21 @@ def test_plot_draws_a_log_with_one_usable_record_among_garbage(cli, case: Path) 
     result = cli.run(["plot", "run"], cwd=case)
     assert result.returncode == 0, result.stderr
     assert (run / "plots" / "learning_curve.png").stat().st_size > 1000
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``detr-peg configs list | head -1``: no traceback, the status of a broken pipe (141)."""
+    from tests.conftest import python_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from detr_peg.cli.main import main; sys.exit(main(['configs', 'list']))"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=python_env(),
+        cwd=tmp_path,
+    )
+    assert proc.stdout.readline()  # the first line, then the reader leaves
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, stderr
+    assert "Traceback" not in stderr and stderr == "", stderr
