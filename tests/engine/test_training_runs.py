@@ -19,7 +19,7 @@ import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.engine.trainer import run_training
-from detr_peg.errors import CheckpointError, DataError, TrainingError
+from detr_peg.errors import CheckpointError, DataError, OutputError, TrainingError
 from detr_peg.models.criterion import SetCriterion
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
@@ -156,7 +156,7 @@ def test_unreadable_images_are_skipped_and_counted_or_fatal(shapes, tmp_path: Pa
 def test_unwritable_output_folder_fails_before_training(shapes, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    with pytest.raises(TrainingError, match="cannot be created"):
+    with pytest.raises(OutputError, match="a part of the path is a file, not a folder"):
         _run(shapes, blocker / "run", "train.max_iters=2")
 
 

@@ -165,7 +165,7 @@ def _options_of_every_command():
 
 def test_every_typed_option_of_every_command_is_parsed_by_a_shared_type() -> None:
     """The rule of the class holds for options no case above lists: no bare ``int`` or ``float`` anywhere."""
-    shared = {"integer", "number", "scale_list", "device"}
+    shared = {"integer", "number", "scale_list", "device", "config_file"}
     loose = [
         f"{name} {action.option_strings[0]} ({getattr(action.type, '__name__', action.type)})"
         for name, action in _options_of_every_command()
@@ -179,7 +179,7 @@ def test_every_typed_option_refuses_non_numbers_and_out_of_range_values(text: st
     """Each numeric option of each command refuses non-finite, negative, huge or malformed text, stating its range."""
     checked = []
     for name, action in _options_of_every_command():
-        if action.type.__name__ == "device":
+        if action.type.__name__ in ("device", "config_file"):  # a device name, a path or config name: not numbers
             continue
         if action.type.__name__ == "scale_list" and text in ("1e99", "2,5"):
             continue  # a valid list; the largest scale depends on the dataset (checked before the first evaluation)

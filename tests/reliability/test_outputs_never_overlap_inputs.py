@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.cli.main import COMMANDS
+from tests.conftest import REPO_ROOT
 from tests.reliability.conftest import ANNOTATIONS, BASE, IMAGES, OUT, RESUME, assert_success, draw_image
 from tests.reliability.hostile_cases import Hostile, check_refused, ids
 
@@ -71,6 +72,11 @@ STUDY = ["study", "--config", "base.yaml", "--grid", "model.position.name=sine,p
 
 
 CASES = [
+    Hostile(
+        "configs-copy-onto-the-shipped-config",
+        ["configs", "copy", "demo", str(REPO_ROOT / "configs" / "demo.yaml")],
+        ["demo.yaml already exists and is not overwritten"],
+    ),
     Hostile("convert-onto-its-source", ["convert", CKPT, CKPT], ["DST out/checkpoint.pth is the same file as SRC"]),
     Hostile(
         "convert-onto-its-source-spelled-otherwise",
