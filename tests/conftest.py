@@ -119,3 +119,8 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (out / "stdout.txt").write_text(proc.stdout)
     return out
+
+
+def without_option(args: list[str], option: str) -> list[str]:
+    """``args`` without ``option`` and its value (the command line refuses an option given twice)."""
+    return [word for i, word in enumerate(args) if word != option and args[i - 1 : i] != [option]]

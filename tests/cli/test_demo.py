@@ -22,7 +22,7 @@ from detr_peg.cli.demo import clear_folder, default_config, format_elapsed, is_r
 from detr_peg.cli.main import main
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
 from detr_peg.errors import UserError
-from tests.conftest import REPO_ROOT, TINY_DEMO
+from tests.conftest import REPO_ROOT, TINY_DEMO, without_option
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,7 @@ def test_rerun_reuses_the_dataset_and_trains_afresh(demo_dir: Path, capsys) -> N
     manifest = demo_dir / "data" / "manifest.json"
     stamp = manifest.stat().st_mtime_ns
     (demo_dir / "predictions" / "stale.png").write_bytes(b"")
-    once = [w for i, w in enumerate(TINY_DEMO) if w != "--pictures" and TINY_DEMO[i - 1 : i] != ["--pictures"]]
-    assert main(["demo", "--output", str(demo_dir), *once, "--pictures", "1"]) == 0
+    assert main(["demo", "--output", str(demo_dir), *without_option(TINY_DEMO, "--pictures"), "--pictures", "1"]) == 0
     assert manifest.stat().st_mtime_ns == stamp
     starts = [json.loads(line) for line in (demo_dir / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["resumed_iteration"] for r in starts if r["type"] == "start"] == [0]  # a new log, not appended

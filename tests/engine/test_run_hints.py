@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from detr_peg.engine.run_hints import low_ap_note, no_detections_note, short_training_note
-from tests.conftest import TINY_DEMO, run_python
+from tests.conftest import TINY_DEMO, run_python, without_option
 
 CLI = ("-m", "detr_peg.cli.main")
 
@@ -64,7 +64,7 @@ def test_a_demo_that_draws_nothing_says_why(tmp_path: Path) -> None:
         "demo",
         "--output",
         "d",
-        *TINY_DEMO,
+        *without_option(TINY_DEMO, "--pictures"),
         "--pictures",
         "1",
         "--score-threshold",
