@@ -10,9 +10,10 @@ and what it holds:
 * ``model``: names (``str``) to dense tensors (strided layout; no sparse,
   quantized or meta tensors); dtypes and finiteness are checked against the
   model when the weights are loaded (:mod:`detr_peg.checkpoint.weights_check`);
+  ``train_weights`` (the stepped weights of a run with a weight average) by the same rule;
 * ``label_map``: ``None`` or a mapping (its content is parsed, and checked
   against the classifier, by :func:`detr_peg.models.loading.checkpoint_label_map`);
-* ``epoch``, ``iteration``, ``epoch_batches_done``, ``train_images``:
+* ``epoch``, ``iteration``, ``epoch_batches_done``, ``train_images``, ``ema_updates``:
   integers of at least 0 (``bool`` is not an integer here);
 * ``skipped_image_ids``: a list of integers;
 * ``optimizer``, ``lr_scheduler``, ``grad_scaler``: mappings (state dicts);
@@ -34,7 +35,7 @@ from torch import Tensor
 from detr_peg.errors import CheckpointError
 
 #: Counters of a training checkpoint: non-negative integers.
-COUNTERS = ("epoch", "iteration", "epoch_batches_done", "train_images")
+COUNTERS = ("epoch", "iteration", "epoch_batches_done", "train_images", "ema_updates")
 
 #: State dicts of a training checkpoint: mappings.
 STATE_DICTS = ("optimizer", "lr_scheduler", "grad_scaler")
@@ -61,6 +62,8 @@ def check_checkpoint_fields(obj: Mapping[str, Any], spec: str) -> None:
         CheckpointError: the first field that breaks its rule.
     """
     check_state_dict(obj.get("model"), spec)
+    if "train_weights" in obj:  # a run with a weight average: the weights the optimizer steps
+        check_state_dict(obj["train_weights"], spec, "train_weights")
     label_map = obj.get("label_map")
     if label_map is not None and not isinstance(label_map, Mapping):
         raise CheckpointError(f"{spec}: 'label_map' holds {_kind(label_map)}; it must be a mapping or null.")

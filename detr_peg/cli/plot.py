@@ -6,7 +6,7 @@ drawn into STUDY/plots/ (AP against test scale per kind, learning curves, the
 main table as bars), with the paired comparisons against the reference setting
 the study was run with (--baseline and --equal-within choose others). For a training run folder (it holds metrics.jsonl): its
 learning curve (AP and AP50 against iteration, and the training loss) goes to
-RUN/plots/learning_curve.png.
+RUN/plots/learning_curve.pdf and .png.
 
 Examples:
   detr-peg plot studies/demo
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             results = collect(path, definition, expand_cells(definition), options, rule)
             files = [*write_results(path, results), *plot_study(path, results)]
         elif (path / "metrics.jsonl").is_file():
-            files = [plot_run(path)]
+            files = plot_run(path)
         else:
             raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
         print("\n".join(f"Wrote {f}" for f in files))

@@ -5,7 +5,8 @@ files as detr-peg train), evaluated with detr-peg eval into
 STUDY/cells/<name>/eval when test scales or the padding comparison are asked
 for. The study folder gets plan.json (the definition and every cell's
 commands), study.md / study.csv / study.json (mean +- std over seeds per
-setting, per test scale of each kind, padding sensitivity) and plots/*.png.
+setting, per test scale of each kind, padding sensitivity) and plots/ (each figure as PDF and
+300 dpi PNG, the comparisons as a forest plot).
 
 The report opens with paired comparisons: every setting against the reference
 setting (--baseline KEY=VALUE; default: the first value of the first axis with

@@ -242,6 +242,11 @@ class TrainConfig:
             iterations, from 0.001 times every learning rate to its value
             (0: none; at least 0).
         clip_max_norm: gradient clipping max norm (0 disables).
+        ema_decay: keep an exponential moving average of the weights with this
+            decay (0: off; RT-DETR uses 0.9999), evaluate it and store it as the
+            checkpoint's weights (:mod:`detr_peg.engine.weight_average`).
+        ema_warmup_iters: the average's decay ramps up as
+            ``ema_decay * (1 - exp(-updates / ema_warmup_iters))`` (0: no ramp).
         amp: mixed precision of the forward pass: ``none``; ``bf16`` (a GPU
             with bfloat16, or a CPU with AMX or AVX512-BF16); ``fp16`` (GPU,
             with loss scaling); ``auto``: ``bf16`` where the device computes
@@ -281,6 +286,8 @@ class TrainConfig:
     lr_gamma: float = field(default=0.1, metadata=valid(0, 1))
     warmup_iters: int = field(default=0, metadata=valid(0))
     clip_max_norm: float = field(default=0.1, metadata=valid(0))
+    ema_decay: float = field(default=0.0, metadata=valid(0, 1, high_open=True))
+    ema_warmup_iters: int = field(default=2000, metadata=valid(0))
     amp: Literal["none", "auto", "bf16", "fp16"] = "none"
     compile: bool = False
     seed: int = field(default=42, metadata=valid(0, MAX_SEED))

@@ -44,6 +44,7 @@ from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint
 from detr_peg.checkpoint.weights_check import check_saved_weights
 from detr_peg.config.schema import Config
 from detr_peg.data.label_map import LabelMap
+from detr_peg.engine.weight_average import EMA_UPDATES, TRAIN_WEIGHTS, WeightAverage
 from detr_peg.errors import CheckpointError, TrainingError
 
 CHECKPOINT_NAME = "checkpoint.pth"
@@ -165,14 +166,19 @@ def save_training_checkpoint(
     rng_states: list[dict],
     world_size: int,
     train_images: int | None = None,
+    weight_average: WeightAverage | None = None,
 ) -> None:
     """Write the training checkpoint atomically (main process only).
+
+    With a ``weight_average``, the checkpoint's ``model`` is the average (what the run evaluates and what
+    ``eval``, ``predict`` and ``train.init_from`` load) and the stepped weights go to ``train_weights``.
 
     Raises:
         TrainingError: the file cannot be written (full disk, permissions);
             the previous checkpoint is left intact.
     """
-    check_saved_weights(model.state_dict(), progress.iteration, path)
+    weights = model.state_dict()
+    check_saved_weights(weights, progress.iteration, path)
     extra: dict[str, Any] = {
         "optimizer": optimizer.state_dict(),
         "lr_scheduler": lr_scheduler.state_dict(),
@@ -187,8 +193,12 @@ def save_training_checkpoint(
         extra["train_images"] = train_images
     if grad_scaler is not None:
         extra["grad_scaler"] = grad_scaler.state_dict()
+    if weight_average is not None:
+        extra[TRAIN_WEIGHTS], extra[EMA_UPDATES] = weights, weight_average.updates
+        weights = weight_average.state_dict()
+        check_saved_weights(weights, progress.iteration, path)
     try:
-        save_checkpoint(path, cfg, model.state_dict(), label_map.to_dict(), **extra)
+        save_checkpoint(path, cfg, weights, label_map.to_dict(), **extra)
     except CheckpointError as exc:
         raise TrainingError(
             f"{exc} Training stopped at iteration {progress.iteration}; the previous checkpoint (if any) is intact."
@@ -205,8 +215,12 @@ def restore_training_state(
     rank: int,
     world_size: int,
     device: torch.device,
+    weight_average: WeightAverage | None = None,
 ) -> Progress:
-    """Load model, optimizer, schedule, scaler and this process's RNG state from ``ckpt``.
+    """Load model, optimizer, schedule, scaler, weight average and this process's RNG state from ``ckpt``.
+
+    A run with a weight average continues it from the checkpoint's ``model`` when the checkpoint holds
+    one (``train_weights``); otherwise (``train.ema_decay`` set on resume) the average starts from the model.
 
     Raises:
         CheckpointError: the checkpoint lacks training state or does not fit
@@ -219,7 +233,13 @@ def restore_training_state(
                 f"{ckpt.path} has no '{key}' entry: it holds weights only, not a training state to resume; "
                 "use train.init_from to start a new run from it."
             )
-    load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
+    averaged = TRAIN_WEIGHTS in extra
+    load_weights(model, extra[TRAIN_WEIGHTS] if averaged else ckpt.model, f"Checkpoint {ckpt.path}")
+    if weight_average is not None:
+        if averaged:
+            weight_average.load(ckpt.model, int(extra.get(EMA_UPDATES, 0)))
+        else:
+            weight_average.load(model.state_dict(), 0)
     states = [("optimizer", optimizer), ("lr_scheduler", lr_scheduler)]
     if grad_scaler is not None and "grad_scaler" in extra:
         states.append(("grad_scaler", grad_scaler))

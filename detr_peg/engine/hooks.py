@@ -15,6 +15,8 @@ The default hooks, in order (:func:`default_hooks`):
 * :class:`LrScheduleHook`: the learning-rate warm-up per iteration, the step
   drop per completed epoch (the only place the schedule is stepped, before
   the checkpoint that stores it);
+* :class:`WeightAverageHook`: the exponential moving average of the weights
+  (``train.ema_decay``), updated before the checkpoint and the evaluation;
 * :class:`BudgetHook`: ``train.max_iters`` ends the run after exactly that many iterations;
 * :class:`CheckpointHook`: the checkpoint after every epoch and every
   ``train.checkpoint_every`` iterations;
@@ -22,7 +24,7 @@ The default hooks, in order (:func:`default_hooks`):
 * :class:`StopSignalHook`: SIGINT/SIGTERM become a stop request; the epoch
   ends after the current iteration and, once its checkpoint is written,
   :class:`TrainingInterrupted` is raised (exit status 128 + signal number);
-* :class:`EvalHook`: COCO evaluation every ``train.eval_every`` epochs, every
+* :class:`EvalHook`: COCO evaluation (of the weight average when there is one) every ``train.eval_every`` epochs, every
   ``train.eval_every_iters`` iterations and at the end (once per iteration).
 
 A run's own hooks go in ``Trainer(..., hooks=[...])`` or ``trainer.hooks.append(...)``.
@@ -168,6 +170,15 @@ class StopSignalHook(HookBase):
             )
 
 
+class WeightAverageHook(HookBase):
+    """``train.ema_decay``: one update of the weight average after every optimizer step, before the checkpoint
+    and the evaluation of that step (:mod:`detr_peg.engine.weight_average`)."""
+
+    def after_step(self, trainer: Trainer) -> None:
+        if trainer.weight_average is not None:
+            trainer.weight_average.update(trainer.model)
+
+
 class BudgetHook(HookBase):
     """``train.max_iters``: the run ends after exactly that many iterations (mid-epoch if need be)."""
 
@@ -241,7 +252,7 @@ class EvalHook(HookBase):
         """Evaluate now (if there is validation data and this iteration was not evaluated yet)."""
         if trainer.val_set is None or self._evaluated_at == trainer.progress.iteration:
             return
-        loaded = LoadedModel(trainer.model, trainer.postprocessor, trainer.cfg, trainer.label_map)
+        loaded = LoadedModel(trainer.eval_model, trainer.postprocessor, trainer.cfg, trainer.label_map)
         extra = {"epoch": epoch, "iteration": trainer.progress.iteration}
         self.last = evaluate_and_write(
             loaded, trainer.val_set, trainer.env, trainer.out, trainer.log, amp=trainer.amp, extra=extra
@@ -266,4 +277,12 @@ class EvalHook(HookBase):
 
 def default_hooks() -> list[HookBase]:
     """The hooks of ``detr-peg train``, in the order they run (see the module docstring)."""
-    return [LrScheduleHook(), BudgetHook(), CheckpointHook(), EpochLogHook(), StopSignalHook(), EvalHook()]
+    return [
+        LrScheduleHook(),
+        WeightAverageHook(),
+        BudgetHook(),
+        CheckpointHook(),
+        EpochLogHook(),
+        StopSignalHook(),
+        EvalHook(),
+    ]

@@ -48,6 +48,7 @@ from detr_peg.engine.mixed_precision import autocast, outputs_to_float
 from detr_peg.engine.optimizer import LrSchedule, current_lrs
 from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.training_setup import build_training, check_training_ranges, determinism, write_config
+from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import TrainingError
 from detr_peg.guards.declared_io import train_io
 from detr_peg.guards.output_guard import guard_outputs
@@ -173,6 +174,7 @@ class Trainer:
 
     Attributes:
         hooks: the hooks, in the order they are asked.
+        weight_average: the exponential moving average of the weights (``train.ema_decay``), or None.
         halt: the current epoch ends after this step (set from the hooks'
             :meth:`~detr_peg.engine.hooks.HookBase.halt_epoch`).
     """
@@ -199,6 +201,7 @@ class Trainer:
         log: MetricsLog | None,
         config_pending: bool,
         hooks: Sequence[HookBase] | None = None,
+        weight_average: WeightAverage | None = None,
     ) -> None:
         self.cfg, self.env, self.out = cfg, env, out
         self.train_set, self.val_set, self.label_map, self.per_epoch = train_set, val_set, label_map, per_epoch
@@ -207,7 +210,13 @@ class Trainer:
         self.progress, self.log = progress, log
         self.config_pending = config_pending  # config.yaml still describes the checkpoint being resumed
         self.hooks: list[HookBase] = list(default_hooks() if hooks is None else hooks)
+        self.weight_average = weight_average  # train.ema_decay: the average that is evaluated and stored
         self.halt = False
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """What the run evaluates and stores as its weights: the weight average if any, else ``model``."""
+        return self.model if self.weight_average is None else self.weight_average.module
 
     @property
     def ckpt_file(self) -> Path:
@@ -310,7 +319,7 @@ class Trainer:
                 self.ckpt_file, cfg=self.cfg, model=self.model, optimizer=self.optimizer,
                 lr_scheduler=self.lr_scheduler, grad_scaler=self.scaler, label_map=self.label_map,
                 progress=self.progress, rng_states=rng, world_size=self.env.world_size,
-                train_images=len(self.train_set),
+                train_images=len(self.train_set), weight_average=self.weight_average,
             ),
         )  # fmt: skip
         if self.config_pending:

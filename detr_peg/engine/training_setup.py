@@ -47,6 +47,7 @@ from detr_peg.engine.loader import check_train_size
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import build_grad_scaler, check_amp, resolve_amp
 from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
+from detr_peg.engine.weight_average import WeightAverage, build_weight_average
 from detr_peg.errors import ConfigError, TrainingError
 from detr_peg.guards.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
@@ -86,9 +87,12 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
     optimizer = build_optimizer(model, t)
     lr_scheduler = build_lr_scheduler(optimizer, t)
     scaler = build_grad_scaler(t.amp, device)
+    weight_average = build_weight_average(model, t.ema_decay, t.ema_warmup_iters)
     on_main(env, lambda: check_output_dir(out, estimate_checkpoint_bytes(model)))
     if resume_ckpt is not None:
-        progress, notes = _resume(resume_ckpt, cfg, env, len(train_set), model, optimizer, lr_scheduler, scaler)
+        progress, notes = _resume(
+            resume_ckpt, cfg, env, len(train_set), model, optimizer, lr_scheduler, scaler, weight_average
+        )
     else:
         progress = Progress()
         seed_everything(t.seed + env.rank)  # model-side randomness (dropout) differs per process
@@ -101,11 +105,20 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
         model=model, train_model=_wrap_for_training(model, cfg, env), criterion=build_criterion(cfg).to(device),
         postprocessor=build_postprocessor(cfg), optimizer=optimizer, lr_scheduler=lr_scheduler, scaler=scaler,
         amp=resolve_amp(t.amp, device), progress=progress, log=log, config_pending=resume_ckpt is not None,
+        weight_average=weight_average,
     )  # fmt: skip
 
 
 def _resume(
-    ckpt: Checkpoint, cfg: Config, env: DistEnv, train_images: int, model, optimizer, lr_scheduler, scaler
+    ckpt: Checkpoint,
+    cfg: Config,
+    env: DistEnv,
+    train_images: int,
+    model,
+    optimizer,
+    lr_scheduler,
+    scaler,
+    weight_average: WeightAverage | None,
 ) -> tuple[Progress, list[str]]:
     """Restore the training state of ``ckpt``; returns where training stands and notes for the log.
 
@@ -119,7 +132,7 @@ def _resume(
     )  # fmt: skip
     progress = restore_training_state(
         ckpt, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_scaler=scaler,
-        rank=env.rank, world_size=env.world_size, device=env.device,
+        rank=env.rank, world_size=env.world_size, device=env.device, weight_average=weight_average,
     )  # fmt: skip
     progress.epoch_batches_done = start_batches
     changed = config_differences(cfg, ckpt.config)

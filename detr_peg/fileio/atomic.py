@@ -103,6 +103,10 @@ class _ErrorRecordingFile:
             self.error = self.error or exc
             raise
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything else of the file (``tell``, ``seek``: the PDF writer asks for them) is the file's own."""
+        return getattr(self._handle, name)
+
 
 def _remove_stale_temporaries(path: Path) -> None:
     """Remove the temporary files of ``path`` whose writer process no longer exists (killed mid-write)."""

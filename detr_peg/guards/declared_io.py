@@ -30,8 +30,12 @@ PLAN_NAME = "plan.json"
 STUDY_NAMES = (PLAN_NAME, "cells", "jobs", "plots", "study.json", "study.csv", "study.md")
 #: What ``plot`` writes: a study's tables and figures, or a training run's learning curve.
 STUDY_TABLE_NAMES = ("study.json", "study.csv", "study.md", "plots")
-STUDY_PLOT_NAMES = ("ap_vs_scale.png", "learning_curves.png", "main_metrics.png")
-RUN_PLOT_NAMES = ("learning_curve.png",)
+STUDY_PLOT_NAMES = tuple(
+    f"{name}.{fmt}"
+    for name in ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
+    for fmt in ("pdf", "png")
+)
+RUN_PLOT_NAMES = ("learning_curve.pdf", "learning_curve.png")
 DEMO_DATA_NAMES = ("annotations_train.json", "annotations_val.json", "manifest.json", "train", "val")
 
 IO = tuple[list[Input], list[Output]]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.cli.main import main
+from detr_peg.study.plots import STUDY_FIGURES, figure_files
 from detr_peg.study.results import STATS, format_stat
 from tests.conftest import REPO_ROOT
 from tests.study.conftest import tiny_overrides, write_base_config
@@ -100,9 +101,7 @@ def test_every_cell_is_a_training_run_and_the_tables_hold_its_numbers(done_study
         ]
     assert sorted(p.name for p in (study / "plots").iterdir()) == [
         ".detr-peg-outputs.json",  # the figures are recorded as the study's (plot may redraw them)
-        "ap_vs_scale.png",
-        "learning_curves.png",
-        "main_metrics.png",
+        *sorted(figure_files(STUDY_FIGURES)),
     ]
 
 
@@ -227,8 +226,8 @@ def test_a_missing_dataset_stops_the_study_before_any_cell(tmp_path, monkeypatch
 def test_plot_redraws_the_figures_and_tables_the_study_wrote(done_study, capsys) -> None:
     """``detr-peg plot STUDY`` replaces what ``detr-peg study`` wrote (the same kind of command), nothing else."""
     study, _ = done_study
-    figures = sorted((study / "plots").glob("*.png"))
-    assert [f.name for f in figures] == ["ap_vs_scale.png", "learning_curves.png", "main_metrics.png"]
+    figures = sorted((study / "plots").glob("*.p*"))
+    assert [f.name for f in figures] == sorted(figure_files(STUDY_FIGURES))
     before = {f: f.stat().st_mtime_ns for f in figures}
     table = (study / "study.md").read_text()
     assert main(["plot", str(study)]) == 0

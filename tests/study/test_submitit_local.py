@@ -48,7 +48,7 @@ def test_two_cell_study_through_submitit_local_jobs_completes_with_tables(tmp_pa
         assert entry["main"]["AP"]["values"] == [own["AP"]]
         canvas = json.loads((cell / "eval" / "scales_canvas.json").read_text())["results"]
         assert entry["canvas"][0]["AP"]["values"] == [m for m in [canvas[0]["metrics"]["AP"]] if m >= 0]
-    assert (study / "study.md").is_file() and (study / "plots" / "main_metrics.png").is_file()
+    assert (study / "study.md").is_file() and (study / "plots" / "main_metrics.pdf").is_file()
 
     # A second submission finds everything done and submits nothing.
     assert main(args) == 0
