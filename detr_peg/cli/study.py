@@ -29,11 +29,15 @@ cell from its checkpoint and retries failed ones; a changed definition (other
 than --seeds) or a changed cell config is refused. A failed cell does not
 stop the others; the exit status is then 3.
 
+--jobs N runs N cells at a time on this machine, each in a process of its own
+with 1/N of the CPU cores; Ctrl-C stops every running cell at its next
+iteration, after its checkpoint (the same command resumes).
+
 On a cluster, --slurm submits one job per cell through submitit, each cell
 using --nodes x --gpus-per-node GPUs; --plan prints the commands instead.
 
 Examples (the proxy configs train on the synthetic shapes: run detr-peg demo --data-only once):
-  detr-peg study --study configs/study/proxy_synthetic.yaml --output studies/proxy
+  detr-peg study --study configs/study/proxy_synthetic.yaml --output studies/proxy --jobs 2
   detr-peg study --config configs/proxy/detr_small.yaml --grid model.position.name=sine,learned,none,peg \\
       --seeds 3 --scales 1,1.5,2 --canvas-scales 1.5,2 --padding --output studies/detr_small
   detr-peg study --config configs/detr_r50_peg.yaml --grid model.position.peg_layers=[0],[0,1,2] \\
@@ -108,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run = parser.add_argument_group("where the cells run")
     run.add_argument("--plan", action="store_true", help="print every cell's commands and exit")
+    run.add_argument(
+        "--jobs",
+        type=option_types.integer(1),
+        metavar="N",
+        help="run N cells at a time on this machine, each in its own process with 1/N of the CPU cores as "
+        "torch threads (default 1: one after the other in this process)",
+    )
     run.add_argument("--slurm", action="store_true", help="one SLURM job per cell through submitit")
     run.add_argument(
         "--submitit-local",
@@ -303,7 +314,7 @@ def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, ce
     if not todo:
         return []
     if not (args.slurm or args.submitit_local):
-        return runner.run_here(study_dir, definition, cells, run_command)
+        return runner.run_here(study_dir, definition, cells, run_command, jobs=args.jobs or 1)
     if definition.eval.canvas_scales:
         runner.make_canvas_sets(todo, definition.eval.canvas_scales)
     submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
@@ -338,6 +349,8 @@ def run(args: argparse.Namespace) -> int:
         started = time.monotonic()
         if args.slurm and args.submitit_local:
             raise ConfigError("--slurm and --submitit-local exclude each other; choose one.")
+        if args.jobs and (args.slurm or args.submitit_local):
+            raise ConfigError("--jobs runs cells on this machine; with --slurm or --submitit-local each cell is a job.")
         jobs = args.slurm or args.submitit_local
         definition, cluster, options, rule = definition_from_args(args)
         if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)

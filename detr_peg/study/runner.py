@@ -13,8 +13,9 @@ same folder
   differs from the one it was started with (a base config file was edited): is
   refused with one line naming what changed, before anything runs.
 
-Cells run one after the other in this process (:func:`run_here`) or as jobs
-through submitit (:mod:`detr_peg.study.slurm`). A failed cell is recorded and
+Cells run one after the other in this process (:func:`run_here`), several at
+a time in processes of their own (``--jobs``, :mod:`detr_peg.study.parallel`)
+or as jobs through submitit (:mod:`detr_peg.study.slurm`). A failed cell is recorded and
 the others go on; a signal (Ctrl-C, SIGTERM) stops the study after the
 running cell wrote its checkpoint.
 """
@@ -48,6 +49,7 @@ from detr_peg.study.cell import (
 )
 from detr_peg.study.comparisons import ComparisonOptions
 from detr_peg.study.grid import Cell, EvalPlan, StudyDefinition, expand_cells
+from detr_peg.study.parallel import run_parallel
 from detr_peg.study.results import collect
 from detr_peg.study.seed_rule import SeedRule, next_seeds, stop_reason
 
@@ -217,14 +219,32 @@ def is_done(study_dir: Path, cell: Cell) -> bool:
 
 
 def run_here(
-    study_dir: str | Path, definition: StudyDefinition, cells: Sequence[Cell], run_command: CommandRunner
+    study_dir: str | Path,
+    definition: StudyDefinition,
+    cells: Sequence[Cell],
+    run_command: CommandRunner,
+    *,
+    jobs: int = 1,
 ) -> list[CellOutcome]:
-    """Run the cells one after the other in this process, with a progress bar over the study.
+    """Run the cells one after the other in this process (``jobs`` 1), or ``jobs`` at a time in processes of
+    their own (:mod:`detr_peg.study.parallel`), with a progress bar over the study.
 
     Raises:
         StudyInterrupted: a cell was stopped by a signal (it resumes at the next run).
     """
     study_dir = Path(study_dir)
+    if jobs > 1:
+        outcomes, signum = run_parallel(study_dir, cells, definition.eval, run_command, jobs=jobs, describe=describe)
+        stopped = [o for o in outcomes if o.status == "interrupted"]
+        if signum is not None or stopped:
+            code = 128 + signum if signum is not None else stopped[0].exit_code
+            names = ", ".join(o.name for o in stopped[:3]) + (", ..." if len(stopped) > 3 else "")
+            raise StudyInterrupted(
+                f"the study was stopped ({len(stopped)} running cells stopped{': ' + names if names else ''}); "
+                "run the same command again to resume.",
+                code,
+            )
+        return outcomes
     todo = [cell for cell in cells if not is_done(study_dir, cell)]
     outcomes = [CellOutcome(cell.name, "skipped") for cell in cells if cell not in todo]
     bar = tqdm(
