@@ -122,6 +122,12 @@ def prepare(
     return cells
 
 
+#: The synthetic datasets of the shipped configs, and the command that writes each.
+DATASETS = {
+    "outputs/demo/data": "detr-peg demo --data-only",
+    "outputs/proxy_data/data": "detr-peg demo --data-only --output outputs/proxy_data --num-train 2000 --num-val 1000",
+}
+
 #: The dataset fields of a config that must name existing files or folders before a study runs.
 DATA_PATHS = {
     "train_images": Path.is_dir,
@@ -149,11 +155,11 @@ def check_data_paths(cells: Sequence[Cell]) -> None:
             seen.add((field, value))
             if not exists(Path(value)):
                 kind = "folder" if exists is Path.is_dir else "file"
-                hint = (
-                    " (the synthetic dataset: detr-peg demo --data-only)"
-                    if Path("outputs/demo/data") in Path(value).parents
-                    else ""
-                )
+                hint = next(
+                    (f" (the synthetic dataset: {command})" for root, command in DATASETS.items() if Path(root) in
+                     Path(value).parents),
+                    "",
+                )  # fmt: skip
                 raise DataError(
                     f"{cell.config}: data.{field} is {value}, which is not an existing {kind} "
                     f"(relative paths are read from {Path.cwd()}); create the dataset first{hint}."

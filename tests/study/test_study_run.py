@@ -217,8 +217,9 @@ def test_a_missing_dataset_stops_the_study_before_any_cell(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert err == (
         f"detr-peg study: error: {REPO_ROOT / 'configs' / 'proxy' / 'deformable_small.yaml'}: data.train_images is "
-        f"outputs/demo/data/train, which is not an existing folder (relative paths are read from {tmp_path}); "
-        "create the dataset first (the synthetic dataset: detr-peg demo --data-only)."
+        f"outputs/proxy_data/data/train, which is not an existing folder (relative paths are read from {tmp_path}); "
+        "create the dataset first (the synthetic dataset: detr-peg demo --data-only --output outputs/proxy_data "
+        "--num-train 2000 --num-val 1000)."
     )
     assert not (tmp_path / "s" / "cells").exists()
 
