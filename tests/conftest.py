@@ -23,7 +23,14 @@ SHARED_DIR = Path(os.environ.get("DETR_PEG_SHARED", REPO_ROOT.parent / "shared")
 REFERENCE_DIR = SHARED_DIR / "reference"
 COCO128_DIR = SHARED_DIR / "data" / "coco128"
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+#: Tests run in this many processes (``pytest -n N``, pytest-xdist); each takes its share of the cores, and the
+#: commands its tests start inherit it, so N workers never run more threads than there are cores.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+else:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 def python_env(**extra: str) -> dict[str, str]:

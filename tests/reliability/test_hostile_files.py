@@ -36,7 +36,7 @@ BILLION_LAUGHS = (
 )
 
 
-#: A shipped proxy config; its dataset (outputs/demo/data) does not exist in a case folder.
+#: A shipped proxy config; its dataset (outputs/proxy_data/data) does not exist in a case folder.
 PROXY = str(REPO_ROOT / "configs" / "proxy" / "detr_small.yaml")
 
 
@@ -298,7 +298,7 @@ CASES = [
     Hostile(
         "study-dataset-not-generated",
         ["study", "--config", PROXY, "--output", "st"],
-        [f"{PROXY}: data.train_images is outputs/demo/data/train, which is not an existing folder"],
+        [f"{PROXY}: data.train_images is outputs/proxy_data/data/train, which is not an existing folder"],
     ),
 ]
 
