@@ -229,7 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = show_messages()
     try:
         with _terminate_on_sigterm():
-            return int(module.run(args) or 0)
+            status = int(module.run(args) or 0)
+            # What the command printed is out before SIGTERM gets its default action back: a signal while the
+            # interpreter exits must not lose the last lines ("Wrote ...") from stdout's buffer.
+            sys.stdout.flush()
+            return status
     except UserError as exc:
         message = in_users_words(str(exc), module, words)
         print(f"detr-peg {top.command}: error: {message}", file=sys.stderr)

@@ -110,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="compare mixed-size evaluation batches with one image at a time",
     )
+    add_run_arguments(parser)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the cells run: here (``--jobs``), on SLURM or as local submitit jobs, and the jobs' resources."""
     run = parser.add_argument_group("where the cells run")
     run.add_argument("--plan", action="store_true", help="print every cell's commands and exit")
     run.add_argument(
@@ -143,7 +149,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpus-per-task", type=option_types.integer(1), metavar="N", help="CPU cores per process (default 10)"
     )
     run.add_argument("--mem", metavar="SIZE", help="memory per machine, e.g. 256G")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
 
 
 def add_comparison_arguments(parser: argparse.ArgumentParser, *, recorded: bool = False) -> None:

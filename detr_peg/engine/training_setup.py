@@ -47,7 +47,7 @@ from detr_peg.engine.loader import check_train_size
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import build_grad_scaler, check_amp, resolve_amp
 from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
-from detr_peg.engine.weight_average import WeightAverage, build_weight_average
+from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import ConfigError, TrainingError
 from detr_peg.guards.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
@@ -87,7 +87,9 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
     optimizer = build_optimizer(model, t)
     lr_scheduler = build_lr_scheduler(optimizer, t)
     scaler = build_grad_scaler(t.amp, device)
-    weight_average = build_weight_average(model, t.ema_decay, t.ema_warmup_iters)
+    weight_average = (
+        WeightAverage(model, decay=t.ema_decay, warmup_iters=t.ema_warmup_iters) if t.ema_decay > 0 else None
+    )
     on_main(env, lambda: check_output_dir(out, estimate_checkpoint_bytes(model)))
     if resume_ckpt is not None:
         progress, notes = _resume(

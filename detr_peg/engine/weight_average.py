@@ -91,8 +91,3 @@ class WeightAverage:
         """Restore an average saved by :meth:`state_dict` after ``updates`` updates (resume)."""
         self.module.load_state_dict(state)
         self._averaged.n_averaged.fill_(updates)
-
-
-def build_weight_average(model: nn.Module, decay: float, warmup_iters: int) -> WeightAverage | None:
-    """The run's :class:`WeightAverage` (``train.ema_decay`` > 0), or None."""
-    return WeightAverage(model, decay=decay, warmup_iters=warmup_iters) if decay > 0 else None
