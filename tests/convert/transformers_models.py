@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
-transformers = __import__("pytest").importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" / "Loading weights" bars on stderr
 
 #: ``id2label`` in the COCO style: id 0 unused ("N/A"), then the synthetic shapes' category ids 1..4.
 SCALE = 0.2
@@ -95,3 +97,22 @@ def save(model, folder: Path) -> Path:
 def load(folder: Path):
     """The model of a Transformers folder, as Transformers loads it."""
     return transformers.AutoModelForObjectDetection.from_pretrained(folder).eval()
+
+
+#: The parity cases: how to build each model, and the backbone source, name and encoding it converts to.
+CASES = {
+    "detr": (lambda: detr_model(), ("torchvision", "resnet18", "sine")),
+    "detr-resnet-learned": (
+        lambda: detr_model(backbone="resnet", position_embedding_type="learned"),
+        ("torchvision", "resnet18", "learned"),
+    ),
+    "deformable": (lambda: deformable_model(backbone="resnet"), ("torchvision", "resnet18", "sine")),
+    "deformable-refine": (
+        lambda: deformable_model(backbone="timm:resnet18d", with_box_refine=True, position_embedding_type="learned"),
+        ("timm", "resnet18d", "learned"),
+    ),
+    "deformable-two-stage": (
+        lambda: deformable_model(with_box_refine=True, two_stage=True),
+        ("torchvision", "resnet18", "sine"),
+    ),
+}
