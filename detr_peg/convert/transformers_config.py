@@ -12,7 +12,7 @@ What the shared fields become (each architecture's module reads its own):
 ``activation_function`` (``relu``, ``gelu``)   ``model.transformer.activation``
 ``dropout``                                    ``model.transformer.dropout`` (suggested)
 ``position_embedding_type``                    ``model.position.name`` (suggested): ``sine`` or ``learned``
-``id2label``                                   the label map: label ``i`` is category ``i`` named ``id2label[i]``
+``id2label``                                   the label map: label ``i`` is category ``i`` named ``id2label[i]`` (:func:`label_map_of`)
 ``backbone_config``, ``backbone``, ...         ``model.backbone.*`` (:func:`backbone_values`)
 =============================================  =========================================
 
@@ -47,6 +47,8 @@ TORCHVISION_RESNETS = set(RESNET_DEPTHS.values())
 #: Channels of torchvision's ResNet stages, by block type (``backbone_config.layer_type``).
 RESNET_WIDTHS = {"basic": [64, 128, 256, 512], "bottleneck": [256, 512, 1024, 2048]}
 ACTIVATIONS = ("relu", "gelu")
+#: The name Transformers' COCO models give the class ids that are no category.
+UNUSED_ID = "N/A"
 ENCODINGS = ("sine", "learned")
 
 
@@ -236,13 +238,23 @@ def _timm_values(
 def label_map_of(config: dict[str, Any], src: str) -> LabelMap:
     """The label map of ``id2label``: label ``i`` is category id ``i`` named ``id2label[i]`` (``contiguous=False``).
 
+    Ids named ``N/A`` are left out: Transformers' COCO models give that name
+    to the class ids no COCO category has (12, 26, ...), and without them the
+    map equals the one detr_peg reads from COCO's annotations (raw ids), so
+    ``train.init_from`` and evaluation on COCO see the same categories. A
+    label left out is reported as ``class <label>``.
+
     Raises:
-        CheckpointError: ``id2label`` is missing or its keys are not integers.
+        CheckpointError: ``id2label`` is missing, names no category, or its
+            keys are not integers.
     """
     id2label = config.get("id2label")
     if not isinstance(id2label, dict) or not id2label:
         raise refusal(src, "id2label", id2label, "names no classes")
+    named = {key: name for key, name in id2label.items() if name != UNUSED_ID}
+    if not named:
+        raise refusal(src, "id2label", id2label, f"names every class {UNUSED_ID}")
     try:
-        return LabelMap(category_ids=[int(k) for k in id2label], names=list(id2label.values()), contiguous=False)
+        return LabelMap(category_ids=[int(k) for k in named], names=list(named.values()), contiguous=False)
     except ValueError as exc:
         raise refusal(src, "id2label", id2label, f"does not map class ids to names ({exc})") from None

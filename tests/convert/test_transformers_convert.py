@@ -44,9 +44,10 @@ def test_the_command_reports_the_conversion_and_stores_the_label_map(transformer
     printed = capsys.readouterr().out
     assert "Converted Transformers DETR checkpoint" in printed
     assert "new keys (initialised fresh): 0 none" in printed and "unused keys: 0 none" in printed
-    assert "label map: 5 categories (N/A, circle, square, triangle, cross)" in printed
+    assert "label map: 4 categories (circle, square, triangle, cross)" in printed  # id 0, "N/A", is no category
     loaded = load_model(dst)
-    assert loaded.label_map.names == ["N/A", "circle", "square", "triangle", "cross"]
+    assert loaded.label_map.category_ids == [1, 2, 3, 4]
+    assert loaded.label_map.names == ["circle", "square", "triangle", "cross"]
     assert loaded.config.model.num_classes == 5 and loaded.config.data.contiguous_labels is False
 
 
