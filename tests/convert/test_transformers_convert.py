@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import detr_peg
 from detr_peg import load_model
 from detr_peg.cli.main import main
 from detr_peg.convert import convert_transformers
@@ -153,3 +154,13 @@ def test_a_hub_name_offline_says_to_pass_a_local_folder(tmp_path, monkeypatch, c
     assert len(err.splitlines()) == 1, err
     assert "facebook/detr-resnet-50 is not in the local Hugging Face cache" in err and "pass its local path" in err
     assert not (tmp_path / "out.pth").exists()
+
+
+def test_from_pretrained_converts_a_transformers_folder(transformers_folder):
+    folder = transformers_folder("deformable")
+    detector = detr_peg.Detector.from_pretrained(folder, device="cpu")
+    report = convert_transformers(folder)
+    assert detector.config == report.config
+    for key, value in report.state_dict.items():
+        assert torch.equal(detector.model.state_dict()[key], value), key
+    assert detector.class_names[:3] == ["class 0", "circle", "square"]
