@@ -111,6 +111,7 @@ class HubFolders(
                 folder not cached, or weights that do not fit their config.
         """
         spec = str(pretrained_model_name_or_path)
+        model_folder(spec)  # a folder or a Hub name, else one sentence before the Hub is asked
         with hub_errors(spec):
             return super().from_pretrained(spec, device=device, revision=revision, **download)
 
