@@ -82,6 +82,12 @@ class HubFolders(
 
     loaded: LoadedModel
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> HubFolders:
+        # ModelHubMixin.__new__ records the constructor's arguments as the folder's config, turning a dataclass
+        # argument into a dict with dataclasses.asdict: a deep copy of the LoadedModel, model included. The
+        # folder's config.json is written by _save_pretrained instead, so nothing is recorded.
+        return object.__new__(cls)
+
     @classmethod
     def from_pretrained(
         cls,

@@ -127,3 +127,16 @@ def test_a_hub_name_offline_and_not_cached_says_to_pass_a_local_folder(tmp_path,
     with pytest.raises(CheckpointError, match="owner/some-detr is not in the local Hugging Face cache") as error:
         detr_peg.Detector.from_pretrained("owner/some-detr")
     assert "pass its local path" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_building_a_detector_copies_nothing(trained):
+    """ModelHubMixin would record the constructor's LoadedModel as config (a deep copy of the model); it must not."""
+    loaded = detr_peg.load_model(trained)
+
+    class Uncopyable(type(loaded.model)):
+        def __deepcopy__(self, memo):
+            raise AssertionError("the model was copied")
+
+    loaded.model.__class__ = Uncopyable
+    detector = detr_peg.Detector(loaded, device="cpu")
+    assert detector.model is loaded.model
