@@ -141,7 +141,8 @@ class HubFolders(
         Args:
             save_directory: the folder (created if needed).
             metrics: COCO metrics in percent for the model card; default: the
-                ``metrics.json`` next to the checkpoint the model came from, if any.
+                ``metrics.json`` next to the checkpoint file the model came
+                from (a training or evaluation run's), if any.
             kwargs: ``push_to_hub=True, repo_id="owner/name"`` and the other
                 arguments of :meth:`huggingface_hub.ModelHubMixin.save_pretrained`.
 
@@ -177,7 +178,7 @@ class HubFolders(
 
     def generate_model_card(self, *args: Any, metrics: dict | None = None, name: str = "", **kwargs: Any) -> ModelCard:
         """The folder's ``README.md`` (:func:`~detr_peg.checkpoint.hub_folder.model_card`)."""
-        if metrics is None and self.loaded.source:
+        if metrics is None and self.loaded.source and Path(self.loaded.source).is_file():
             metrics = run_metrics(Path(self.loaded.source).parent / METRICS_JSON)
         label_map = self.loaded.label_map.to_dict() if self.loaded.label_map is not None else None
         return model_card(self.loaded.config, label_map, metrics, name or "owner/name")

@@ -164,3 +164,15 @@ def test_from_pretrained_converts_a_transformers_folder(transformers_folder):
     for key, value in report.state_dict.items():
         assert torch.equal(detector.model.state_dict()[key], value), key
     assert detector.class_names[:3] == ["class 0", "circle", "square"]
+
+
+def test_sharded_weights_read_as_one_file(transformers_folder, tmp_path):
+    folder = transformers_folder("detr")
+    load(folder).save_pretrained(tmp_path / "sharded", max_shard_size="20MB")
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    expected = convert_transformers(folder).state_dict
+    report = convert_transformers(tmp_path / "sharded")
+    assert report.state_dict.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(report.state_dict[key], value), key
