@@ -6,9 +6,10 @@ Transformers DetrForObjectDetection or DeformableDetrForObjectDetection
 Hub name of one (owner/name, fetched with huggingface_hub; offline, pass a
 local folder). The architecture is read from the weights and config.json;
 the label map of a Transformers model from its id2label. What they do not
-determine (the heads of an official checkpoint, ...) comes from the ``args``
-stored by the official training script when present, then from --config and
-key=value overrides, as for training. Use model.position.name=peg to start a
+determine (the attention heads of an official checkpoint, dilation, ...)
+comes from the ``args`` stored by the official training script when present,
+then from --config and key=value overrides, as for training. A Transformers
+setting detr_peg cannot represent is refused, naming the config.json field. Use model.position.name=peg to start a
 PEG model from the weights: every shared weight is kept and only the PEG is
 initialised.
 
