@@ -16,7 +16,8 @@ proposals). Transformers 5 ties the class heads of a box-refinement model
 to ``class_embed.0`` when it builds one, but keeps per-layer heads that a
 file holds (the layout of the models Transformers 4 trained, and of the
 official code). So a head the file holds under both names must be the same
-tensor, and a head it lacks is the one at index 0 (:func:`fill_tied_heads`).
+tensor, and a head it lacks is the first one it holds, index 0 in the files
+Transformers writes (:func:`fill_tied_heads`).
 
 Keys (after :func:`~detr_peg.convert.transformers_keys.fuse_attention_projections`):
 
@@ -127,7 +128,11 @@ def read_deformable(
 
 
 def fill_tied_heads(mapped: dict[str, Tensor], cfg: Any) -> None:
-    """Add the heads a file stores once: a missing ``{class,bbox}_embed.{i}`` is ``{class,bbox}_embed.0``.
+    """Add the heads a file stores once: a missing ``{class,bbox}_embed.{i}`` is the first head the file holds.
+
+    That is ``{class,bbox}_embed.0`` in the files Transformers writes (it
+    keeps the first of tied modules); without refinement every head is the
+    same module, so any stored one is right.
 
     Args:
         mapped: the renamed state dict, completed in place.
@@ -135,10 +140,13 @@ def fill_tied_heads(mapped: dict[str, Tensor], cfg: Any) -> None:
     """
     heads = cfg.model.transformer.dec_layers + (1 if cfg.model.two_stage else 0)
     for kind in ("class_embed", "bbox_embed"):
-        first = {k[len(kind) + 3 :]: v for k, v in mapped.items() if k.startswith(f"{kind}.0.")}
-        for index in range(1, heads):
-            if first and not any(k.startswith(f"{kind}.{index}.") for k in mapped):
-                mapped.update({f"{kind}.{index}.{suffix}": value for suffix, value in first.items()})
+        stored = {index for index in range(heads) if any(k.startswith(f"{kind}.{index}.") for k in mapped)}
+        if not stored:
+            continue
+        prefix = f"{kind}.{min(stored)}."
+        first = {k[len(prefix) :]: v for k, v in mapped.items() if k.startswith(prefix)}
+        for index in sorted(set(range(heads)) - stored):
+            mapped.update({f"{kind}.{index}.{suffix}": value for suffix, value in first.items()})
 
 
 TRANSFORMERS_FORMATS.register("deformable_detr")(

@@ -13,7 +13,7 @@ import shutil
 import huggingface_hub
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import detr_peg
 from detr_peg import load_model
@@ -174,5 +174,20 @@ def test_sharded_weights_read_as_one_file(transformers_folder, tmp_path):
     expected = convert_transformers(folder).state_dict
     report = convert_transformers(tmp_path / "sharded")
     assert report.state_dict.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(report.state_dict[key], value), key
+
+
+def test_a_shared_head_stored_under_another_index_fills_every_layer(transformers_folder, tmp_path):
+    """Without refinement every layer's head is one module; a file may keep it under any index."""
+    folder = transformers_folder("deformable")
+    expected = convert_transformers(folder).state_dict
+    moved = shutil.copytree(folder, tmp_path / "moved")
+    state = load_file(moved / "model.safetensors")
+    for key in [k for k in state if k.startswith(("class_embed.0.", "bbox_embed.0."))]:
+        state[key.replace(".0.", ".1.", 1)] = state.pop(key)
+    save_file(state, moved / "model.safetensors", metadata={"format": "pt"})
+    report = convert_transformers(moved)
+    assert report.new_keys == []
     for key, value in expected.items():
         assert torch.equal(report.state_dict[key], value), key
