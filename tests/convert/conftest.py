@@ -14,6 +14,7 @@ def transformers_folder(tmp_path_factory) -> Callable[[str], Path]:
 
     Tests must not change the folders; a test that edits one copies it first.
     """
+    # Imported here: without Transformers installed, only the tests that use a folder are skipped.
     from tests.convert.transformers_models import CASES, save
 
     folders: dict[str, Path] = {}
