@@ -5,6 +5,7 @@ Public API::
     import detr_peg
 
     detector = detr_peg.Detector.from_checkpoint("model.pth")   # a trained or converted checkpoint
+    detector = detr_peg.Detector.from_pretrained("owner/name")  # a Hub folder (detr_peg's, or Transformers' DETR)
     detections = detector.predict("photo.jpg")                   # boxes (x0, y0, x1, y1 px), scores, class names
     metrics = detector.evaluate("images/", "annotations.json")   # COCO AP, AP50, ...
 

@@ -19,7 +19,10 @@ COCO-format set (in the current process group, so ``torchrun`` shares the
 images out) and ``export_onnx`` writes an ONNX graph. The command line's
 ``predict``, ``eval`` and ``demo`` are thin wrappers over this class, and
 every path runs the one inference loop
-(:func:`~detr_peg.engine.inference.run_inference`).
+(:func:`~detr_peg.engine.inference.run_inference`). ``save_pretrained``,
+``from_pretrained`` and ``push_to_hub`` come from
+:class:`~detr_peg.hub.HubFolders` (Hugging Face Hub folders, and
+Transformers DETR checkpoints converted on loading).
 """
 
 from __future__ import annotations
@@ -48,13 +51,15 @@ from detr_peg.engine.inference import run_inference
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.errors import ConfigError
 from detr_peg.guards.output_guard import Input
+from detr_peg.hub import HubFolders
 from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
 
 
-class Detector:
+class Detector(HubFolders):
     """A detector ready for inference: model, post-processor, label map, device and precision.
 
-    Build one with :meth:`from_checkpoint`, :meth:`from_config` or
+    Build one with :meth:`from_checkpoint`, :meth:`from_pretrained` (a Hub
+    folder, see :class:`~detr_peg.hub.HubFolders`), :meth:`from_config` or
     :meth:`from_onnx`, or from a :class:`~detr_peg.models.loading.LoadedModel`.
 
     Args:

@@ -1,15 +1,23 @@
-"""Convert an official DETR or Deformable-DETR checkpoint into a detr_peg checkpoint.
+"""Convert an official DETR or Deformable-DETR checkpoint, or a Transformers one, into a detr_peg checkpoint.
 
-The architecture is read from the weights (backbone depth, widths, layer
-counts, queries, classes). What the weights do not determine (attention heads,
-dilation, ...) comes from the ``args`` stored by the official training script
-when present, then from --config and key=value overrides, as for training.
-Use model.position.name=peg to start a PEG model from official weights: every
-shared weight is kept and only the PEG is initialised.
+SRC is an official checkpoint file (.pth, or .safetensors), a folder of a
+Transformers DetrForObjectDetection or DeformableDetrForObjectDetection
+(config.json and model.safetensors or pytorch_model.bin), or the Hugging Face
+Hub name of one (owner/name, fetched with huggingface_hub; offline, pass a
+local folder). The architecture is read from the weights and config.json;
+the label map of a Transformers model from its id2label. What they do not
+determine (the attention heads of an official checkpoint, dilation, ...)
+comes from the ``args`` stored by the official training script when present,
+then from --config and key=value overrides, as for training. A Transformers
+setting detr_peg cannot represent is refused, naming the config.json field. Use model.position.name=peg to start a
+PEG model from the weights: every shared weight is kept and only the PEG is
+initialised.
 
 Example:
   detr-peg convert detr-r50-e632da11.pth detr_r50.pth
   detr-peg convert detr-r50-e632da11.pth detr_r50_peg.pth model.position.name=peg
+  detr-peg convert facebook/detr-resnet-50 detr_r50_hf.pth
+  detr-peg convert ./my-finetuned-detr detr_finetuned.pth
 """
 
 from __future__ import annotations
@@ -23,7 +31,11 @@ from detr_peg.config.options import own_options
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("src", help="official checkpoint (.pth with 'model', bare state dict, or .safetensors)")
+    parser.add_argument(
+        "src",
+        help="official checkpoint (.pth with 'model', bare state dict, or .safetensors), a Transformers folder "
+        "(config.json + weights) or a Hugging Face Hub name (owner/name)",
+    )
     parser.add_argument("dst", help="output detr_peg checkpoint (.pth, or .safetensors for weights + config)")
     parser.add_argument(
         "--config",
@@ -42,12 +54,12 @@ def _preview(keys: list[str], limit: int = 20) -> str:
 
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
-        from detr_peg.convert import convert_official_file
+        from detr_peg.convert import convert_file
         from detr_peg.guards.declared_io import convert_io
         from detr_peg.guards.output_guard import guard_outputs
 
         claims.enter_context(guard_outputs("convert", *convert_io(args.src, args.dst, args.config)))
-        report = convert_official_file(args.src, args.dst, config_path=args.config, overrides=args.overrides)
+        report = convert_file(args.src, args.dst, config_path=args.config, overrides=args.overrides)
         m = report.config.model
         t = m.transformer
         print(
@@ -64,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  unused keys: {len(report.unused_keys)}{_preview(report.unused_keys)}")
         if report.aliases:
             print(f"  alias keys of shared modules (identical, stored once): {len(report.aliases)}")
+        if report.label_map:
+            names = report.label_map["names"]
+            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            print(f"  label map: {len(names)} categories ({shown})")
         if report.ignored_entries:
             print(f"  other entries not converted: {', '.join(report.ignored_entries)}")
         return 0

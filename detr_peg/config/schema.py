@@ -256,7 +256,9 @@ class TrainConfig:
         deterministic: use deterministic algorithms (for exact resume checks).
         resume: continue from the last checkpoint in ``output_dir``.
         init_from: weights to start from (a detr_peg checkpoint), e.g. for
-            fine-tuning.
+            fine-tuning. A checkpoint with another positional encoding (a
+            converted sine DETR for a ``peg`` run) loads every weight but the
+            encoding's own, which start fresh.
         reset_classifier: with ``init_from``: allow a different number of classes
             by re-initialising the class head.
         eval_every: evaluate every this many epochs (0: only at the end).

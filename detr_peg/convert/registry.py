@@ -1,4 +1,4 @@
-"""The registry of official checkpoint formats ``detr-peg convert`` reads."""
+"""The registries of the checkpoint formats ``detr-peg convert`` reads: official checkpoints and Transformers folders."""
 
 from __future__ import annotations
 
@@ -46,4 +46,38 @@ class OfficialFormat:
 OFFICIAL_FORMATS: Registry = Registry(
     "official checkpoint format",
     """Official checkpoint formats by codebase name; each entry is an :class:`OfficialFormat`.""",
+)
+
+
+@dataclass(frozen=True)
+class TransformersFormat:
+    """How to read one Transformers model class's checkpoints (its ``config.json`` and its weights).
+
+    Attributes:
+        name: the model class, in words ("Transformers DETR").
+        model_type: the ``model_type`` of its ``config.json`` (``detr``).
+        architecture: the class name its ``config.json`` lists under ``architectures``.
+        arch: the detr_peg ``model.arch`` it converts to.
+        read: ``(config_json, state_dict, src) -> (hard, soft)``: the config
+            values its ``config.json`` and weights determine and suggest (see
+            :func:`detr_peg.convert.report.resolve_layers`); refuses a setting
+            detr_peg cannot represent with a ``CheckpointError`` naming the field.
+        key_map: source key -> detr_peg key (after the attention projections
+            are fused, see :func:`detr_peg.convert.transformers_keys.fuse_attention_projections`).
+        fill: optional ``(mapped_state_dict, config) -> None``: adds the
+            modules Transformers stores once and ties (shared detection heads).
+    """
+
+    name: str
+    model_type: str
+    architecture: str
+    arch: str
+    read: Callable[[dict[str, Any], dict[str, Tensor], str], tuple[dict[str, Any], dict[str, Any]]]
+    key_map: KeyMap
+    fill: Callable[[dict[str, Tensor], Any], None] | None = None
+
+
+TRANSFORMERS_FORMATS: Registry = Registry(
+    "Transformers model type",
+    """Transformers checkpoint formats by ``model_type``; each entry is a :class:`TransformersFormat`.""",
 )

@@ -28,6 +28,7 @@ stop request, so the file on disk is always a complete checkpoint.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import random
 import shutil
@@ -54,6 +55,11 @@ _NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 #: Parameter-name fragment of the classification heads (re-initialised by ``train.reset_classifier``).
 CLASSIFIER_KEY = "class_embed"
+
+#: State-dict prefix of the positional encoding's own weights (learned tables, PEG convolutions and BatchNorm).
+POSITION_PREFIX = "transformer.position."
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -270,7 +276,13 @@ def restore_training_state(
 
 
 def load_initial_weights(
-    model: nn.Module, path: str, *, num_classes: int, label_map: LabelMap, reset_classifier: bool
+    model: nn.Module,
+    path: str,
+    *,
+    num_classes: int,
+    label_map: LabelMap,
+    reset_classifier: bool,
+    position: str | None = None,
 ) -> Checkpoint:
     """Start a new run from the weights of another run (``train.init_from``).
 
@@ -282,6 +294,8 @@ def load_initial_weights(
         label_map: this run's label map (compared with the stored one).
         reset_classifier: keep the new model's class heads instead of loading
             them; required when the number of classes differs.
+        position: this run's ``model.position.name``; when the checkpoint has
+            another encoding, see :func:`with_own_position_weights`.
 
     Raises:
         CheckpointError: a different number of classes without
@@ -296,6 +310,8 @@ def load_initial_weights(
         )
     own = model.state_dict()
     state = dict(ckpt.model)
+    if position is not None and position != ckpt.config.model.position.name:
+        state = with_own_position_weights(state, own, f"train.init_from {path}")
     if reset_classifier:
         for key in own:
             if CLASSIFIER_KEY in key:
@@ -308,6 +324,38 @@ def load_initial_weights(
         )
     load_weights(model, state, f"train.init_from {path}")
     return ckpt
+
+
+def with_own_position_weights(
+    state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], source: str
+) -> dict[str, torch.Tensor]:
+    """``state`` of a model with another positional encoding, given the run's own encoding weights.
+
+    Only the encoding's module (``transformer.position.*``) depends on which
+    encoding a model has: the sine encoding and ``none`` have no weights,
+    ``learned`` its two tables, ``peg`` its convolutions and BatchNorm. Every
+    other weight (backbone, input projections, attention, feed-forward
+    blocks, norms, queries, heads) has the same shape and role under any
+    encoding, so it loads. The run's encoding weights keep their fresh
+    initialisation (from ``train.seed``), since the checkpoint has none to
+    give, and the checkpoint's own (learned tables) are left out: a PEG run
+    started from a sine DETR loads everything but its PEG.
+
+    Args:
+        state: the checkpoint's state dict.
+        own: the state dict of the run's freshly built model.
+        source: where ``state`` comes from, for the log.
+    """
+    fresh = sorted(k for k in own if k.startswith(POSITION_PREFIX))
+    dropped = sorted(k for k in state if k.startswith(POSITION_PREFIX))
+    kept = {k: v for k, v in state.items() if not k.startswith(POSITION_PREFIX)}
+    kept.update({k: own[k] for k in fresh})
+    logger.info(
+        f"{source} has another positional encoding: {len(kept) - len(fresh)} weights loaded, "
+        f"{len(fresh)} of the encoding start fresh ({', '.join(fresh[:4]) or 'none'}{', ...' if len(fresh) > 4 else ''}), "
+        f"{len(dropped)} of the checkpoint's encoding left out."
+    )
+    return kept
 
 
 def seed_everything(seed: int) -> None:

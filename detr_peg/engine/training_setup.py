@@ -264,6 +264,7 @@ def _build_model(cfg: Config, env: DistEnv, label_map: LabelMap, *, resumed: boo
             num_classes=cfg.model.num_classes,
             label_map=label_map,
             reset_classifier=t.reset_classifier,
+            position=cfg.model.position.name,
         )
     return wrap_sync_batchnorm(model, cfg, env).to(env.device)
 

@@ -1,0 +1,188 @@
+"""What every conversion shares: the config layers around the read values, the key renaming, the fit to the model.
+
+A converter (official checkpoints in :mod:`detr_peg.convert.official`,
+Transformers folders in :mod:`detr_peg.convert.transformers_folder`) reads
+two kinds of config values from its source: ``hard`` values that the weights
+need (widths, layer counts, classes; an override that contradicts one is
+refused) and ``soft`` values that it suggests (the positional encoding,
+dropout; overrides and stored training arguments win). The config is built
+from, in increasing priority, ``--config FILE``, the soft values, the
+source's stored training arguments, the hard values and the ``key=value``
+overrides. The renamed weights then fill the model built from that config;
+what the source does not provide starts fresh and is reported
+(:class:`ConversionReport`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from detr_peg.checkpoint.format import save_checkpoint
+from detr_peg.config.loader import Layer, build_config, dotted_layer, file_layers, parse_overrides
+from detr_peg.config.schema import Config
+from detr_peg.convert.key_map import KeyMap
+from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.fileio.bounded_read import plain
+from detr_peg.models.builder import build_model
+from detr_peg.models.loading import without_backbone_weights
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion did.
+
+    Attributes:
+        source_format: the codebase the checkpoint comes from ("DETR",
+            "Deformable-DETR", "Transformers DETR", ...).
+        config: the resolved config of the converted model.
+        state_dict: the converted model state dict.
+        new_keys: model keys the source weights did not provide (initialised fresh).
+        unused_keys: source keys the model has no place for.
+        aliases: source keys dropped as duplicates of a shared module.
+        ignored_entries: top-level checkpoint entries other than the weights.
+        label_map: the label map the source names (``LabelMap.to_dict()``), or None.
+    """
+
+    source_format: str
+    config: Config
+    state_dict: dict[str, Tensor]
+    new_keys: list[str] = field(default_factory=list)
+    unused_keys: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)
+    ignored_entries: list[str] = field(default_factory=list)
+    label_map: dict | None = None
+
+
+def refuse_contradictions(hard: dict[str, Any], cli: Layer, src: str) -> None:
+    """Refuse a command-line override that changes a value the weights determine.
+
+    Raises:
+        ConfigError: naming the key, both values and what to do instead.
+    """
+    for key, value in hard.items():
+        if key in cli and plain(cli[key][0]) != value:
+            raise ConfigError(
+                f"command line: {key}={plain(cli[key][0])!r} contradicts the weights in {src}, which have {value!r}; "
+                "convert first, then change the model by fine-tuning (train.init_from with train.reset_classifier)."
+            )
+
+
+def resolve_layers(
+    hard: dict[str, Any],
+    soft: dict[str, Any],
+    src: str,
+    config_path: str | os.PathLike | None,
+    overrides: Iterable[str],
+    *,
+    stored: Layer | None = None,
+    complete: Callable[[Config], dict[str, Any]] | None = None,
+) -> Config:
+    """The converted model's config: ``--config``, soft values, stored arguments, hard values, overrides.
+
+    Args:
+        hard: values the weights determine (``{"model.transformer.hidden_dim": 256, ...}``).
+        soft: values the source suggests.
+        src: the source, for messages.
+        config_path: optional config file for what the source does not determine.
+        overrides: ``key=value`` overrides (highest priority).
+        stored: the training arguments stored with the weights, as a layer.
+        complete: ``config -> {dotted key: value}``, further hard values that
+            need the rest of the config first (Deformable-DETR's sampling
+            points need the number of heads).
+
+    Returns:
+        The config, with ``model.backbone.weights`` unset (the weights travel
+        in the converted checkpoint).
+    """
+    cli = parse_overrides(overrides)
+    refuse_contradictions(hard, cli, src)
+    layers: list[Layer] = []
+    if config_path is not None:
+        layers.extend(file_layers(config_path))
+    # What the source says is kept where the chosen architecture and encoding have the field
+    # (learned tables read from the weights are no error when converting to peg).
+    read = len(layers)
+    layers.append(dotted_layer(soft, f"weights in {src}"))
+    if stored:
+        layers.append(stored)
+    layers.append(dotted_layer(hard, f"weights in {src}"))
+    layers.append(cli)
+    cfg = build_config(layers, lenient=range(read, len(layers) - 1))
+    if complete is not None:
+        derived = complete(cfg)
+        refuse_contradictions(derived, cli, src)
+        layers.insert(len(layers) - 1, dotted_layer(derived, f"weights in {src}"))
+        cfg = build_config(layers, lenient=range(read, len(layers) - 1))
+    return without_backbone_weights(cfg)
+
+
+def map_state_dict(state: dict[str, Tensor], key_map: KeyMap, src: str) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename source keys; keys that map onto an already-mapped key must be identical aliases.
+
+    The backbone's ``num_batches_tracked`` counters are dropped (frozen
+    BatchNorm has none).
+
+    Raises:
+        CheckpointError: two source keys map onto one key but differ.
+    """
+    mapped: dict[str, Tensor] = {}
+    origin: dict[str, str] = {}
+    aliases: list[str] = []
+    for key, value in state.items():
+        if key.endswith("num_batches_tracked") and "backbone." in key:
+            continue
+        target = key_map(key)
+        if target is None:
+            continue
+        if target in mapped:
+            if not torch.equal(mapped[target], value):
+                raise CheckpointError(
+                    f"{src}: '{key}' and '{origin[target]}' should be copies of one shared module but differ."
+                )
+            aliases.append(key)
+            continue
+        mapped[target] = value
+        origin[target] = key
+    return mapped, aliases
+
+
+def fit_to_model(cfg: Config, mapped: dict[str, Tensor], src: str) -> tuple[dict[str, Tensor], list[str], list[str]]:
+    """The state dict of the model ``cfg`` builds, filled with ``mapped`` where it has the key.
+
+    Returns:
+        ``(state_dict, new_keys, unused_keys)``: the merged state dict (in the model's dtypes), the
+        model keys ``mapped`` lacks (they keep their fresh initialisation),
+        and the keys of ``mapped`` the model has no place for.
+
+    Raises:
+        CheckpointError: a tensor whose shape differs from the model's.
+    """
+    own = build_model(cfg).state_dict()
+    for key in own.keys() & mapped.keys():
+        if own[key].shape != mapped[key].shape:
+            raise CheckpointError(
+                f"{src}: '{key}' has shape {tuple(mapped[key].shape)} but the configured model expects "
+                f"{tuple(own[key].shape)}; check the config values the weights do not determine."
+            )
+    new_keys = sorted(k for k in own.keys() - mapped.keys() if not k.endswith("num_batches_tracked"))
+    unused = sorted(mapped.keys() - own.keys())
+    # Weights saved in half precision are stored in the model's float32, as loading them would.
+    merged = {k: (mapped[k].to(v.dtype) if k in mapped else v) for k, v in own.items()}
+    return merged, new_keys, unused
+
+
+def save_report(report: ConversionReport, src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Write the converted checkpoint ``dst`` atomically, with its label map and where it came from."""
+    save_checkpoint(
+        dst,
+        report.config,
+        report.state_dict,
+        label_map=report.label_map,
+        converted_from={"format": report.source_format, "path": os.path.basename(os.path.normpath(str(src)))},
+    )

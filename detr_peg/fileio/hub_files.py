@@ -1,0 +1,145 @@
+"""Files of a model folder: a local folder, or a repository of the Hugging Face Hub fetched with ``huggingface_hub``.
+
+A model folder (a Transformers checkpoint, or a folder that
+:meth:`detr_peg.Detector.save_pretrained` wrote) is named either by its local
+path or by its Hub name (``owner/name``, optionally ``owner/name@revision``).
+A local folder is read as it is; a Hub name is fetched file by file with
+:func:`huggingface_hub.hf_hub_download` into the Hugging Face cache (and read
+from there on later calls, also offline). Every failure of the Hub is reported
+as one :class:`~detr_peg.errors.CheckpointError` sentence: offline or
+unreachable (pass a local folder instead), no such repository, no such
+revision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from detr_peg.errors import CheckpointError
+
+#: ``owner/name`` or ``name``, as the Hub spells repository ids, with an optional ``@revision``.
+HUB_NAME = re.compile(r"(?P<repo>(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """Where a model folder's files come from.
+
+    Attributes:
+        spec: what the user wrote (a path or a Hub name), for messages.
+        local: the local folder, or ``None`` for a Hub repository.
+        repo_id: the Hub repository (``owner/name``) when not local.
+        revision: the Hub revision (branch, tag or commit), ``None`` for the default branch.
+    """
+
+    spec: str
+    local: Path | None
+    repo_id: str | None = None
+    revision: str | None = None
+
+    def file(self, name: str, **download: Any) -> Path | None:
+        """The local path of the folder's file ``name``, fetched from the Hub if needed; ``None`` when absent.
+
+        Args:
+            name: the file name inside the folder (``config.json``).
+            download: further arguments of :func:`huggingface_hub.hf_hub_download`
+                (``cache_dir``, ``token``, ``force_download``, ``local_files_only``).
+
+        Raises:
+            CheckpointError: the Hub cannot be reached and the file is not
+                cached, or the repository or revision does not exist.
+        """
+        if self.local is not None:
+            path = self.local / name
+            return path if path.is_file() else None
+        with hub_errors(self.spec):
+            try:
+                return Path(hf_hub_download(self.repo_id, name, revision=self.revision, **download))
+            except LocalEntryNotFoundError:
+                raise
+            except EntryNotFoundError:
+                return None
+
+    def first_file(self, names: Sequence[str], what: str, **download: Any) -> Path:
+        """The first of ``names`` that the folder holds.
+
+        Raises:
+            CheckpointError: none of them is there (``what`` says what was looked for).
+        """
+        for name in names:
+            path = self.file(name, **download)
+            if path is not None:
+                return path
+        raise CheckpointError(f"{self.spec} holds no {what} ({' or '.join(names)}).")
+
+
+#: Endings of checkpoint and config files: a missing ``runs/model.pth`` is a missing file, not a Hub name.
+FILE_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt", ".onnx", ".json", ".yaml", ".yml")
+
+
+def is_hub_name(spec: str) -> bool:
+    """Whether ``spec`` names a Hub repository: ``owner/name[@revision]``, and no local file or folder of that name."""
+    repo = spec.split("@")[0]
+    return (
+        not os.path.lexists(spec)
+        and HUB_NAME.fullmatch(spec) is not None
+        and "/" in repo
+        and not repo.lower().endswith(FILE_SUFFIXES)
+    )
+
+
+def model_folder(spec: str | os.PathLike) -> ModelFolder:
+    """The :class:`ModelFolder` that ``spec`` (a local folder or a Hub name) names.
+
+    Raises:
+        CheckpointError: ``spec`` is neither a folder nor a Hub name.
+    """
+    text = str(spec)
+    if os.path.isdir(text):
+        return ModelFolder(text, Path(text))
+    match = HUB_NAME.fullmatch(text)
+    if match is None or not is_hub_name(text):
+        raise CheckpointError(
+            f"{text} is neither a local model folder nor a Hugging Face Hub name (owner/name); "
+            "check the path or the name."
+        )
+    return ModelFolder(text, None, match["repo"], match["revision"])
+
+
+@contextlib.contextmanager
+def hub_errors(spec: str) -> Iterator[None]:
+    """Turn the ``huggingface_hub`` errors raised inside into one-sentence :class:`CheckpointError` messages."""
+    try:
+        yield
+    except LocalEntryNotFoundError:
+        raise CheckpointError(
+            f"{spec} is not in the local Hugging Face cache and the Hub cannot be reached (no network, or "
+            "HF_HUB_OFFLINE is set); download the folder where there is network and pass its local path instead."
+        ) from None
+    except RepositoryNotFoundError:
+        raise CheckpointError(
+            f"{spec} is not a model repository of the Hugging Face Hub (or it is private or gated: log in "
+            "with `hf auth login`); check the name, or pass a local folder."
+        ) from None
+    except RevisionNotFoundError:
+        raise CheckpointError(f"{spec}: the repository has no such revision; check the part after '@'.") from None
+    except (HfHubHTTPError, OSError) as exc:  # network errors come in many types
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(
+            f"Could not fetch {spec} from the Hugging Face Hub ({reason}); pass a local folder instead."
+        ) from None

@@ -1,0 +1,200 @@
+"""Hugging Face Hub folders for :class:`detr_peg.Detector`: ``save_pretrained``, ``from_pretrained``, ``push_to_hub``.
+
+:class:`HubFolders` is ``huggingface_hub``'s :class:`~huggingface_hub.ModelHubMixin`
+for detr_peg: ``save_pretrained`` writes a folder of ``config.json``,
+``model.safetensors`` and a model card ``README.md`` (no pickle; see
+:mod:`detr_peg.checkpoint.hub_folder`), ``push_to_hub`` is the library's own
+(it saves the folder and uploads it with ``HfApi.upload_folder``), and
+``from_pretrained`` reads a local folder or a Hub name (``owner/name``,
+fetched with ``huggingface_hub``). ``from_pretrained`` also takes a
+Transformers ``DetrForObjectDetection`` or ``DeformableDetrForObjectDetection``
+folder, converted in memory as ``detr-peg convert`` does (:func:`load_pretrained`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import ModelCard, ModelHubMixin
+
+from detr_peg.checkpoint.format import Checkpoint
+from detr_peg.checkpoint.hub_folder import (
+    CONFIG_JSON,
+    DOCUMENTATION,
+    LIBRARY,
+    REPOSITORY,
+    WEIGHTS,
+    is_detr_peg_config,
+    model_card,
+    read_hub_folder,
+    write_hub_folder,
+)
+from detr_peg.convert.transformers_config import read_config_json
+from detr_peg.convert.transformers_folder import convert_transformers
+from detr_peg.engine.evaluation.metric_units import read_metrics
+from detr_peg.engine.evaluation.run import METRICS_JSON
+from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.fileio.hub_files import hub_errors, model_folder
+from detr_peg.models.loading import LoadedModel, model_from_checkpoint
+
+#: The arguments of ``huggingface_hub.hf_hub_download`` that ``from_pretrained`` passes on.
+DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token")
+
+
+def load_pretrained(spec: str, **download: Any) -> LoadedModel:
+    """The model of the folder or Hub name ``spec`` (``owner/name[@revision]``), in eval mode on the CPU.
+
+    A folder whose ``config.json`` says ``"format": "detr_peg"`` is read as it
+    is; any other is read as a Transformers DETR or Deformable-DETR folder and
+    converted (:func:`~detr_peg.convert.transformers_folder.convert_transformers`).
+
+    Args:
+        spec: a local folder, or a Hub name.
+        download: arguments of :func:`huggingface_hub.hf_hub_download` (:data:`DOWNLOAD_ARGUMENTS`).
+
+    Raises:
+        CheckpointError: no such folder, the Hub unreachable and the folder
+            not cached, a Transformers setting detr_peg cannot represent, or
+            weights that do not fit their config.
+    """
+    folder = model_folder(spec)
+    config = read_config_json(folder.first_file([CONFIG_JSON], CONFIG_JSON, **download), spec)
+    if is_detr_peg_config(config):
+        checkpoint = read_hub_folder(folder.first_file([WEIGHTS], WEIGHTS, **download), config, spec)
+    else:
+        report = convert_transformers(spec, **download)
+        checkpoint = Checkpoint(spec, report.config, report.state_dict, report.label_map)
+    return model_from_checkpoint(checkpoint, checkpoint.config)
+
+
+class HubFolders(
+    ModelHubMixin, library_name=LIBRARY, pipeline_tag="object-detection", repo_url=REPOSITORY, docs_url=DOCUMENTATION
+):
+    """``save_pretrained``, ``from_pretrained`` and ``push_to_hub`` of a class holding a ``loaded`` model.
+
+    The class is built as ``cls(loaded, device=...)`` from a
+    :class:`~detr_peg.models.loading.LoadedModel` (what :class:`detr_peg.Detector` is).
+    """
+
+    loaded: LoadedModel
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> HubFolders:
+        # ModelHubMixin.__new__ records the constructor's arguments as the folder's config, turning a dataclass
+        # argument into a dict with dataclasses.asdict: a deep copy of the LoadedModel, model included. The
+        # folder's config.json is written by _save_pretrained instead, so nothing is recorded.
+        return object.__new__(cls)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        device: str | torch.device = "auto",
+        revision: str | None = None,
+        **download: Any,
+    ) -> Any:
+        """The model of a Hub folder: a local folder or a Hugging Face Hub name (``owner/name``).
+
+        A folder written by :meth:`save_pretrained` is loaded as it is; a
+        Transformers ``DetrForObjectDetection`` or
+        ``DeformableDetrForObjectDetection`` folder is converted first, as
+        ``detr-peg convert`` does. A Hub name is fetched with ``huggingface_hub``
+        into its cache (offline, one already there is read from it).
+
+        Args:
+            pretrained_model_name_or_path: the folder or Hub name.
+            device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+            revision: a branch, tag or commit of the Hub repository.
+            download: further arguments of ``huggingface_hub``'s download
+                (``cache_dir``, ``token``, ``force_download``, ``local_files_only``).
+
+        Raises:
+            CheckpointError: no such folder, the Hub unreachable and the
+                folder not cached, or weights that do not fit their config.
+        """
+        spec = str(pretrained_model_name_or_path)
+        model_folder(spec)  # a folder or a Hub name, else one sentence before the Hub is asked
+        with hub_errors(spec):
+            return super().from_pretrained(spec, device=device, revision=revision, **download)
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision: str | None, device: Any = "auto", **download: Any) -> Any:
+        spec = f"{model_id}@{revision}" if revision else model_id
+        loaded = load_pretrained(spec, **{k: v for k, v in download.items() if k in DOWNLOAD_ARGUMENTS})
+        return cls(loaded, device=device)
+
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, *, metrics: dict[str, float] | None = None, **kwargs: Any
+    ) -> str | None:
+        """Write the model as a Hub folder: ``config.json``, ``model.safetensors`` and ``README.md``, no pickle.
+
+        :meth:`from_pretrained` reads it back with the same outputs; the
+        weights file alone is a checkpoint for the command line
+        (``--checkpoint FOLDER/model.safetensors``). The model card (written
+        unless the folder has a ``README.md`` already) states the model, its
+        classes, ``metrics`` and the training config.
+
+        Args:
+            save_directory: the folder (created if needed).
+            metrics: COCO metrics in percent for the model card; default: the
+                ``metrics.json`` next to the checkpoint file the model came
+                from (a training or evaluation run's), if any.
+            kwargs: ``push_to_hub=True, repo_id="owner/name"`` and the other
+                arguments of :meth:`huggingface_hub.ModelHubMixin.save_pretrained`.
+
+        Returns:
+            The commit URL when pushed to the Hub, else None.
+
+        Raises:
+            ConfigError: the model is an ONNX Runtime graph.
+            CheckpointError: a file cannot be written.
+        """
+        card = dict(kwargs.pop("model_card_kwargs", None) or {})
+        card.setdefault("metrics", metrics)
+        card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
+        return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
+
+    def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> str:
+        """Save the folder and upload it to the Hub repository ``repo_id`` (:meth:`huggingface_hub.ModelHubMixin.push_to_hub`).
+
+        ``model_card_kwargs={"metrics": {...}}`` sets the model card's metrics
+        (default as in :meth:`save_pretrained`); the card's example loads ``repo_id``.
+
+        Returns:
+            The URL of the commit.
+        """
+        card = {"name": repo_id, **(model_card_kwargs or {})}
+        return super().push_to_hub(repo_id, model_card_kwargs=card, **kwargs)
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        if not isinstance(self.loaded.model, torch.nn.Module):
+            raise ConfigError("save_pretrained needs a PyTorch model; load the checkpoint, not the ONNX graph.")
+        label_map = self.loaded.label_map.to_dict() if self.loaded.label_map is not None else None
+        write_hub_folder(save_directory, self.loaded.config, self.loaded.model.state_dict(), label_map)
+
+    def generate_model_card(self, *args: Any, metrics: dict | None = None, name: str = "", **kwargs: Any) -> ModelCard:
+        """The folder's ``README.md`` (:func:`~detr_peg.checkpoint.hub_folder.model_card`)."""
+        if metrics is None and self.loaded.source and Path(self.loaded.source).is_file():
+            metrics = run_metrics(Path(self.loaded.source).parent / METRICS_JSON)
+        label_map = self.loaded.label_map.to_dict() if self.loaded.label_map is not None else None
+        return model_card(self.loaded.config, label_map, metrics, name or "owner/name")
+
+
+def run_metrics(path: Path) -> dict[str, float] | None:
+    """The COCO metrics of a run's ``metrics.json`` (percent), or None when there is none.
+
+    Raises:
+        CheckpointError: the file exists but is not a metrics file.
+    """
+    if not path.is_file():
+        return None
+    try:
+        return read_metrics(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{path} cannot be read as the run's metrics ({exc}); pass metrics=... instead."
+        ) from None

@@ -1,0 +1,142 @@
+"""Hub folders of a trained detector: ``save_pretrained`` then ``from_pretrained`` round-trips exactly, no pickle.
+
+The model is a tiny DETR trained for two iterations on synthetic shapes
+(its run folder holds the ``metrics.json`` the model card reports). Only
+local folders are used: the Hub itself is not reached (``push_to_hub`` runs
+against a stand-in for ``huggingface_hub``'s ``HfApi``, and a Hub name is
+tried in offline mode).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+
+import detr_peg
+from detr_peg.cli.main import main
+from detr_peg.config import config_to_dict
+from detr_peg.data.padding import pad_images
+from detr_peg.errors import CheckpointError
+from tests.engine.tiny_run import synthetic_data, synthetic_overrides
+
+FOLDER_FILES = {"config.json", "model.safetensors", "README.md"}
+#: How a pickle starts (protocol 2 and later), and a ``torch.save`` zip archive.
+PICKLE_STARTS = (b"\x80", b"PK\x03\x04")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The checkpoint of a tiny DETR trained for two iterations; ``metrics.json`` beside it."""
+    root = tmp_path_factory.mktemp("hub")
+    data = synthetic_data(root / "data")
+    run = root / "run"
+    assert main(["train", *synthetic_overrides(data, run, "train.max_iters=2", "train.batch_size=4")]) == 0
+    assert (run / "metrics.json").is_file()
+    return run / "checkpoint.pth"
+
+
+def outputs(detector: detr_peg.Detector) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randn(3, 60, 80, generator=generator), torch.randn(3, 90, 50, generator=generator)]
+    batch, mask = pad_images(images, detector.model.size_divisibility)
+    with torch.no_grad():
+        return detector.model(batch, mask)
+
+
+def test_save_then_load_gives_the_same_model_and_the_folder_holds_no_pickle(trained, tmp_path):
+    detector = detr_peg.Detector.from_checkpoint(trained, device="cpu")
+    folder = tmp_path / "hub"
+    assert detector.save_pretrained(folder) is None
+    assert {p.name for p in folder.iterdir()} == FOLDER_FILES
+    for path in folder.iterdir():
+        assert not path.read_bytes().startswith(PICKLE_STARTS), path.name
+    with safe_open(folder / "model.safetensors", "pt") as weights:
+        assert set(weights.keys()) == set(detector.model.state_dict())
+
+    again = detr_peg.Detector.from_pretrained(folder, device="cpu")
+    assert again.config == detector.config and again.label_map == detector.label_map
+    for key, value in detector.model.state_dict().items():
+        assert torch.equal(again.model.state_dict()[key], value), key
+    ours, theirs = outputs(detector), outputs(again)
+    for name in ("pred_logits", "pred_boxes"):
+        torch.testing.assert_close(theirs[name], ours[name], rtol=0, atol=0)
+
+    # The weights file alone is a checkpoint for the command line and from_checkpoint.
+    alone = detr_peg.Detector.from_checkpoint(folder / "model.safetensors", device="cpu")
+    torch.testing.assert_close(outputs(alone)["pred_boxes"], ours["pred_boxes"], rtol=0, atol=0)
+
+
+def test_the_model_card_states_the_model_its_metrics_and_training_config(trained, tmp_path):
+    detector = detr_peg.Detector.from_checkpoint(trained, device="cpu")
+    detector.save_pretrained(tmp_path / "hub")
+    card = huggingface_hub.ModelCard.load(tmp_path / "hub" / "README.md")
+    assert card.data.library_name == "detr_peg" and card.data.pipeline_tag == "object-detection"
+    assert f'Detector.from_pretrained("{tmp_path / "hub"}")' in card.text
+    ap = json.loads((trained.parent / "metrics.json").read_text())["bbox"]["AP"]
+    assert f"| AP | {ap:.1f} |" in card.text
+    config = yaml.safe_load(card.text.split("```yaml\n")[1].split("```")[0])
+    assert config == config_to_dict(detector.config)
+    assert (
+        "4 categories (labels 0, 1, ... in category id order): 1: circle, 2: square, 3: triangle, 4: cross."
+        in card.text
+    )
+
+
+def test_push_to_hub_uploads_the_saved_folder(trained, monkeypatch):
+    uploaded = {}
+
+    class RecordingApi:  # stands in for huggingface_hub.HfApi: no network
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, **kwargs):
+            return type("RepoUrl", (), {"repo_id": repo_id})()
+
+        def upload_folder(self, *, repo_id, folder_path, **kwargs):
+            folder = Path(folder_path)
+            uploaded.update(repo_id=repo_id, files={p.name for p in folder.iterdir()})
+            uploaded["card"] = (folder / "README.md").read_text()
+            return "https://huggingface.co/owner/tiny-detr/commit/0"
+
+    monkeypatch.setattr(huggingface_hub.hub_mixin, "HfApi", RecordingApi)
+    detector = detr_peg.Detector.from_checkpoint(trained, device="cpu")
+    assert detector.push_to_hub("owner/tiny-detr").endswith("/commit/0")
+    assert uploaded["repo_id"] == "owner/tiny-detr" and uploaded["files"] == FOLDER_FILES
+    assert 'Detector.from_pretrained("owner/tiny-detr")' in uploaded["card"]
+
+
+def test_a_config_json_that_differs_from_the_weights_is_refused(trained, tmp_path):
+    folder = tmp_path / "hub"
+    detr_peg.Detector.from_checkpoint(trained, device="cpu").save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["config"]["model"]["num_queries"] += 1
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="differs from the one stored with model.safetensors"):
+        detr_peg.Detector.from_pretrained(folder)
+
+
+def test_a_hub_name_offline_and_not_cached_says_to_pass_a_local_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    with pytest.raises(CheckpointError, match="owner/some-detr is not in the local Hugging Face cache") as error:
+        detr_peg.Detector.from_pretrained("owner/some-detr")
+    assert "pass its local path" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_building_a_detector_copies_nothing(trained):
+    """ModelHubMixin would record the constructor's LoadedModel as config (a deep copy of the model); it must not."""
+    loaded = detr_peg.load_model(trained)
+
+    class Uncopyable(type(loaded.model)):
+        def __deepcopy__(self, memo):
+            raise AssertionError("the model was copied")
+
+    loaded.model.__class__ = Uncopyable
+    detector = detr_peg.Detector(loaded, device="cpu")
+    assert detector.model is loaded.model
