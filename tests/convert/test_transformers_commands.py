@@ -4,11 +4,9 @@ The small random models of ``transformers_models`` (DETR, and the two-stage
 Deformable-DETR, the variant with the most parts) are converted with
 ``detr-peg convert`` at a small evaluation size, then run through
 ``detr-peg eval`` on a synthetic COCO set whose category ids (1..4) are
-those of the models' ``id2label`` and ``detr-peg predict``; the converted
-DETR also through ``detr-peg export``, which checks the graph in ONNX Runtime
-against PyTorch (exporting takes tens of seconds on a small CPU; the
-Deformable-DETR graphs, two-stage included, are exported by
-``tests/export/test_onnx_export.py``).
+those of the models' ``id2label``, ``detr-peg predict`` and ``detr-peg
+export``, which checks the graph in ONNX Runtime against PyTorch (exporting
+takes tens of seconds on a small CPU).
 """
 
 from __future__ import annotations
@@ -55,8 +53,9 @@ def test_eval_and_predict_take_the_converted_checkpoint(case, transformers_folde
     any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxscript", "onnxruntime")),
     reason="the optional onnx packages are not installed",
 )
-def test_export_takes_the_converted_checkpoint(transformers_folder, tmp_path, capsys):
-    checkpoint = _converted(transformers_folder("detr"), tmp_path)
+@pytest.mark.parametrize("case", ["detr", "deformable-two-stage"])
+def test_export_takes_the_converted_checkpoint(case, transformers_folder, tmp_path, capsys):
+    checkpoint = _converted(transformers_folder(case), tmp_path)
     capsys.readouterr()
     assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "model.onnx")]) == 0
     assert "checked in ONNX Runtime against PyTorch" in capsys.readouterr().out
