@@ -81,20 +81,13 @@ def transformer_values(config: dict[str, Any], src: str) -> tuple[dict[str, Any]
             three input channels).
     """
     heads, ffn = config.get("encoder_attention_heads", 8), config.get("encoder_ffn_dim", 2048)
-    if config.get("decoder_attention_heads", heads) != heads:
-        raise refusal(
-            src,
-            "decoder_attention_heads",
-            config["decoder_attention_heads"],
-            f"differs from encoder_attention_heads={heads} while detr_peg has one model.transformer.nheads",
-        )
-    if config.get("decoder_ffn_dim", ffn) != ffn:
-        raise refusal(
-            src,
-            "decoder_ffn_dim",
-            config["decoder_ffn_dim"],
-            f"differs from encoder_ffn_dim={ffn} while detr_peg has one model.transformer.dim_feedforward",
-        )
+    for key, value, encoder_key, field in (
+        ("decoder_attention_heads", heads, "encoder_attention_heads", "nheads"),
+        ("decoder_ffn_dim", ffn, "encoder_ffn_dim", "dim_feedforward"),
+    ):
+        if config.get(key, value) != value:
+            reason = f"differs from {encoder_key}={value} while detr_peg has one model.transformer.{field}"
+            raise refusal(src, key, config[key], reason)
     activation = config.get("activation_function", "relu")
     if activation not in ACTIVATIONS:
         raise refusal(src, "activation_function", activation, f"is none of {', '.join(ACTIVATIONS)}")
