@@ -232,12 +232,12 @@ def test_padding_changes_onnx_outputs_exactly_as_it_changes_pytorch_outputs(expo
 
 def test_session_options(exported):
     from detr_peg.errors import ConfigError
-    from detr_peg.export.onnx_runtime import GRAPH_OPTIMIZATION_LEVELS, session_options
+    from detr_peg.export.onnx_session import GRAPH_OPTIMIZATION_LEVELS, session_options
 
     options = session_options(threads=2, graph_optimization="extended")
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
     assert str(options.graph_optimization_level).endswith("ORT_ENABLE_EXTENDED")
-    assert not options.enable_mem_pattern
+    assert not options.enable_mem_pattern and not options.enable_cpu_mem_arena
     with pytest.raises(ConfigError, match="valid are disable, basic, extended, all"):
         session_options(graph_optimization="fast")
     # Every level gives the same outputs.
