@@ -1,33 +1,117 @@
 """The ONNX Runtime case of ``detr-peg bench``: the same model, exported and run on the CPU.
 
 ``detr-peg bench --onnx`` adds, after every PyTorch inference case, one case
-labelled ``<label> onnxruntime``: the model that case builds (same config,
-same random weights) is exported with
-:func:`~detr_peg.export.onnx_export.export_onnx` (dynamic batch and size, the
-graph users get) into a temporary folder and timed in an ONNX Runtime CPU
-session with ``--threads`` intra-op threads. The export happens before the
-timed runs; peak memory is the whole process's, so it includes the PyTorch
-model and the export. No FLOPs are counted for it (the graph is the same
-model).
+labelled ``<label> onnxruntime``, measured by ``python -m
+detr_peg.benchmark.onnx_case CASE_JSON`` (:func:`main`):
+
+1. a child process (``python -m detr_peg.benchmark.worker CASE_JSON --export
+   PATH``) builds the model the PyTorch case builds (same config, same random
+   weights: the same seed) and exports it with
+   :func:`~detr_peg.export.onnx_export.export_onnx` (dynamic batch and size,
+   the graph ``detr-peg export`` writes) into a temporary folder;
+2. this process opens it in an ONNX Runtime CPU session with the options of
+   :func:`~detr_peg.export.onnx_session.session_options` (those of
+   :class:`~detr_peg.export.onnx_runtime.OnnxDetector`) and ``--threads``
+   intra-op threads, and times ``session.run`` on a random batch of the
+   case's size (NumPy arrays, no padding), as the PyTorch case times the model.
+
+This process imports ONNX Runtime and NumPy but never torch, as a deployment
+with ONNX Runtime does, and the export's memory stays in the child: the
+case's peak memory is the interpreter, ONNX Runtime, the session and its runs.
+The PyTorch case's peak includes torch and the models' modules, which it
+needs. No FLOPs are counted (the graph is the same model).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
-from torch import Tensor, nn
+from detr_peg.benchmark.timing import cpu_name, peak_rss_bytes, time_runs
+from detr_peg.engine.memory_allocator import retain_freed_memory
 
 ONNX_IMPL = "onnxruntime"
+#: ``python -m detr_peg.benchmark.worker CASE_JSON --export PATH`` exports the case's model to ``PATH``.
+EXPORT_FLAG = "--export"
+#: The line the exporting process prints: the exported model's parameter count.
+PARAMETERS_PREFIX = "BENCH_PARAMETERS "
+#: The line this process prints: the case's measurements (as the worker's).
+RESULT_PREFIX = "BENCH_RESULT "
 
 
-def onnx_forward(model: nn.Module, threads: int) -> Callable[[Tensor, Tensor], dict]:
-    """Export ``model`` and return ``forward(images, mask)`` running it in ONNX Runtime."""
-    from detr_peg.export.onnx_export import export_onnx
-    from detr_peg.export.onnx_runtime import OnnxDetector
+def export_model(case: dict, path: Path) -> int:
+    """Export the model of ``case`` (an ONNX case as a dict) to ``path`` in a child process.
 
+    Returns:
+        The model's parameter count.
+
+    Raises:
+        RuntimeError: the export failed (its error output went to this process's stderr).
+    """
+    model_case = {**case, "impl": "detr_peg", "label": case["label"].removesuffix(f" {ONNX_IMPL}")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "detr_peg.benchmark.worker", json.dumps(model_case), EXPORT_FLAG, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(PARAMETERS_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"exporting the model of case '{case['label']}' failed (exit status {proc.returncode})")
+    return int(lines[-1][len(PARAMETERS_PREFIX) :])
+
+
+def run_onnx_case(case: dict, path: Path, parameters: int) -> dict:
+    """Time the exported graph at ``path`` as ``case`` says; returns the case with its measurements.
+
+    Args:
+        case: the ONNX case (``worker.Case`` as a dict: ``batch``, ``height``,
+            ``width``, ``threads``, ``warmup``, ``runs``, ...).
+        path: the exported graph.
+        parameters: the model's parameter count, for the report.
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    from detr_peg.export.onnx_session import session_options
+
+    session = ort.InferenceSession(str(path), session_options(case["threads"]), providers=["CPUExecutionProvider"])
+    shape = (case["batch"], case["height"], case["width"])
+    feed = {
+        "images": np.random.default_rng(0).standard_normal((shape[0], 3, *shape[1:]), dtype=np.float32),
+        "mask": np.zeros(shape, dtype=np.bool_),
+    }
+    timing = time_runs(lambda: session.run(None, feed), warmup=case["warmup"], runs=case["runs"])
+    return {
+        **case,
+        "amp": "none",
+        "compile": False,
+        "seconds": timing.median,
+        "runs_seconds": timing.runs,
+        "peak_memory_bytes": peak_rss_bytes(),
+        "flops": None,
+        "achieved_flops_per_s": None,
+        "parameters": parameters,
+        "torch_version": None,
+        "onnxruntime_version": ort.__version__,
+        "device_name": cpu_name(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``CASE_JSON``: export the case's model (in a child process), then time it here."""
+    argv = sys.argv[1:] if argv is None else argv
+    case = json.loads(argv[0])
+    retain_freed_memory()  # as in every other case
     with tempfile.TemporaryDirectory(prefix="detr_peg_bench_") as folder:
-        path = export_onnx(model.eval(), Path(folder) / "model.onnx")
-        detector = OnnxDetector(path, threads=threads)  # the session holds the graph; the file can go
-    return detector
+        path = Path(folder) / "model.onnx"
+        parameters = export_model(case, path)
+        result = run_onnx_case(case, path, parameters)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -63,9 +63,11 @@ def format_table(results: list[dict], peak_line: str | None = None) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     first = results[0] if results else {}
+    runtimes = [f"torch {first.get('torch_version', '?')}"]
+    runtimes += sorted({f"onnxruntime {r['onnxruntime_version']}" for r in results if r.get("onnxruntime_version")})
     footer = (
         f"device: {first.get('device_name', '?')} ({first.get('device', '?')}, "
-        f"{first.get('threads', '?')} threads), torch {first.get('torch_version', '?')}, "
+        f"{first.get('threads', '?')} threads), {', '.join(runtimes)}, "
         f"amp {', '.join(sorted({r.get('amp', 'none') for r in results})) or 'none'}; medians of {len(first.get('runs_seconds', [])) or '?'} runs "
         f"({first.get('rounds', 1)} rounds of {first.get('runs', '?')} after {first.get('warmup', '?')} warm-up)"
     )

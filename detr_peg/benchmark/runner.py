@@ -94,10 +94,12 @@ def plan_cases(
 
 
 def run_case_subprocess(case: Case, timeout: float | None = None) -> dict:
-    """Run one case with ``python -m detr_peg.benchmark.worker`` and parse its result."""
+    """Run one case with ``python -m detr_peg.benchmark.worker`` (the ONNX Runtime case:
+    ``detr_peg.benchmark.onnx_case``, a process without torch) and parse its result."""
     env = dict(os.environ, OMP_NUM_THREADS=str(case.threads), MKL_NUM_THREADS=str(case.threads))
+    module = "detr_peg.benchmark.onnx_case" if case.impl == ONNX_IMPL else "detr_peg.benchmark.worker"
     proc = subprocess.run(
-        [sys.executable, "-m", "detr_peg.benchmark.worker", json.dumps(asdict(case))],
+        [sys.executable, "-m", module, json.dumps(asdict(case))],
         capture_output=True,
         text=True,
         env=env,

@@ -12,11 +12,13 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from detr_peg.benchmark.onnx_case import ONNX_IMPL, onnx_forward
+from detr_peg.benchmark.onnx_case import EXPORT_FLAG, PARAMETERS_PREFIX
+from detr_peg.benchmark.timing import cpu_name, time_runs
 from detr_peg.engine.memory_allocator import retain_freed_memory
 from detr_peg.engine.mixed_precision import autocast as amp_autocast
 from detr_peg.models.registry import attention_impl, set_attention_impl
@@ -29,7 +31,8 @@ class Case:
     Attributes:
         label: the row label in the report.
         impl: ``detr_peg``, ``official`` or ``onnxruntime`` (the detr_peg model
-            exported to ONNX and run in ONNX Runtime, inference only).
+            exported to ONNX and run in ONNX Runtime, inference only; measured
+            by :mod:`~detr_peg.benchmark.onnx_case`, not here).
         mode: ``infer`` (eval, no grad) or ``train`` (forward, loss, backward,
             gradient clipping, AdamW step).
         config: detr_peg config file (``impl == "detr_peg"``).
@@ -135,15 +138,12 @@ def _build(case: Case, device: torch.device) -> Built:
     criterion = build_criterion(cfg).to(device)
     if case.attention_impl is not None:
         set_attention_impl(model, case.attention_impl)
-    forward = model
-    if case.impl == ONNX_IMPL:
-        forward = onnx_forward(model, case.threads)
     return Built(
         model,
         criterion,
         lambda: build_optimizer(model, cfg.train),
         criterion.weighted_total,
-        forward,
+        model,
         cfg.model.num_classes,
         cfg.train.clip_max_norm,
         resolve_amp(cfg.train.amp, device),
@@ -166,7 +166,7 @@ def dense_attention(model: nn.Module) -> contextlib.AbstractContextManager:
 
 def run_case(case: Case) -> dict:
     """Measure one case; returns a JSON-ready dict."""
-    from detr_peg.benchmark.measure import count_flops, peak_memory_bytes, reset_peak_memory, time_runs
+    from detr_peg.benchmark.measure import count_flops, peak_memory_bytes, reset_peak_memory, synchronize
 
     torch.set_num_threads(case.threads)
     device = torch.device(case.device)
@@ -210,7 +210,7 @@ def run_case(case: Case) -> dict:
             scaler.update()
 
     reset_peak_memory(device)
-    timing = time_runs(step, device, warmup=case.warmup, runs=case.runs)
+    timing = time_runs(step, warmup=case.warmup, runs=case.runs, sync=lambda: synchronize(device))
     peak = peak_memory_bytes(device)
     flops = None
     if case.flops and not compile_model:
@@ -229,26 +229,30 @@ def run_case(case: Case) -> dict:
         achieved_flops_per_s=(flops / timing.median) if flops else None,
         parameters=sum(p.numel() for p in model.parameters()),
         torch_version=torch.__version__,
-        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
     )
     return result
 
 
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
+def export_case_model(case: Case, path: Path) -> int:
+    """Build the model of a detr_peg ``case`` as :func:`run_case` does (same seed, so the same random
+    weights) and export it as ``detr-peg export`` does to ``path``; returns its parameter count."""
+    from detr_peg.export.onnx_export import export_onnx
 
-    return platform.processor() or "cpu"
+    torch.set_num_threads(case.threads)
+    torch.manual_seed(0)
+    model = _build(case, torch.device("cpu")).model.eval()
+    export_onnx(model, path)
+    return sum(p.numel() for p in model.parameters())
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``CASE_JSON``: measure the case; ``CASE_JSON --export PATH``: export its model (for the ONNX case)."""
     argv = sys.argv[1:] if argv is None else argv
     case = Case(**json.loads(argv[0]))
+    if argv[1:2] == [EXPORT_FLAG]:
+        print(PARAMETERS_PREFIX + str(export_case_model(case, Path(argv[2]))), flush=True)
+        return 0
     # As in the detr-peg command, for every case alike (the official code's included).
     retain_freed_memory()
     print("BENCH_RESULT " + json.dumps(run_case(case)), flush=True)

@@ -25,8 +25,9 @@ and returns
 (``torch.export`` traces the model with symbolic sizes, so every shape
 computation stays in the graph; the TorchScript exporter would bake the
 feature-map sizes in as constants). Deformable attention is exported with its
-``"gather"`` implementation (:mod:`detr_peg.models.deformable.ms_deform_attn_gather`);
-the model's own setting is restored afterwards. The resolved config and the
+``"grid_sample_sum"`` implementation (one ONNX ``GridSample`` per level, see
+:mod:`detr_peg.models.deformable.ms_deform_attn_grid_sample`); the model's own
+setting is restored afterwards. The resolved config and the
 label map are stored in the file's metadata (``detr_peg.config``,
 ``detr_peg.label_map``), so :class:`~detr_peg.export.onnx_runtime.OnnxDetector`
 and ``detr-peg predict --onnx`` need nothing else.
@@ -142,7 +143,7 @@ class ExportWrapper(nn.Module):
 
 def export_attention(model: nn.Module) -> contextlib.AbstractContextManager:
     """Run every switchable attention layer of ``model`` with its architecture's export implementation
-    (Deformable-DETR: ``"gather"``), restored afterwards."""
+    (Deformable-DETR: ``"grid_sample_sum"``), restored afterwards."""
     return attention_impl(model, lambda kind: kind.export)
 
 
@@ -177,7 +178,7 @@ def export_onnx(
             post-processor is what ``postprocess`` adds), or a bare detector
             (no metadata, no post-processing).
         output: the ``.onnx`` file to write (replaced atomically).
-        opset: ONNX opset (18 is tested; GroupNorm and GridSample-free, so 17+ works).
+        opset: ONNX opset (18 is tested; 17+ works: LayerNormalization needs 17, GridSample 16).
         image_size: ``(H, W)`` to fix the padded image size, or None (dynamic).
         batch_size: a fixed batch size, or None (dynamic).
         postprocess: add ``orig_sizes`` and the post-processed outputs of the

@@ -32,6 +32,7 @@ from detr_peg.export.onnx_export import (
     METADATA_SIZE_DIVISIBILITY,
     require_onnx,
 )
+from detr_peg.export.onnx_session import session_options
 from detr_peg.models.builder import build_model, build_postprocessor
 from detr_peg.models.loading import LoadedModel, without_backbone_weights
 
@@ -45,6 +46,10 @@ class OnnxDetector:
             alter the graph (``data.val_scale=512``, ``eval.score_threshold=0.3``).
         providers: ONNX Runtime execution providers (default: CPU).
         threads: intra-op threads (default: ONNX Runtime's choice).
+        graph_optimization: ONNX Runtime's graph optimization level, a key of
+            :data:`~detr_peg.export.onnx_session.GRAPH_OPTIMIZATION_LEVELS`
+            (default ``"all"``, ONNX Runtime's own); the other session options
+            are those of :func:`~detr_peg.export.onnx_session.session_options`.
 
     Attributes:
         config: the stored config (with ``overrides``), or None when the file has none.
@@ -53,8 +58,8 @@ class OnnxDetector:
             exported with post-processing, ``orig_sizes``).
 
     Raises:
-        UserError: the ONNX packages are missing, or the file is missing or not
-            a valid ONNX model.
+        UserError: the ONNX packages are missing, the file is missing or not
+            a valid ONNX model, or ``graph_optimization`` is unknown.
     """
 
     def __init__(
@@ -64,6 +69,7 @@ class OnnxDetector:
         overrides: Iterable[str] = (),
         providers: list[str] | None = None,
         threads: int | None = None,
+        graph_optimization: str = "all",
     ) -> None:
         require_onnx()
         import onnxruntime as ort
@@ -72,10 +78,7 @@ class OnnxDetector:
         self.path = Path(path)
         if not self.path.is_file():
             raise CheckpointError(f"ONNX model {self.path} does not exist.")
-        options = ort.SessionOptions()
-        if threads is not None:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
+        options = session_options(threads, graph_optimization)
         try:
             self.session = ort.InferenceSession(
                 str(self.path), options, providers=providers or ["CPUExecutionProvider"]

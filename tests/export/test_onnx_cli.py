@@ -115,6 +115,7 @@ def test_bench_adds_an_onnx_runtime_case(tmp_path):
     ]
     onnx_row = results[1]
     assert onnx_row["flops"] is None and len(onnx_row["runs_seconds"]) == 2 and onnx_row["seconds"] > 0
+    assert onnx_row["parameters"] == results[0]["parameters"]  # the model of the PyTorch case, exported
     assert onnx_row["ratio_to_baseline"] == pytest.approx(onnx_row["seconds"] / results[0]["seconds"])
     assert "detr_peg onnxruntime" in proc.stdout
 

@@ -171,11 +171,17 @@ def test_graph_metadata_and_dynamic_axes(exported):
     assert detector.output_names == ["pred_logits", "pred_boxes", "scores", "labels", "boxes"]
 
 
-def test_deformable_attention_setting_is_restored_after_export(exported):
-    model = exported("deformable_peg")[0].model
+def test_deformable_attention_is_exported_as_one_grid_sample_per_level_and_the_setting_restored(exported):
+    import onnx
+
     from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
 
-    assert {m.impl for m in model.modules() if isinstance(m, MSDeformAttn)} == {"embedding_bag"}
+    loaded, detector = exported("deformable_peg")
+    layers = [m for m in loaded.model.modules() if isinstance(m, MSDeformAttn)]
+    ops = [node.op_type for node in onnx.load(str(detector.path)).graph.node]
+    assert ops.count("GridSample") == sum(layer.n_levels for layer in layers)
+    assert "GatherND" not in ops  # the gathers of impl="gather" are not in the graph
+    assert {layer.impl for layer in layers} == {"embedding_bag"}
 
 
 def test_learned_encoding_larger_than_its_table_fails_like_pytorch(exported):
@@ -222,3 +228,22 @@ def test_padding_changes_onnx_outputs_exactly_as_it_changes_pytorch_outputs(expo
         torch.testing.assert_close(
             onnx_padded[key][2] - onnx_alone[key][0], torch_padded[key][2] - torch_alone[key][0], rtol=0, atol=2 * ATOL
         )
+
+
+def test_session_options(exported):
+    from detr_peg.errors import ConfigError
+    from detr_peg.export.onnx_session import GRAPH_OPTIMIZATION_LEVELS, session_options
+
+    options = session_options(threads=2, graph_optimization="extended")
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
+    assert str(options.graph_optimization_level).endswith("ORT_ENABLE_EXTENDED")
+    assert not options.enable_mem_pattern and not options.enable_cpu_mem_arena
+    with pytest.raises(ConfigError, match="valid are disable, basic, extended, all"):
+        session_options(graph_optimization="fast")
+    # Every level gives the same outputs.
+    loaded, reference = exported("detr_peg")
+    images, mask, _ = padded_batch(1, SIZES[0])
+    expected = reference(images, mask)
+    for level in GRAPH_OPTIMIZATION_LEVELS:
+        got = OnnxDetector(reference.path, graph_optimization=level)(images, mask)
+        torch.testing.assert_close(got["pred_logits"], expected["pred_logits"], rtol=0, atol=ATOL)

@@ -18,7 +18,7 @@ from tests.parity import assert_close, load_fixture, write_official_checkpoint
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("fixture", ["detr_r18", "deformable_detr_r18_refine_twostage"])
+@pytest.mark.parametrize("fixture", ["detr_r18", "deformable_detr_r18", "deformable_detr_r18_refine_twostage"])
 def test_exported_official_weights_match_official_outputs(fixture, tmp_path, reference_dir):
     src, dst = tmp_path / "official.pth", tmp_path / "converted.pth"
     write_official_checkpoint(reference_dir, fixture, src)

@@ -149,10 +149,14 @@ register_architecture(
         build_postprocessor=build_deformable_postprocessor,
         options=OPTIONS,
         defaults=DEFAULTS,
-        # The Triton kernels and the default path are compared on GPUs; the export traces the gathers; FLOPs are
-        # counted with grid_sample (the default path's sparse backward counts as dense products).
+        # The Triton kernels and the default path are compared on GPUs; the export traces per-level grid_sample
+        # (ONNX GridSample, see ms_deform_attn_grid_sample.py); FLOPs are counted with grid_sample (the default
+        # path's sparse backward counts as dense products).
         attention=AttentionImpls(
-            module=MSDeformAttn, compared_on_gpu=("triton", "embedding_bag"), export="gather", flop_count="grid_sample"
+            module=MSDeformAttn,
+            compared_on_gpu=("triton", "embedding_bag"),
+            export="grid_sample_sum",
+            flop_count="grid_sample",
         ),
         official=OFFICIAL,
         detectron2_name="DeformableDetrPeg",

@@ -113,7 +113,13 @@ class DeformableDecoderLayer(nn.Module):
         q = tgt + query_pos
         tgt = self.norm2(tgt + self.dropout2(self.self_attn(q, q, tgt)))
         attn = self.cross_attn(
-            tgt + query_pos, reference_points, memory, layout.spatial_shapes, layout.level_start_index, layout.mask
+            tgt + query_pos,
+            reference_points,
+            memory,
+            layout.spatial_shapes,
+            layout.level_start_index,
+            layout.mask,
+            input_shapes=layout.shapes,
         )
         tgt = self.norm1(tgt + self.dropout1(attn))
         ffn = self.linear2(self.dropout3(self.activation(self.linear1(tgt))))

@@ -69,7 +69,13 @@ class DeformableEncoderLayer(nn.Module):
             ``Tensor[B, S, C]``.
         """
         attn = self.self_attn(
-            with_pos(src, pos), reference_points, src, layout.spatial_shapes, layout.level_start_index, layout.mask
+            with_pos(src, pos),
+            reference_points,
+            src,
+            layout.spatial_shapes,
+            layout.level_start_index,
+            layout.mask,
+            input_shapes=layout.shapes,
         )
         src = self.norm1(src + self.dropout1(attn))
         ffn = self.linear2(self.dropout2(self.activation(self.linear1(src))))

@@ -10,12 +10,18 @@ no compiled extension, on CPU and GPU alike.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from detr_peg.models.deformable.ms_deform_attn_function import CUDA_IMPLEMENTATIONS, IMPLEMENTATIONS, ms_deform_attn
+from detr_peg.models.deformable.ms_deform_attn_function import (
+    CUDA_IMPLEMENTATIONS,
+    IMPLEMENTATIONS,
+    LEVEL_SIZE_IMPLEMENTATIONS,
+    ms_deform_attn,
+)
 
 __all__ = ["MSDeformAttn", "ms_deform_attn"]
 
@@ -40,8 +46,9 @@ class MSDeformAttn(nn.Module):
         n_heads: number of attention heads ``M``; must divide ``d_model``.
         n_points: sampling points ``P`` per head and level.
         impl: implementation of the sampling core, ``"embedding_bag"`` (default),
-            ``"grid_sample"``, ``"triton"`` (CUDA only) or ``"gather"`` (the ONNX
-            export path); see :func:`ms_deform_attn`. All give the same result to float rounding.
+            ``"grid_sample"``, ``"grid_sample_sum"`` (the ONNX export path),
+            ``"gather"`` or ``"triton"`` (CUDA only); see :func:`ms_deform_attn`.
+            All give the same result to float rounding.
 
     Raises:
         ValueError: if ``d_model`` is not divisible by ``n_heads``, a size is
@@ -106,6 +113,8 @@ class MSDeformAttn(nn.Module):
         input_spatial_shapes: Tensor,
         input_level_start_index: Tensor,
         input_padding_mask: Tensor | None = None,
+        *,
+        input_shapes: Sequence[tuple[int, int]] | None = None,
     ) -> Tensor:
         """Attend from every query to sampled points of the multi-level input.
 
@@ -123,6 +132,12 @@ class MSDeformAttn(nn.Module):
             input_padding_mask: ``Tensor[B, S]`` bool, ``True`` = padding, or
                 ``None``. Values at padded tokens are zeroed, so padding never
                 reaches the output.
+            input_shapes: the same ``(H_l, W_l)`` as integers (under
+                ``torch.export``, the symbolic sizes of the feature maps), or
+                None. The per-level implementations (``grid_sample``,
+                ``grid_sample_sum``) use them instead of reading
+                ``input_spatial_shapes`` on the host, which keeps an exported
+                graph's image size dynamic; the others ignore them.
 
         Returns:
             ``Tensor[B, Lq, C]``.
@@ -166,9 +181,9 @@ class MSDeformAttn(nn.Module):
                 reference_points[:, :, None, :, None, :2]
                 + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5
             )
-        output = ms_deform_attn(
-            value, input_spatial_shapes, input_level_start_index, locations, weights, impl=self.impl
-        )
+        per_level = input_shapes is not None and self.impl in LEVEL_SIZE_IMPLEMENTATIONS
+        shapes = input_shapes if per_level else input_spatial_shapes
+        output = ms_deform_attn(value, shapes, input_level_start_index, locations, weights, impl=self.impl)
         return self.output_proj(output)
 
     def _point_locations(self, reference_points: Tensor, offsets: Tensor, spatial_shapes: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ normalized location, with ``F.grid_sample(mode="bilinear",
 padding_mode="zeros", align_corners=False)`` semantics, and sums the samples
 weighted by the attention weights.
 
-Three implementations are kept, chosen by ``impl=``:
+These implementations are kept, chosen by ``impl=``:
 
 ``"embedding_bag"`` (default)
     A custom autograd function. The forward turns every sample into its four
@@ -29,16 +29,24 @@ Three implementations are kept, chosen by ``impl=``:
 ``"grid_sample"``
     One ``F.grid_sample`` per level, as the official code does, with the
     weighting over points fused into a batched matrix product and no stacking
-    of the levels. Plain autograd. It is kept as the reference-semantics path
-    and for ``torch.compile(fullgraph=True)``, which it supports when the
-    spatial shapes are a list of ``(H, W)``; given a tensor it reads them on
-    the host (a sync on GPUs). The default path also runs under
-    ``torch.compile``, with a graph break around it.
+    of the levels (:mod:`~detr_peg.models.deformable.ms_deform_attn_grid_sample`).
+    Plain autograd. It is kept as the reference-semantics path and for
+    ``torch.compile(fullgraph=True)``, which it supports when the spatial
+    shapes are a list of ``(H, W)`` (``MSDeformAttn`` passes them); given a
+    tensor it reads them on the host (a sync on GPUs). The default path also
+    runs under ``torch.compile``, with a graph break around it.
+``"grid_sample_sum"``
+    The same per-level ``F.grid_sample`` with the points weighted by an
+    elementwise product and a sum (same module): the path the ONNX export
+    uses, where it becomes ``GridSample``, ``Mul`` and ``ReduceSum``, operators
+    ONNX Runtime and TensorRT run natively. Plain autograd.
 ``"gather"``
     Gather-multiply-sum in plain tensor ops
-    (:mod:`~detr_peg.models.deformable.ms_deform_attn_gather`): the path the
-    ONNX export uses, where ``embedding_bag`` with per-sample weights would
-    become a loop over every bag. Plain autograd.
+    (:mod:`~detr_peg.models.deformable.ms_deform_attn_gather`), where
+    ``embedding_bag`` with per-sample weights would become a loop over every
+    bag in ONNX: an export path without ``GridSample`` (the previous default
+    of the export; slower in ONNX Runtime, as it materialises four corners of
+    every sample). Plain autograd.
 ``"triton"`` (CUDA tensors only)
     Triton kernels for the forward and the backward, in
     :mod:`detr_peg.models.deformable.ms_deform_attn_triton`; needs the
@@ -86,10 +94,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from detr_peg.models.deformable.ms_deform_attn_gather import ms_deform_attn_gather
+from detr_peg.models.deformable.ms_deform_attn_grid_sample import (
+    ms_deform_attn_grid_sample,
+    ms_deform_attn_grid_sample_sum,
+)
 
-__all__ = ["CUDA_IMPLEMENTATIONS", "IMPLEMENTATIONS", "ms_deform_attn"]
+__all__ = ["CUDA_IMPLEMENTATIONS", "IMPLEMENTATIONS", "LEVEL_SIZE_IMPLEMENTATIONS", "ms_deform_attn"]
 
-IMPLEMENTATIONS = ("embedding_bag", "grid_sample", "gather")
+IMPLEMENTATIONS = ("embedding_bag", "grid_sample", "grid_sample_sum", "gather")
+#: Implementations that cut the values into per-level maps, so they need the level sizes as integers:
+#: given a list of ``(H, W)`` they use it, given a tensor they read it on the host.
+LEVEL_SIZE_IMPLEMENTATIONS = ("grid_sample", "grid_sample_sum")
 #: Implementations that run on CUDA tensors only (and in Triton's interpreter for tests).
 CUDA_IMPLEMENTATIONS = ("triton",)
 
@@ -127,8 +142,9 @@ def ms_deform_attn(
         attention_weights: ``Tensor[B, Lq, n_heads, L, P]``, already normalized
             (the official module takes a softmax over ``L * P``).
         impl: ``"embedding_bag"`` (default, fastest on CPU, no host sync),
-            ``"grid_sample"`` (one ``grid_sample`` per level), ``"gather"``
-            (gather-multiply-sum in plain tensor ops, the ONNX export path; see
+            ``"grid_sample"`` (one ``grid_sample`` per level), ``"grid_sample_sum"``
+            (the same with an elementwise weighted sum, the ONNX export path),
+            ``"gather"`` (gather-multiply-sum in plain tensor ops; see
             :mod:`~detr_peg.models.deformable.ms_deform_attn_gather`) or
             ``"triton"`` (CUDA tensors only); see the module docstring.
 
@@ -152,7 +168,9 @@ def ms_deform_attn(
     sampling_locations = sampling_locations.to(dtype)
     attention_weights = attention_weights.to(dtype)
     if impl == "grid_sample":
-        return _ms_deform_attn_grid_sample(value, spatial_shapes, sampling_locations, attention_weights)
+        return ms_deform_attn_grid_sample(value, spatial_shapes, sampling_locations, attention_weights)
+    if impl == "grid_sample_sum":
+        return ms_deform_attn_grid_sample_sum(value, spatial_shapes, sampling_locations, attention_weights)
     if not isinstance(spatial_shapes, Tensor):
         spatial_shapes = torch.as_tensor(spatial_shapes, dtype=torch.int64, device=value.device)
     if impl == "triton":
@@ -498,32 +516,3 @@ def _sampled_dots(grad_bags: Tensor, table: Tensor, flat_index: Tensor, bag_size
             check_invariants=False,
         )
         return torch.sparse.sampled_addmm(pattern, grad_bags, table.t(), beta=0.0).values()
-
-
-# ----------------------------------------------------------------------------------------------
-# impl="grid_sample"
-# ----------------------------------------------------------------------------------------------
-
-
-def _ms_deform_attn_grid_sample(
-    value: Tensor, spatial_shapes, sampling_locations: Tensor, attention_weights: Tensor
-) -> Tensor:
-    """One ``grid_sample`` per level, weighted by a batched matrix product."""
-    b, s, m, d = value.shape
-    _, lq, _, n_levels, n_points, _ = sampling_locations.shape
-    shapes = spatial_shapes.tolist() if isinstance(spatial_shapes, Tensor) else [tuple(hw) for hw in spatial_shapes]
-    # [B * M, D, H_l * W_l] per level: one value map per (image, head), channels = head_dim.
-    # (split, not slicing: the backward of split is one cat, slicing would zero-fill the
-    # whole value gradient once per level.)
-    value_maps = value.permute(0, 2, 3, 1).reshape(b * m, d, s).split([h * w for h, w in shapes], dim=2)
-    # [L, B * M, Lq, P, 2] and [L, B * M, Lq, P, 1], grouped by level for the loop.
-    grids = (2 * sampling_locations - 1).permute(3, 0, 2, 1, 4, 5).reshape(n_levels, b * m, lq, n_points, 2)
-    weights = attention_weights.permute(3, 0, 2, 1, 4).reshape(n_levels, b * m, lq, n_points, 1)
-    output = None
-    for level, (h, w) in enumerate(shapes):
-        value_l = value_maps[level].view(b * m, d, h, w)
-        sampled = F.grid_sample(value_l, grids[level], mode="bilinear", padding_mode="zeros", align_corners=False)
-        # [B * M, D, Lq, P] -> [B * M, Lq, D, P] @ [B * M, Lq, P, 1] -> [B * M, Lq, D, 1]
-        term = torch.matmul(sampled.permute(0, 2, 1, 3), weights[level])
-        output = term if output is None else output + term
-    return output.view(b, m, lq, d).transpose(1, 2).reshape(b, lq, m * d)

@@ -1,4 +1,4 @@
-"""Multi-scale deformable attention as gather-multiply-sum (``impl="gather"``): the export path.
+"""Multi-scale deformable attention as gather-multiply-sum (``impl="gather"``): an export path without GridSample.
 
 The default ``embedding_bag`` path is a custom autograd function whose
 ``F.embedding_bag`` with per-sample weights has no ONNX operator of its own:
@@ -21,7 +21,10 @@ coordinate arithmetic is the one of ``ms_deform_attn_function``, so the
 same cell is picked for points on pixel centres. Gradients come from plain
 autograd. It materialises one corner's samples at a time
 (``B * Lq * n_heads * L * P * head_dim`` values), which the default path
-avoids, so training and PyTorch inference keep ``embedding_bag``.
+avoids, so training and PyTorch inference keep ``embedding_bag``. The ONNX
+export traces ``impl="grid_sample_sum"`` instead (one ``GridSample`` per
+level, several times faster in ONNX Runtime); this one stays for graphs that
+must do without ``GridSample``.
 """
 
 from __future__ import annotations

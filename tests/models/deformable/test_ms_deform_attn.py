@@ -12,7 +12,11 @@ import torch
 
 from detr_peg.models.deformable import ms_deform_attn_function as msda_function
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
-from detr_peg.models.deformable.ms_deform_attn_function import IMPLEMENTATIONS, ms_deform_attn
+from detr_peg.models.deformable.ms_deform_attn_function import (
+    IMPLEMENTATIONS,
+    LEVEL_SIZE_IMPLEMENTATIONS,
+    ms_deform_attn,
+)
 from detr_peg.models.deformable.ms_deform_attn_official import ms_deform_attn_core_pytorch
 
 SHAPES = [(7, 5), (4, 3), (1, 1), (2, 9)]  # (H, W) per level: odd sizes and a single pixel
@@ -182,7 +186,7 @@ def test_no_queries(impl):
 
 def test_bad_arguments_raise():
     value, shapes, start, loc, weights = make_inputs(torch.float32)
-    with pytest.raises(ValueError, match="valid are embedding_bag, grid_sample, gather"):
+    with pytest.raises(ValueError, match="valid are embedding_bag, grid_sample, grid_sample_sum, gather"):
         ms_deform_attn(value, shapes, start, loc, weights, impl="cuda")
     with pytest.raises(ValueError, match="attention_weights"):
         ms_deform_attn(value, shapes, start, loc, weights[..., :1])
@@ -307,6 +311,27 @@ def test_point_locations_are_the_official_broadcast_to_the_bit(monkeypatch):
     (grad,) = torch.autograd.grad(locations, ref, upstream)
     (grad_official,) = torch.autograd.grad(expected, ref_official, upstream)
     torch.testing.assert_close(grad, grad_official, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_level_sizes_as_integers_reach_the_per_level_implementations(monkeypatch, impl):
+    """``input_shapes`` (what keeps an exported graph's size dynamic) replaces the tensor for the
+    per-level implementations only, and changes no result."""
+    import detr_peg.models.deformable.ms_deform_attn as module_file
+
+    received = []
+
+    def capture(value, shapes, start, locations, weights, *, impl):
+        received.append(shapes)
+        return ms_deform_attn(value, shapes, start, locations, weights, impl=impl)
+
+    monkeypatch.setattr(module_file, "ms_deform_attn", capture)
+    module = randomized_module(seed=2, impl=impl).float()
+    query, ref, flat, shapes, start = module_inputs(seed=2)
+    out = module(query, ref, flat, shapes, start, input_shapes=SHAPES)
+    torch.testing.assert_close(out, module(query, ref, flat, shapes, start), rtol=0, atol=0)
+    assert received[0] is (SHAPES if impl in LEVEL_SIZE_IMPLEMENTATIONS else shapes)
+    assert received[1] is shapes
 
 
 def test_padded_tokens_have_no_influence():
