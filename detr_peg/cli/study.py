@@ -17,7 +17,8 @@ verdict: ahead, behind, equal within +-X AP (--equal-within X, default 1.0) or
 undecided.
 
 --seeds auto trains 3 seeds per setting, then adds seeds in rounds until
-every comparison's 95% interval is within +-AP (--target-ci, default 1.0) or
+every comparison's 95% interval has a half-width of at most AP points
+(--target-ci, default 1.0) or
 --max-seeds N (default 10) is reached; the report says which rule stopped it.
 
 Grid values are parsed like key=value overrides; commas inside brackets
