@@ -206,11 +206,12 @@ def test_cluster_time_and_memory() -> None:
         parse_mem("lots")
 
 
-def test_proxy_study_file_gives_both_architectures_with_four_encodings_and_three_seeds() -> None:
+def test_proxy_study_file_gives_both_architectures_with_four_encodings_and_seeds_until_decided() -> None:
     file = load_study_file(REPO_ROOT / "configs" / "study" / "proxy_synthetic.yaml")
-    definition = StudyDefinition(
-        configs=tuple(file.configs), axes=tuple(parse_axis(g) for g in file.grid), seeds=file.seeds
-    )
+    assert (file.seeds, file.target_ci, file.max_seeds) == ("auto", 1.0, 10)
+    assert file.comparison == {"baseline": "model.position.name=sine", "equal_within": 2.0}
+    # The first round of --seeds auto: 3 seeds per setting.
+    definition = StudyDefinition(configs=tuple(file.configs), axes=tuple(parse_axis(g) for g in file.grid), seeds=3)
     cells = expand_cells(definition)
     assert len(cells) == 2 * 4 * 3
     assert cells[0].name == "deformable_small_position.name=sine_seed0"
@@ -224,13 +225,15 @@ def test_multiscale_proxy_study_trains_every_cell_at_several_sizes() -> None:
     definition = StudyDefinition(
         configs=tuple(file.configs),
         axes=tuple(parse_axis(g) for g in file.grid),
-        seeds=file.seeds,
+        seeds=3,  # the first round of seeds: auto
         overrides=tuple(file.overrides),
     )
+    assert (file.seeds, file.target_ci, file.max_seeds) == ("auto", 1.0, 10)
     cells = expand_cells(definition)
-    assert len(cells) == 4 * 3
+    assert len(cells) == 2 * 4 * 3
     configs = [load_config(c.config, c.overrides) for c in cells]
     assert {c.model.position.name for c in configs} == {"sine", "learned", "none", "peg"}
     for cfg in configs:
         assert cfg.data.train_scales == [64, 72, 80, 88, 96, 104, 112, 120, 128] and cfg.data.train_max_size == 128
-        assert (cfg.data.val_scale, cfg.model.arch) == (96, "deformable_detr")
+        assert cfg.data.val_scale == 96
+    assert {c.model.arch for c in configs} == {"detr", "deformable_detr"}
