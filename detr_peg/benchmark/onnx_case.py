@@ -30,16 +30,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from detr_peg.benchmark.protocol import EXPORT_FLAG, ONNX_IMPL, PARAMETERS_PREFIX, RESULT_PREFIX, failure_line
 from detr_peg.benchmark.timing import cpu_name, peak_rss_bytes, time_runs
 from detr_peg.engine.memory_allocator import retain_freed_memory
 
-ONNX_IMPL = "onnxruntime"
-#: ``python -m detr_peg.benchmark.worker CASE_JSON --export PATH`` exports the case's model to ``PATH``.
-EXPORT_FLAG = "--export"
-#: The line the exporting process prints: the exported model's parameter count.
-PARAMETERS_PREFIX = "BENCH_PARAMETERS "
-#: The line this process prints: the case's measurements (as the worker's).
-RESULT_PREFIX = "BENCH_RESULT "
+__all__ = ["export_model", "main", "run_onnx_case"]
 
 
 def export_model(case: dict, path: Path) -> int:
@@ -49,17 +44,22 @@ def export_model(case: dict, path: Path) -> int:
         The model's parameter count.
 
     Raises:
-        RuntimeError: the export failed (its error output went to this process's stderr).
+        RuntimeError: the export failed; the message ends with the child's exception line, and its
+            whole error output is repeated on this process's stderr (the runner keeps it in a log).
     """
     model_case = {**case, "impl": "detr_peg", "label": case["label"].removesuffix(f" {ONNX_IMPL}")}
     proc = subprocess.run(
         [sys.executable, "-m", "detr_peg.benchmark.worker", json.dumps(model_case), EXPORT_FLAG, str(path)],
-        stdout=subprocess.PIPE,
+        capture_output=True,
         text=True,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith(PARAMETERS_PREFIX)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"exporting the model of case '{case['label']}' failed (exit status {proc.returncode})")
+        sys.stderr.write(proc.stderr)
+        raise RuntimeError(
+            f"exporting the model of case '{case['label']}' failed (exit status {proc.returncode}): "
+            f"{failure_line(proc.stderr)}"
+        )
     return int(lines[-1][len(PARAMETERS_PREFIX) :])
 
 

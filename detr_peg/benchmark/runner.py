@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -14,11 +13,9 @@ from dataclasses import asdict, replace
 
 from tqdm import tqdm
 
-from detr_peg.benchmark.onnx_case import ONNX_IMPL
+from detr_peg.benchmark.protocol import ONNX_IMPL, RESULT_PREFIX, failure_line
 from detr_peg.benchmark.worker import Case
 from detr_peg.errors import ConfigError, UserError
-
-RESULT_PREFIX = "BENCH_RESULT "
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -115,23 +112,6 @@ def run_case_subprocess(case: Case, timeout: float | None = None) -> dict:
         f"Benchmark case '{case.label}' ({case.mode}) failed: {failure_line(proc.stderr)}; "
         f"its full error output is in {log}"
     )
-
-
-# The line a Python traceback ends with: "package.module.SomeError: message".
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")
-
-
-def failure_line(stderr: str) -> str:
-    """The exception line of a failed process's error output (its last line when there is none).
-
-    Libraries print hints after the exception (torch.compile ends with a line
-    about ``TORCHDYNAMO_VERBOSE``), so the last line alone rarely says what failed.
-    """
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if _EXCEPTION_LINE.match(line):
-            return line
-    return lines[-1] if lines else "no output"
 
 
 def run_cases(cases: list[Case], progress: bool = True, rounds: int = 1) -> list[dict]:

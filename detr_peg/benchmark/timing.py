@@ -1,4 +1,4 @@
-"""Wall-clock timing and the process's peak memory, without torch.
+"""Wall-clock timing, the process's peak memory and the CPU's name: the measurements that need no torch.
 
 :mod:`~detr_peg.benchmark.measure` adds what needs torch (device
 synchronisation, GPU memory, FLOPs); the ONNX Runtime case
@@ -52,8 +52,8 @@ def peak_rss_bytes() -> int:
     """This process's peak resident set size (the interpreter and its libraries included).
 
     On Linux this is ``VmHWM`` of ``/proc/self/status``, the high-water mark
-    of the process's own memory. ``getrusage``'s ``ru_maxrss`` (used elsewhere)
-    also counts the parent's resident memory at the moment it started this
+    of the process's own memory. ``getrusage``'s ``ru_maxrss`` (the fallback
+    where there is no ``/proc``) also counts the parent's resident memory at the moment it started this
     process (``exec`` carries the old high-water mark over), so a small
     process started by a large one would report the large one's size.
     """

@@ -1,6 +1,11 @@
 """One benchmark case, run in its own process: ``python -m detr_peg.benchmark.worker CASE_JSON``.
 
-Prints one line of JSON with the measurements. A fresh process per case keeps
+Prints one line, ``BENCH_RESULT`` and the measurements as JSON
+(:mod:`detr_peg.benchmark.protocol`). With ``CASE_JSON --export PATH`` it
+instead builds the case's model, exports it to ``PATH`` as ``detr-peg export``
+does and prints ``BENCH_PARAMETERS`` and the model's parameter count: the
+ONNX Runtime case (:mod:`detr_peg.benchmark.onnx_case`) starts it so that
+its own process never imports torch. A fresh process per case keeps
 peak-memory figures separate, lets the official code be imported without
 clashing with detr_peg, and starts every case from the same state.
 """
@@ -17,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from detr_peg.benchmark.onnx_case import EXPORT_FLAG, PARAMETERS_PREFIX
+from detr_peg.benchmark.protocol import EXPORT_FLAG, PARAMETERS_PREFIX, RESULT_PREFIX
 from detr_peg.benchmark.timing import cpu_name, time_runs
 from detr_peg.engine.memory_allocator import retain_freed_memory
 from detr_peg.engine.mixed_precision import autocast as amp_autocast
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # As in the detr-peg command, for every case alike (the official code's included).
     retain_freed_memory()
-    print("BENCH_RESULT " + json.dumps(run_case(case)), flush=True)
+    print(RESULT_PREFIX + json.dumps(run_case(case)), flush=True)
     return 0
 
 

@@ -44,13 +44,13 @@ def session_options(threads: int | None = None, graph_optimization: str = "all")
     Raises:
         ConfigError: an unknown ``graph_optimization`` name.
     """
-    import onnxruntime as ort
-
     if graph_optimization not in GRAPH_OPTIMIZATION_LEVELS:
         raise ConfigError(
-            f"Unknown ONNX Runtime graph optimization {graph_optimization!r}: "
+            f"graph_optimization={graph_optimization!r} is not an ONNX Runtime graph optimization level: "
             f"valid are {', '.join(GRAPH_OPTIMIZATION_LEVELS)}."
         )
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVELS[graph_optimization]

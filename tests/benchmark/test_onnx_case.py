@@ -16,7 +16,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 from detr_peg.benchmark import worker
-from detr_peg.benchmark.onnx_case import ONNX_IMPL, export_model
+from detr_peg.benchmark.onnx_case import export_model
+from detr_peg.benchmark.protocol import ONNX_IMPL
 from detr_peg.export.onnx_runtime import OnnxDetector
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import TINY_MODEL

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from detr_peg.benchmark.runner import failure_line, run_case_subprocess
+from detr_peg.benchmark.protocol import failure_line
+from detr_peg.benchmark.runner import run_case_subprocess
 from detr_peg.benchmark.worker import Case
 from detr_peg.errors import UserError
 

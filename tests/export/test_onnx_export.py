@@ -240,10 +240,14 @@ def test_session_options(exported):
     assert not options.enable_mem_pattern and not options.enable_cpu_mem_arena
     with pytest.raises(ConfigError, match="valid are disable, basic, extended, all"):
         session_options(graph_optimization="fast")
-    # Every level gives the same outputs.
-    loaded, reference = exported("detr_peg")
+    with pytest.raises(ConfigError, match="graph_optimization='fast' is not"):
+        session_options(graph_optimization="fast")
+    # Every level gives the same outputs, for DETR and for the GridSample attention of Deformable-DETR.
     images, mask, _ = padded_batch(1, SIZES[0])
-    expected = reference(images, mask)
-    for level in GRAPH_OPTIMIZATION_LEVELS:
-        got = OnnxDetector(reference.path, graph_optimization=level)(images, mask)
-        torch.testing.assert_close(got["pred_logits"], expected["pred_logits"], rtol=0, atol=ATOL)
+    for name in ("detr_peg", "deformable_peg"):
+        _, reference = exported(name)
+        expected = reference(images, mask)
+        for level in GRAPH_OPTIMIZATION_LEVELS:
+            got = OnnxDetector(reference.path, graph_optimization=level)(images, mask)
+            for key in ("pred_logits", "pred_boxes"):
+                torch.testing.assert_close(got[key], expected[key], rtol=0, atol=ATOL)

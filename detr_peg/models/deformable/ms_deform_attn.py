@@ -152,19 +152,7 @@ class MSDeformAttn(nn.Module):
         """
         b, len_q, _ = query.shape
         _, len_in, _ = input_flatten.shape
-        if reference_points.shape[-1] not in (2, 4):
-            raise ValueError(
-                "MSDeformAttn reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), "
-                f"got shape {tuple(reference_points.shape)}."
-            )
-        # Checking a GPU tensor would sync with the host; under torch.export the sizes are symbolic.
-        if input_spatial_shapes.device.type == "cpu" and not torch.compiler.is_exporting():
-            total = int((input_spatial_shapes[:, 0] * input_spatial_shapes[:, 1]).sum())
-            if total != len_in:
-                raise ValueError(
-                    f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes "
-                    f"{input_spatial_shapes.tolist()} add up to {total}."
-                )
+        _check_inputs(reference_points, len_in, input_spatial_shapes, input_shapes)
 
         value = self.value_proj(input_flatten)
         if input_padding_mask is not None:
@@ -222,3 +210,40 @@ class MSDeformAttn(nn.Module):
             f"d_model={self.d_model}, n_levels={self.n_levels}, n_heads={self.n_heads}, "
             f"n_points={self.n_points}, impl={self.impl!r}"
         )
+
+
+def _check_inputs(
+    reference_points: Tensor,
+    len_in: int,
+    input_spatial_shapes: Tensor,
+    input_shapes: Sequence[tuple[int, int]] | None,
+) -> None:
+    """Refuse reference points of the wrong width and level sizes that do not add up to the tokens.
+
+    Raises:
+        ValueError: ``reference_points`` does not end in 2 or 4; ``input_spatial_shapes`` does not
+            add up to ``len_in``; ``input_shapes`` differs from ``input_spatial_shapes``.
+    """
+    if reference_points.shape[-1] not in (2, 4):
+        raise ValueError(
+            "MSDeformAttn reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), "
+            f"got shape {tuple(reference_points.shape)}."
+        )
+    # Checking a GPU tensor would sync with the host; under torch.export the sizes are symbolic.
+    if input_spatial_shapes.device.type == "cpu" and not torch.compiler.is_exporting():
+        total = int((input_spatial_shapes[:, 0] * input_spatial_shapes[:, 1]).sum())
+        if total != len_in:
+            raise ValueError(
+                f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes "
+                f"{input_spatial_shapes.tolist()} add up to {total}."
+            )
+        # Under torch.compile the integers may be symbolic: reading them would fix the graph's sizes.
+        if (
+            input_shapes is not None
+            and not torch.compiler.is_compiling()
+            and [list(map(int, hw)) for hw in input_shapes] != input_spatial_shapes.tolist()
+        ):
+            raise ValueError(
+                f"MSDeformAttn input_shapes {[tuple(map(int, hw)) for hw in input_shapes]} differ from "
+                f"input_spatial_shapes {input_spatial_shapes.tolist()}."
+            )

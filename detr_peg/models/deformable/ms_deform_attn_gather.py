@@ -23,7 +23,7 @@ autograd. It materialises one corner's samples at a time
 (``B * Lq * n_heads * L * P * head_dim`` values), which the default path
 avoids, so training and PyTorch inference keep ``embedding_bag``. The ONNX
 export traces ``impl="grid_sample_sum"`` instead (one ``GridSample`` per
-level, several times faster in ONNX Runtime); this one stays for graphs that
+level, faster in ONNX Runtime: docs/export.md has the figures); this one stays for graphs that
 must do without ``GridSample``.
 """
 

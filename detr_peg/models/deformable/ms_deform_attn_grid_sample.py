@@ -16,7 +16,7 @@ samples of one level are weighted and summed over the points:
     are weighted by an elementwise product and summed (``ReduceSum``). This is
     the ONNX export path: the matrix product above becomes one ONNX ``MatMul``
     over ``B * M * Lq`` batches of ``D x P`` matrices, which ONNX Runtime runs
-    one small product at a time (about twice the time of the whole sum here),
+    one small product at a time (slower than the whole sum: docs/export.md),
     and ``GridSample`` (opset 16+) is a native operator of ONNX Runtime and
     TensorRT. Unlike the gathers of ``impl="gather"``, nothing larger than one
     level's samples (``B * M * D * Lq * P`` values, a quarter of what one
@@ -100,7 +100,7 @@ def ms_deform_attn_grid_sample_sum(
     The grid of a level is ``[B * M, P, Lq, 2]``, so its samples come out as
     ``[B * M, D, P, Lq]``: the weights ``[B * M, 1, P, Lq]`` multiply whole
     rows of ``Lq`` values and the sum over the points adds ``P`` rows, both
-    contiguous (in ONNX Runtime about a fifth of the ``Mul``/``ReduceSum``
+    contiguous (in ONNX Runtime a fraction of the ``Mul``/``ReduceSum``
     time of points in the last axis, where the sum reduces groups of ``P``).
 
     Args and returns as :func:`ms_deform_attn_grid_sample`.

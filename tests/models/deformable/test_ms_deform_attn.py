@@ -329,9 +329,20 @@ def test_level_sizes_as_integers_reach_the_per_level_implementations(monkeypatch
     module = randomized_module(seed=2, impl=impl).float()
     query, ref, flat, shapes, start = module_inputs(seed=2)
     out = module(query, ref, flat, shapes, start, input_shapes=SHAPES)
-    torch.testing.assert_close(out, module(query, ref, flat, shapes, start), rtol=0, atol=0)
+    without = module(query, ref, flat, shapes, start)
     assert received[0] is (SHAPES if impl in LEVEL_SIZE_IMPLEMENTATIONS else shapes)
     assert received[1] is shapes
+    if impl in LEVEL_SIZE_IMPLEMENTATIONS:  # the other implementations ran the same call twice
+        torch.testing.assert_close(out, without, rtol=0, atol=0)
+
+
+def test_level_sizes_that_differ_from_the_shapes_tensor_are_refused():
+    module = randomized_module(seed=2).float()
+    query, ref, flat, shapes, start = module_inputs(seed=2)
+    transposed = [(w, h) for h, w in SHAPES]  # the same token count, the wrong sizes
+    assert transposed != [tuple(hw) for hw in SHAPES]
+    with pytest.raises(ValueError, match=r"input_shapes .* differ from input_spatial_shapes"):
+        module(query, ref, flat, shapes, start, input_shapes=transposed)
 
 
 def test_padded_tokens_have_no_influence():
