@@ -98,7 +98,7 @@ def test_sigint_stops_every_running_cell_after_a_checkpoint_and_the_study_resume
     out = tmp_path / "study"
     argv = [
         sys.executable, "-m", "detr_peg.cli.main", "study", "--config", str(base), *GRID, "--output", str(out),
-        "--jobs", "2", *tiny_overrides(shapes), "train.max_iters=30", "train.eval_every_iters=0",
+        "--jobs", "2", *tiny_overrides(shapes), "train.max_iters=60", "train.eval_every_iters=0",
         "train.checkpoint_every=1",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -121,17 +121,23 @@ def test_sigint_stops_every_running_cell_after_a_checkpoint_and_the_study_resume
             proc.kill()
     assert proc.returncode == 130, stderr
     assert "run the same command again to resume" in stderr
-    for cell in cells:
-        state = json.loads((cell / "cell.json").read_text())
-        assert state["status"] == "interrupted", state
+    # Every cell still running at the signal stops after a checkpoint; on a loaded machine one cell
+    # may have finished before the other logged its first iteration, and that one stays done.
+    states = {cell: json.loads((cell / "cell.json").read_text())["status"] for cell in cells}
+    assert set(states.values()) <= {"interrupted", "done"} and "interrupted" in states.values(), states
+    for cell in (c for c, status in states.items() if status == "interrupted"):
         stopped_at = read_checkpoint(cell / "run" / "checkpoint.pth").extra["iteration"]
-        assert 0 < stopped_at < 30
+        assert 0 < stopped_at < 60
     resumed = subprocess.run(argv, env=python_env(), capture_output=True, text=True, timeout=600)  # the same command
     assert resumed.returncode == 0, resumed.stderr
     for cell in cells:
         assert json.loads((cell / "cell.json").read_text())["status"] == "done"
         starts = [r for r in _records(cell) if r["type"] == "start"]
-        assert starts[0]["resumed_iteration"] == 0 and starts[-1]["resumed_iteration"] > 0
+        assert starts[0]["resumed_iteration"] == 0
+        if states[cell] == "interrupted":
+            assert len(starts) == 2 and starts[-1]["resumed_iteration"] > 0
+        else:
+            assert len(starts) == 1  # a finished cell is not trained again
 
 
 def test_jobs_with_cluster_jobs_is_refused(tmp_path: Path, capsys) -> None:
