@@ -231,19 +231,14 @@ def _check_inputs(
         )
     # Checking a GPU tensor would sync with the host; under torch.export the sizes are symbolic.
     if input_spatial_shapes.device.type == "cpu" and not torch.compiler.is_exporting():
-        total = int((input_spatial_shapes[:, 0] * input_spatial_shapes[:, 1]).sum())
+        sizes = input_spatial_shapes.tolist()
+        total = sum(h * w for h, w in sizes)
         if total != len_in:
             raise ValueError(
-                f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes "
-                f"{input_spatial_shapes.tolist()} add up to {total}."
+                f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes {sizes} add up to {total}."
             )
         # Under torch.compile the integers may be symbolic: reading them would fix the graph's sizes.
-        if (
-            input_shapes is not None
-            and not torch.compiler.is_compiling()
-            and [list(map(int, hw)) for hw in input_shapes] != input_spatial_shapes.tolist()
-        ):
-            raise ValueError(
-                f"MSDeformAttn input_shapes {[tuple(map(int, hw)) for hw in input_shapes]} differ from "
-                f"input_spatial_shapes {input_spatial_shapes.tolist()}."
-            )
+        if input_shapes is not None and not torch.compiler.is_compiling():
+            given = [[int(h), int(w)] for h, w in input_shapes]
+            if given != sizes:
+                raise ValueError(f"MSDeformAttn input_shapes {given} differ from input_spatial_shapes {sizes}.")

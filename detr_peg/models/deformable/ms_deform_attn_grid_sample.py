@@ -31,9 +31,8 @@ sync on GPUs, and a fixed size under ``torch.export``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -58,6 +57,22 @@ def _value_maps(value: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
     return [level.view(b * m, d, h, w) for level, (h, w) in zip(maps, shapes)]
 
 
+def _sum_over_levels(
+    value: Tensor,
+    spatial_shapes: Tensor | Sequence[Sequence[int]],
+    grids: Tensor,
+    weigh: Callable[[Tensor, int], Tensor],
+) -> Tensor:
+    """``grid_sample`` (bilinear, zero padding, ``align_corners=False``) of every level's value maps at
+    ``grids[level]``, weighted by ``weigh(samples, level)``, summed over the levels."""
+    output = None
+    for level, value_l in enumerate(_value_maps(value, level_sizes(spatial_shapes))):
+        sampled = F.grid_sample(value_l, grids[level], mode="bilinear", padding_mode="zeros", align_corners=False)
+        term = weigh(sampled, level)
+        output = term if output is None else output + term
+    return output
+
+
 def ms_deform_attn_grid_sample(
     value: Tensor,
     spatial_shapes: Tensor | Sequence[Sequence[int]],
@@ -80,12 +95,10 @@ def ms_deform_attn_grid_sample(
     # [L, B * M, Lq, P, 2] and [L, B * M, Lq, P, 1], grouped by level for the loop.
     grids = (2 * sampling_locations - 1).permute(3, 0, 2, 1, 4, 5).reshape(n_levels, b * m, lq, n_points, 2)
     weights = attention_weights.permute(3, 0, 2, 1, 4).reshape(n_levels, b * m, lq, n_points, 1)
-    output = None
-    for level, value_l in enumerate(_value_maps(value, level_sizes(spatial_shapes))):
-        sampled = F.grid_sample(value_l, grids[level], mode="bilinear", padding_mode="zeros", align_corners=False)
-        # [B * M, D, Lq, P] -> [B * M, Lq, D, P] @ [B * M, Lq, P, 1] -> [B * M, Lq, D, 1]
-        term = torch.matmul(sampled.permute(0, 2, 1, 3), weights[level])
-        output = term if output is None else output + term
+    # [B * M, D, Lq, P] -> [B * M, Lq, D, P] @ [B * M, Lq, P, 1] -> [B * M, Lq, D, 1]
+    output = _sum_over_levels(
+        value, spatial_shapes, grids, lambda sampled, level: sampled.permute(0, 2, 1, 3) @ weights[level]
+    )
     return output.view(b, m, lq, d).transpose(1, 2).reshape(b, lq, m * d)
 
 
@@ -110,10 +123,6 @@ def ms_deform_attn_grid_sample_sum(
     # [L, B * M, P, Lq, 2] grids and [L, B * M, 1, P, Lq] weights, grouped by level for the loop.
     grids = (2 * sampling_locations - 1).permute(3, 0, 2, 4, 1, 5).reshape(n_levels, b * m, n_points, lq, 2)
     weights = attention_weights.permute(3, 0, 2, 4, 1).reshape(n_levels, b * m, 1, n_points, lq)
-    output = None
-    for level, value_l in enumerate(_value_maps(value, level_sizes(spatial_shapes))):
-        sampled = F.grid_sample(value_l, grids[level], mode="bilinear", padding_mode="zeros", align_corners=False)
-        # [B * M, D, P, Lq] weighted and summed over the points: [B * M, D, Lq]
-        term = (sampled * weights[level]).sum(2)
-        output = term if output is None else output + term
+    # [B * M, D, P, Lq] weighted and summed over the points: [B * M, D, Lq]
+    output = _sum_over_levels(value, spatial_shapes, grids, lambda sampled, level: (sampled * weights[level]).sum(2))
     return output.view(b, m * d, lq).transpose(1, 2)
