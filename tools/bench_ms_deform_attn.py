@@ -29,12 +29,12 @@ difference of the forward output from the official algorithm.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from detr_peg.benchmark.measure import synchronize
+from detr_peg.benchmark.timing import time_runs
 from detr_peg.models.deformable.ms_deform_attn_function import CUDA_IMPLEMENTATIONS, IMPLEMENTATIONS, ms_deform_attn
 from detr_peg.models.deformable.ms_deform_attn_official import ms_deform_attn_core_pytorch
 
@@ -71,19 +71,9 @@ def make_inputs(batch: int, queries: str, device: torch.device, dtype: torch.dty
 
 
 def time_ms(fn: Callable[[], object], repeats: int, device: torch.device, stat: str = "median") -> float:
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return (statistics.median(times) if stat == "median" else min(times)) * 1000.0
+    """Milliseconds per call of ``fn`` after one warm-up call: the median or the minimum of ``repeats`` runs."""
+    timing = time_runs(fn, warmup=1, runs=repeats, sync=lambda: synchronize(device))
+    return (timing.median if stat == "median" else min(timing.runs)) * 1000.0
 
 
 def main() -> None:

@@ -19,20 +19,15 @@ from detr_peg.benchmark import worker
 from detr_peg.benchmark.onnx_case import export_model
 from detr_peg.benchmark.protocol import ONNX_IMPL
 from detr_peg.export.onnx_runtime import OnnxDetector
+from tests.benchmark.tiny_case import tiny_case
 from tests.conftest import REPO_ROOT
-from tests.engine.tiny_run import TINY_MODEL
 
-CASE = worker.Case(
+CASE = tiny_case(
     label="tiny onnxruntime",
     impl=ONNX_IMPL,
-    mode="infer",
     config=str(REPO_ROOT / "configs" / "detr_r50_peg.yaml"),
-    overrides=list(TINY_MODEL),
-    height=64,
     width=96,
     batch=2,
-    threads=1,
-    warmup=0,
     runs=2,
     flops=False,
 )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from detr_peg.benchmark import worker
-from tests.conftest import REPO_ROOT
+from tests.benchmark.tiny_case import tiny_case
 from tests.engine.tiny_run import TINY_MODEL
 
 
@@ -26,19 +26,7 @@ def test_config_compile_is_honoured(monkeypatch, flag: bool, overrides: list[str
         return fn
 
     monkeypatch.setattr(torch, "compile", recording_compile)
-    case = worker.Case(
-        label="tiny",
-        impl="detr_peg",
-        mode="infer",
-        config=str(REPO_ROOT / "configs" / "detr_r50_sine.yaml"),
-        overrides=[*TINY_MODEL, *overrides],
-        height=64,
-        width=64,
-        threads=1,
-        warmup=0,
-        runs=1,
-        compile=flag,
-    )
+    case = tiny_case(overrides=[*TINY_MODEL, *overrides], compile=flag)
     result = worker.run_case(case)
     assert result["compile"] is compiled
     assert len(calls) == int(compiled)

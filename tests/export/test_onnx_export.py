@@ -238,9 +238,9 @@ def test_session_options(exported):
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
     assert str(options.graph_optimization_level).endswith("ORT_ENABLE_EXTENDED")
     assert not options.enable_mem_pattern and not options.enable_cpu_mem_arena
-    with pytest.raises(ConfigError, match="valid are disable, basic, extended, all"):
-        session_options(graph_optimization="fast")
-    with pytest.raises(ConfigError, match="graph_optimization='fast' is not"):
+    with pytest.raises(
+        ConfigError, match="graph_optimization='fast' is not .*: valid are disable, basic, extended, all"
+    ):
         session_options(graph_optimization="fast")
     # Every level gives the same outputs, for DETR and for the GridSample attention of Deformable-DETR.
     images, mask, _ = padded_batch(1, SIZES[0])

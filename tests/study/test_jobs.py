@@ -6,9 +6,10 @@
 * a 2-setting study with ``--jobs 2`` ends with exactly the weights and tables
   of the same study run one cell after the other (``--jobs 1``, one thread as
   well);
-* SIGINT to the study while both cells train stops both after a checkpoint
-  (exit 130, the cells ``interrupted``), and the same command resumes them to
-  the end;
+* SIGINT to the study while both cells train stops every cell still running
+  after a checkpoint (exit 130, those cells ``interrupted``; a cell that had
+  already finished stays ``done``), and the same command resumes them to the
+  end;
 * ``--jobs`` with cluster jobs is refused.
 """
 
