@@ -8,6 +8,7 @@ current PyTorch needs) are checked directly. The timings themselves need a GPU.
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -202,3 +203,11 @@ def test_official_op_runs_in_float32_under_autocast():
     )
     assert seen == [(torch.float32, torch.int64, torch.float32, torch.float32, 64)]
     torch.testing.assert_close(out, value.float().flatten(2))
+
+
+@pytest.mark.parametrize("arch", [name for name in MODELS.names() if MODELS.get(name).official is not None])
+def test_official_builders_take_the_arguments_build_official_passes(arch):
+    # build_official calls official.build(path, argv, cuda_op) positionally (OfficialCode.build's contract);
+    # Deformable-DETR's builder once took cuda_op by keyword only, and bench --gpu --official failed on a GPU.
+    build = MODELS.get(arch).official.build
+    inspect.signature(build).bind("../official-checkout", ["--lr", "1e-4"], True)

@@ -28,7 +28,7 @@ from detr_peg.models.registry import OfficialCode
 
 
 def build_official_deformable(
-    path: str, argv: list[str], *, cuda_op: bool = False
+    path: str, argv: list[str], cuda_op: bool = False
 ) -> tuple[nn.Module, nn.Module, object]:
     """The official Deformable-DETR ``(model, criterion, args)``: with its pure-PyTorch attention, or with
     its compiled CUDA op built on this machine (``cuda_op=True``, run in float32 under autocast)."""
