@@ -90,6 +90,23 @@ def series_label(entry: dict[str, Any]) -> str:
     return ", ".join(values) if values else entry["setting"]
 
 
+def axis_name(key: str) -> str:
+    """A grid axis's short name for legend titles: the key without its section and a final ``.name``
+    (``model.position.name`` -> ``position``, ``train.ema_decay`` -> ``ema_decay``)."""
+    parts = key.split(".")
+    if len(parts) > 1:
+        parts = parts[1:]
+    if len(parts) > 1 and parts[-1] == "name":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def legend_title(settings: Sequence[dict[str, Any]]) -> str | None:
+    """What the series labels are values of: the axes' short names (None when no setting has axis values)."""
+    keys = dict.fromkeys(key for e in settings for key in e.get("values", {}))
+    return ", ".join(axis_name(key) for key in keys) or None
+
+
 def model_name(config: str) -> str:
     """A base config's name for titles: its file stem (``deformable_small``)."""
     return Path(config).stem
@@ -114,8 +131,8 @@ def _styles(settings: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _legend(fig, axes) -> None:
-    """One legend for the figure, below the panels (never over the data)."""
+def _legend(fig, axes, title: str | None = None) -> None:
+    """One legend for the figure, below the panels (never over the data), titled by what its labels are."""
     handles, labels = {}, []
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -130,6 +147,7 @@ def _legend(fig, axes) -> None:
             ncol=min(len(labels), 6),
             frameon=False,
             bbox_to_anchor=(0.5, 0.0),
+            title=title,
         )
 
 
@@ -166,7 +184,7 @@ def figure_ap_vs_scale(settings: list[dict[str, Any]]) -> Figure | None:
             ax.set_xlabel("test scale (x validation size)")
             ax.grid(alpha=0.3)
         row[0].set_ylabel("AP (%)")
-    _legend(fig, axes.flat)
+    _legend(fig, axes.flat, legend_title(settings))
     return _layout(fig, bottom=0.6)
 
 
@@ -192,7 +210,7 @@ def figure_learning_curves(settings: list[dict[str, Any]]) -> Figure | None:
         ax.set_ylabel("AP (%)")
         ax.set_title(f"{model}: validation AP during training", fontsize=10)
         ax.grid(alpha=0.3)
-    _legend(fig, axes.flat)
+    _legend(fig, axes.flat, legend_title(settings))
     return _layout(fig, bottom=0.6)
 
 
@@ -219,7 +237,7 @@ def figure_main_metrics(settings: list[dict[str, Any]]) -> Figure | None:
         ax.set_ylabel("%")
         ax.set_title(f"{model}: AP, AP50, AP75 at the validation size", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-    _legend(fig, axes)
+    _legend(fig, axes, legend_title(settings))
     return _layout(fig, bottom=0.6)
 
 

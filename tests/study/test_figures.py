@@ -21,11 +21,13 @@ from scipy import stats
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.plots import (
     STUDY_FIGURES,
+    axis_name,
     figure_ap_vs_scale,
     figure_comparisons,
     figure_files,
     figure_learning_curves,
     figure_main_metrics,
+    legend_title,
     plot_run,
     plot_study,
 )
@@ -97,6 +99,7 @@ def test_ap_vs_scale_has_a_panel_per_model_and_kind_with_readable_series(results
         assert len({line.get_marker() for line in lines}) == len({line.get_linestyle() for line in lines}) == 2
         assert len({line.get_color() for line in lines}) == 2
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["sine", "peg"]  # one legend, outside the panels
+    assert fig.legends[0].get_title().get_text() == "position"  # what the labels are values of
     # The error bar at x1 of detr_small / peg is the 95% t-interval of its three seeds (percent).
     seeds = [100 * v for v in AP[("detr_small", "peg")]]
     low, high = bars(axes[0].containers[1])[0]
@@ -112,6 +115,7 @@ def test_curves_and_bars_name_the_model_and_metric(results) -> None:
         "deformable_small: validation AP during training",
     ]
     assert all(ax.get_ylabel() == "AP (%)" for ax in curves.axes)
+    assert curves.legends[0].get_title().get_text() == "position"
     bars_fig = figure_main_metrics(res["settings"])
     ax = bars_fig.axes[0]
     assert ax.get_title() == "detr_small: AP, AP50, AP75 at the validation size"
@@ -152,3 +156,18 @@ def test_every_figure_is_written_as_pdf_and_300_dpi_png(results) -> None:
                 assert image.info["dpi"] == pytest.approx((300, 300), abs=0.01)
     run = folder / "cells" / next(p.name for p in (folder / "cells").iterdir()) / "run"
     assert sorted(p.name for p in plot_run(run)) == ["learning_curve.pdf", "learning_curve.png"]
+
+
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [
+        ("model.position.name", "position"),
+        ("train.ema_decay", "ema_decay"),
+        ("model.position.peg_layers", "position.peg_layers"),
+        ("seed", "seed"),
+    ],
+)
+def test_legend_titles_name_the_axis_without_its_section(key: str, name: str) -> None:
+    assert axis_name(key) == name
+    settings = [{"values": {key: "a"}}, {"values": {key: "b", "train.lr": "1e-4"}}]
+    assert legend_title(settings) == f"{name}, lr"
