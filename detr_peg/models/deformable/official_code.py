@@ -27,9 +27,7 @@ from detr_peg.models.official_checkout import import_checkout, official_args
 from detr_peg.models.registry import OfficialCode
 
 
-def build_official_deformable(
-    path: str, argv: list[str], cuda_op: bool = False
-) -> tuple[nn.Module, nn.Module, object]:
+def build_official_deformable(path: str, argv: list[str], cuda_op: bool = False) -> tuple[nn.Module, nn.Module, object]:
     """The official Deformable-DETR ``(model, criterion, args)``: with its pure-PyTorch attention, or with
     its compiled CUDA op built on this machine (``cuda_op=True``, run in float32 under autocast)."""
     import_checkout(path, OFFICIAL, "deformable_detr")
