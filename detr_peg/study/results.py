@@ -8,7 +8,8 @@ Per cell (see :mod:`detr_peg.study.cell`) the numbers come from
 * ``eval/scales_resized.json`` and ``eval/scales_canvas.json``: the same
   numbers per test scale, of the two kinds, never mixed;
 * ``eval/padding.json``: the evaluation modes with and without batch padding;
-* ``run/metrics.jsonl``: the ``eval`` records, AP against iteration.
+* ``run/metrics.jsonl``: the ``eval`` records, AP against iteration, and the
+  ``iter`` and ``start`` records, what the training cost (:func:`training_cost`).
 
 Before the per-setting tables, ``study.md`` leads with the paired comparisons
 of every setting with the reference setting
@@ -34,6 +35,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,8 @@ KIND_TITLES = {
     "canvas": "larger canvas (objects keep the training sizes, only the sequence length changes)",
 }
 RESULTS_JSON, RESULTS_CSV, RESULTS_MD = "study.json", "study.csv", "study.md"
+#: What :func:`training_cost` measures per cell, in the order of the report's cost table.
+COST_KEYS = ("iterations", "iter_seconds", "wall_minutes")
 
 
 def _read_json(path: Path) -> Any | None:
@@ -88,6 +92,46 @@ def learning_curve(metrics_jsonl: Path, stat: str = "AP") -> list[tuple[int, flo
     return sorted(points.items())
 
 
+def training_cost(metrics_jsonl: Path) -> dict[str, float] | None:
+    """What a cell's training cost, from its run's ``metrics.jsonl``; None without a logged iteration.
+
+    Returns:
+        ``iterations`` (the last iteration logged), ``iter_seconds`` (the median of the logged iterations'
+        ``iter_time``: one iteration each, so the median is little moved by other work on the machine) and
+        ``wall_minutes`` (from each ``start`` record to the last record before the next one, summed over a
+        resumed run's segments: the time the training itself ran, its evaluations during training included).
+    """
+    try:
+        lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    times: list[float] = []
+    wall = 0.0
+    segment: list[float] = []
+    iterations = 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if not isinstance(record, dict):
+            continue
+        if record.get("type") == "start" and segment:
+            wall += segment[-1] - segment[0]
+            segment = []
+        if is_number(record.get("time")):
+            segment.append(float(record["time"]))
+        if record.get("type") == "iter" and is_number(record.get("iter_time")):
+            times.append(float(record["iter_time"]))
+            if is_number(record.get("iteration")):
+                iterations = max(iterations, int(record["iteration"]))
+    if not times:
+        return None
+    if segment:
+        wall += segment[-1] - segment[0]
+    return {"iterations": iterations, "iter_seconds": statistics.median(times), "wall_minutes": wall / 60}
+
+
 def is_number(value: Any) -> bool:
     """A finite int or float (not a bool): what a log record's numbers must be to be drawn."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -108,6 +152,7 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         "error": state.get("error"),
         "metrics": read_metrics(main) if main and state.get("status") == "done" else None,
         "curve": learning_curve(paths.run / "metrics.jsonl"),
+        "cost": training_cost(paths.run / "metrics.jsonl"),
     }
     for kind, name in KINDS.items():
         data = _read_json(paths.eval / name)
@@ -174,6 +219,8 @@ def summarize(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                         diffs[key] = max(diffs.get(key, 0.0), float(value))
         entry["padding"] = {"AP": {mode: aggregate(v) for mode, v in modes.items()}, **diffs}
         entry["curve"] = mean_curve([c["curve"] for c in done])
+        costs = [c["cost"] for c in done if c.get("cost")]
+        entry["cost"] = {key: aggregate([c[key] for c in costs]) for key in COST_KEYS}
         out.append(entry)
     return out
 
@@ -403,11 +450,40 @@ def markdown(results: dict[str, Any]) -> str:
                 + "".join(f" | {pad[k]:.3g}" if k in pad else " | n/a" for k in diff_keys)
                 + " |"
             )
+    lines += cost_lines(settings)
     unfinished = [c for c in results["cells"] if c["status"] != "done"]
     if unfinished:
         lines += ["", "## Cells not done", "", "| cell | status | error |", "|---|---|---|"]
         lines += [f"| {c['name']} | {c['status']} | {(c['error'] or '').replace('|', '/')} |" for c in unfinished]
     return "\n".join(lines) + "\n"
+
+
+def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's table of what a cell's training cost, per setting (none when no cell logged its times)."""
+    if not any(e.get("cost", {}).get("iter_seconds", {}).get("n") for e in settings):
+        return []
+    lines = [
+        "",
+        "## Cost per cell",
+        "",
+        "Training only (the evaluations after it are not counted), mean ± sample standard deviation over the "
+        "seeds: the iterations trained; the median of the logged iterations' times (little moved by other work "
+        "on the machine); the wall time of the training run, summed over its resumed segments.",
+        "",
+        "| setting | n | iterations | seconds per iteration | training wall time (min) |",
+        "|---|---|---|---|---|",
+    ]
+    for e in settings:
+        cost = e.get("cost") or {}
+        if not cost.get("iter_seconds", {}).get("n"):
+            continue
+        seconds = cost["iter_seconds"]
+        per_iter = f"{seconds['mean']:.3f}" + (f" ± {seconds['std']:.3f}" if seconds["std"] is not None else "")
+        lines.append(
+            f"| {e['setting']} | {seconds['n']} | {cost['iterations']['mean']:.0f} | {per_iter} | "
+            f"{format_stat(cost['wall_minutes'])} |"
+        )
+    return lines
 
 
 def _signed(value: float | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,55 @@ def test_plot_of_a_single_run_and_of_something_else(tmp_path: Path, capsys) -> N
     assert f"RUN_OR_STUDY {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
     assert main(["plot", str(run / "metrics.jsonl")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_cost_per_cell_is_read_from_the_run_logs_resumed_segments_summed(study) -> None:
+    folder, definition, cells = study
+    # The sine cells' runs log their iterations' times: seed 0 ran in two segments (stopped after iteration 40,
+    # resumed 1000 s later), seed 1 in one. A line being written at the end is skipped.
+    runs = {
+        "position.name=sine_seed0": [
+            [(0.0, None), (10.0, 0.5), (20.0, 0.7), (30.0, 0.6)],
+            [(1030.0, None), (1040.0, 0.9), (1090.0, 0.4)],
+        ],
+        "position.name=sine_seed1": [[(0.0, None), (10.0, 0.2), (70.0, 0.3), (130.0, 0.4)]],
+    }
+    expected = {}
+    for name, segments in runs.items():
+        cell = next(c for c in cells if c.name == name)
+        lines, iteration, times = [], 0, []
+        for segment in segments:
+            for at, iter_time in segment:
+                if iter_time is None:
+                    lines.append({"type": "start", "time": at})
+                else:
+                    iteration += 20
+                    times.append(iter_time)
+                    lines.append({"type": "iter", "iteration": iteration, "iter_time": iter_time, "time": at})
+        text = "".join(json.dumps(r) + "\n" for r in lines) + '{"type": "iter", "iter'
+        (cell_paths(folder, cell).run / "metrics.jsonl").write_text(text)
+        wall = sum(s[-1][0] - s[0][0] for s in segments) / 60
+        expected[name] = {"iterations": iteration, "iter_seconds": statistics.median(times), "wall_minutes": wall}
+
+    results = collect(folder, definition, cells)
+    for record in results["cells"]:
+        if record["name"] in expected:
+            assert record["cost"] == pytest.approx(expected[record["name"]])
+        else:
+            assert record["cost"] is None  # its log has no iteration times
+    sine = next(s for s in results["settings"] if s["setting"] == "position.name=sine")
+    seconds = [expected[n]["iter_seconds"] for n in sorted(expected)]
+    walls = [expected[n]["wall_minutes"] for n in sorted(expected)]
+    assert sine["cost"]["iter_seconds"]["values"] == pytest.approx(seconds)
+    assert sine["cost"]["wall_minutes"]["std"] == pytest.approx(statistics.stdev(walls))
+
+    write_results(folder, results)
+    md = (folder / "study.md").read_text()
+    table = md[md.index("## Cost per cell") :]
+    row = (
+        f"| position.name=sine | 2 | {statistics.mean(e['iterations'] for e in expected.values()):.0f} | "
+        f"{statistics.mean(seconds):.3f} ± {statistics.stdev(seconds):.3f} | "
+        f"{statistics.mean(walls):.1f} ± {statistics.stdev(walls):.1f} |"
+    )
+    assert row in table.splitlines()
+    assert "position.name=peg" not in table  # no cell of it logged its times
