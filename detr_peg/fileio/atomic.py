@@ -188,8 +188,14 @@ def save_image(path: str | os.PathLike, image: Any, **options: Any) -> Path:
 
 
 def save_figure(path: str | os.PathLike, figure: Any, **options: Any) -> Path:
-    """Save a Matplotlib figure atomically, in the format its suffix names (``.png``, ``.pdf``, ``.svg``)."""
+    """Save a Matplotlib figure atomically, in the format its suffix names (``.png``, ``.pdf``, ``.svg``).
+
+    A PDF gets no creation date (unless ``metadata`` says otherwise), so redrawing the same figure writes the
+    same bytes (as PNG does) and committed figures change only when what they show does.
+    """
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    if fmt == "pdf":
+        options.setdefault("metadata", {"CreationDate": None})
     return atomic_write(path, lambda handle: figure.savefig(handle, format=fmt, **options))
 
 

@@ -345,6 +345,11 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _write_csv(path: Path, results: dict[str, Any]) -> Path:
+    return atomic_write_text(path, csv_text(results))
+
+
+def csv_text(results: dict[str, Any]) -> str:
+    """``study.csv``: a header, then :func:`csv_rows`."""
     rows = csv_rows(results)
     keys = [a["key"] for a in results["definition"]["axes"]]
     fields = [
@@ -368,7 +373,7 @@ def _write_csv(path: Path, results: dict[str, Any]) -> Path:
     writer = csv.DictWriter(text, fieldnames=fields)
     writer.writeheader()
     writer.writerows(rows)
-    return atomic_write_text(path, text.getvalue())
+    return text.getvalue()
 
 
 def format_stat(agg: dict[str, Any]) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from detr_peg.errors import OutputError, TrainingError
 from detr_peg.fileio import atomic_torch_save, atomic_write, atomic_write_text, read_checkpoint_file
+from detr_peg.fileio.atomic import save_figure
 
 
 def test_text_and_torch_files_are_replaced_whole(tmp_path: Path) -> None:
@@ -59,3 +61,24 @@ def test_the_temporary_of_a_killed_writer_goes_with_the_next_write(tmp_path: Pat
         f".config.yaml.tmp-{alive}",
         "config.yaml",
     ]
+
+
+@pytest.mark.parametrize("suffix", [".pdf", ".png"])
+def test_a_redrawn_figure_writes_the_same_bytes(tmp_path: Path, suffix: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for attempt in range(2):
+        figure, axes = plt.subplots()
+        axes.plot([1.0, 1.5, 2.0], [40.0, 20.0, 10.0], marker="o")
+        axes.set_title("AP against scale")
+        path = save_figure(tmp_path / f"figure{attempt}{suffix}", figure)
+        plt.close(figure)
+        written.append(path.read_bytes())
+        if attempt == 0:
+            time.sleep(1.1)  # a creation date, if written, would differ
+    assert written[0] == written[1]
+    assert b"CreationDate" not in written[0]
