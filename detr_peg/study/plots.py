@@ -107,6 +107,15 @@ def legend_title(settings: Sequence[dict[str, Any]]) -> str | None:
     return ", ".join(axis_name(key) for key in keys) or None
 
 
+def short_setting(baseline: str | None) -> str:
+    """The reference setting for a title: ``position=sine`` for ``model.position.name=sine``, a config by its
+    stem (``config=configs/proxy/detr_small.yaml`` -> ``detr_small``)."""
+    if not baseline or "=" not in baseline:
+        return baseline or "the reference"
+    key, value = baseline.split("=", 1)
+    return model_name(value) if key == "config" else f"{axis_name(key)}={value}"
+
+
 def model_name(config: str) -> str:
     """A base config's name for titles: its file stem (``deformable_small``)."""
     return Path(config).stem
@@ -272,8 +281,10 @@ def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any
         ax.plot([], [], marker, color=colour, label=verdict)
     ax.set_yticks(ys, names, fontsize=7)
     ax.set_xlabel(f"difference in AP points (95% interval, {len(rows[0]['seeds'])} paired seeds)")
-    baseline = comparisons.get("baseline") or "the reference"
-    ax.set_title(f"AP: each setting minus {baseline}", fontsize=10)
+    in_rows = dict.fromkeys(label_of.get(r["setting"], ("",))[0] for r in rows)
+    title = " and ".join(m for m in in_rows if m)
+    ax.set_title(f"{title + ': ' if title else ''}AP, each setting minus {short_setting(comparisons.get('baseline'))}",
+                 fontsize=10)  # fmt: skip
     ax.grid(axis="x", alpha=0.3)
     fig.legend(fontsize=7, loc="lower center", ncol=4, frameon=False)
     return _layout(fig, bottom=0.35)

@@ -471,9 +471,10 @@ def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
         "",
         "## Cost per cell",
         "",
-        "Training only (the evaluations after it are not counted), mean ± sample standard deviation over the "
-        "seeds: the iterations trained; the median of the logged iterations' times (little moved by other work "
-        "on the machine); the wall time of the training run, summed over its resumed segments.",
+        "What the training run cost (evaluations during training included, the study's evaluations after it "
+        "not), mean ± sample standard deviation over the seeds: the iterations trained; the median of the "
+        "logged iterations' times (little moved by other work on the machine); the run's wall time, summed "
+        "over its resumed segments.",
         "",
         "| setting | n | iterations | seconds per iteration | training wall time (min) |",
         "|---|---|---|---|---|",

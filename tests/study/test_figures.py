@@ -30,6 +30,7 @@ from detr_peg.study.plots import (
     legend_title,
     plot_run,
     plot_study,
+    short_setting,
 )
 from detr_peg.study.results import collect
 from detr_peg.study.runner import PLAN_FILE, plan_record
@@ -138,7 +139,7 @@ def test_forest_plot_shows_each_comparison_with_the_reports_interval(results) ->
     for container, row in zip(ax.containers, rows):
         ((low, high),) = bars(container)
         assert (low, high) == pytest.approx(tuple(row["ci"]))
-    assert "AP" in ax.get_title() and "model.position.name=sine" in ax.get_title()
+    assert ax.get_title() == "detr_small and deformable_small: AP, each setting minus position=sine"
     texts = [t.get_text().strip() for t in ax.texts]
     assert texts == [r["verdict"] if r["verdict"] != "equal" else "equal within ±1.0 AP" for r in rows]
 
@@ -171,3 +172,16 @@ def test_legend_titles_name_the_axis_without_its_section(key: str, name: str) ->
     assert axis_name(key) == name
     settings = [{"values": {key: "a"}}, {"values": {key: "b", "train.lr": "1e-4"}}]
     assert legend_title(settings) == f"{name}, lr"
+
+
+@pytest.mark.parametrize(
+    ("baseline", "short"),
+    [
+        ("model.position.name=sine", "position=sine"),
+        ("train.ema_decay=0.0", "ema_decay=0.0"),
+        ("config=configs/proxy/detr_small.yaml", "detr_small"),
+        (None, "the reference"),
+    ],
+)
+def test_the_reference_is_named_shortly_in_titles(baseline, short) -> None:
+    assert short_setting(baseline) == short
