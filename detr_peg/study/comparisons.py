@@ -29,6 +29,12 @@ per-seed differences in AP points (``setting - reference``):
 * ``verdict``: ``ahead`` or ``behind`` when ``p_holm`` < :data:`ALPHA`
   (by the sign of the mean); otherwise ``equal`` when the whole interval lies
   within ``±equal_within`` AP points; otherwise ``undecided``.
+
+A row that repeats an earlier row of the same comparison (the same AP in
+every cell of both settings: the same measurement, such as the validation
+size and the resized x1 scale, or padding modes that batch alike when every
+validation image has one size) is folded into it (its label goes to the
+earlier row's ``same``): it is one test, counted once in Holm's correction.
 """
 
 from __future__ import annotations
@@ -325,6 +331,12 @@ def row_label(kind: str, where: Any) -> str:
     return f"{METRIC} {kind} x{where:g}" if kind in ("resized", "canvas") else f"{METRIC} {kind} {where}"
 
 
+def row_title(row: dict[str, Any]) -> str:
+    """A comparison row's label with the rows folded into it: ``AP (= resized x1, padding exact)``."""
+    same = [label.removeprefix(f"{METRIC} ") for label in row.get("same", [])]
+    return row["label"] + (f" (= {', '.join(same)})" if same else "")
+
+
 def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, Any]:
     """Every setting against its reference setting, seed by seed, for every AP row (``study.json``'s ``comparisons``).
 
@@ -335,8 +347,9 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
     Returns:
         ``{"baseline": "KEY=VALUE" or None, "equal_within", "unit": "AP points", "alpha", "power",
         "rows": [...]}``; each row holds ``setting``, ``reference`` (the reference setting), ``kind``,
-        ``scale`` or ``mode``, ``label``, ``seeds`` (those paired), ``differences`` and the numbers of
-        :func:`paired_statistics` in AP points, ``p_holm`` and ``verdict``.
+        ``scale`` or ``mode``, ``label``, ``same`` (the labels of the rows folded into it: see the module
+        docstring), ``seeds`` (those paired), ``differences`` and the numbers of :func:`paired_statistics`
+        in AP points, ``p_holm`` and ``verdict``.
     """
     ref = reference(results["definition"], options.baseline)
     out: dict[str, Any] = {
@@ -364,26 +377,36 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
         if partner is None:
             continue
         kinds = {k for seed in (*entry["seeds"].values(), *partner["seeds"].values()) for k in seed}
+        all_seeds = sorted({*entry["seeds"], *partner["seeds"]})
+        measured: dict[tuple, dict[str, Any]] = {}  # what each row measured, to fold rows that repeat one
         for kind, where in sorted(kinds, key=_row_order):
+            values = tuple(
+                (entry["seeds"].get(s, {}).get((kind, where)), partner["seeds"].get(s, {}).get((kind, where)))
+                for s in all_seeds
+            )
+            if values in measured:
+                measured[values]["same"].append(row_label(kind, where))
+                continue
             seeds = sorted(
                 s
                 for s, own in entry["seeds"].items()
                 if (kind, where) in own and (kind, where) in partner["seeds"].get(s, {})
             )
             diffs = [points * (entry["seeds"][s][(kind, where)] - partner["seeds"][s][(kind, where)]) for s in seeds]
-            rows.append(
-                {
-                    "setting": entry["setting"],
-                    "reference": partner["setting"],
-                    "kind": kind,
-                    "scale": where if kind in ("resized", "canvas") else None,
-                    "mode": where if kind == "padding" else None,
-                    "label": row_label(kind, where),
-                    "seeds": seeds,
-                    "differences": diffs,
-                    **paired_statistics(diffs),
-                }
-            )
+            row = {
+                "setting": entry["setting"],
+                "reference": partner["setting"],
+                "kind": kind,
+                "scale": where if kind in ("resized", "canvas") else None,
+                "mode": where if kind == "padding" else None,
+                "label": row_label(kind, where),
+                "same": [],
+                "seeds": seeds,
+                "differences": diffs,
+                **paired_statistics(diffs),
+            }
+            measured[values] = row
+            rows.append(row)
     tested = [i for i, r in enumerate(rows) if r["p"] is not None]
     adjusted = holm([rows[i]["p"] for i in tested])
     for row in rows:

@@ -50,7 +50,7 @@ import matplotlib.pyplot as plt  # after choosing the backend
 from matplotlib import style as mpl_style
 from matplotlib.figure import Figure
 
-from detr_peg.study.comparisons import verdict_text
+from detr_peg.study.comparisons import row_title, verdict_text
 from detr_peg.study.results import KIND_TITLES, KINDS, is_number, learning_curve
 
 PLOTS_DIR = "plots"
@@ -261,7 +261,7 @@ def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any
     for r in rows:
         model, label = label_of.get(r["setting"], ("", r["setting"]))
         ref = label_of.get(r["reference"], ("", r["reference"]))[1]
-        names.append(f"{model + ': ' if models else ''}{label} - {ref}, {r['label']}")
+        names.append(f"{model + ': ' if models else ''}{label} - {ref}, {row_title(r)}")
     fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(rows) + 1.6))
     ys = list(range(len(rows)))[::-1]
     band = comparisons.get("equal_within")

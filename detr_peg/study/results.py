@@ -50,6 +50,7 @@ from detr_peg.study.comparisons import (
     ComparisonOptions,
     compare,
     format_points,
+    row_title,
     verdict_text,
 )
 from detr_peg.study.grid import Cell, StudyDefinition
@@ -273,7 +274,7 @@ def write_results(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
 
 
 #: The columns of ``study.csv`` that only its ``difference`` rows fill (the paired comparisons).
-COMPARISON_FIELDS = ("ci_low", "ci_high", "test", "p", "p_holm", "mde", "verdict")
+COMPARISON_FIELDS = ("same", "ci_low", "ci_high", "test", "p", "p_holm", "mde", "verdict")
 
 
 def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -281,8 +282,9 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     ``row`` is ``setting`` for one row per setting, kind, scale and metric (mean, std, n and the per-seed
     values), then ``difference`` for one row per paired comparison (``reference`` names the reference
-    setting; mean, std and values are those of the per-seed differences in AP points, with the interval,
-    test, p-values, minimum detectable effect and verdict of :mod:`detr_peg.study.comparisons`).
+    setting; ``same`` the rows folded into it; mean, std and values are those of the per-seed differences in
+    AP points, with the interval, test, p-values, minimum detectable effect and verdict of
+    :mod:`detr_peg.study.comparisons`).
     """
     keys = [a["key"] for a in results["definition"]["axes"]]
     rows = []
@@ -335,6 +337,7 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "std": c["sd"],
                 "n": c["n"],
                 "values": ";".join(repr(v) for v in c["differences"]),
+                "same": ";".join(c.get("same", [])) or None,
                 "ci_low": c["ci"][0] if c["ci"] else None,
                 "ci_high": c["ci"][1] if c["ci"] else None,
                 **{k: c[k] for k in ("test", "p", "p_holm", "mde")},
@@ -521,7 +524,9 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
             "(n = seeds paired). Difference = setting - reference, mean over the seeds, in AP points; "
             f"95% confidence interval from the t distribution; p two-sided, from an exact sign-flip "
             f"permutation test below {PERMUTATION_BELOW} pairs and a paired t-test from {PERMUTATION_BELOW} on, "
-            f"Holm-corrected over the study's {sum(r['p'] is not None for r in rows)} tests; MDE: the smallest "
+            f"Holm-corrected over the study's {sum(r['p'] is not None for r in rows)} tests (a row whose AP is the "
+            "same in every cell of both settings as an earlier row's is that row's test, and is named in it after "
+            "'='); MDE: the smallest "
             f"difference a paired t-test at alpha {ALPHA:g} detects with {POWER:.0%} power given the spread of "
             f"the differences. Verdict: ahead / behind when the Holm-corrected p is below {ALPHA:g}; "
             f"equal within ±{x} AP when the whole interval lies within ±{x}; undecided otherwise. "
@@ -535,7 +540,7 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
     for r in rows:
         ci = f"[{_signed(r['ci'][0])}, {_signed(r['ci'][1])}]" if r["ci"] else "n/a"
         lines.append(
-            f"| {r['setting']} | {r['reference']} | {r['label']} | {r['n']} | {_signed(r['mean'])} | {ci} | "
+            f"| {r['setting']} | {r['reference']} | {row_title(r)} | {r['n']} | {_signed(r['mean'])} | {ci} | "
             f"{r['test'] or 'n/a'} | {_p(r['p'])} | {_p(r['p_holm'])} | "
             f"{'n/a' if r['mde'] is None else format(r['mde'], '.2f')} | "
             f"{verdict_text(r, comparisons['equal_within'])} |"

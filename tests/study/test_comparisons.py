@@ -270,3 +270,43 @@ def test_pairs_keep_the_other_axes_values(tmp_path: Path) -> None:
     ]
     assert rows[0]["differences"] == pytest.approx([1.0] * 3) and rows[1]["differences"] == pytest.approx([-3.0] * 3)
     assert rows[0]["ci"] == pytest.approx([1.0, 1.0])  # no spread: a point interval
+
+
+def test_rows_that_repeat_a_measurement_are_one_test(tmp_path: Path) -> None:
+    """Resized x1 and padding exact give the validation size's AP in every cell (one image size): one row, one
+    test in Holm's count; padding single differs in one cell of the reference and stays a row of its own."""
+    rng = np.random.default_rng(11)
+    seeds = 6
+    base = {(name, s): round(0.3 + rng.normal(0, 0.02), 6) for name in ("sine", "peg") for s in range(seeds)}
+
+    def ap(cell):
+        name = dict(cell.values)["model.position.name"]
+        value = base[(name, cell.seed)]
+        single = value + (0.0001 if (name, cell.seed) == ("sine", 3) else 0.0)
+        return {
+            ("val", None): value,
+            ("resized", 1.0): value,
+            ("resized", 2.0): round(value / 3, 6),
+            ("padding", "exact"): value,
+            ("padding", "single"): single,
+        }
+
+    plan = EvalPlan(scales=(1.0, 2.0), padding=True)
+    definition, cells = make_study(tmp_path, "model.position.name=sine,peg", seeds, ap, eval_plan=plan)
+    results = collect(tmp_path, definition, cells)
+    rows = results["comparisons"]["rows"]
+    assert [(r["label"], r["same"]) for r in rows] == [
+        ("AP", ["AP resized x1", "AP padding exact"]),
+        ("AP resized x2", []),
+        ("AP padding single", []),
+    ]
+    d = [100 * (base[("peg", s)] - base[("sine", s)]) for s in range(seeds)]
+    assert rows[0]["differences"] == pytest.approx(d)
+    assert [r["p_holm"] for r in rows] == pytest.approx(holm_reference([r["p"] for r in rows]))  # over 3 tests
+    write_results(tmp_path, results)
+    md = (tmp_path / "study.md").read_text()
+    assert "| position.name=peg | position.name=sine | AP (= resized x1, padding exact) | 6 |" in md
+    assert "Holm-corrected over the study's 3 tests" in md
+    with open(tmp_path / "study.csv", newline="") as f:
+        diffs = [r for r in csv.DictReader(f) if r["row"] == "difference"]
+    assert [r["same"] for r in diffs] == ["AP resized x1;AP padding exact", "", ""]
