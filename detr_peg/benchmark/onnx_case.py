@@ -24,6 +24,7 @@ needs. No FLOPs are counted (the graph is the same model).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -63,14 +64,14 @@ def export_model(case: dict, path: Path) -> int:
     return int(lines[-1][len(PARAMETERS_PREFIX) :])
 
 
-def run_onnx_case(case: dict, path: Path, parameters: int) -> dict:
+def run_onnx_case(case: dict, path: Path, parameters: int | None) -> dict:
     """Time the exported graph at ``path`` as ``case`` says; returns the case with its measurements.
 
     Args:
         case: the ONNX case (``worker.Case`` as a dict: ``batch``, ``height``,
             ``width``, ``threads``, ``warmup``, ``runs``, ...).
         path: the exported graph.
-        parameters: the model's parameter count, for the report.
+        parameters: the model's parameter count, for the report (None: counted by an earlier round).
     """
     import numpy as np
     import onnxruntime as ort
@@ -101,13 +102,21 @@ def run_onnx_case(case: dict, path: Path, parameters: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``CASE_JSON``: export the case's model (in a child process), then time it here."""
+    """``CASE_JSON``: export the case's model (in a child process), then time it here.
+
+    With ``onnx_model`` in the case, the graph there is timed when the file exists (a later round of
+    ``--rounds``: its parameter count is the first round's, so None here) and exported there first when it
+    does not; without it, into a temporary folder for this run only.
+    """
     argv = sys.argv[1:] if argv is None else argv
     case = json.loads(argv[0])
     retain_freed_memory()  # as in every other case
-    with tempfile.TemporaryDirectory(prefix="detr_peg_bench_") as folder:
-        path = Path(folder) / "model.onnx"
-        parameters = export_model(case, path)
+    with contextlib.ExitStack() as stack:
+        if case.get("onnx_model"):
+            path = Path(case["onnx_model"])
+        else:
+            path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="detr_peg_bench_"))) / "model.onnx"
+        parameters = None if path.is_file() else export_model(case, path)
         result = run_onnx_case(case, path, parameters)
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0

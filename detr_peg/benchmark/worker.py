@@ -56,6 +56,9 @@ class Case:
         flops: count FLOPs (one extra forward).
         attention_impl: detr_peg Deformable-DETR: the ``impl`` of every
             deformable attention (``None``: as built).
+        onnx_model: ONNX case: where its exported graph is kept across rounds
+            (exported there when the file is missing, reused when it is there);
+            ``None``: a temporary file, exported for this run only.
     """
 
     label: str
@@ -76,6 +79,7 @@ class Case:
     compile: bool = False
     flops: bool = True
     attention_impl: str | None = None
+    onnx_model: str | None = None
 
 
 def _targets(batch: int, num_classes: int, device: torch.device) -> list[dict]:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ pytest.importorskip("onnxscript")
 
 from detr_peg.benchmark import worker
 from detr_peg.benchmark.onnx_case import export_model
-from detr_peg.benchmark.protocol import ONNX_IMPL
+from detr_peg.benchmark.protocol import ONNX_IMPL, RESULT_PREFIX
 from detr_peg.export.onnx_runtime import OnnxDetector
 from tests.benchmark.tiny_case import tiny_case
 from tests.conftest import REPO_ROOT
@@ -75,3 +76,40 @@ def test_the_graph_is_timed_without_torch(exported):
     assert len(result["runs_seconds"]) == 2 and result["seconds"] > 0 and result["flops"] is None
     # The process's own peak (ONNX Runtime and a tiny graph), not torch's libraries or the pytest process's.
     assert 0 < result["peak_memory_bytes"] < 400 * 2**20
+
+
+def test_a_graph_kept_across_rounds_is_exported_once_and_timed_again(exported, tmp_path, monkeypatch, capsys):
+    from detr_peg.benchmark import onnx_case
+
+    path, parameters = exported
+    kept = tmp_path / "case0.onnx"
+    kept.write_bytes(path.read_bytes())  # what the first round left there
+    monkeypatch.setattr(onnx_case, "export_model", lambda *a: pytest.fail("exported again"))
+    case = {**asdict(CASE), "onnx_model": str(kept)}
+    assert onnx_case.main([json.dumps(case)]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1].removeprefix(RESULT_PREFIX))
+    assert result["parameters"] is None and len(result["runs_seconds"]) == 2  # counted by the first round
+    assert kept.is_file()  # kept for the next round; the run's temporary folder removes it
+
+
+def test_rounds_give_every_onnx_case_one_graph_file_for_the_run(monkeypatch, tmp_path):
+    from detr_peg.benchmark import runner
+
+    seen = []
+
+    def fake(case, timeout=None):
+        seen.append(case)
+        return {**asdict(case), "runs_seconds": [1.0], "seconds": 1.0, "peak_memory_bytes": 1, "flops": None}
+
+    monkeypatch.setattr(runner, "run_case_subprocess", fake)
+    torch_case = replace(CASE, impl="detr_peg", label="tiny")
+    results = runner.run_cases([torch_case, CASE], progress=False, rounds=3)
+    onnx = [c.onnx_model for c in seen if c.impl == ONNX_IMPL]
+    assert len(onnx) == 3 and len(set(onnx)) == 1 and onnx[0].endswith("case1.onnx")  # the same file each round
+    assert all(c.onnx_model is None for c in seen if c.impl != ONNX_IMPL)
+    assert [r["rounds"] for r in results] == [3, 3] and all("onnx_model" not in r for r in results)
+    assert not Path(onnx[0]).parent.exists()  # the run's folder is removed
+    # One round: no file kept, each ONNX case exports into a folder of its own.
+    seen.clear()
+    runner.run_cases([CASE], progress=False, rounds=1)
+    assert seen[0].onnx_model is None
