@@ -384,7 +384,8 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
                 (entry["seeds"].get(s, {}).get((kind, where)), partner["seeds"].get(s, {}).get((kind, where)))
                 for s in all_seeds
             )
-            if values in measured:
+            paired = any(a is not None and b is not None for a, b in values)
+            if paired and values in measured:  # nothing measured yet is not "the same"
                 measured[values]["same"].append(row_label(kind, where))
                 continue
             seeds = sorted(
@@ -405,7 +406,8 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
                 "differences": diffs,
                 **paired_statistics(diffs),
             }
-            measured[values] = row
+            if paired:
+                measured[values] = row
             rows.append(row)
     tested = [i for i, r in enumerate(rows) if r["p"] is not None]
     adjusted = holm([rows[i]["p"] for i in tested])

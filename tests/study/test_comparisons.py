@@ -310,3 +310,23 @@ def test_rows_that_repeat_a_measurement_are_one_test(tmp_path: Path) -> None:
     with open(tmp_path / "study.csv", newline="") as f:
         diffs = [r for r in csv.DictReader(f) if r["row"] == "difference"]
     assert [r["same"] for r in diffs] == ["AP resized x1;AP padding exact", "", ""]
+
+
+def test_rows_of_a_comparison_not_measured_yet_are_not_folded(tmp_path: Path) -> None:
+    """A setting with no finished cell has every row empty: nothing was paired, so no row is 'the same' (the
+    reference's rows hold one AP, as if its cells had all been measured alike)."""
+    values = {("val", None): 0.3, ("resized", 2.0): 0.3, ("padding", "mixed"): 0.3}
+    definition, cells = make_study(
+        tmp_path,
+        "model.position.name=sine,peg",
+        2,
+        lambda cell: values,
+        skip=("position.name=peg_seed0", "position.name=peg_seed1"),
+        eval_plan=EvalPlan(scales=(2.0,), padding=True),
+    )
+    rows = collect(tmp_path, definition, cells)["comparisons"]["rows"]
+    assert [(r["label"], r["same"], r["n"]) for r in rows] == [
+        ("AP", [], 0),
+        ("AP resized x2", [], 0),
+        ("AP padding mixed", [], 0),
+    ]
