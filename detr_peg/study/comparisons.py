@@ -380,11 +380,7 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
         all_seeds = sorted({*entry["seeds"], *partner["seeds"]})
         measured: dict[tuple, dict[str, Any]] = {}  # what each row measured, to fold rows that repeat one
         for kind, where in sorted(kinds, key=_row_order):
-            values = tuple(
-                (entry["seeds"].get(s, {}).get((kind, where)), partner["seeds"].get(s, {}).get((kind, where)))
-                for s in all_seeds
-            )
-            paired = any(a is not None and b is not None for a, b in values)
+            values, paired = _measured(entry, partner, all_seeds, (kind, where))
             if paired and values in measured:  # nothing measured yet is not "the same"
                 measured[values]["same"].append(row_label(kind, where))
                 continue
@@ -419,6 +415,13 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
         row["verdict"] = verdict(row, options.equal_within)
     out["rows"] = rows
     return out
+
+
+def _measured(entry: dict, partner: dict, seeds: Sequence[int], row: tuple[str, Any]) -> tuple[tuple, bool]:
+    """What a row measured in both settings, seed by seed (``(own AP, reference AP)`` or None), and whether
+    any seed has both (only then can two rows be the same measurement)."""
+    values = tuple((entry["seeds"].get(s, {}).get(row), partner["seeds"].get(s, {}).get(row)) for s in seeds)
+    return values, any(a is not None and b is not None for a, b in values)
 
 
 def _identity(cell: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
