@@ -127,7 +127,6 @@ def run_cases(cases: list[Case], progress: bool = True, rounds: int = 1) -> list
     """
     if rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {rounds}.")
-    results: list[dict] = []
     with contextlib.ExitStack() as stack:
         if rounds > 1 and any(case.impl == ONNX_IMPL for case in cases):
             # An ONNX case's graph is exported in the first round and timed again in the later ones.
@@ -136,13 +135,15 @@ def run_cases(cases: list[Case], progress: bool = True, rounds: int = 1) -> list
                 replace(case, onnx_model=str(folder / f"case{i}.onnx")) if case.impl == ONNX_IMPL else case
                 for i, case in enumerate(cases)
             ]
-        _run_rounds(cases, results, progress, rounds)
+        results = _run_rounds(cases, progress, rounds)
     for result in results:
         result.pop("onnx_model", None)  # a working file of this run, gone with it
     return results
 
 
-def _run_rounds(cases: list[Case], results: list[dict], progress: bool, rounds: int) -> None:
+def _run_rounds(cases: list[Case], progress: bool, rounds: int) -> list[dict]:
+    """Each case's result, its later rounds' runs merged into its first (:func:`merge_round`)."""
+    results: list[dict] = []
     with tqdm(total=len(cases) * rounds, desc="bench", unit="case", disable=not progress) as bar:
         for round_index in range(rounds):
             for i, case in enumerate(cases):
@@ -152,6 +153,7 @@ def _run_rounds(cases: list[Case], results: list[dict], progress: bool, rounds: 
                 else:
                     merge_round(results[i], run_case_subprocess(replace(case, flops=False)))
                 bar.update()
+    return results
 
 
 def merge_round(pooled: dict, new: dict) -> None:

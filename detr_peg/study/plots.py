@@ -28,7 +28,6 @@ AP (and AP50) against iteration, and the training loss.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +50,7 @@ from matplotlib import style as mpl_style
 from matplotlib.figure import Figure
 
 from detr_peg.study.comparisons import row_title, verdict_text
-from detr_peg.study.results import KIND_TITLES, KINDS, is_number, learning_curve
+from detr_peg.study.results import KIND_TITLES, KINDS, is_number, learning_curve, log_records
 
 PLOTS_DIR = "plots"
 #: Every figure in both formats: vector for print, PNG for screens and the docs.
@@ -308,20 +307,13 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     """Draw a training run's learning curve from its ``metrics.jsonl`` into ``RUN/plots/learning_curve.*``."""
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
-    losses = []
-    for line in log.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if (
-            isinstance(record, dict)
-            and record.get("type") == "iter"
-            and is_number(record.get("loss"))
-            and is_number(record.get("iteration"))
-        ):
-            losses.append((record["iteration"], record["loss"]))
-    curves = {stat: learning_curve(log, stat) for stat in ("AP", "AP50")}
+    records = list(log_records(log))
+    losses = [
+        (record["iteration"], record["loss"])
+        for record in records
+        if record.get("type") == "iter" and is_number(record.get("loss")) and is_number(record.get("iteration"))
+    ]
+    curves = {stat: learning_curve(records, stat) for stat in ("AP", "AP50")}
     if not losses and not any(curves.values()):
         raise DataError(
             f"{log} holds no usable record (no training iteration with a loss and no evaluation); nothing to plot. "

@@ -36,7 +36,7 @@ import io
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,27 +74,45 @@ def _read_json(path: Path) -> Any | None:
         return None
 
 
-def learning_curve(metrics_jsonl: Path, stat: str = "AP") -> list[tuple[int, float]]:
-    """``(iteration, value in percent)`` of every ``eval`` record of a run's ``metrics.jsonl`` (last one per iteration)."""
-    points: dict[int, float] = {}
+def log_records(metrics_jsonl: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a run's ``metrics.jsonl`` in order; none when it cannot be read.
+
+    A line that is not a JSON object (one being written, or cut short by a stop) is passed over.
+    """
     try:
         lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return []
+        return
     for line in lines:
         try:
             record = json.loads(line)
-        except ValueError:  # a line being written
+        except ValueError:
             continue
-        if isinstance(record, dict) and record.get("type") == "eval" and is_number(record.get("iteration")):
+        if isinstance(record, dict):
+            yield record
+
+
+def learning_curve(records: Iterable[dict[str, Any]], stat: str = "AP") -> list[tuple[int, float]]:
+    """``(iteration, value in percent)`` of every ``eval`` record of a run's log (last one per iteration).
+
+    Args:
+        records: the run's ``metrics.jsonl`` records (:func:`log_records`).
+        stat: the COCO metric to read (``AP``, ``AP50``, ...).
+    """
+    points: dict[int, float] = {}
+    for record in records:
+        if record.get("type") == "eval" and is_number(record.get("iteration")):
             value = read_metrics(record).get(stat)  # percent, from older logs in fractions too
             if is_number(value):
                 points[int(record["iteration"])] = value
     return sorted(points.items())
 
 
-def training_cost(metrics_jsonl: Path) -> dict[str, float] | None:
-    """What a cell's training cost, from its run's ``metrics.jsonl``; None without a logged iteration.
+def training_cost(records: Iterable[dict[str, Any]]) -> dict[str, float] | None:
+    """What a cell's training cost, from its run's log; None without a logged iteration.
+
+    Args:
+        records: the run's ``metrics.jsonl`` records (:func:`log_records`).
 
     Returns:
         ``iterations`` (the last iteration logged), ``iter_seconds`` (the median of the logged iterations'
@@ -102,21 +120,11 @@ def training_cost(metrics_jsonl: Path) -> dict[str, float] | None:
         ``wall_minutes`` (from each ``start`` record to the last record before the next one, summed over a
         resumed run's segments: the time the training itself ran, its evaluations during training included).
     """
-    try:
-        lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return None
     times: list[float] = []
     wall = 0.0
     segment: list[float] = []
     iterations = 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line being written
-            continue
-        if not isinstance(record, dict):
-            continue
+    for record in records:
         if record.get("type") == "start" and segment:
             wall += segment[-1] - segment[0]
             segment = []
@@ -142,6 +150,7 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
     """Everything measured for one cell (missing parts are None or empty)."""
     paths = cell_paths(study_dir, cell)
     state = read_state(paths) or {}
+    log = list(log_records(paths.run / "metrics.jsonl"))
     main = _read_json(paths.eval / "metrics.json") or _read_json(paths.run / "metrics.json")
     record: dict[str, Any] = {
         "name": cell.name,
@@ -152,8 +161,8 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         "status": state.get("status", "not started"),
         "error": state.get("error"),
         "metrics": read_metrics(main) if main and state.get("status") == "done" else None,
-        "curve": learning_curve(paths.run / "metrics.jsonl"),
-        "cost": training_cost(paths.run / "metrics.jsonl"),
+        "curve": learning_curve(log),
+        "cost": training_cost(log),
     }
     for kind, name in KINDS.items():
         data = _read_json(paths.eval / name)
@@ -379,12 +388,12 @@ def csv_text(results: dict[str, Any]) -> str:
     return text.getvalue()
 
 
-def format_stat(agg: dict[str, Any]) -> str:
-    """``62.5 ± 1.2`` (percent); ``62.5`` with one seed; ``n/a`` without values."""
+def format_stat(agg: dict[str, Any], digits: int = 1) -> str:
+    """``62.5 ± 1.2`` (mean ± std with ``digits`` decimals); ``62.5`` with one seed; ``n/a`` without values."""
     if agg["mean"] is None:
         return "n/a"
-    text = f"{agg['mean']:.1f}"
-    return text + (f" ± {agg['std']:.1f}" if agg["std"] is not None else "")
+    text = f"{agg['mean']:.{digits}f}"
+    return text + (f" ± {agg['std']:.{digits}f}" if agg["std"] is not None else "")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -487,9 +496,8 @@ def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
         if not cost.get("iter_seconds", {}).get("n"):
             continue
         seconds = cost["iter_seconds"]
-        per_iter = f"{seconds['mean']:.3f}" + (f" ± {seconds['std']:.3f}" if seconds["std"] is not None else "")
         lines.append(
-            f"| {e['setting']} | {seconds['n']} | {cost['iterations']['mean']:.0f} | {per_iter} | "
+            f"| {e['setting']} | {seconds['n']} | {cost['iterations']['mean']:.0f} | {format_stat(seconds, 3)} | "
             f"{format_stat(cost['wall_minutes'])} |"
         )
     return lines

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.engine.evaluation.metric_units import STAT_NAMES, UNIT, format_percent, read_metrics
-from detr_peg.study.results import learning_curve
+from detr_peg.study.results import learning_curve, log_records
 
 FRACTIONS = {name: (-1.0 if name == "APl" else 0.375 + i / 1000) for i, name in enumerate(STAT_NAMES)}
 PERCENT = {name: (-1.0 if value < 0 else 100 * value) for name, value in FRACTIONS.items()}
@@ -32,7 +32,7 @@ def test_learning_curves_of_old_and_new_logs_are_both_in_percent(tmp_path: Path)
     old.write_text(json.dumps({"type": "eval", "iteration": 10, **FRACTIONS}) + "\n")
     new.write_text(json.dumps({"type": "eval", "iteration": 10, **PERCENT, "unit": "percent"}) + "\n")
     for log in (old, new):
-        ((iteration, ap),) = learning_curve(log)
+        ((iteration, ap),) = learning_curve(log_records(log))
         assert iteration == 10 and ap == pytest.approx(37.5)
 
 

@@ -178,7 +178,8 @@ def test_plot_of_a_single_run_and_of_something_else(tmp_path: Path, capsys) -> N
 def test_cost_per_cell_is_read_from_the_run_logs_resumed_segments_summed(study) -> None:
     folder, definition, cells = study
     # The sine cells' runs log their iterations' times: seed 0 ran in two segments (stopped after iteration 40,
-    # resumed 1000 s later), seed 1 in one. A line being written at the end is skipped.
+    # resumed 1000 s later), seed 1 in one. A line that is not an object and a line being written at the end are
+    # skipped.
     runs = {
         "position.name=sine_seed0": [
             [(0.0, None), (10.0, 0.5), (20.0, 0.7), (30.0, 0.6)],
@@ -198,7 +199,7 @@ def test_cost_per_cell_is_read_from_the_run_logs_resumed_segments_summed(study) 
                     iteration += 20
                     times.append(iter_time)
                     lines.append({"type": "iter", "iteration": iteration, "iter_time": iter_time, "time": at})
-        text = "".join(json.dumps(r) + "\n" for r in lines) + '{"type": "iter", "iter'
+        text = "[1, 2]\n" + "".join(json.dumps(r) + "\n" for r in lines) + '{"type": "iter", "iter'
         (cell_paths(folder, cell).run / "metrics.jsonl").write_text(text)
         wall = sum(s[-1][0] - s[0][0] for s in segments) / 60
         expected[name] = {"iterations": iteration, "iter_seconds": statistics.median(times), "wall_minutes": wall}
