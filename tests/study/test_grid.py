@@ -9,6 +9,7 @@ import pytest
 from detr_peg.config.loader import load_config
 from detr_peg.errors import ConfigError
 from detr_peg.study.cell import CellPaths, eval_argv, first_difference, train_argv
+from detr_peg.study.comparisons import ComparisonOptions, compare
 from detr_peg.study.grid import Axis, EvalPlan, StudyDefinition, expand_cells, parse_axis, parse_scales, split_values
 from detr_peg.study.slurm import ClusterOptions, parse_mem, parse_time, plan_lines
 from detr_peg.study.study_file import load_study_file
@@ -160,22 +161,51 @@ def test_first_difference_names_the_dotted_key() -> None:
     assert first_difference({"a": {"b": 1, "c": [0]}}, {"a": {"b": 1, "c": [0, 1]}}) == "a.c: [0] -> [0, 1]"
 
 
-def test_paper_study_file_gives_the_five_paper_cells() -> None:
+def test_paper_study_file_compares_each_detector_with_its_own_sine() -> None:
     file = load_study_file(REPO_ROOT / "configs" / "study" / "paper_coco.yaml")
-    assert [Path(c).name for c in file.configs] == [
-        "detr_r50_sine.yaml",
-        "detr_r50_none.yaml",
-        "detr_r50_peg.yaml",
-        "deformable_detr_r50_sine.yaml",
-        "deformable_detr_r50_peg.yaml",
+    assert [Path(c).name for c in file.configs] == ["detr_r50_sine.yaml", "deformable_detr_r50_sine.yaml"]
+    definition = StudyDefinition(
+        configs=tuple(file.configs), axes=tuple(parse_axis(g) for g in file.grid), seeds=file.seeds or 1
+    )
+    cells = expand_cells(definition)
+    assert [c.setting for c in cells] == [
+        f"{stem}_position.name={name}"
+        for stem in ("detr_r50_sine", "deformable_detr_r50_sine")
+        for name in ("sine", "none", "peg")
     ]
-    assert all(Path(c).is_file() for c in file.configs)
-    cells = expand_cells(StudyDefinition(configs=tuple(file.configs), seeds=file.seeds or 1))
-    assert [c.setting for c in cells] == [Path(c).stem for c in file.configs]
     for cell in cells:
         cfg = load_config(cell.config, cell.overrides)
+        assert cfg.model.position.name == dict(cell.values)["model.position.name"]
+        if cfg.model.position.name == "peg":  # the paper's placement: one 3x3 PEG after the first encoder layer
+            assert cfg.model.position.peg_layers == [0] and cfg.model.position.peg_kernel == 3
         assert cfg.train.epochs == 50 and cfg.train.total_batch_size == 32
     assert file.cluster["gpus_per_node"] * file.cluster.get("nodes", 1) * 4 == 32  # 4 images per GPU
+    # Each detector's none and peg are paired with the same detector's sine, never with the other detector's.
+    ap = {c.name: 30.0 + i for i, c in enumerate(cells)}
+    results = {
+        "definition": definition.to_dict(),
+        "unit": "percent",
+        "cells": [
+            {
+                "name": c.name,
+                "setting": c.setting,
+                "seed": c.seed,
+                "config": c.config,
+                "values": dict(c.values),
+                "metrics": {"AP": ap[c.name]},
+            }
+            for c in cells
+        ],
+    }
+    comparisons = compare(results, ComparisonOptions(baseline=file.comparison["baseline"]))
+    pairs = {(r["setting"], r["reference"]): r["differences"] for r in comparisons["rows"]}
+    expected = {}
+    for stem in ("detr_r50_sine", "deformable_detr_r50_sine"):
+        sine = f"{stem}_position.name=sine"
+        for name in ("none", "peg"):
+            setting = f"{stem}_position.name={name}"
+            expected[(setting, sine)] = [ap[f"{setting}_seed0"] - ap[f"{sine}_seed0"]]
+    assert pairs == expected
 
 
 def test_study_file_grid_values_become_axes(tmp_path: Path) -> None:
