@@ -197,15 +197,19 @@ def figure_ap_vs_scale(settings: list[dict[str, Any]]) -> Figure | None:
 
 
 def figure_learning_curves(settings: list[dict[str, Any]]) -> Figure | None:
-    """AP against iteration, a panel per model (None without periodic evaluations)."""
-    if not any(e["curve"] for e in settings):
+    """AP against iteration, a panel per model (None without periodic evaluations).
+
+    A setting is drawn when its cells evaluated at two iterations or more: a study whose cells evaluate once,
+    at the end of training, has no curve to draw (its final AP is in the other figures).
+    """
+    models = {m: es for m, es in by_model(settings).items() if any(len(e["curve"]) > 1 for e in es)}
+    if not models:
         return None
-    models = {m: es for m, es in by_model(settings).items() if any(e["curve"] for e in es)}
     styles = _styles(settings)
     fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.8), squeeze=False)
     for ax, (model, entries) in zip(axes[0], models.items()):
         for e in entries:
-            if not e["curve"]:
+            if len(e["curve"]) < 2:
                 continue
             xs = [p["iteration"] for p in e["curve"]]
             ys, errs = zip(*(interval(p) for p in e["curve"]))

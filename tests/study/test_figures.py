@@ -10,6 +10,7 @@ equal to the report's, and both a vector PDF and a 300 dpi PNG of each.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -30,6 +31,7 @@ from detr_peg.study.plots import (
     legend_title,
     plot_run,
     plot_study,
+    series_label,
     short_setting,
 )
 from detr_peg.study.results import collect
@@ -125,6 +127,24 @@ def test_curves_and_bars_name_the_model_and_metric(results) -> None:
     assert (sine.get_label(), peg.get_label()) == ("sine", "peg")
     assert sine.patches[0].get_hatch() != peg.patches[0].get_hatch()
     assert sine.patches[0].get_facecolor() != peg.patches[0].get_facecolor()
+
+
+def test_learning_curves_need_two_evaluations(results) -> None:
+    # Cells that evaluate once, at the end of training, give a setting one point: no curve to draw.
+    _, res = results
+    settings = copy.deepcopy(res["settings"])
+    assert all(len(e["curve"]) > 1 for e in settings)
+    for e in settings:
+        e["curve"] = e["curve"][-1:]
+    assert figure_learning_curves(settings) is None
+    # One setting with a curve: its model gets the only panel, with that setting's line alone.
+    keep = next(e for e in res["settings"] if e["setting"].startswith("deformable_small"))
+    next(e for e in settings if e["setting"] == keep["setting"])["curve"] = keep["curve"]
+    fig = figure_learning_curves(settings)
+    assert [ax.get_title() for ax in fig.axes] == ["deformable_small: validation AP during training"]
+    (series,) = fig.axes[0].containers  # one error-bar series
+    assert series.get_label() == series_label(keep)
+    assert series.lines[0].get_xdata().tolist() == [p["iteration"] for p in keep["curve"]]
 
 
 def test_forest_plot_shows_each_comparison_with_the_reports_interval(results) -> None:
