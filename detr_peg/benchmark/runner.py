@@ -92,7 +92,7 @@ def plan_cases(
     return cases
 
 
-def run_case_subprocess(case: Case, timeout: float | None = None) -> dict:
+def run_case_subprocess(case: Case) -> dict:
     """Run one case with ``python -m detr_peg.benchmark.worker`` (the ONNX Runtime case:
     ``detr_peg.benchmark.onnx_case``, a process without torch) and parse its result."""
     env = dict(os.environ, OMP_NUM_THREADS=str(case.threads), MKL_NUM_THREADS=str(case.threads))
@@ -102,7 +102,6 @@ def run_case_subprocess(case: Case, timeout: float | None = None) -> dict:
         capture_output=True,
         text=True,
         env=env,
-        timeout=timeout,
     )
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):

@@ -41,7 +41,7 @@ def test_a_failing_case_names_its_exception_and_keeps_the_output(tmp_path: Path)
     missing = tmp_path / "missing.yaml"
     case = Case(label="broken", impl="detr_peg", mode="infer", config=str(missing), runs=1, warmup=0, flops=False)
     with pytest.raises(UserError) as raised:
-        run_case_subprocess(case, timeout=300)
+        run_case_subprocess(case)
     message = str(raised.value)
     assert message.startswith("Benchmark case 'broken' (infer) failed: ")
     assert str(missing) in message.splitlines()[0]
