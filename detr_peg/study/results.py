@@ -397,7 +397,12 @@ def format_stat(agg: dict[str, Any], digits: int = 1) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """``study.md``: the main table, one table per kind of test scale, padding, failures."""
+    """``study.md``: the comparisons, the main table, one table per kind of test scale, padding, cost, failures.
+
+    Each table stands between the markers of a named section of ``pymdownx.snippets`` (:data:`SECTIONS`), so
+    a documentation page includes it as ``--8<-- "docs/results/STUDY/study.md:comparisons"`` and shows the
+    study's own numbers; the markers are HTML comments, unseen where ``study.md`` itself is shown.
+    """
     d = results["definition"]
     settings = results["settings"]
     axes = ", ".join(a["key"] for a in d["axes"]) or "none"
@@ -413,66 +418,93 @@ def markdown(results: dict[str, Any]) -> str:
         *comparison_lines(results),
         "",
         "## At the configured validation size",
-        "",
-        "| setting | n | " + " | ".join(STATS) + " |",
-        "|---|---|" + "---|" * len(STATS),
-    ]
-    for e in settings:
-        lines.append(
-            f"| {e['setting']} | {e['main']['AP']['n']} | "
-            + " | ".join(format_stat(e["main"][s]) for s in STATS)
-            + " |"
-        )
-    for kind in KINDS:
-        if not any(e[kind] for e in settings):
-            continue
-        lines += [
-            "",
-            f"## Test scales: {KIND_TITLES[kind]}",
-            "",
-            "| setting | scale | size | n | " + " | ".join(STATS) + " |",
-            "|---|---|---|---|" + "---|" * len(STATS),
-        ]
-        for e in settings:
-            for r in e[kind]:
-                lines.append(
-                    f"| {e['setting']} | x{r['scale']:g} | {r.get('size') or 'n/a'} | {r['AP']['n']} | "
-                    + " | ".join(format_stat(r[s]) for s in STATS)
+        *section(
+            "validation",
+            [
+                "| setting | n | " + " | ".join(STATS) + " |",
+                "|---|---|" + "---|" * len(STATS),
+                *(
+                    f"| {e['setting']} | {e['main']['AP']['n']} | "
+                    + " | ".join(format_stat(e["main"][s]) for s in STATS)
                     + " |"
-                )
-    present = {m for e in settings for m in e["padding"]["AP"]}
-    modes = [m for m in ("mixed", "single", "exact") if m in present] + sorted(present - {"mixed", "single", "exact"})
-    if modes:
-        diff_keys = sorted({k for e in settings for k in e["padding"] if k.startswith("max_abs_logit_diff_")})
-        titles = [k.removeprefix("max_abs_logit_diff_").replace("_vs_", " vs ") for k in diff_keys]
-        lines += [
-            "",
-            "## Padding sensitivity",
-            "",
-            "AP with evaluation batches that mix image sizes (mixed), one image at a time (single)"
-            + (" and batches of equal sizes only (exact)" if "exact" in modes else "")
-            + "; the largest absolute logit difference between modes over all images and seeds.",
-            "",
-            "| setting | "
-            + " | ".join(f"AP {m}" for m in modes)
-            + "".join(f" | logit diff {t}" for t in titles)
-            + " |",
-            "|---|" + "---|" * (len(modes) + len(titles)),
-        ]
-        for e in settings:
-            pad = e["padding"]
-            lines.append(
-                f"| {e['setting']} | "
-                + " | ".join(format_stat(pad["AP"][m]) if m in pad["AP"] else "n/a" for m in modes)
-                + "".join(f" | {pad[k]:.3g}" if k in pad else " | n/a" for k in diff_keys)
-                + " |"
-            )
+                    for e in settings
+                ),
+            ],
+        ),
+    ]
+    for kind in KINDS:
+        lines += scale_lines(settings, kind)
+    lines += padding_lines(settings)
     lines += cost_lines(settings)
     unfinished = [c for c in results["cells"] if c["status"] != "done"]
     if unfinished:
         lines += ["", "## Cells not done", "", "| cell | status | error |", "|---|---|---|"]
         lines += [f"| {c['name']} | {c['status']} | {(c['error'] or '').replace('|', '/')} |" for c in unfinished]
     return "\n".join(lines) + "\n"
+
+
+#: The named sections of ``study.md`` (its tables), for ``--8<-- "PATH/study.md:NAME"`` on a documentation page.
+SECTIONS = ("comparisons", "validation", *KINDS, "padding", "cost")
+
+
+def section(name: str, table: Sequence[str]) -> list[str]:
+    """A table between the start and end markers of the ``pymdownx.snippets`` section ``name`` (of :data:`SECTIONS`)."""
+    return ["", f"<!-- --8<-- [start:{name}] -->", "", *table, "", f"<!-- --8<-- [end:{name}] -->"]
+
+
+def scale_lines(settings: Sequence[dict[str, Any]], kind: str) -> list[str]:
+    """The report's table of one kind of test scale (none when no cell measured it)."""
+    if not any(e[kind] for e in settings):
+        return []
+    return [
+        "",
+        f"## Test scales: {KIND_TITLES[kind]}",
+        *section(
+            kind,
+            [
+                "| setting | scale | size | n | " + " | ".join(STATS) + " |",
+                "|---|---|---|---|" + "---|" * len(STATS),
+                *(
+                    f"| {e['setting']} | x{r['scale']:g} | {r.get('size') or 'n/a'} | {r['AP']['n']} | "
+                    + " | ".join(format_stat(r[s]) for s in STATS)
+                    + " |"
+                    for e in settings
+                    for r in e[kind]
+                ),
+            ],
+        ),
+    ]
+
+
+def padding_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
+    """The report's padding table: AP per evaluation mode, logit differences (none without padding cells)."""
+    present = {m for e in settings for m in e["padding"]["AP"]}
+    modes = [m for m in ("mixed", "single", "exact") if m in present] + sorted(present - {"mixed", "single", "exact"})
+    if not modes:
+        return []
+    diff_keys = sorted({k for e in settings for k in e["padding"] if k.startswith("max_abs_logit_diff_")})
+    titles = [k.removeprefix("max_abs_logit_diff_").replace("_vs_", " vs ") for k in diff_keys]
+    table = [
+        "| setting | " + " | ".join(f"AP {m}" for m in modes) + "".join(f" | logit diff {t}" for t in titles) + " |",
+        "|---|" + "---|" * (len(modes) + len(titles)),
+    ]
+    for e in settings:
+        pad = e["padding"]
+        table.append(
+            f"| {e['setting']} | "
+            + " | ".join(format_stat(pad["AP"][m]) if m in pad["AP"] else "n/a" for m in modes)
+            + "".join(f" | {pad[k]:.3g}" if k in pad else " | n/a" for k in diff_keys)
+            + " |"
+        )
+    return [
+        "",
+        "## Padding sensitivity",
+        "",
+        "AP with evaluation batches that mix image sizes (mixed), one image at a time (single)"
+        + (" and batches of equal sizes only (exact)" if "exact" in modes else "")
+        + "; the largest absolute logit difference between modes over all images and seeds.",
+        *section("padding", table),
+    ]
 
 
 def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
@@ -487,7 +519,8 @@ def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
         "not), mean ± sample standard deviation over the seeds: the iterations trained; the median of the "
         "logged iterations' times (little moved by other work on the machine); the run's wall time, summed "
         "over its resumed segments.",
-        "",
+    ]
+    table = [
         "| setting | n | iterations | seconds per iteration | training wall time (min) |",
         "|---|---|---|---|---|",
     ]
@@ -496,11 +529,11 @@ def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
         if not cost.get("iter_seconds", {}).get("n"):
             continue
         seconds = cost["iter_seconds"]
-        lines.append(
+        table.append(
             f"| {e['setting']} | {seconds['n']} | {cost['iterations']['mean']:.0f} | {format_stat(seconds, 3)} | "
             f"{format_stat(cost['wall_minutes'])} |"
         )
-    return lines
+    return lines + section("cost", table)
 
 
 def _signed(value: float | None) -> str:
@@ -541,16 +574,17 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
             f"The sign-flip test's smallest p is 2/2^n (0.25 with 3 pairs), so ahead and behind need "
             f"6 pairs or more."
         ),
-        "",
+    ]
+    table = [
         "| setting | reference | metric | n | difference | 95% CI | test | p | p (Holm) | MDE | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ci = f"[{_signed(r['ci'][0])}, {_signed(r['ci'][1])}]" if r["ci"] else "n/a"
-        lines.append(
+        table.append(
             f"| {r['setting']} | {r['reference']} | {row_title(r)} | {r['n']} | {_signed(r['mean'])} | {ci} | "
             f"{r['test'] or 'n/a'} | {_p(r['p'])} | {_p(r['p_holm'])} | "
             f"{'n/a' if r['mde'] is None else format(r['mde'], '.2f')} | "
             f"{verdict_text(r, comparisons['equal_within'])} |"
         )
-    return lines
+    return lines + section("comparisons", table)

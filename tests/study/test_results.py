@@ -5,11 +5,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
+import markdown
 import pytest
 from PIL import Image
+from pymdownx.snippets import SnippetMissingError
 
 from detr_peg.cli.main import main
 from detr_peg.study.cell import cell_paths, new_state, write_state
@@ -143,6 +146,40 @@ def test_tables_hold_the_cells_numbers_with_both_kinds_apart(study) -> None:
     )
 
 
+def included(folder: Path, section: str) -> str:
+    """The HTML of a documentation page that includes ``folder/study.md``'s named section, as the docs site does."""
+    page = f'Before.\n\n--8<-- "study.md:{section}"\n\nAfter.\n'
+    return markdown.markdown(
+        page,
+        extensions=["tables", "pymdownx.snippets"],
+        extension_configs={"pymdownx.snippets": {"base_path": [str(folder)], "check_paths": True}},
+    )
+
+
+def test_a_documentation_page_includes_each_table_of_the_report_by_name(study) -> None:
+    folder, definition, cells = study
+    results = collect(folder, definition, cells)
+    write_results(folder, results)
+    # Section -> (first header cells, rows below the header, a cell of one of them: peg - sine at AP is
+    # (40 - 30 + 46 - 34) / 2 = +11.00 points, peg's AP 43.0 ± 4.2 and 33.0 ± 4.2 resized at x2, ...).
+    tables = {
+        "comparisons": (["setting", "reference", "metric"], len(results["comparisons"]["rows"]), "<td>+11.00</td>"),
+        "validation": (["setting", "n", "AP"], 2, "<td>43.0 ± 4.2</td>"),
+        "resized": (["setting", "scale", "size"], 6, "<td>33.0 ± 4.2</td>"),
+        "canvas": (["setting", "scale", "size"], 6, "<td>38.0 ± 4.2</td>"),
+        "padding": (["setting", "AP mixed", "AP single"], 2, "<td>31.0 ± 2.8</td>"),
+    }
+    for name, (header, n_rows, cell) in tables.items():
+        html = included(folder, name)
+        assert html.startswith("<p>Before.</p>") and html.endswith("<p>After.</p>")
+        assert html.count("<table>") == 1 and "--8&lt;--" not in html and "--8<--" not in html
+        assert re.findall(r"<th>(.*?)</th>", html)[: len(header)] == header
+        assert html.count("<tr>") == 1 + n_rows and cell in html
+    assert "<td>33.0 ± 4.2</td>" not in included(folder, "canvas")  # each section holds its own table only
+    with pytest.raises(SnippetMissingError):
+        included(folder, "no_such_table")
+
+
 def test_plots_are_drawn_and_redrawn_by_the_plot_command(study) -> None:
     folder, definition, cells = study
     files = plot_study(folder, collect(folder, definition, cells))
@@ -226,3 +263,5 @@ def test_cost_per_cell_is_read_from_the_run_logs_resumed_segments_summed(study) 
     )
     assert row in table.splitlines()
     assert "position.name=peg" not in table  # no cell of it logged its times
+    html = included(folder, "cost")
+    assert html.count("<tr>") == 2 and f"<td>{statistics.mean(walls):.1f} ± {statistics.stdev(walls):.1f}</td>" in html
