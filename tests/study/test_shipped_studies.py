@@ -23,14 +23,16 @@ from detr_peg.study.runner import read_plan
 from detr_peg.study.seed_rule import SeedRule
 from tests.conftest import REPO_ROOT
 
-SHIPPED = sorted(p.parent for p in (REPO_ROOT / "docs" / "results").glob("*/plan.json"))
+RESULTS = REPO_ROOT / "docs" / "results"
+SHIPPED = sorted(p.parent for p in RESULTS.rglob("plan.json"))
 
 
 def test_the_results_page_ships_studies() -> None:
-    assert {"proxy_curves", "proxy_synthetic", "proxy_multiscale"} <= {p.name for p in SHIPPED}
+    shipped = {p.relative_to(RESULTS).as_posix() for p in SHIPPED}
+    assert {"proxy_curves", "v0.1.0/proxy_synthetic", "v0.1.0/proxy_multiscale"} <= shipped
 
 
-@pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.relative_to(RESULTS).as_posix())
 def test_a_shipped_report_is_the_one_its_cells_files_give(folder: Path) -> None:
     plan = read_plan(folder)
     definition = StudyDefinition.from_dict(plan["definition"])
