@@ -37,7 +37,7 @@ from scipy import stats as scipy_stats
 
 from detr_peg.errors import ConfigError, DataError
 from detr_peg.fileio.atomic import save_figure
-from detr_peg.fileio.os_errors import make_folder
+from detr_peg.fileio.os_errors import make_folder, writing
 
 try:
     import matplotlib
@@ -294,7 +294,16 @@ def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any
 
 
 def plot_study(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
-    """Draw every figure of a study from its results (:func:`detr_peg.study.results.collect`)."""
+    """Draw every figure of a study from its results (:func:`detr_peg.study.results.collect`).
+
+    A figure with nothing to draw (no learning curves, no test scales) is not written, and its files from an
+    earlier drawing are removed, so ``STUDY/plots/`` never shows a figure its results no longer give. (The
+    commands that call this have checked that every figure name in ``plots/`` is theirs:
+    :func:`~detr_peg.guards.declared_io.plot_io`.)
+
+    Returns:
+        The files written.
+    """
     out = Path(study_dir) / PLOTS_DIR
     make_folder(out)
     settings = results["settings"]
@@ -304,6 +313,9 @@ def plot_study(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
         "learning_curves": figure_learning_curves(settings),
         "main_metrics": figure_main_metrics(settings),
     }
+    for stale in figure_files([name for name, fig in figures.items() if fig is None]):
+        with writing(out / stale, "remove"):
+            (out / stale).unlink(missing_ok=True)
     return [path for name, fig in figures.items() if fig is not None for path in save(fig, out, name)]
 
 

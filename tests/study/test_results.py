@@ -15,6 +15,7 @@ from PIL import Image
 from pymdownx.snippets import SnippetMissingError
 
 from detr_peg.cli.main import main
+from detr_peg.guards.output_guard import OWNERSHIP_FILE
 from detr_peg.study.cell import cell_paths, new_state, write_state
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.plots import STUDY_FIGURES, figure_files, plot_study
@@ -190,6 +191,25 @@ def test_plots_are_drawn_and_redrawn_by_the_plot_command(study) -> None:
         f.unlink()
     assert main(["plot", str(folder)]) == 0
     assert all(f.is_file() for f in files) and (folder / "study.md").is_file()
+
+
+def test_a_figure_the_results_no_longer_give_is_removed_on_redraw(study) -> None:
+    folder, definition, cells = study
+    plots = folder / "plots"
+    assert main(["plot", str(folder)]) == 0
+
+    def figures() -> list[str]:
+        return sorted(p.name for p in plots.iterdir() if p.name != OWNERSHIP_FILE)
+
+    assert figures() == sorted(figure_files(STUDY_FIGURES))
+    # The runs' logs now hold one evaluation each (at the end): no learning curve is left to draw.
+    for cell in cells:
+        log = cell_paths(folder, cell).run / "metrics.jsonl"
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        log.write_text("".join(json.dumps(r) + "\n" for r in records if r.get("iteration") != 10))
+    assert main(["plot", str(folder)]) == 0
+    remaining = [f for f in STUDY_FIGURES if f != "learning_curves"]
+    assert figures() == sorted(figure_files(remaining))
 
 
 def test_plot_of_a_single_run_and_of_something_else(tmp_path: Path, capsys) -> None:
