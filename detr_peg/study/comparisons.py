@@ -11,7 +11,8 @@ A seed missing (or failed) in either setting is left out of that pair; ``n``
 counts the pairs.
 
 For each comparison and each AP row of the report (the configured validation
-size, every test scale of both kinds, every padding mode), with ``d`` the
+size, every test scale of both kinds, every padding mode, and what padding
+changes: AP in padded batches minus AP one image at a time), with ``d`` the
 per-seed differences in AP points (``setting - reference``):
 
 * ``mean``: the mean of ``d``; ``ci``: its 95% confidence interval from the
@@ -57,6 +58,8 @@ ALPHA = 0.05
 POWER = 0.8
 #: Below this many pairs the p-value is the exact sign-flip permutation test, from it on the paired t-test.
 PERMUTATION_BELOW = 10
+#: The padding row of AP in padded batches minus AP one image at a time (see :func:`cell_rows`).
+PADDING_CHANGE = "mixed - single"
 #: The names of the tests, as written in the reports.
 PERMUTATION_TEST, T_TEST = "sign-flip permutation (exact)", "paired t"
 #: The metric every comparison row is about.
@@ -310,8 +313,10 @@ def ap_points_per_unit(unit: str | None) -> float:
 def cell_rows(cell: dict[str, Any]) -> dict[tuple[str, Any], float]:
     """``{(kind, scale or mode): AP}`` of one cell's record (see :func:`detr_peg.study.results.collect_cell`).
 
-    Kinds: ``val`` (scale None), ``resized`` and ``canvas`` (by scale), ``padding`` (by mode). Only
-    finished cells count; COCO's -1 ("no such objects") is left out.
+    Kinds: ``val`` (scale None), ``resized`` and ``canvas`` (by scale), ``padding`` (by mode), and
+    ``("padding", PADDING_CHANGE)``: AP in padded batches minus AP one image at a time (negative: what
+    padding costs), so that comparing it between settings asks whether padding costs one encoding more than
+    another, apart from their AP. Only finished cells count; COCO's -1 ("no such objects") is left out.
     """
     if cell["metrics"] is None:
         return {}
@@ -321,7 +326,10 @@ def cell_rows(cell: dict[str, Any]) -> dict[tuple[str, Any], float]:
             rows[(kind, float(row["scale"]))] = row["metrics"].get(METRIC)
     for mode, result in ((cell.get("padding") or {}).get("modes") or {}).items():
         rows[("padding", mode)] = result["metrics"].get(METRIC)
-    return {k: float(v) for k, v in rows.items() if isinstance(v, (int, float)) and v >= 0}
+    out = {k: float(v) for k, v in rows.items() if isinstance(v, (int, float)) and v >= 0}
+    if ("padding", "mixed") in out and ("padding", "single") in out:
+        out[("padding", PADDING_CHANGE)] = out[("padding", "mixed")] - out[("padding", "single")]
+    return out
 
 
 def row_label(kind: str, where: Any) -> str:

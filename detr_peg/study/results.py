@@ -116,7 +116,8 @@ def training_cost(records: Iterable[dict[str, Any]]) -> dict[str, float] | None:
 
     Returns:
         ``iterations`` (the last iteration logged), ``iter_seconds`` (the median of the logged iterations'
-        ``iter_time``: one iteration each, so the median is little moved by other work on the machine) and
+        ``iter_time``: one iteration each, so short spells of other work on the machine move it less than
+        the mean; sustained load raises it too) and
         ``wall_minutes`` (from each ``start`` record to the last record before the next one, summed over a
         resumed run's segments: the time the training itself ran, its evaluations during training included).
     """
@@ -517,7 +518,8 @@ def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
         "",
         "What the training run cost (evaluations during training included, the study's evaluations after it "
         "not), mean ± sample standard deviation over the seeds: the iterations trained; the median of the "
-        "logged iterations' times (little moved by other work on the machine); the run's wall time, summed "
+        "logged iterations' times (moved less than the mean by short spells of other work on the machine, "
+        "but raised by sustained load, as is the wall time); the run's wall time, summed "
         "over its resumed segments.",
     ]
     table = [

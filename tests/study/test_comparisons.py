@@ -28,7 +28,8 @@ from detr_peg.study.runner import PLAN_FILE, plan_record
 from tests.study.study_cells import write_done_cell
 
 ROWS = [("val", None), ("resized", 1.5), ("canvas", 2.0), ("padding", "mixed"), ("padding", "single")]
-LABELS = ["AP", "AP resized x1.5", "AP canvas x2", "AP padding mixed", "AP padding single"]
+#: The report's rows: the cells' own, and what padding changes (AP mixed - AP single), ordered by mode.
+LABELS = ["AP", "AP resized x1.5", "AP canvas x2", "AP padding mixed", "AP padding mixed - single", "AP padding single"]
 
 
 def make_study(folder: Path, axis: str, seeds: int, ap, *, skip=(), eval_plan=None) -> tuple:
@@ -96,14 +97,25 @@ def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_p
     raw_p = []
     for r in rows:
         name = r["setting"].split("=")[1]
-        kind, where = ROWS[LABELS.index(r["label"])]
-        x = np.array([ap_of(tmp_path, cells, name, s, kind, where) for s in range(seeds)])
-        y = np.array([ap_of(tmp_path, cells, "sine", s, kind, where) for s in range(seeds)])
+        if r["label"] == "AP padding mixed - single":  # the padded batches' AP minus that of one image at a time
+
+            def value(setting, s):
+                return ap_of(tmp_path, cells, setting, s, "padding", "mixed") - ap_of(
+                    tmp_path, cells, setting, s, "padding", "single"
+                )
+        else:
+            kind, where = ROWS[[label for label in LABELS if "-" not in label].index(r["label"])]
+
+            def value(setting, s, kind=kind, where=where):
+                return ap_of(tmp_path, cells, setting, s, kind, where)
+
+        x = np.array([value(name, s) for s in range(seeds)])
+        y = np.array([value("sine", s) for s in range(seeds)])
         d = 100 * (x - y)  # AP points
         assert r["reference"] == "position.name=sine" and r["n"] == seeds and r["seeds"] == [0, 1, 2, 3]
         assert r["differences"] == pytest.approx(d.tolist())
         assert r["mean"] == pytest.approx(d.mean())
-        t = stats.ttest_rel(100 * x, 100 * y)
+        t = stats.ttest_rel(100 * x, 100 * y)  # the interval of x - y
         ci = t.confidence_interval(0.95)
         assert r["ci"] == pytest.approx([ci.low, ci.high])
         assert r["half_width"] == pytest.approx((ci.high - ci.low) / 2)
@@ -134,7 +146,7 @@ def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_p
     assert len(diffs) == len(rows)
     assert float(diffs[0]["mean"]) == pytest.approx(first["mean"]) and diffs[0]["reference"] == "position.name=sine"
     assert float(diffs[0]["p_holm"]) == pytest.approx(first["p_holm"]) and diffs[0]["kind"] == "val"
-    assert [d["kind"] for d in diffs[3:5]] == ["padding:mixed", "padding:single"]
+    assert [d["kind"] for d in diffs[3:6]] == ["padding:mixed", "padding:mixed - single", "padding:single"]
     stored = json.loads((tmp_path / "study.json").read_text())["comparisons"]
     assert stored["rows"][0]["p_holm"] == pytest.approx(first["p_holm"]) and stored["unit"] == "AP points"
 

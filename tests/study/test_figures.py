@@ -72,14 +72,10 @@ def half_width(values: list[float]) -> float:
     return stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
 
 
-def bars(container) -> list[tuple[float, float]]:
-    """The (low, high) ends of an errorbar container's bars (vertical or horizontal)."""
+def bars(container, horizontal: bool = False) -> list[tuple[float, float]]:
+    """The (low, high) ends of an errorbar container's bars (vertical, or horizontal as in the forest plot)."""
     (collection,) = container.lines[2]
-    out = []
-    for segment in collection.get_segments():
-        (x0, y0), (x1, y1) = segment
-        out.append((y0, y1) if x0 == x1 else (x0, x1))
-    return out
+    return [(x0, x1) if horizontal else (y0, y1) for (x0, y0), (x1, y1) in collection.get_segments()]
 
 
 def test_ap_vs_scale_has_a_panel_per_model_and_kind_with_readable_series(results) -> None:
@@ -159,7 +155,7 @@ def test_forest_plot_shows_each_comparison_with_the_reports_interval(results) ->
     assert len(labels) == len(rows)
     assert any(label == "deformable_small: peg - sine, AP resized x2" for label in labels)
     for container, row in zip(ax.containers, rows):
-        ((low, high),) = bars(container)
+        ((low, high),) = bars(container, horizontal=True)
         assert (low, high) == pytest.approx(tuple(row["ci"]))
     assert ax.get_title() == "detr_small and deformable_small: AP, each setting minus position=sine"
     texts = [t.get_text().strip() for t in ax.texts]

@@ -1,0 +1,75 @@
+"""tools/padding_residual.py: what padding changes in a model with exact masks, run as a script on a trained demo."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torchvision import tv_tensors
+
+from detr_peg.data.image_input import as_rgb_tensor
+from detr_peg.data.transforms import build_eval_transforms
+from detr_peg.detector import Detector
+from tests.conftest import run_python
+
+TOOL = "tools/padding_residual.py"
+
+
+def test_the_tool_reports_the_largest_differences_of_the_padded_image(tiny_demo_dir: Path, tmp_path: Path) -> None:
+    checkpoint, images = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data" / "val"
+    out = tmp_path / "residual.json"
+    proc = run_python(
+        TOOL, "--checkpoint", str(checkpoint), "--images", str(images), "--count", "2", "--output", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report == json.loads(out.read_text())
+    # The same numbers computed here: each image padded to the stride multiple, then grown by a quarter of its
+    # size (rounded up to the stride multiple) with zeros, True in the mask.
+    detector = Detector.from_checkpoint(checkpoint, device="cpu")
+    model, step = detector.model.eval(), detector.model.size_divisibility
+    transform = build_eval_transforms(detector.config.data)
+    border, inside, largest, logits = 0.0, 0.0, 0.0, 0.0
+    files = sorted(images.iterdir())[:2]
+    for path in files:
+        x = transform(tv_tensors.Image(as_rgb_tensor(path, name=str(path))))[None]
+        h, w = x.shape[-2:]
+        x = F.pad(x, (0, -w % step, 0, -h % step))
+        mask = torch.ones(1, *x.shape[-2:], dtype=torch.bool)
+        mask[:, :h, :w] = False
+        H, W = (-(-math.ceil(s * 1.25) // step) * step for s in x.shape[-2:])
+        grown = F.pad(x, (0, W - x.shape[-1], 0, H - x.shape[-2]))
+        grown_mask = F.pad(mask, (0, W - x.shape[-1], 0, H - x.shape[-2]), value=True)
+        with torch.no_grad():
+            (a,), (b,) = model.backbone(x), model.backbone(grown)  # the tiny demo model has one level
+            d = (a - b[..., : a.shape[-2], : a.shape[-1]]).abs()
+            border = max(border, d[..., -1, :].max().item(), d[..., :, -1].max().item())
+            inside = max(inside, d[..., :-1, :-1].max().item())
+            largest = max(largest, a.abs().max().item())
+            diff = model(x, mask)["pred_logits"] - model(grown, grown_mask)["pred_logits"]
+            logits = max(logits, diff.abs().max().item())
+    assert report["images"] == 2 and report["extra_padding"] == 0.25
+    expected = {"border": border, "inside": inside, "largest_activation": largest}
+    torch.testing.assert_close(report["levels"], [expected])
+    torch.testing.assert_close(report["logits"], logits)
+    assert border > 0  # the padded canvas reaches the image's border cells
+
+
+def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path) -> None:
+    proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path / "none"))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [f"padding_residual: --images {tmp_path / 'none'} is not a folder."]
+    (tmp_path / "empty").mkdir()
+    proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path / "empty"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "holds no image" in proc.stderr
+    (tmp_path / "a.png").write_bytes(b"not a png")
+    proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "missing.pth" in proc.stderr and "Traceback" not in proc.stderr
+    checkpoint = tiny_demo_dir / "run" / "checkpoint.pth"
+    proc = run_python(TOOL, "--checkpoint", str(checkpoint), "--images", str(tmp_path))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert str(tmp_path / "a.png") in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,116 @@
+"""What batch padding still changes in a model whose padding masks are exact: its backbone features and its logits.
+
+For each of the first ``--count`` images of ``--images`` (by file name), preprocessed as the model's
+evaluation does, the image alone is compared with the same image grown on the right and bottom by
+``--extra`` of its size, rounded up to the model's ``size_divisibility``, with its exact padding mask (the
+padded batches of ``detr-peg eval --padding``):
+
+* every backbone level, over the cells the image has alone: the largest absolute difference in the cells
+  of its last row and column (``border``: their receptive fields reach the padding through the
+  convolutions' own zero padding alone, and through the padded area's features on the canvas) and in the
+  others (``inside``), beside the level's largest absolute activation (``largest_activation``);
+* the model's logits (``logits``): the largest absolute difference over all queries and classes.
+
+Prints one JSON object; ``--output FILE`` writes it too. Bad input (no such checkpoint or folder, an
+unreadable image) is one line on stderr and exit status 2.
+
+    python tools/padding_residual.py --checkpoint RUN/checkpoint.pth --images outputs/proxy_data/data/val --count 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+from torchvision import tv_tensors  # noqa: E402
+
+from detr_peg.data.image_input import as_rgb_tensor  # noqa: E402
+from detr_peg.data.padding import pad_images  # noqa: E402
+from detr_peg.data.transforms import build_eval_transforms  # noqa: E402
+from detr_peg.detector import Detector  # noqa: E402
+from detr_peg.engine.evaluation.padding import EXTRA_PADDING, pad_further  # noqa: E402
+from detr_peg.errors import DataError, UserError  # noqa: E402
+from detr_peg.fileio.atomic import write_json  # noqa: E402
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+def residual(detector: Detector, images: list[Path], extra: float) -> dict:
+    """The largest differences between each image alone and padded (see the module docstring).
+
+    Args:
+        detector: the model, in evaluation mode on the CPU.
+        images: image files.
+        extra: the growth of the canvas, relative to the image's size (before rounding up).
+
+    Returns:
+        ``{"images", "extra_padding", "levels": [{"border", "inside", "largest_activation"}, ...],
+        "logits"}``, the maxima over the images.
+    """
+    model = detector.model.eval()
+    transform = build_eval_transforms(detector.config.data)
+    levels: list[dict[str, float]] = []
+    logits = 0.0
+    for path in images:
+        pixels = transform(tv_tensors.Image(as_rgb_tensor(path, name=str(path))))
+        alone, alone_mask = pad_images([pixels], model.size_divisibility)
+        padded, padded_mask = pad_further(alone, alone_mask, extra, model.size_divisibility)
+        with torch.no_grad():
+            own, grown = model.backbone(alone), model.backbone(padded)
+            for i, (a, b) in enumerate(zip(own, grown)):
+                if len(levels) <= i:
+                    levels.append({"border": 0.0, "inside": 0.0, "largest_activation": 0.0})
+                diff = (a - b[..., : a.shape[-2], : a.shape[-1]]).abs()
+                border = torch.cat([diff[..., -1, :].flatten(), diff[..., :, -1].flatten()]).max()
+                level = levels[i]
+                level["border"] = max(level["border"], float(border))
+                level["inside"] = max(level["inside"], float(diff[..., :-1, :-1].max()))
+                level["largest_activation"] = max(level["largest_activation"], float(a.abs().max()))
+            out_alone, out_padded = model(alone, alone_mask), model(padded, padded_mask)
+            logits = max(logits, float((out_alone["pred_logits"] - out_padded["pred_logits"]).abs().max()))
+    return {"images": len(images), "extra_padding": extra, "levels": levels, "logits": logits}
+
+
+def image_files(folder: Path, count: int) -> list[Path]:
+    """The first ``count`` images of ``folder`` by name; DataError when there is none."""
+    if not folder.is_dir():
+        raise DataError(f"--images {folder} is not a folder.")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:count]
+    if not files:
+        raise DataError(f"--images {folder} holds no image ({', '.join(IMAGE_SUFFIXES)}).")
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, metavar="FILE", help="a detr-peg checkpoint")
+    parser.add_argument("--images", required=True, type=Path, metavar="DIR", help="a folder of images")
+    parser.add_argument("--count", type=int, default=16, metavar="N", help="images to use (default 16)")
+    parser.add_argument(
+        "--extra", type=float, default=EXTRA_PADDING, metavar="F", help=f"canvas growth (default {EXTRA_PADDING})"
+    )
+    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
+    args = parser.parse_args(argv)
+    if args.count < 1:
+        parser.error(f"--count must be at least 1, got {args.count}")
+    if args.extra <= 0:
+        parser.error(f"--extra must be above 0, got {args.extra}")
+    try:
+        files = image_files(args.images, args.count)
+        result = residual(Detector.from_checkpoint(args.checkpoint, device="cpu"), files, args.extra)
+        if args.output:
+            write_json(args.output, result)
+    except UserError as exc:
+        print(f"padding_residual: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
