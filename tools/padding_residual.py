@@ -11,8 +11,8 @@ padded batches of ``detr-peg eval --padding``):
   others (``inside``), beside the level's largest absolute activation (``largest_activation``);
 * the model's logits (``logits``): the largest absolute difference over all queries and classes.
 
-Prints one JSON object; ``--output FILE`` writes it too. Bad input (no such checkpoint or folder, an
-unreadable image) is one line on stderr and exit status 2.
+Prints one JSON object; ``--output FILE`` writes it too. Bad input (an option out of range, no such
+checkpoint or folder, an unreadable image or folder) is one line on stderr and exit status 2.
 
     python tools/padding_residual.py --checkpoint RUN/checkpoint.pth --images outputs/proxy_data/data/val --count 16
 """
@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 
+from detr_peg.cli import option_types  # noqa: E402
+from detr_peg.cli.main import OneLineParser  # noqa: E402
 from detr_peg.data.image_input import as_rgb_tensor  # noqa: E402
 from detr_peg.data.padding import pad_images  # noqa: E402
 from detr_peg.data.transforms import build_eval_transforms  # noqa: E402
@@ -36,6 +38,7 @@ from detr_peg.detector import Detector  # noqa: E402
 from detr_peg.engine.evaluation.padding import EXTRA_PADDING, pad_further  # noqa: E402
 from detr_peg.errors import DataError, UserError  # noqa: E402
 from detr_peg.fileio.atomic import write_json  # noqa: E402
+from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
@@ -69,7 +72,8 @@ def residual(detector: Detector, images: list[Path], extra: float) -> dict:
                 border = torch.cat([diff[..., -1, :].flatten(), diff[..., :, -1].flatten()]).max()
                 level = levels[i]
                 level["border"] = max(level["border"], float(border))
-                level["inside"] = max(level["inside"], float(diff[..., :-1, :-1].max()))
+                if diff[..., :-1, :-1].numel():  # a level of one row or column has no inside
+                    level["inside"] = max(level["inside"], float(diff[..., :-1, :-1].max()))
                 level["largest_activation"] = max(level["largest_activation"], float(a.abs().max()))
             out_alone, out_padded = model(alone, alone_mask), model(padded, padded_mask)
             logits = max(logits, float((out_alone["pred_logits"] - out_padded["pred_logits"]).abs().max()))
@@ -87,26 +91,33 @@ def image_files(folder: Path, count: int) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(
+        prog="padding_residual.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", required=True, metavar="FILE", help="a detr-peg checkpoint")
     parser.add_argument("--images", required=True, type=Path, metavar="DIR", help="a folder of images")
-    parser.add_argument("--count", type=int, default=16, metavar="N", help="images to use (default 16)")
     parser.add_argument(
-        "--extra", type=float, default=EXTRA_PADDING, metavar="F", help=f"canvas growth (default {EXTRA_PADDING})"
+        "--count", type=option_types.integer(1), default=16, metavar="N", help="images to use (default 16)"
+    )
+    parser.add_argument(
+        "--extra",
+        type=option_types.number(0.01, 10.0),
+        default=EXTRA_PADDING,
+        metavar="F",
+        help=f"canvas growth, a fraction of the image's size (default {EXTRA_PADDING})",
     )
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
     args = parser.parse_args(argv)
-    if args.count < 1:
-        parser.error(f"--count must be at least 1, got {args.count}")
-    if args.extra <= 0:
-        parser.error(f"--extra must be above 0, got {args.extra}")
     try:
         files = image_files(args.images, args.count)
         result = residual(Detector.from_checkpoint(args.checkpoint, device="cpu"), files, args.extra)
         if args.output:
             write_json(args.output, result)
     except UserError as exc:
-        print(f"padding_residual: {exc}", file=sys.stderr)
+        print(f"padding_residual.py: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a folder or file the system would not let us read
+        print(f"padding_residual.py: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=1))
     return 0

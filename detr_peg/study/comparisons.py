@@ -316,7 +316,9 @@ def cell_rows(cell: dict[str, Any]) -> dict[tuple[str, Any], float]:
     Kinds: ``val`` (scale None), ``resized`` and ``canvas`` (by scale), ``padding`` (by mode), and
     ``("padding", PADDING_CHANGE)``: AP in padded batches minus AP one image at a time (negative: what
     padding costs), so that comparing it between settings asks whether padding costs one encoding more than
-    another, apart from their AP. Only finished cells count; COCO's -1 ("no such objects") is left out.
+    another, apart from their AP; a cell whose padded batches gave exactly the AP of one image at a time
+    (no batch was padded: batches of one image) has no such row. Only finished cells count; COCO's -1
+    ("no such objects") is left out.
     """
     if cell["metrics"] is None:
         return {}
@@ -327,8 +329,9 @@ def cell_rows(cell: dict[str, Any]) -> dict[tuple[str, Any], float]:
     for mode, result in ((cell.get("padding") or {}).get("modes") or {}).items():
         rows[("padding", mode)] = result["metrics"].get(METRIC)
     out = {k: float(v) for k, v in rows.items() if isinstance(v, (int, float)) and v >= 0}
-    if ("padding", "mixed") in out and ("padding", "single") in out:
-        out[("padding", PADDING_CHANGE)] = out[("padding", "mixed")] - out[("padding", "single")]
+    mixed, single = out.get(("padding", "mixed")), out.get(("padding", "single"))
+    if mixed is not None and single is not None and mixed != single:
+        out[("padding", PADDING_CHANGE)] = mixed - single
     return out
 
 

@@ -323,7 +323,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     """Draw a training run's learning curve from its ``metrics.jsonl`` into ``RUN/plots/learning_curve.*``."""
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
-    records = list(log_records(log))
+    try:
+        records = list(log_records(log, missing_ok=False))  # an unreadable log is the OS's one-line error
+    except UnicodeDecodeError:
+        raise DataError(
+            f"{log} is not UTF-8 text, as the metrics.jsonl of detr-peg train is; nothing to plot."
+        ) from None
     losses = [
         (record["iteration"], record["loss"])
         for record in records

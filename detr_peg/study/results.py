@@ -45,6 +45,7 @@ from detr_peg.fileio.atomic import atomic_write_text, write_json
 from detr_peg.study.cell import cell_paths, read_state
 from detr_peg.study.comparisons import (
     ALPHA,
+    PADDING_CHANGE,
     PERMUTATION_BELOW,
     POWER,
     ComparisonOptions,
@@ -74,15 +75,22 @@ def _read_json(path: Path) -> Any | None:
         return None
 
 
-def log_records(metrics_jsonl: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a run's ``metrics.jsonl`` in order; none when it cannot be read.
+def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a run's ``metrics.jsonl`` in order.
 
     A line that is not a JSON object (one being written, or cut short by a stop) is passed over.
+
+    Args:
+        metrics_jsonl: the log.
+        missing_ok: a log that cannot be read (missing, unreadable, not UTF-8) gives no record; with False,
+            the ``OSError`` or ``UnicodeDecodeError`` is raised.
     """
     try:
         lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return
+    except (OSError, UnicodeDecodeError):
+        if missing_ok:
+            return
+        raise
     for line in lines:
         try:
             record = json.loads(line)
@@ -575,6 +583,12 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
             f"equal within ±{x} AP when the whole interval lies within ±{x}; undecided otherwise. "
             f"The sign-flip test's smallest p is 2/2^n (0.25 with 3 pairs), so ahead and behind need "
             f"6 pairs or more."
+            + (
+                f" AP padding {PADDING_CHANGE}: each cell's AP in padded batches minus its AP one image at a "
+                "time; its difference is positive when padding costs the setting less than the reference."
+                if any(r["kind"] == "padding" and r["mode"] == PADDING_CHANGE for r in rows)
+                else ""
+            )
         ),
     ]
     table = [

@@ -151,6 +151,20 @@ def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_p
     assert stored["rows"][0]["p_holm"] == pytest.approx(first["p_holm"]) and stored["unit"] == "AP points"
 
 
+def test_no_padding_change_row_where_padded_batches_gave_the_ap_of_one_image_at_a_time(tmp_path: Path) -> None:
+    # Batches of one image are never padded: "mixed" is "single" in every cell, and what padding changes is
+    # not a measurement (the row would be zeros, one more test in Holm's correction).
+    def ap(cell):
+        value = 0.3 + 0.01 * cell.seed + (0.02 if dict(cell.values)["model.position.name"] == "peg" else 0.0)
+        return {row: value for row in ROWS}
+
+    definition, cells = make_study(tmp_path, "model.position.name=sine,peg", 3, ap)
+    rows = collect(tmp_path, definition, cells)["comparisons"]["rows"]
+    labels = [r["label"] for r in rows] + [label for r in rows for label in r["same"]]  # folded rows too
+    assert "AP padding mixed" in labels and "AP padding single" in labels
+    assert "AP padding mixed - single" not in labels
+
+
 def ap_of(folder: Path, cells, name: str, seed: int, kind: str, where) -> float:
     """One AP as the cell's own file holds it."""
     cell = next(c for c in cells if c.name == f"position.name={name}_seed{seed}")

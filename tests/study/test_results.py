@@ -19,7 +19,7 @@ from detr_peg.guards.output_guard import OWNERSHIP_FILE
 from detr_peg.study.cell import cell_paths, new_state, write_state
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.plots import STUDY_FIGURES, figure_files, plot_study
-from detr_peg.study.results import STATS, aggregate, collect, csv_rows, write_results
+from detr_peg.study.results import SECTIONS, STATS, aggregate, collect, csv_rows, write_results
 from detr_peg.study.runner import PLAN_FILE, plan_record
 
 STAT_NAMES = (*STATS, "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
@@ -170,6 +170,7 @@ def test_a_documentation_page_includes_each_table_of_the_report_by_name(study) -
         "canvas": (["setting", "scale", "size"], 6, "<td>38.0 ± 4.2</td>"),
         "padding": (["setting", "AP mixed", "AP single"], 2, "<td>31.0 ± 2.8</td>"),
     }
+    assert set(tables) | {"cost"} == set(SECTIONS)  # the cost table: test_cost_per_cell_...
     for name, (header, n_rows, cell) in tables.items():
         html = included(folder, name)
         assert html.startswith("<p>Before.</p>") and html.endswith("<p>After.</p>")
@@ -230,6 +231,12 @@ def test_plot_of_a_single_run_and_of_something_else(tmp_path: Path, capsys) -> N
     assert f"RUN_OR_STUDY {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
     assert main(["plot", str(run / "metrics.jsonl")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+    (run / "metrics.jsonl").write_bytes(b'{"type": "iter", "note": "\xff\xfe"}\n')  # not UTF-8
+    assert main(["plot", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"detr-peg plot: error: {run / 'metrics.jsonl'} is not UTF-8 text, as the metrics.jsonl of detr-peg train is; nothing to plot."
+    ]
 
 
 def test_cost_per_cell_is_read_from_the_run_logs_resumed_segments_summed(study) -> None:

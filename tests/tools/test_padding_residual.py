@@ -61,7 +61,11 @@ def test_the_tool_reports_the_largest_differences_of_the_padded_image(tiny_demo_
 def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path) -> None:
     proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path / "none"))
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [f"padding_residual: --images {tmp_path / 'none'} is not a folder."]
+    assert proc.stderr.strip().splitlines() == [f"padding_residual.py: --images {tmp_path / 'none'} is not a folder."]
+    for option, value in (("--extra", "nan"), ("--extra", "0"), ("--count", "0")):
+        proc = run_python(TOOL, "--checkpoint", "c.pth", "--images", str(tmp_path), option, value)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"padding_residual.py: error: argument {option}: ")
+        assert len(proc.stderr.strip().splitlines()) == 1
     (tmp_path / "empty").mkdir()
     proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path / "empty"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "holds no image" in proc.stderr
