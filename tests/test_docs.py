@@ -17,7 +17,9 @@ demo's output there, with every network connection refused:
   parsed by the command's own parser, ``train`` runs with ``--print-config``
   and ``study`` with ``--plan``; the scripts and files other commands name
   must exist;
-* ``yaml`` and ``json`` blocks must parse.
+* ``yaml`` and ``json`` blocks must parse;
+* the examples of every command's ``--help`` are checked as skipped blocks
+  are (``configs`` examples run, since a later example may use their copy).
 """
 
 from __future__ import annotations
@@ -229,3 +231,32 @@ def test_skipped_shell_block_is_checked(workdir: Path, page: str, block, capsys,
             assert (REPO_ROOT / words[1]).is_file(), f"{page} line {block.lineno}: no {words[1]}"
         else:  # set-up commands (venv, pip, git clone, the linters, mkdocs) are not run, nor checked
             assert is_set_up(words), f"{page} line {block.lineno}: nothing checks `{shlex.join(words)}`"
+
+
+def help_examples() -> list:
+    """Each command's ``detr-peg ...`` example lines of its ``--help`` (continuation lines joined), in order."""
+    found = []
+    for name, (module_name, _) in cli.COMMANDS.items():
+        text = (importlib.import_module(module_name).__doc__ or "").replace("\\\n", " ")
+        lines = [line.strip() for line in text.splitlines() if line.strip().startswith("detr-peg ")]
+        if lines:
+            found.append(pytest.param(lines, id=name))
+    return found
+
+
+@pytest.mark.parametrize("lines", help_examples())
+def test_help_examples_are_checked(workdir: Path, lines: list[str], tmp_path: Path, capsys, monkeypatch) -> None:
+    """What a user copies from ``--help`` parses; a training resolves its config and a study plans.
+
+    ``configs`` commands run for real (they list or copy a shipped config, which a later example may use), in
+    a folder of their own.
+    """
+    monkeypatch.chdir(workdir)
+    for line in lines:
+        words = detr_peg_words(shlex.split(line, comments=True))
+        if words[0] == "configs":
+            monkeypatch.chdir(tmp_path)
+            assert cli.main(words) == 0, f"detr-peg {line}: {capsys.readouterr().err.strip()}"
+            capsys.readouterr()
+        else:
+            check_detr_peg(words, capsys, monkeypatch)

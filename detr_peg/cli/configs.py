@@ -9,8 +9,8 @@ it is written; an existing file is never overwritten.
 Examples:
   detr-peg configs list
   detr-peg configs copy detr_r50_peg                # -> ./detr_r50_peg.yaml
-  detr-peg configs copy demo my_configs/demo.yaml
-  detr-peg train --config my_configs/demo.yaml --print-config
+  detr-peg configs copy demo my_demo.yaml
+  detr-peg train --config my_demo.yaml --print-config
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ On a cluster, --slurm submits one job per cell through submitit, each cell
 using --nodes x --gpus-per-node GPUs; --plan prints the commands instead.
 
 Examples (the proxy configs train on the synthetic shapes: run detr-peg demo --data-only once):
-  detr-peg study --study configs/study/proxy_synthetic.yaml --output studies/proxy --jobs 2
+  detr-peg study --study configs/study/proxy_synthetic.yaml --output studies/proxy_synthetic --jobs 2
   detr-peg study --config configs/proxy/detr_small.yaml --grid model.position.name=sine,learned,none,peg \\
       --seeds 3 --scales 1,1.5,2 --canvas-scales 1.5,2 --padding --output studies/detr_small
   detr-peg study --config configs/detr_r50_peg.yaml --grid model.position.peg_layers=[0],[0,1,2] \\
