@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             claims.enter_context(guard_outputs("plot", *plot_io(path, study)))
         if study:
             from detr_peg.study.grid import StudyDefinition, expand_cells
-            from detr_peg.study.results import collect, write_results
+            from detr_peg.study.results import collect, progress_line, write_results
             from detr_peg.study.runner import read_plan
             from detr_peg.study.seed_rule import SeedRule
 
@@ -55,9 +55,12 @@ def run(args: argparse.Namespace) -> int:
             rule = SeedRule.from_dict(plan.get("seeds_auto"))
             results = collect(path, definition, expand_cells(definition), options, rule)
             files = [*write_results(path, results), *plot_study(path, results)]
+            summary = progress_line(results)
         elif (path / "metrics.jsonl").is_file():
             files = plot_run(path)
         else:
             raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
         print("\n".join(f"Wrote {f}" for f in files))
+        if study:
+            print(f"Study {path}: {summary}.")
         return 0

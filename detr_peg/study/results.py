@@ -397,6 +397,20 @@ def csv_text(results: dict[str, Any]) -> str:
     return text.getvalue()
 
 
+def progress_line(results: dict[str, Any]) -> str:
+    """``14 of 24 cells done; 2 running, 8 not started``: the cells of a study by their recorded status.
+
+    ``running`` is the status a cell's command recorded when it started: a cell whose process was stopped
+    without a word (a machine turned off) keeps it until the study runs again.
+    """
+    counts: dict[str, int] = {}
+    for cell in results["cells"]:
+        counts[cell["status"]] = counts.get(cell["status"], 0) + 1
+    done = counts.pop("done", 0)
+    rest = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda item: -item[1]))
+    return f"{done} of {len(results['cells'])} cells done" + (f"; {rest}" if rest else "")
+
+
 def format_stat(agg: dict[str, Any], digits: int = 1) -> str:
     """``62.5 ± 1.2`` (mean ± std with ``digits`` decimals); ``62.5`` with one seed; ``n/a`` without values."""
     if agg["mean"] is None:
@@ -423,6 +437,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"seeds per setting: {d['seeds']}; overrides: {' '.join(d['overrides']) or 'none'}."
         ),
         "COCO bbox metrics in percent, mean ± sample standard deviation over the seeds (n = seeds done).",
+        f"Cells: {progress_line(results)}.",
         *([results["seeds_auto"]["stopped"]] if results.get("seeds_auto") else []),
         *comparison_lines(results),
         "",

@@ -182,6 +182,23 @@ def test_a_documentation_page_includes_each_table_of_the_report_by_name(study) -
         included(folder, "no_such_table")
 
 
+def test_the_report_and_the_plot_command_count_the_cells_by_status(study, capsys) -> None:
+    folder, definition, cells = study
+    assert main(["plot", str(folder)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"Study {folder}: 4 of 4 cells done."
+    # One cell was started and stopped without a word, another failed, a third never started.
+    for cell, status in zip(cells[1:], ("running", "failed", None)):
+        paths = cell_paths(folder, cell)
+        if status is None:
+            (paths.state).unlink()
+        else:
+            write_state(paths, {**new_state(cell, {}), "status": status, "error": "exit status 1"})
+    assert main(["plot", str(folder)]) == 0
+    line = "1 of 4 cells done; 1 running, 1 failed, 1 not started"
+    assert capsys.readouterr().out.splitlines()[-1] == f"Study {folder}: {line}."
+    assert f"Cells: {line}." in (folder / "study.md").read_text().splitlines()
+
+
 def test_plots_are_drawn_and_redrawn_by_the_plot_command(study) -> None:
     folder, definition, cells = study
     files = plot_study(folder, collect(folder, definition, cells))
