@@ -49,6 +49,7 @@ from detr_peg.study.comparisons import (
     PERMUTATION_BELOW,
     POWER,
     ComparisonOptions,
+    cell_rows,
     compare,
     format_points,
     row_title,
@@ -189,13 +190,27 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
     return record
 
 
-def aggregate(values: Sequence[float]) -> dict[str, Any]:
-    """``{"mean", "std", "n", "values"}`` of the defined (non-negative) values; std is None below two."""
-    kept = [float(v) for v in values if v is not None and v >= 0]
+def aggregate(values: Sequence[float], signed: bool = False) -> dict[str, Any]:
+    """``{"mean", "std", "n", "values"}`` of the defined values; std is None below two.
+
+    Args:
+        values: COCO numbers (negative: COCO's -1, "no such objects", left out), or with ``signed`` differences
+            of them (every value kept; None is left out).
+    """
+    kept = [float(v) for v in values if v is not None and (signed or v >= 0)]
     n = len(kept)
     mean = sum(kept) / n if n else None
     std = math.sqrt(sum((v - mean) ** 2 for v in kept) / (n - 1)) if n > 1 else None
     return {"mean": mean, "std": std, "n": n, "values": kept}
+
+
+def padding_change(cell: dict[str, Any]) -> float | None:
+    """A cell's AP in padded batches minus its AP one image at a time (None without both, or when equal).
+
+    The same number as the comparisons' row ``AP padding mixed - single``
+    (:func:`~detr_peg.study.comparisons.cell_rows`), in the cell's own unit.
+    """
+    return cell_rows(cell).get(("padding", PADDING_CHANGE))
 
 
 def summarize(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,6 +252,9 @@ def summarize(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     if key.startswith("max_abs_logit_diff_") and isinstance(value, (int, float)):
                         diffs[key] = max(diffs.get(key, 0.0), float(value))
         entry["padding"] = {"AP": {mode: aggregate(v) for mode, v in modes.items()}, **diffs}
+        changes = [padding_change(c) for c in done]  # what padded batches did to each cell's AP
+        if any(change is not None for change in changes):
+            entry["padding"]["AP"][PADDING_CHANGE] = aggregate(changes, signed=True)
         entry["curve"] = mean_curve([c["curve"] for c in done])
         costs = [c["cost"] for c in done if c.get("cost")]
         entry["cost"] = {key: aggregate([c[key] for c in costs]) for key in COST_KEYS}
@@ -526,6 +544,12 @@ def padding_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
         "",
         "AP with evaluation batches that mix image sizes (mixed), one image at a time (single)"
         + (" and batches of equal sizes only (exact)" if "exact" in modes else "")
+        + (
+            f"; AP {PADDING_CHANGE}: each cell's AP in padded batches minus its AP one image at a time "
+            "(negative: what padding costs it)"
+            if PADDING_CHANGE in modes
+            else ""
+        )
         + "; the largest absolute logit difference between modes over all images and seeds.",
         *section("padding", table),
     ]

@@ -129,8 +129,10 @@ def test_tables_hold_the_cells_numbers_with_both_kinds_apart(study) -> None:
     canvas_part = md[md.index("## Test scales: larger canvas") : md.index("## Padding")]
     assert "| position.name=peg | x2 | 128 | 2 | 33.0 ± 4.2 |" in resized_part
     assert "| position.name=peg | x2 | 128 | 2 | 38.0 ± 4.2 |" in canvas_part
-    assert "| setting | AP mixed | AP single | logit diff mixed vs single |" in md
-    assert "| position.name=sine | 31.0 ± 2.8 | 32.0 ± 2.8 | 0.085 |" in md
+    # What padding did to each cell (mixed - single, one point less in every cell): negative values are kept.
+    assert "| setting | AP mixed | AP single | AP mixed - single | logit diff mixed vs single |" in md
+    assert "| position.name=sine | 31.0 ± 2.8 | 32.0 ± 2.8 | -1.0 ± 0.0 | 0.085 |" in md
+    assert peg["padding"]["AP"]["mixed - single"]["values"] == pytest.approx([-1.0, -1.0])
 
     with open(folder / "study.csv", newline="") as f:
         rows = list(csv.DictReader(f))
