@@ -1,6 +1,6 @@
 """What batch padding still changes in a model whose padding masks are exact: its backbone features and its logits.
 
-For each of the first ``--count`` images of ``--images`` (by file name), preprocessed as the model's
+For each of the first ``--count`` images of ``--images`` (by path), preprocessed as the model's
 evaluation does, the image alone is compared with the same image grown on the right and bottom by
 ``--extra`` of its size, rounded up to the model's ``size_divisibility``, with its exact padding mask (the
 padded batches of ``detr-peg eval --padding``):
@@ -31,7 +31,7 @@ from torchvision import tv_tensors  # noqa: E402
 
 from detr_peg.cli import option_types  # noqa: E402
 from detr_peg.cli.main import OneLineParser  # noqa: E402
-from detr_peg.data.image_input import as_rgb_tensor  # noqa: E402
+from detr_peg.data.image_input import as_rgb_tensor, collect_images  # noqa: E402
 from detr_peg.data.padding import pad_images  # noqa: E402
 from detr_peg.data.transforms import build_eval_transforms  # noqa: E402
 from detr_peg.detector import Detector  # noqa: E402
@@ -39,8 +39,6 @@ from detr_peg.engine.evaluation.padding import EXTRA_PADDING, pad_further  # noq
 from detr_peg.errors import DataError, UserError  # noqa: E402
 from detr_peg.fileio.atomic import write_json  # noqa: E402
 from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 def residual(detector: Detector, images: list[Path], extra: float) -> dict:
@@ -81,13 +79,11 @@ def residual(detector: Detector, images: list[Path], extra: float) -> dict:
 
 
 def image_files(folder: Path, count: int) -> list[Path]:
-    """The first ``count`` images of ``folder`` by name; DataError when there is none."""
+    """The first ``count`` images of ``folder`` (:func:`~detr_peg.data.image_input.collect_images`: by path,
+    subfolders included); DataError when it is not a folder or holds no image."""
     if not folder.is_dir():
         raise DataError(f"--images {folder} is not a folder.")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:count]
-    if not files:
-        raise DataError(f"--images {folder} holds no image ({', '.join(IMAGE_SUFFIXES)}).")
-    return files
+    return collect_images([folder])[:count]
 
 
 def main(argv: list[str] | None = None) -> int:

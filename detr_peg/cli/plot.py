@@ -55,12 +55,10 @@ def run(args: argparse.Namespace) -> int:
             rule = SeedRule.from_dict(plan.get("seeds_auto"))
             results = collect(path, definition, expand_cells(definition), options, rule)
             files = [*write_results(path, results), *plot_study(path, results)]
-            summary = progress_line(results)
+            footer = [f"Study {path}: {progress_line(results)}."]
         elif (path / "metrics.jsonl").is_file():
-            files = plot_run(path)
+            files, footer = plot_run(path), []
         else:
             raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
-        print("\n".join(f"Wrote {f}" for f in files))
-        if study:
-            print(f"Study {path}: {summary}.")
+        print("\n".join([*(f"Wrote {f}" for f in files), *footer]))
         return 0

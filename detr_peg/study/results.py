@@ -36,6 +36,7 @@ import io
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -421,11 +422,9 @@ def progress_line(results: dict[str, Any]) -> str:
     ``running`` is the status a cell's command recorded when it started: a cell whose process was stopped
     without a word (a machine turned off) keeps it until the study runs again.
     """
-    counts: dict[str, int] = {}
-    for cell in results["cells"]:
-        counts[cell["status"]] = counts.get(cell["status"], 0) + 1
+    counts = Counter(cell["status"] for cell in results["cells"])
     done = counts.pop("done", 0)
-    rest = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda item: -item[1]))
+    rest = ", ".join(f"{n} {status}" for status, n in counts.most_common())
     return f"{done} of {len(results['cells'])} cells done" + (f"; {rest}" if rest else "")
 
 

@@ -28,6 +28,7 @@ from detr_peg.study.runner import PLAN_FILE, plan_record
 from tests.study.study_cells import write_done_cell
 
 ROWS = [("val", None), ("resized", 1.5), ("canvas", 2.0), ("padding", "mixed"), ("padding", "single")]
+LABELS_OF_ROWS = ["AP", "AP resized x1.5", "AP canvas x2", "AP padding mixed", "AP padding single"]
 #: The report's rows: the cells' own, and what padding changes (AP mixed - AP single), ordered by mode.
 LABELS = ["AP", "AP resized x1.5", "AP canvas x2", "AP padding mixed", "AP padding mixed - single", "AP padding single"]
 
@@ -97,20 +98,8 @@ def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_p
     raw_p = []
     for r in rows:
         name = r["setting"].split("=")[1]
-        if r["label"] == "AP padding mixed - single":  # the padded batches' AP minus that of one image at a time
-
-            def value(setting, s):
-                return ap_of(tmp_path, cells, setting, s, "padding", "mixed") - ap_of(
-                    tmp_path, cells, setting, s, "padding", "single"
-                )
-        else:
-            kind, where = ROWS[[label for label in LABELS if "-" not in label].index(r["label"])]
-
-            def value(setting, s, kind=kind, where=where):
-                return ap_of(tmp_path, cells, setting, s, kind, where)
-
-        x = np.array([value(name, s) for s in range(seeds)])
-        y = np.array([value("sine", s) for s in range(seeds)])
+        x = np.array([row_value(tmp_path, cells, name, s, r["label"]) for s in range(seeds)])
+        y = np.array([row_value(tmp_path, cells, "sine", s, r["label"]) for s in range(seeds)])
         d = 100 * (x - y)  # AP points
         assert r["reference"] == "position.name=sine" and r["n"] == seeds and r["seeds"] == [0, 1, 2, 3]
         assert r["differences"] == pytest.approx(d.tolist())
@@ -163,6 +152,15 @@ def test_no_padding_change_row_where_padded_batches_gave_the_ap_of_one_image_at_
     labels = [r["label"] for r in rows] + [label for r in rows for label in r["same"]]  # folded rows too
     assert "AP padding mixed" in labels and "AP padding single" in labels
     assert "AP padding mixed - single" not in labels
+
+
+def row_value(folder: Path, cells, name: str, seed: int, label: str) -> float:
+    """What a report row measured in one cell, from the cell's own files (the padding change: mixed - single)."""
+    if label == "AP padding mixed - single":
+        return ap_of(folder, cells, name, seed, "padding", "mixed") - ap_of(
+            folder, cells, name, seed, "padding", "single"
+        )
+    return ap_of(folder, cells, name, seed, *dict(zip(LABELS_OF_ROWS, ROWS))[label])
 
 
 def ap_of(folder: Path, cells, name: str, seed: int, kind: str, where) -> float:
