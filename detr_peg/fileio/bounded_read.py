@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from detr_peg.errors import UserError
+from detr_peg.fileio.os_errors import path_obstacle
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -102,16 +103,15 @@ def check_regular_file(path: str | os.PathLike, what: str, kind: str, error: Cal
 
 
 def _stat_problem(name: str, exc: OSError) -> str:
-    if exc.errno == errno.ENOENT:
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         if os.path.islink(name):
             return f"is a symbolic link to {os.readlink(name)}, which does not exist"
-        return "does not exist"
+        obstacle = path_obstacle(name)
+        return f"does not exist ({obstacle})" if obstacle else "does not exist"
     if exc.errno == errno.ELOOP:
         return "is a symbolic link that refers to itself in a loop"
     if exc.errno == errno.ENAMETOOLONG:
         return "has a name longer than the file system allows"
-    if exc.errno == errno.ENOTDIR:
-        return "does not exist (a part of the path is a file, not a folder)"
     return f"cannot be read: {exc.strerror or exc}"
 
 

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from detr_peg.errors import OutputError
 
@@ -33,8 +34,42 @@ _ADVICE = {
 }
 
 
-def os_error_reason(exc: OSError) -> str:
-    """The system's reason (``strerror``) followed by what to do, e.g. ``File name too long; choose a shorter name``."""
+#: Refusals whose cause may be a part of the path rather than the name itself (see :func:`path_obstacle`).
+_PATH_ERRNOS = {errno.ENOTDIR, errno.ENOENT, errno.EEXIST}
+
+
+def path_obstacle(path: str | os.PathLike) -> str | None:
+    """What stands in the way of writing ``path``, naming the part of it that does.
+
+    The first part of the path, from the top, that is a symbolic link to
+    nothing (``outputs is a symbolic link to /mnt/gone, which does not
+    exist``) or a file where a folder must be (``afile is a file, not a
+    folder``); None when neither is there (or the path cannot be inspected).
+    """
+    path = Path(os.fsdecode(path))
+    parts = [*reversed(path.parents), path]
+    for index, part in enumerate(parts):
+        try:
+            if part.is_symlink() and not part.exists():
+                return f"{_shown(part)} is a symbolic link to {_shown(os.readlink(part))}, which does not exist"
+            if index < len(parts) - 1 and part.exists() and not part.is_dir():
+                return f"{_shown(part)} is a file, not a folder"
+        except OSError:
+            return None
+    return None
+
+
+def os_error_reason(exc: OSError, path: str | os.PathLike | None = None) -> str:
+    """The system's reason (``strerror``) followed by what to do, e.g. ``File name too long; choose a shorter name``.
+
+    Where the refusal comes from a part of ``path`` (default: the file the
+    error names), that part is named instead (:func:`path_obstacle`).
+    """
+    path = path if path is not None else exc.filename
+    if exc.errno in _PATH_ERRNOS and isinstance(path, (str, bytes, os.PathLike)):
+        obstacle = path_obstacle(path)
+        if obstacle is not None:
+            return f"{obstacle}; choose another path"
     reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
     advice = _ADVICE.get(exc.errno or 0)
     return f"{reason}; {advice}" if advice else reason
@@ -48,7 +83,7 @@ def _shown(path: object, limit: int = 120) -> str:
 
 def write_error(path: str | os.PathLike, exc: OSError, verb: str = "write") -> OutputError:
     """``Could not <verb> PATH: <reason>; <what to do>.`` as an :class:`OutputError`."""
-    return OutputError(f"Could not {verb} {_shown(path)}: {os_error_reason(exc)}.")
+    return OutputError(f"Could not {verb} {_shown(path)}: {os_error_reason(exc, path)}.")
 
 
 def describe_os_error(exc: OSError) -> str:

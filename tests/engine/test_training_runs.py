@@ -156,7 +156,7 @@ def test_unreadable_images_are_skipped_and_counted_or_fatal(shapes, tmp_path: Pa
 def test_unwritable_output_folder_fails_before_training(shapes, tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    with pytest.raises(OutputError, match="a part of the path is a file, not a folder"):
+    with pytest.raises(OutputError, match="not-a-folder is a file, not a folder; choose another path"):
         _run(shapes, blocker / "run", "train.max_iters=2")
 
 

@@ -82,7 +82,7 @@ CASES = [
     Hostile(
         "output-folder-under-a-file",
         ["train", *BASE_NO_OUTPUT, "train.epochs=1", "--output", "afile/run"],
-        ["Could not write into --output afile/run", "a part of the path is a file, not a folder"],
+        ["Could not write into --output afile/run: afile is a file, not a folder; choose another path"],
         _file("afile"),
     ),
     Hostile(

@@ -81,6 +81,13 @@ def _dangling(relative: str):
     return prepare
 
 
+def _link_to_nothing(relative: str):
+    def prepare(case: Path) -> None:
+        os.symlink("gone", case / relative)
+
+    return prepare
+
+
 def _thin_image(case: Path) -> None:
     """img2 replaced by a 1-pixel-high strip of 400 pixels, annotated as such."""
     Image.fromarray(np.full((1, 400, 3), 128, np.uint8)).save(case / IMAGES / "img2.jpg")
@@ -184,7 +191,13 @@ CASES = [
     Hostile(
         "json-under-a-file",
         [*RESUME, f"data.train_annotations={ANN}/x.json"],
-        ["a part of the path is a file, not a folder"],
+        [f"{ANN}/x.json does not exist ({ANN} is a file, not a folder)"],
+    ),
+    Hostile(
+        "json-under-a-link-to-nothing",
+        [*RESUME, "data.train_annotations=unmounted/annotations.json"],
+        ["unmounted/annotations.json does not exist (unmounted is a symbolic link to gone, which does not exist)"],
+        _link_to_nothing("unmounted"),
     ),
     Hostile(
         "json-latin-1",

@@ -43,7 +43,12 @@ def _commands(target: str) -> dict[str, list[str]]:
 
 def _file_in_the_path(case: Path) -> tuple[str, list, str]:
     (case / "afile").write_text("a file where a folder is expected\n")
-    return "afile/sub", [], "a part of the path is a file, not a folder"
+    return "afile/sub", [], "afile is a file, not a folder; choose another path"
+
+
+def _link_to_nothing_in_the_path(case: Path) -> tuple[str, list, str]:
+    (case / "gone").symlink_to(case / "unmounted")
+    return "gone/sub", [], f"gone is a symbolic link to {case / 'unmounted'}, which does not exist; choose another path"
 
 
 def _name_too_long(case: Path) -> tuple[str, list, str]:
@@ -62,7 +67,12 @@ def _no_permission(case: Path) -> tuple[str, list, str]:
     return "locked/sub", limits, "Permission denied; choose a folder you can write to"
 
 
-FAULTS = {"file in the path": _file_in_the_path, "name too long": _name_too_long, "no permission": _no_permission}
+FAULTS = {
+    "file in the path": _file_in_the_path,
+    "link to nothing in the path": _link_to_nothing_in_the_path,
+    "name too long": _name_too_long,
+    "no permission": _no_permission,
+}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
