@@ -43,6 +43,35 @@ LOCK_FILE = ".detr-peg.lock"
 HOLDER_FILE = ".detr-peg.lock.json"
 
 
+def holder_alive(folder: Path, command: str | None = None) -> bool | None:
+    """Whether the process described as holding ``folder``'s lock still runs, as far as this machine can tell.
+
+    Read from ``.detr-peg.lock.json`` alone (the lock itself is not tried, so
+    a command starting there is never disturbed): None when no holder is
+    described (no command holds the folder, or one ended cleanly), or when
+    ``command`` is given and the holder is another command; False when the
+    holder was a process of this machine that is gone (killed without
+    releasing); True when it runs, or runs on another machine, where it
+    cannot be told.
+    """
+    try:
+        holder = json.loads((Path(folder) / HOLDER_FILE).read_text(encoding="utf-8"))
+        pid, host = int(holder["pid"]), holder["host"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if command is not None and holder.get("command") != command:
+        return None
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, under another user
+    return True
+
+
 class FolderInUse(UserError):
     """Another process holds the folder's lock."""
 

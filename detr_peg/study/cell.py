@@ -11,7 +11,9 @@ A cell's folder ``STUDY/cells/<name>/`` holds
   ``scales_canvas.json``, ``padding.json``;
 * ``cell.json``: the cell's definition, its resolved config (to refuse a
   changed cell), which stages are done, its status (``running``, ``done``,
-  ``failed``, ``interrupted``) and the error line of a failure;
+  ``failed``, ``interrupted``; a report shows ``stopped`` for a ``running``
+  one whose process is gone, see :func:`reported_status`) and the error
+  line of a failure;
 * ``cell.log``: everything the commands printed.
 
 The commands are the ordinary command line: :func:`run_cell` is given the
@@ -33,6 +35,7 @@ from typing import Any
 
 from detr_peg.config.loader import config_to_dict, load_config
 from detr_peg.fileio.atomic import write_json
+from detr_peg.guards.folder_lock import holder_alive
 from detr_peg.study.grid import Cell, EvalPlan
 
 CELLS_DIR = "cells"
@@ -145,6 +148,22 @@ def read_state(paths: CellPaths) -> dict[str, Any] | None:
         return json.loads(paths.state.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def reported_status(state: dict[str, Any], paths: CellPaths, study_dir: Path) -> str:
+    """The status a report shows: the recorded one (``not started`` before the first start), except ``stopped``.
+
+    A cell recorded as ``running`` that no live process holds (neither its
+    ``run/`` or ``eval/`` nor, between the two, a ``detr-peg study`` the
+    study's folder; see :func:`~detr_peg.guards.folder_lock.holder_alive`)
+    is ``stopped``: its process ended without a word (killed, the machine
+    turned off), and the next ``detr-peg study`` continues it.
+    """
+    status = state.get("status", "not started")
+    if status != "running":
+        return status
+    held = holder_alive(study_dir, "study") or holder_alive(paths.run) or holder_alive(paths.eval)
+    return "running" if held else "stopped"
 
 
 def write_state(paths: CellPaths, state: dict[str, Any]) -> None:

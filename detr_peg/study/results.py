@@ -43,7 +43,7 @@ from typing import Any
 
 from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
 from detr_peg.fileio.atomic import atomic_write_text, write_json
-from detr_peg.study.cell import cell_paths, read_state
+from detr_peg.study.cell import cell_paths, read_state, reported_status
 from detr_peg.study.comparisons import (
     ALPHA,
     PADDING_CHANGE,
@@ -169,7 +169,7 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         "seed": cell.seed,
         "config": cell.config,
         "values": dict(cell.values),
-        "status": state.get("status", "not started"),
+        "status": reported_status(state, paths, study_dir),
         "error": state.get("error"),
         "metrics": read_metrics(main) if main and state.get("status") == "done" else None,
         "curve": learning_curve(log),
@@ -417,10 +417,10 @@ def csv_text(results: dict[str, Any]) -> str:
 
 
 def progress_line(results: dict[str, Any]) -> str:
-    """``14 of 24 cells done; 2 running, 8 not started``: the cells of a study by their recorded status.
+    """``14 of 24 cells done; 2 running, 8 not started``: the cells of a study by their status.
 
-    ``running`` is the status a cell's command recorded when it started: a cell whose process was stopped
-    without a word (a machine turned off) keeps it until the study runs again.
+    The status is the one each cell recorded, except that a cell recorded as
+    running whose process is gone is ``stopped`` (:func:`~detr_peg.study.cell.reported_status`).
     """
     counts = Counter(cell["status"] for cell in results["cells"])
     done = counts.pop("done", 0)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
+import socket
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import markdown
@@ -15,8 +19,9 @@ from PIL import Image
 from pymdownx.snippets import SnippetMissingError
 
 from detr_peg.cli.main import main
+from detr_peg.guards.folder_lock import HOLDER_FILE
 from detr_peg.guards.output_guard import OWNERSHIP_FILE
-from detr_peg.study.cell import cell_paths, new_state, write_state
+from detr_peg.study.cell import cell_paths, new_state, reported_status, write_state
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.plots import STUDY_FIGURES, figure_files, plot_study
 from detr_peg.study.results import SECTIONS, STATS, aggregate, collect, csv_rows, write_results
@@ -195,10 +200,35 @@ def test_the_report_and_the_plot_command_count_the_cells_by_status(study, capsys
             (paths.state).unlink()
         else:
             write_state(paths, {**new_state(cell, {}), "status": status, "error": "exit status 1"})
-    assert main(["plot", str(folder)]) == 0
-    line = "1 of 4 cells done; 1 running, 1 failed, 1 not started"
-    assert capsys.readouterr().out.splitlines()[-1] == f"Study {folder}: {line}."
-    assert f"Cells: {line}." in (folder / "study.md").read_text().splitlines()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    here = socket.gethostname()
+    holder = cell_paths(folder, cells[1]).run / HOLDER_FILE
+    # The cell recorded as running is running while a live process holds its run folder (or one on a machine
+    # that cannot be asked), and stopped when no process holds it or the one that did is gone.
+    for holders, word in (
+        (None, "stopped"),
+        ({"pid": os.getpid(), "host": here}, "running"),
+        ({"pid": int(gone.stdout), "host": f"{here}-elsewhere"}, "running"),
+        ({"pid": int(gone.stdout), "host": here}, "stopped"),
+    ):
+        if holders is not None:
+            holder.write_text(json.dumps({**holders, "command": "train", "since": "2026-01-01 00:00:00"}))
+        assert main(["plot", str(folder)]) == 0
+        line = f"1 of 4 cells done; 1 {word}, 1 failed, 1 not started"
+        assert capsys.readouterr().out.splitlines()[-1] == f"Study {folder}: {line}."
+        assert f"Cells: {line}." in (folder / "study.md").read_text().splitlines()
+
+
+def test_a_cell_between_its_commands_is_running_while_a_study_holds_its_folder(study) -> None:
+    folder, definition, cells = study
+    paths = cell_paths(folder, cells[0])
+    assert reported_status({"status": "running"}, paths, folder) == "stopped"
+    for command, word in (("study", "running"), ("plot", "stopped")):  # a plot of the study holds it too
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "since": "2026-01-01 00:00:00"}
+        (folder / HOLDER_FILE).write_text(json.dumps(holder))
+        assert reported_status({"status": "running"}, paths, folder) == word
+    assert reported_status({"status": "failed"}, paths, folder) == "failed"
+    assert reported_status({}, paths, folder) == "not started"
 
 
 def test_plots_are_drawn_and_redrawn_by_the_plot_command(study) -> None:
