@@ -97,6 +97,8 @@ def prepare(
     earlier = read_plan(study_dir)
     if earlier is not None:
         before = StudyDefinition.from_dict(earlier["definition"])
+        # A copy published with its paths made relative (see the Studies page) names its configs from where it runs.
+        before = replace(before, configs=tuple(str(Path(c).resolve()) for c in before.configs))
         if replace(before, seeds=definition.seeds) != definition:
             change = first_difference(replace(before, seeds=0).to_dict(), replace(definition, seeds=0).to_dict())
             raise ConfigError(

@@ -191,7 +191,7 @@ def _record_failure(study_dir: Path, cell: Cell, error: str) -> None:
 
 
 def plan_lines(study_dir: Path, cells: Sequence[Cell], plan: EvalPlan, options: ClusterOptions | None) -> list[str]:
-    """The commands of every cell, as a user would type them (``--plan``)."""
+    """The commands of every cell, as a user would type them (``--plan``); a cell already done says so."""
     if options is None or options.processes == 1:
         launcher = ["detr-peg"]
     else:
@@ -212,7 +212,8 @@ def plan_lines(study_dir: Path, cells: Sequence[Cell], plan: EvalPlan, options: 
         )
     for cell in cells:
         paths = cell_paths(study_dir, cell)
-        lines.append(f"# cell {cell.name}")
+        done = (read_state(paths) or {}).get("status") == "done"
+        lines.append(f"# cell {cell.name}" + (" (done: the study skips it)" if done else ""))
         for argv in (train_argv(cell, paths), eval_argv(paths, plan)):
             if argv is not None:
                 lines.append(shlex.join([*launcher, *argv]))

@@ -126,6 +126,30 @@ def test_rerun_runs_only_the_missing_cells_and_resumes_an_interrupted_one(done_s
     assert all(json.loads((c / "cell.json").read_text())["status"] == "done" for c in (missing, interrupted))
 
 
+def test_a_copy_naming_its_configs_relatively_resumes_from_where_they_are(done_study, tmp_path, shapes, capsys) -> None:
+    """A study published without checkpoints, its plan's config paths made relative to the repository, is the
+    same study again when run from there (its done cells kept), and another study anywhere else."""
+    original, base = done_study
+    study = tmp_path / "published"
+    shutil.copytree(original, study, ignore=shutil.ignore_patterns("*.pth", ".detr-peg*"))
+    plan = json.loads((study / "plan.json").read_text())
+    plan["definition"]["configs"] = [os.path.relpath(c, base.parent) for c in plan["definition"]["configs"]]
+    (study / "plan.json").write_text(json.dumps(plan))
+    cwd = Path.cwd()
+    try:
+        os.chdir(base.parent)
+        assert main(study_args(base, study, shapes, "--plan")) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line for line in lines if line.startswith("# cell")] == [
+            f"# cell {n} (done: the study skips it)" for n in CELLS
+        ]
+        os.chdir(tmp_path)
+        assert main(study_args(base, study, shapes, "--plan")) == 2
+        assert "holds a study with another definition (configs: " in capsys.readouterr().err
+    finally:
+        os.chdir(cwd)
+
+
 def test_changed_cell_config_or_definition_is_refused(done_study, shapes, capsys) -> None:
     study, base = done_study
     text = base.read_text()
