@@ -219,8 +219,12 @@ def definition_from_args(args: argparse.Namespace):
     for config in configs:
         if not Path(config).is_file():
             raise ConfigError(missing_config_message(config))
+    given = [parse_axis(text) for text in args.grid]
+    for i, axis in enumerate(given):
+        if axis.key in (a.key for a in given[:i]):
+            raise ConfigError(f"--grid {axis.key} is given twice; list all its values in one --grid.")
     axes = {axis.key: axis for axis in map(parse_axis, file.grid)}
-    axes.update({axis.key: axis for axis in map(parse_axis, args.grid)})  # the command line wins
+    axes.update({axis.key: axis for axis in given})  # the command line wins over the study file
     rule = seed_rule(args, file)
     if rule is not None:
         seeds = rule.start(0)

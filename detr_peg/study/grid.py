@@ -227,7 +227,8 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
     alike) with its value, and the seed: ``detr_r50_peg_position.peg_layers=0-1-2_seed1``.
 
     Raises:
-        ConfigError: two axes with the same key, or an axis that is also one of the study's overrides.
+        ConfigError: two axes with the same key, an axis that is also one of the study's overrides, or two
+            cells that would share a folder (:func:`check_cell_folders`).
     """
     keys = [a.key for a in definition.axes]
     for i, key in enumerate(keys):
@@ -269,7 +270,42 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
                         overrides=overrides,
                     )
                 )
+    check_cell_folders(cells)
     return cells
+
+
+#: The longest name of a folder on the common file systems (ext4, xfs, btrfs, tmpfs, APFS, NTFS), in bytes.
+MAX_NAME_BYTES = 255
+
+
+def check_cell_folders(cells: Sequence[Cell]) -> None:
+    """Every cell has a folder of its own, whose name the file system accepts.
+
+    Raises:
+        ConfigError: two cells whose names read alike (the same config twice, values that differ only in
+            characters a folder name leaves out, ``x/y`` and ``x y``), or a name longer than
+            :data:`MAX_NAME_BYTES`.
+    """
+
+    def described(cell: Cell) -> str:
+        values = ", ".join(f"{k}={v if len(v) <= 40 else v[:37] + '...'}" for k, v in cell.values)
+        return f"{cell.config}" + (f" with {values}" if values else "")
+
+    first: dict[str, Cell] = {}
+    for cell in cells:
+        size = len(cell.name.encode("utf-8"))
+        if size > MAX_NAME_BYTES:
+            raise ConfigError(
+                f"The cell {described(cell)} would be the folder {cell.name[:60]}... ({size} bytes), longer than "
+                f"the {MAX_NAME_BYTES} bytes a folder name may have; use shorter grid values (a config file "
+                "per long value, say)."
+            )
+        if cell.name in first:
+            raise ConfigError(
+                f"Two cells would share the folder {cell.name}: {described(first[cell.name])} and "
+                f"{described(cell)}; give each config once and grid values that differ in letters or digits."
+            )
+        first[cell.name] = cell
 
 
 def _axis_labels(keys: Sequence[str]) -> list[str]:

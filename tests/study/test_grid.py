@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from detr_peg.cli.main import main
 from detr_peg.config.loader import load_config
 from detr_peg.errors import ConfigError
 from detr_peg.study.cell import CellPaths, eval_argv, first_difference, train_argv
@@ -111,6 +112,40 @@ def test_expansion_refuses_conflicting_definitions() -> None:
         expand_cells(StudyDefinition(configs=("c.yaml",), axes=(axis,), overrides=("model.position.name=none",)))
     with pytest.raises(ConfigError, match="--seeds"):
         expand_cells(StudyDefinition(configs=("c.yaml",), overrides=("train.seed=3",)))
+
+
+@pytest.mark.parametrize(
+    ("configs", "grid", "message"),
+    [
+        (("a/c.yaml", "a/c.yaml"), None, "Two cells would share the folder a-c_seed0: a/c.yaml and a/c.yaml; "),
+        (
+            ("c.yaml",),
+            "data.val_images=x/y,x y",
+            "Two cells would share the folder val_images=x-y_seed0: c.yaml with data.val_images=x/y and "
+            "c.yaml with data.val_images=x y; ",
+        ),
+        (("c.yaml",), "data.val_images=" + "v" * 300, f"with data.val_images={'v' * 37}... would be the folder "),
+    ],
+    ids=["same-config-twice", "values-alike-as-names", "name-too-long"],
+)
+def test_every_cell_has_a_folder_of_its_own_that_the_file_system_accepts(configs, grid, message) -> None:
+    axes = (parse_axis(grid),) if grid else ()
+    with pytest.raises(ConfigError) as info:
+        expand_cells(StudyDefinition(configs=configs, axes=axes))
+    assert message in str(info.value)
+    cells = expand_cells(StudyDefinition(configs=("c.yaml",), axes=(parse_axis("data.val_images=" + "v" * 238),)))
+    assert len(cells[0].name.encode()) == 255  # the longest name accepted
+
+
+def test_a_grid_key_given_twice_on_the_command_line_is_refused(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  arch: detr\n")
+    grid = ["--grid", "model.position.name=sine", "--grid", "model.position.name=peg"]
+    assert main(["study", "--config", str(config), *grid, "--output", str(tmp_path / "s"), "--plan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "detr-peg study: error: --grid model.position.name is given twice; list all its values in one --grid."
+    ]
 
 
 def test_definition_round_trips_through_its_record() -> None:
