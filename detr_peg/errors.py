@@ -21,6 +21,10 @@ class DataError(UserError):
     """An invalid dataset: annotation file, image file or sample."""
 
 
+class DamagedFileError(UserError):
+    """A file detr_peg wrote and reads back (a study's plan, a cell's state) that was changed or cut short since."""
+
+
 class CheckpointError(UserError):
     """A checkpoint that is missing, unreadable, unsafe or does not fit the model."""
 

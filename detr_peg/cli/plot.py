@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from pathlib import Path
 
 from detr_peg.cli.study import add_comparison_arguments, comparison_options
@@ -40,12 +41,12 @@ def run(args: argparse.Namespace) -> int:
         if not path.is_dir():
             problem = "is a file, not a folder" if path.exists() else "does not exist"
             raise UserError(f"RUN_OR_STUDY {path} {problem}; give a study folder or a training run folder.")
-        study = (path / "plan.json").is_file()
+        study = os.path.lexists(path / "plan.json")  # a plan.json that cannot be read is named by its reader
         if study or (path / "metrics.jsonl").is_file():
             claims.enter_context(guard_outputs("plot", *plot_io(path, study)))
         if study:
             from detr_peg.study.grid import StudyDefinition, expand_cells
-            from detr_peg.study.results import collect, progress_line, write_results
+            from detr_peg.study.results import cells_lost, collect, progress_line, write_results
             from detr_peg.study.runner import read_plan
             from detr_peg.study.seed_rule import SeedRule
 
@@ -54,6 +55,14 @@ def run(args: argparse.Namespace) -> int:
             options = comparison_options(args, plan.get("comparison"))
             rule = SeedRule.from_dict(plan.get("seeds_auto"))
             results = collect(path, definition, expand_cells(definition), options, rule)
+            lost = cells_lost(path, results)
+            if lost:
+                more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
+                raise UserError(
+                    f"{path / 'study.json'} reports cells done whose files no longer say so ({lost[0]}{more}: "
+                    f"{path / 'cells' / lost[0] / 'cell.json'}); restore them, or delete {path / 'study.json'} "
+                    "to draw the report from the cells that are there."
+                )
             files = [*write_results(path, results), *plot_study(path, results)]
             footer = [f"Study {path}: {progress_line(results)}."]
         elif (path / "metrics.jsonl").is_file():

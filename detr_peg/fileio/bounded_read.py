@@ -59,6 +59,8 @@ LIMITS: dict[str, Limits] = {
     "annotations": Limits(max_bytes=4 << 30, max_depth=16, max_nodes=200_000_000),
     "checkpoint": Limits(max_bytes=16 << 30),
     "image": Limits(max_bytes=512 << 20),
+    # Files detr_peg writes and reads back (a study's plan, a cell's state, evaluation results).
+    "record": Limits(max_bytes=256 << 20, max_depth=32, max_nodes=20_000_000),
 }
 
 #: Longest side over shortest side of an image; beyond it resizing leaves a side of no pixels.

@@ -26,7 +26,6 @@ from its checkpoint.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -37,6 +36,7 @@ from detr_peg.config.loader import config_to_dict, load_config
 from detr_peg.fileio.atomic import write_json
 from detr_peg.guards.folder_lock import holder_alive
 from detr_peg.study.grid import Cell, EvalPlan
+from detr_peg.study.stored_files import read_cell_state
 
 CELLS_DIR = "cells"
 STATE_FILE = "cell.json"
@@ -143,11 +143,12 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "")
 
 
 def read_state(paths: CellPaths) -> dict[str, Any] | None:
-    """The cell's ``cell.json``, or None before its first start (an unreadable one counts as absent)."""
-    try:
-        return json.loads(paths.state.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    """The cell's ``cell.json``, its shape checked, or None before its first start.
+
+    Raises:
+        DamagedFileError: the file is there but damaged (one sentence naming it, the field and the value).
+    """
+    return read_cell_state(paths.state)
 
 
 def reported_status(state: dict[str, Any], paths: CellPaths, study_dir: Path) -> str:

@@ -58,6 +58,7 @@ from detr_peg.study.comparisons import (
 )
 from detr_peg.study.grid import Cell, StudyDefinition
 from detr_peg.study.seed_rule import SeedRule, describe_stop
+from detr_peg.study.stored_files import EVAL_METRICS, PADDING, SCALES, read_eval_file
 
 STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 KINDS = {"resized": "scales_resized.json", "canvas": "scales_canvas.json"}
@@ -68,13 +69,6 @@ KIND_TITLES = {
 RESULTS_JSON, RESULTS_CSV, RESULTS_MD = "study.json", "study.csv", "study.md"
 #: What :func:`training_cost` measures per cell, in the order of the report's cost table.
 COST_KEYS = ("iterations", "iter_seconds", "wall_minutes")
-
-
-def _read_json(path: Path) -> Any | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dict[str, Any]]:
@@ -162,7 +156,9 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
     paths = cell_paths(study_dir, cell)
     state = read_state(paths) or {}
     log = list(log_records(paths.run / "metrics.jsonl"))
-    main = _read_json(paths.eval / "metrics.json") or _read_json(paths.run / "metrics.json")
+    main = read_eval_file(paths.eval / "metrics.json", EVAL_METRICS) or read_eval_file(
+        paths.run / "metrics.json", EVAL_METRICS
+    )
     record: dict[str, Any] = {
         "name": cell.name,
         "setting": cell.setting,
@@ -176,12 +172,12 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         "cost": training_cost(log),
     }
     for kind, name in KINDS.items():
-        data = _read_json(paths.eval / name)
+        data = read_eval_file(paths.eval / name, SCALES)
         unit = data.get("unit") if data else None
         record[kind] = (
             [{**row, "metrics": percent_metrics(row["metrics"], unit)} for row in data["results"]] if data else []
         )
-    padding = _read_json(paths.eval / "padding.json")
+    padding = read_eval_file(paths.eval / "padding.json", PADDING)
     if padding:
         modes = padding.get("modes", {})
         padding["modes"] = {
@@ -414,6 +410,22 @@ def csv_text(results: dict[str, Any]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return text.getvalue()
+
+
+def cells_lost(study_dir: Path, results: dict[str, Any]) -> list[str]:
+    """The cells the study's current ``study.json`` reports done that ``results`` no longer has done.
+
+    A redraw (``detr-peg plot``) must not drop results: a cell folder deleted
+    or moved away, or a ``cell.json`` rewritten, would otherwise vanish from
+    the report without a word. An unreadable ``study.json`` (the report is
+    rewritten from the cells anyway) lists none.
+    """
+    try:
+        earlier = json.loads((study_dir / RESULTS_JSON).read_text(encoding="utf-8"))["cells"]
+        done = {cell["name"] for cell in earlier if cell["status"] == "done"}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return []
+    return sorted(done - {cell["name"] for cell in results["cells"] if cell["status"] == "done"})
 
 
 def progress_line(results: dict[str, Any]) -> str:

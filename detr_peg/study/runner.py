@@ -22,7 +22,6 @@ running cell wrote its checkpoint.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +51,7 @@ from detr_peg.study.grid import Cell, EvalPlan, StudyDefinition, expand_cells
 from detr_peg.study.parallel import run_parallel
 from detr_peg.study.results import collect
 from detr_peg.study.seed_rule import SeedRule, next_seeds, stop_reason
+from detr_peg.study.stored_files import read_plan_file
 
 PLAN_FILE = "plan.json"
 #: Exit status of a study in which some cells failed (the others finished).
@@ -67,14 +67,8 @@ class StudyInterrupted(UserError):
 
 
 def read_plan(study_dir: str | Path) -> dict | None:
-    """``plan.json`` of a study folder, or None when there is none."""
-    path = Path(study_dir) / PLAN_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        raise ConfigError(f"{path} is not valid JSON; it is written by detr-peg study, do not edit it.") from None
+    """``plan.json`` of a study folder, its shape checked, or None when there is none."""
+    return read_plan_file(Path(study_dir) / PLAN_FILE)
 
 
 def prepare(
