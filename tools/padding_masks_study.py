@@ -36,7 +36,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from detr_peg.engine.evaluation.metric_units import percent_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from detr_peg.cli.main import OneLineParser  # noqa: E402
+from detr_peg.engine.evaluation.metric_units import percent_metrics  # noqa: E402
+from detr_peg.errors import UserError  # noqa: E402
+from detr_peg.fileio.os_errors import make_folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MULTISCALE = ["data.train_scales=[64,72,80,88,96,104,112,120,128]", "data.train_max_size=128"]
@@ -183,20 +188,36 @@ def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def proxy_list(text: str) -> list[str]:
+    """``--proxies``: names of :data:`PROXIES`, comma-separated, at least one."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PROXIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of the proxies {', '.join(PROXIES)}")
+    return names
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(
+        prog="padding_masks_study.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--output", type=Path, default=REPO / "studies" / "padding_masks")
     parser.add_argument("--data", type=Path, default=REPO / "outputs" / "demo" / "data")
     # Given paths are taken from the current folder, as usual; the commands below run in the repository.
     parser.add_argument("--before", type=Path, help="a checkout of the code before the fix (optional)")
     parser.add_argument("--coco128", type=Path, help="coco128 folder for the model-level comparison (optional)")
-    parser.add_argument("--proxies", default=",".join(PROXIES), help="comma-separated subset of the proxies")
+    parser.add_argument(
+        "--proxies", type=proxy_list, default=list(PROXIES), help="comma-separated subset of the proxies"
+    )
     args = parser.parse_args()
     args.output, args.data = args.output.resolve(), args.data.resolve()
-    args.output.mkdir(parents=True, exist_ok=True)
+    try:
+        make_folder(args.output)
+    except UserError as err:
+        parser.exit(2, f"padding_masks_study.py: --output: {err}\n")
     if not (args.data / "annotations_val.json").is_file():
         _run(_cli("demo", "--data-only", "--output", str(args.data.parent)), args.output / "demo_log.txt")
-    for proxy in args.proxies.split(","):
+    for proxy in args.proxies:
         config, overrides = PROXIES[proxy]
         for encoding in ENCODINGS:
             run = args.output / f"{proxy}_{encoding}"
