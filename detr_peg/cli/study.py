@@ -223,7 +223,7 @@ def definition_from_args(args: argparse.Namespace):
     for i, axis in enumerate(given):
         if axis.key in (a.key for a in given[:i]):
             raise ConfigError(f"--grid {axis.key} is given twice; list all its values in one --grid.")
-    axes = {axis.key: axis for axis in map(parse_axis, file.grid)}
+    axes = {axis.key: axis for axis in (parse_axis(text, f"{args.study}: grid") for text in file.grid)}
     axes.update({axis.key: axis for axis in given})  # the command line wins over the study file
     rule = seed_rule(args, file)
     if rule is not None:

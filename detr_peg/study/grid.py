@@ -164,8 +164,12 @@ def split_values(text: str) -> list[str]:
     return values
 
 
-def parse_axis(text: str) -> Axis:
+def parse_axis(text: str, source: str = "--grid") -> Axis:
     """``"KEY=V1,V2,..."`` as an :class:`Axis`.
+
+    Args:
+        text: the axis as the command line writes it.
+        source: where it was given, for messages (``--grid``, or a study file's ``grid``).
 
     Raises:
         ConfigError: no ``=``, an empty key, a repeated value or a value that is not valid YAML.
@@ -174,13 +178,13 @@ def parse_axis(text: str) -> Axis:
     key = key.strip()
     if not sep or not key or not raw.strip():
         raise ConfigError(
-            f"--grid {text!r} is not of the form KEY=V1,V2,... (for example model.position.name=sine,peg)."
+            f"{source} {text!r} is not of the form KEY=V1,V2,... (for example model.position.name=sine,peg)."
         )
     values = split_values(raw)
-    parsed = [_parse_value(key, v) for v in values]
+    parsed = [_parse_value(key, v, source) for v in values]
     for i, value in enumerate(parsed):
         if value in parsed[:i]:
-            raise ConfigError(f"--grid {key}: the value {values[i]!r} is given twice.")
+            raise ConfigError(f"{source} {key}: the value {values[i]!r} is given twice.")
     return Axis(key, tuple(values))
 
 
@@ -209,11 +213,11 @@ def parse_scales(text: str, flag: str) -> tuple[float, ...]:
     return scales
 
 
-def _parse_value(key: str, raw: str) -> Any:
+def _parse_value(key: str, raw: str, source: str) -> Any:
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:
-        raise ConfigError(f"--grid {key}: the value {raw!r} is not valid YAML.") from None
+        raise ConfigError(f"{source} {key}: the value {raw!r} is not valid YAML.") from None
 
 
 # ----------------------------------------------------------------------------- cells

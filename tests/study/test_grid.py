@@ -302,3 +302,13 @@ def test_multiscale_proxy_study_trains_every_cell_at_several_sizes() -> None:
         assert cfg.data.train_scales == [64, 72, 80, 88, 96, 104, 112, 120, 128] and cfg.data.train_max_size == 128
         assert cfg.data.val_scale == 96
     assert {c.model.arch for c in configs} == {"detr", "deformable_detr"}
+
+
+def test_a_study_file_grid_value_is_named_in_its_file(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  arch: detr\n")
+    study = tmp_path / "s.yaml"
+    study.write_text(f"configs: [{config}]\ngrid:\n  model.position.name: [sine, sine]\n")
+    assert main(["study", "--study", str(study), "--output", str(tmp_path / "out"), "--plan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"detr-peg study: error: {study}: grid model.position.name: the value 'sine' is given twice."]
