@@ -102,6 +102,9 @@ def load_study_file(path: str | Path) -> StudyFile:
     if seeds is not None and seeds != "auto" and (not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1):
         raise ConfigError(f"{path}: 'seeds' must be a whole number of at least 1 or auto, got {seeds!r}.")
     top = _checked({k: data.get(k) for k in TOP_RULES}, "", path)
+    rule_keys = [k for k in ("target_ci", "max_seeds") if k in top]
+    if rule_keys and seeds != "auto":
+        raise ConfigError(f"{path}: '{rule_keys[0]}' goes with 'seeds: auto' (seeds is {seeds!r}).")
     overrides = data.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings.")

@@ -312,3 +312,16 @@ def test_a_study_file_grid_value_is_named_in_its_file(tmp_path: Path, capsys) ->
     assert main(["study", "--study", str(study), "--output", str(tmp_path / "out"), "--plan"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"detr-peg study: error: {study}: grid model.position.name: the value 'sine' is given twice."]
+
+
+def test_the_seed_rule_of_a_study_file_goes_with_seeds_auto(tmp_path: Path) -> None:
+    study = tmp_path / "s.yaml"
+    for seeds, key in (("3", "target_ci: 0.5"), ("null", "max_seeds: 4"), ("3", "target_ci: 0.5\nmax_seeds: 4")):
+        study.write_text(f"configs: [c.yaml]\nseeds: {seeds}\n{key}\n")
+        with pytest.raises(ConfigError) as info:
+            load_study_file(study)
+        name = key.partition(":")[0]
+        shown = "None" if seeds == "null" else seeds
+        assert str(info.value) == f"{study}: '{name}' goes with 'seeds: auto' (seeds is {shown})."
+    study.write_text("configs: [c.yaml]\nseeds: auto\ntarget_ci: 0.5\nmax_seeds: 4\n")
+    assert (load_study_file(study).target_ci, load_study_file(study).max_seeds) == (0.5, 4)
