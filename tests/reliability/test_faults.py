@@ -223,7 +223,7 @@ def test_an_output_folder_under_a_file_fails_before_training(cli, case: Path) ->
     before = snapshot(case / OUT)
     result = cli.run(["train", *BASE, "train.output_dir=taken/run", "train.epochs=1"], cwd=case)
     assert_one_line_error(
-        result, "Could not write into train.output_dir taken/run: Not a directory", "choose another path"
+        result, "Could not write into train.output_dir taken/run: taken is a file, not a folder; choose another path."
     )
     assert_outputs_kept(before, case / OUT)
 
