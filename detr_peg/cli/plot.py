@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
             plan = read_plan(path)
             definition = StudyDefinition.from_dict(plan["definition"])
-            options = comparison_options(args, plan.get("comparison"))
+            options = comparison_options(args, plan.get("comparison"), f"{path / 'plan.json'}: comparison.baseline")
             rule = SeedRule.from_dict(plan.get("seeds_auto"))
             results = collect(path, definition, expand_cells(definition), options, rule)
             lost = cells_lost(path, results)

@@ -174,14 +174,20 @@ def add_comparison_arguments(parser: argparse.ArgumentParser, *, recorded: bool 
     )
 
 
-def comparison_options(args: argparse.Namespace, earlier: dict | None):
-    """The report's comparison options: the command's, else ``earlier`` (a study file's or ``plan.json``'s)."""
+def comparison_options(args: argparse.Namespace, earlier: dict | None, source: str):
+    """The report's comparison options: the command's, else ``earlier`` (a study file's or ``plan.json``'s).
+
+    Args:
+        source: where ``earlier``'s baseline is written (``s.yaml: baseline``), for messages.
+    """
     from detr_peg.study.comparisons import ComparisonOptions, parse_equal_within
 
     earlier = ComparisonOptions.from_dict(earlier)
+    given = args.baseline is not None
     return ComparisonOptions(
-        baseline=args.baseline if args.baseline is not None else earlier.baseline,
+        baseline=args.baseline if given else earlier.baseline,
         equal_within=parse_equal_within(args.equal_within) if args.equal_within is not None else earlier.equal_within,
+        baseline_source="--baseline" if given else source,
     )
 
 
@@ -255,10 +261,12 @@ def definition_from_args(args: argparse.Namespace):
         mem=args.mem or cl.get("mem"),
         local=args.submitit_local,
     )
-    options = comparison_options(args, file.comparison)
-    compared = reference(definition.to_dict(), options.baseline)  # a wrong --baseline is refused before any run
+    options = comparison_options(args, file.comparison, f"{args.study}: baseline")
+    # A wrong baseline is refused before any run.
+    compared = reference(definition.to_dict(), options.baseline, options.baseline_source)
     if rule is not None and compared is None:
-        raise ConfigError("--seeds auto needs two settings or more to compare (a --grid axis or several --config).")
+        given = "--seeds auto" if args.seeds is not None else f"{args.study}: seeds: auto"
+        raise ConfigError(f"{given} needs two settings or more to compare (a --grid axis or several --config).")
     return definition, cluster, options, rule
 
 

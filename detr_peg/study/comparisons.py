@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +78,13 @@ class ComparisonOptions:
             value of the first axis.
         equal_within: AP points: a comparison whose whole 95% interval lies
             within ``±equal_within`` is called equal.
+        baseline_source: where ``baseline`` was given, for messages (``--baseline``, a study file's
+            ``baseline``, a ``plan.json``'s ``comparison.baseline``); not part of the options' record.
     """
 
     baseline: str | None = None
     equal_within: float = 1.0
+    baseline_source: str = field(default="--baseline", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "equal_within": self.equal_within}
@@ -242,13 +245,14 @@ def verdict_text(row: dict[str, Any], equal_within: float) -> str:
 # ----------------------------------------------------------------------------- the reference setting
 
 
-def reference(definition: dict[str, Any], baseline: str | None) -> tuple[str, str] | None:
+def reference(definition: dict[str, Any], baseline: str | None, source: str = "--baseline") -> tuple[str, str] | None:
     """``(key, value)`` of the reference setting, as written in the cells (an axis's raw value or a config path).
 
     Args:
         definition: a study definition as in ``plan.json``.
         baseline: ``KEY=VALUE``; KEY is an axis key (or the part after its section, as in cell names) or
             ``config``; VALUE is compared as YAML (``[0, 1]`` is ``[0,1]``); a config by path, file name or stem.
+        source: where ``baseline`` was given, for messages (``--baseline``, ``s.yaml: baseline``).
 
     Returns:
         None when the study has a single setting (nothing to compare).
@@ -266,33 +270,29 @@ def reference(definition: dict[str, Any], baseline: str | None) -> tuple[str, st
     key, sep, value = baseline.partition("=")
     key, value = key.strip(), value.strip()
     if not sep or not key or not value:
-        raise ConfigError(
-            f"--baseline {baseline!r} is not of the form KEY=VALUE (for example model.position.name=sine)."
-        )
+        raise ConfigError(f"{source} {baseline!r} is not of the form KEY=VALUE (for example model.position.name=sine).")
     if key == CONFIG_KEY:
         if len(configs) == 1:
-            raise ConfigError(f"--baseline {baseline}: the study has a single base config; choose an axis instead.")
+            raise ConfigError(f"{source} {baseline}: the study has a single base config; choose an axis instead.")
         for config in configs:
             if value in (config, Path(config).name, Path(config).stem) or Path(value).resolve() == Path(config):
                 return CONFIG_KEY, config
         raise ConfigError(
-            f"--baseline {baseline}: no base config {value!r}; the study's are "
+            f"{source} {baseline}: no base config {value!r}; the study's are "
             f"{', '.join(Path(c).name for c in configs)}."
         )
     matches = [k for k in axes if k == key] or [k for k in axes if k.split(".", 1)[-1] == key]
     if len(matches) != 1:
         valid = ", ".join([*axes, *([CONFIG_KEY] if len(configs) > 1 else [])]) or "none"
-        raise ConfigError(f"--baseline {baseline}: {key!r} is not one of the study's axes ({valid}).")
+        raise ConfigError(f"{source} {baseline}: {key!r} is not one of the study's axes ({valid}).")
     key = matches[0]
     if len(axes[key]) == 1:
-        raise ConfigError(f"--baseline {baseline}: {key} has a single value; choose an axis with several values.")
+        raise ConfigError(f"{source} {baseline}: {key} has a single value; choose an axis with several values.")
     wanted = _yaml(value)
     for raw in axes[key]:
         if raw == value or _yaml(raw) == wanted:
             return key, raw
-    raise ConfigError(
-        f"--baseline {baseline}: {value!r} is not a value of {key}; its values are {', '.join(axes[key])}."
-    )
+    raise ConfigError(f"{source} {baseline}: {value!r} is not a value of {key}; its values are {', '.join(axes[key])}.")
 
 
 def _yaml(text: str) -> Any:
@@ -362,7 +362,7 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
         docstring), ``seeds`` (those paired), ``differences`` and the numbers of :func:`paired_statistics`
         in AP points, ``p_holm`` and ``verdict``.
     """
-    ref = reference(results["definition"], options.baseline)
+    ref = reference(results["definition"], options.baseline, options.baseline_source)
     out: dict[str, Any] = {
         "baseline": None if ref is None else f"{ref[0]}={ref[1]}",
         "equal_within": options.equal_within,

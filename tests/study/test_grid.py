@@ -325,3 +325,23 @@ def test_the_seed_rule_of_a_study_file_goes_with_seeds_auto(tmp_path: Path) -> N
         assert str(info.value) == f"{study}: '{name}' goes with 'seeds: auto' (seeds is {shown})."
     study.write_text("configs: [c.yaml]\nseeds: auto\ntarget_ci: 0.5\nmax_seeds: 4\n")
     assert (load_study_file(study).target_ci, load_study_file(study).max_seeds) == (0.5, 4)
+
+
+def test_a_refused_value_from_a_study_file_or_plan_is_named_where_it_is_written(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  arch: detr\n")
+    study = tmp_path / "s.yaml"
+    out = ["--output", str(tmp_path / "out"), "--plan"]
+    study.write_text(f"configs: [{config}]\ngrid:\n  model.position.name: [sine, peg]\nbaseline: position.name=zzz\n")
+    assert main(["study", "--study", str(study), *out]) == 2
+    said = "position.name=zzz: 'zzz' is not a value of model.position.name; its values are sine, peg."
+    assert capsys.readouterr().err.strip() == f"detr-peg study: error: {study}: baseline {said}"
+    # The option, when given, is the one named.
+    assert main(["study", "--study", str(study), "--baseline", "position.name=zzz", *out]) == 2
+    assert capsys.readouterr().err.strip() == f"detr-peg study: error: --baseline {said}"
+    study.write_text(f"configs: [{config}]\nseeds: auto\n")
+    assert main(["study", "--study", str(study), *out]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"detr-peg study: error: {study}: seeds: auto needs two settings or more to compare "
+        "(a --grid axis or several --config)."
+    )

@@ -160,3 +160,17 @@ def test_a_redraw_never_drops_cells_the_report_has_done(study: Path, loss, capsy
     assert main(["plot", str(study)]) == 0
     done = json.loads((study / "study.json").read_text())["cells"]
     assert sum(cell["status"] == "done" for cell in done) < done_before
+
+
+def test_a_baseline_in_the_plan_that_names_no_setting_is_named_in_the_plan(study: Path, capsys) -> None:
+    _edit(lambda d: d["comparison"].update(baseline="nope=1"))(study / "plan.json")
+    before = snapshot(study)
+    assert main(["plot", str(study)]) == 2
+    said = "'nope' is not one of the study's axes (model.position.name, config)."
+    assert (
+        capsys.readouterr().err.strip()
+        == f"detr-peg plot: error: {study / 'plan.json'}: comparison.baseline nope=1: {said}"
+    )
+    assert main(["plot", str(study), "--baseline", "nope=2"]) == 2
+    assert capsys.readouterr().err.strip() == f"detr-peg plot: error: --baseline nope=2: {said}"
+    assert_outputs_kept(before, study)
