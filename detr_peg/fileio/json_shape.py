@@ -54,9 +54,8 @@ class Shape:
 
 @dataclass(frozen=True)
 class Number(Shape):
-    """A finite number (not a boolean), at least ``minimum`` or above ``above`` when given."""
+    """A finite number (not a boolean), above ``above`` when given."""
 
-    minimum: float | None = None
     above: float | None = None
 
     def check(self, value: Any, where: str) -> None:
@@ -64,8 +63,6 @@ class Number(Shape):
             raise ShapeError(where, f"is {_shown(value)}, not a number")
         if not math.isfinite(value):
             raise ShapeError(where, f"is {_shown(value)}, not a finite number")
-        if self.minimum is not None and value < self.minimum:
-            raise ShapeError(where, f"is {_shown(value)}, less than {self.minimum:g}")
         if self.above is not None and value <= self.above:
             raise ShapeError(where, f"is {_shown(value)}, not above {self.above:g}")
 
