@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
+from detr_peg.errors import UserError
 from detr_peg.fileio.atomic import atomic_write_text, write_json
 from detr_peg.study.cell import cell_paths, read_state, reported_status
 from detr_peg.study.comparisons import (
@@ -58,7 +59,7 @@ from detr_peg.study.comparisons import (
 )
 from detr_peg.study.grid import Cell, StudyDefinition
 from detr_peg.study.seed_rule import SeedRule, describe_stop
-from detr_peg.study.stored_files import EVAL_METRICS, PADDING, SCALES, read_eval_file
+from detr_peg.study.stored_files import EVAL_METRICS, PADDING, SCALES, read_eval_file, read_report_cells
 
 STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 KINDS = {"resized": "scales_resized.json", "canvas": "scales_canvas.json"}
@@ -421,10 +422,10 @@ def cells_lost(study_dir: Path, results: dict[str, Any]) -> list[str]:
     rewritten from the cells anyway) lists none.
     """
     try:
-        earlier = json.loads((study_dir / RESULTS_JSON).read_text(encoding="utf-8"))["cells"]
-        done = {cell["name"] for cell in earlier if cell["status"] == "done"}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        earlier = read_report_cells(study_dir / RESULTS_JSON) or []
+    except UserError:
         return []
+    done = {cell["name"] for cell in earlier if cell["status"] == "done"}
     return sorted(done - {cell["name"] for cell in results["cells"] if cell["status"] == "done"})
 
 

@@ -77,6 +77,9 @@ SCALES = Fields(
 )
 PADDING = Fields({"modes": MapOf(Fields({"metrics": METRICS}))}, optional={"unit": UNIT})
 
+#: What a redraw reads back of the report it replaces (``study.json``): its cells' names and statuses.
+REPORT = Fields({"cells": ListOf(Fields({"name": Text(), "status": Text()}))})
+
 _RERUN_CELL = "delete the cell's folder to run the cell again"
 
 
@@ -96,6 +99,12 @@ def read_eval_file(path: Path, shape: Shape) -> dict[str, Any] | None:
     writer = "train" if path.parent.name == "run" else "eval"
     advice = f"it is written by detr-peg {writer}: restore it, or {_RERUN_CELL}."
     return _read(path, shape, "Evaluation file", advice)
+
+
+def read_report_cells(path: Path) -> list[dict[str, Any]] | None:
+    """The cells of a study's ``study.json`` (name and status), or None when there is none."""
+    data = _read(path, REPORT, "Study report", "it is written by detr-peg study and plot: delete it to redraw.")
+    return None if data is None else data["cells"]
 
 
 def _read(path: Path, shape: Shape, what: str, advice: str) -> dict[str, Any] | None:
