@@ -117,16 +117,19 @@ def wait_for_iteration(
     kill: Callable[[], None],
     timeout: float = 120,
     interval: float = 0.01,
+    since: int = 0,
 ) -> int:
     """Wait until a running training logs an iteration after ``above``; return the latest one logged.
 
     Args:
+        since: iteration records to pass over first (those of earlier, killed processes: a resumed run appends,
+            and a process killed between logging an iteration and writing its checkpoint logged one it repeats).
         ended: falsy while the process runs, else a description of how it ended.
         kill: stops the process when no iteration came within ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        done = [i for i in logged_iterations(metrics) if i > above]
+        done = [i for i in logged_iterations(metrics)[since:] if i > above]
         if done:
             return max(done)
         end = ended()

@@ -90,25 +90,26 @@ def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_
     args = ["train", "--resume", *KILL_RUN, "train.output_dir=run", "train.checkpoint_every=1"]
     metrics = case / "run" / "metrics.jsonl"
     moments = []
+    kept = 0
     for _ in range(3):
         proc = cli.start(args, cwd=case)
-        seen = max(logged_iterations(metrics), default=0)
-        # Kills stay clear of the last iterations, so that the SIGINT below lands before the end.
-        target = min(seen + rng.randint(0, 1), ITERATIONS - 6)
-        reached = wait_for_iteration(metrics, above=target, **_watch(proc))
-        delay = rng.uniform(0.0, 0.3)
+        # The resumed process starts from the checkpoint (a killed one may have logged an iteration past it), and
+        # kills stay clear of the last iterations, so that the SIGINT below lands before the end.
+        target = min(kept + rng.randint(0, 1), ITERATIONS - 7)
+        reached = wait_for_iteration(metrics, above=target, since=len(logged_iterations(metrics)), **_watch(proc))
+        delay = rng.uniform(0.0, 0.15)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         result = proc.wait()
         assert result.returncode == -signal.SIGKILL, f"seed {seed}, moments {moments}: {result.stderr}"
-        kept = None
         if (case / "run" / "checkpoint.pth").exists():  # a kill before the first write leaves none
             kept = read_checkpoint(case / "run" / "checkpoint.pth").extra["iteration"]  # complete, whatever the moment
             assert 1 <= kept < ITERATIONS, f"seed {seed}, moments {moments}"
         moments.append({"after_iteration": reached, "delay_s": round(delay, 3), "checkpoint_iteration": kept})
 
+    # SIGINT once the resumed process logs its first iteration: it stops after the iteration under way.
     proc = cli.start(args, cwd=case)
-    last = wait_for_iteration(metrics, above=max(logged_iterations(metrics), default=0), **_watch(proc))
+    last = wait_for_iteration(metrics, above=0, since=len(logged_iterations(metrics)), **_watch(proc))
     proc.send_signal(signal.SIGINT)
     stopped = proc.wait()
     line = assert_one_line_error(stopped, "Stopped by SIGINT at iteration", "continue with --resume", returncode=130)
