@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from pycocotools.coco import COCO
 
 from detr_peg.data.dataset_memory import check_evaluation_memory
 from detr_peg.errors import DataError
-from detr_peg.fileio.bounded_read import check_tree, read_bounded_bytes
+from detr_peg.fileio.bounded_read import parse_json, read_bounded_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -96,19 +95,7 @@ def _type_name(value: Any) -> str:
 def read_json_file(path: Path) -> Any:
     """Parse a JSON file, turning every failure into a :class:`DataError`."""
     raw = read_bounded_bytes(path, "Annotation file", "annotations", DataError)
-    try:
-        data = json.loads(raw)
-    except UnicodeDecodeError as err:
-        raise DataError(f"Annotation file {path} is not UTF-8 text ({err.reason} at byte {err.start}).") from err
-    except json.JSONDecodeError as err:
-        raise DataError(
-            f"Annotation file {path} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}."
-        ) from err
-    except RecursionError:
-        raise DataError(f"Annotation file {path} is nested too deeply to parse; refusing to use it.") from None
-    except ValueError as err:  # an integer of more digits than Python converts
-        raise DataError(f"Annotation file {path} holds a value that cannot be read ({err}).") from None
-    return check_tree(data, path, "Annotation file", "annotations", DataError)
+    return parse_json(raw, path, "Annotation file", "annotations", DataError)
 
 
 def file_name_problem(file_name: Any) -> str | None:

@@ -24,6 +24,7 @@ Limits are module constants (:data:`LIMITS`), generous for real files.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from collections.abc import Callable
@@ -192,6 +193,41 @@ def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: 
             shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:20]}... ({len(str(value))} digits)"
             raise error(f"{what} {name} holds the integer {shown}, outside the signed 64-bit range.")
     return data
+
+
+def parse_json(
+    raw: bytes, path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError], advice: str = ""
+) -> Any:
+    """``raw`` parsed as JSON and checked by :func:`check_tree`.
+
+    Args:
+        raw: the file's bytes (from :func:`read_bounded_bytes`).
+        path: the file, as messages name it.
+        what: how a message names the file (``Annotation file``, ``Study plan``).
+        kind: the key of its :data:`LIMITS`.
+        error: the exception class of a file that cannot be used.
+        advice: what to do about it, after the problem (``it is written by detr-peg study: ...``); none by default.
+
+    Raises:
+        UserError (``error``): not UTF-8, not JSON (the line and column named), nested too deeply, a number
+            Python cannot convert, or over a limit of ``kind``; one sentence naming the file.
+    """
+    name = os.fspath(path)
+    end = f"; {advice}" if advice else "."
+    refuse = f"; {advice}" if advice else "; refusing to use it."
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {name} is not UTF-8 text ({exc.reason} at byte {exc.start}){end}") from None
+    except json.JSONDecodeError as exc:
+        raise error(
+            f"{what} {name} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}){end}"
+        ) from None
+    except RecursionError:
+        raise error(f"{what} {name} is nested too deeply to parse{refuse}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise error(f"{what} {name} holds a value that cannot be read ({exc}){end}") from None
+    return check_tree(data, path, what, kind, error)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detr_peg.errors import UserError
-from detr_peg.fileio.bounded_read import check_tree, read_bounded_bytes
+from detr_peg.fileio.bounded_read import parse_json, read_bounded_bytes
 
 
 class ShapeError(Exception):
@@ -195,18 +195,7 @@ def read_json_file(
     """
     if not os.path.lexists(path):
         return None
-    raw = read_bounded_bytes(path, what, KIND, error)
-    try:
-        data = json.loads(raw)
-    except UnicodeDecodeError as err:
-        raise error(f"{what} {path} is not UTF-8 text ({err.reason} at byte {err.start}); {advice}") from None
-    except json.JSONDecodeError as err:
-        raise error(f"{what} {path} is not valid JSON ({err.msg} at line {err.lineno}); {advice}") from None
-    except RecursionError:
-        raise error(f"{what} {path} is nested too deeply to parse; {advice}") from None
-    except ValueError as err:  # an integer of more digits than Python converts
-        raise error(f"{what} {path} holds a value that cannot be read ({err}); {advice}") from None
-    check_tree(data, path, what, KIND, error)
+    data = parse_json(read_bounded_bytes(path, what, KIND, error), path, what, KIND, error, advice)
     try:
         shape.check(data, "")
     except ShapeError as err:
