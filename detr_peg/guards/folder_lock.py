@@ -36,11 +36,24 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from detr_peg.errors import UserError
+from detr_peg.fileio.json_shape import Fields, Integer, Text, read_json_file
 from detr_peg.fileio.os_errors import write_error
 
 #: The lock file and the holder's description, in the locked folder.
 LOCK_FILE = ".detr-peg.lock"
 HOLDER_FILE = ".detr-peg.lock.json"
+
+#: What :meth:`FolderLock._write_holder` writes.
+HOLDER_SHAPE = Fields(required={"pid": Integer(minimum=1), "host": Text(), "command": Text(), "since": Text()})
+
+
+def _read_holder(folder: Path) -> dict | None:
+    """The holder described in ``folder``'s ``.detr-peg.lock.json``; None when there is none or it is damaged
+    (the description is for messages only: bounded, shaped, never an error of its own)."""
+    try:
+        return read_json_file(Path(folder) / HOLDER_FILE, HOLDER_SHAPE, "Lock holder file", "")
+    except UserError:
+        return None
 
 
 def holder_alive(folder: Path, command: str | None = None) -> bool | None:
@@ -54,13 +67,10 @@ def holder_alive(folder: Path, command: str | None = None) -> bool | None:
     releasing); True when it runs, or runs on another machine, where it
     cannot be told.
     """
-    try:
-        holder = json.loads((Path(folder) / HOLDER_FILE).read_text(encoding="utf-8"))
-        pid, host = int(holder["pid"]), holder["host"]
-    except (OSError, ValueError, KeyError, TypeError):
+    holder = _read_holder(folder)
+    if holder is None or (command is not None and holder["command"] != command):
         return None
-    if command is not None and holder.get("command") != command:
-        return None
+    pid, host = holder["pid"], holder["host"]
     if host != socket.gethostname():
         return True
     try:
@@ -151,11 +161,12 @@ class FolderLock:
             pass  # the description is for messages only
 
     def _in_use_message(self) -> str:
-        try:
-            holder = json.loads((self.folder / HOLDER_FILE).read_text())
-            who = f"detr-peg {holder['command']} (process {holder['pid']} on {holder['host']}, since {holder['since']})"
-        except (OSError, ValueError, KeyError, TypeError):
-            who = "another detr-peg command"
+        holder = _read_holder(self.folder)
+        who = (
+            f"detr-peg {holder['command']} (process {holder['pid']} on {holder['host']}, since {holder['since']})"
+            if holder is not None
+            else "another detr-peg command"
+        )
         return (
             f"{self.option} {self.folder} is in use by {who}; wait for it to end, or stop it, "
             f"or choose another {self.option}."

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.checkpoint.format import read_checkpoint
-from detr_peg.guards.folder_lock import HOLDER_FILE, LOCK_FILE, FolderInUse, FolderLock
+from detr_peg.guards.folder_lock import HOLDER_FILE, LOCK_FILE, FolderInUse, FolderLock, holder_alive
 from detr_peg.guards.output_guard import Output, guard_outputs
 from tests.conftest import REPO_ROOT, python_env, run_python
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides
@@ -62,6 +62,38 @@ def test_a_second_command_on_a_held_folder_names_the_holder(tmp_path: Path) -> N
     # the holder ended (SIGTERM): the folder is free, and as it left it
     with guard_outputs("eval", [], [Output(folder, "--output", ("metrics.json",))]):
         assert json.loads((folder / HOLDER_FILE).read_text())["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda p: os.mkfifo(p), id="a FIFO (a plain read would block)"),
+        pytest.param(lambda p: p.write_bytes(b'{"pid": 1' + b" " * 40_000_000 + b"}"), id="40 MB"),
+        pytest.param(
+            lambda p: p.write_text('{"pid": "12", "host": "h", "command": "train", "since": "now"}'), id="pid text"
+        ),
+        pytest.param(lambda p: p.write_text("[1, 2]"), id="a list"),
+        pytest.param(lambda p: p.write_bytes(b"\xff\xfe"), id="not UTF-8"),
+    ],
+)
+def test_a_damaged_holder_description_is_read_bounded_and_not_named(tmp_path: Path, damage) -> None:
+    """The description is for messages only: a damaged one gives the general message at once, never an error."""
+    folder = tmp_path / "run"
+    holder = _holder(folder, 60)
+    try:
+        assert holder_alive(folder) is True
+        (folder / HOLDER_FILE).unlink()
+        damage(folder / HOLDER_FILE)
+        assert holder_alive(folder) is None
+        with pytest.raises(FolderInUse) as refused:
+            guard_outputs("eval", [], [Output(folder, "--output", ("metrics.json",))])
+        assert str(refused.value) == (
+            f"--output {folder} is in use by another detr-peg command; wait for it to end, or stop it, "
+            "or choose another --output."
+        )
+    finally:
+        holder.terminate()
+        holder.wait()
 
 
 def test_a_killed_holder_blocks_nothing(tmp_path: Path) -> None:
