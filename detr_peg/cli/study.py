@@ -214,7 +214,14 @@ def definition_from_args(args: argparse.Namespace):
     from detr_peg.config.shipped import missing_config_message, resolve_config
     from detr_peg.errors import ConfigError
     from detr_peg.study.comparisons import reference
-    from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis, parse_scales, parse_seeds
+    from detr_peg.study.grid import (
+        EvalPlan,
+        StudyDefinition,
+        check_distinct_axes,
+        parse_axis,
+        parse_scales,
+        parse_seeds,
+    )
     from detr_peg.study.slurm import ClusterOptions
     from detr_peg.study.study_file import StudyFile, load_study_file
 
@@ -226,9 +233,7 @@ def definition_from_args(args: argparse.Namespace):
         if not Path(config).is_file():
             raise ConfigError(missing_config_message(config))
     given = [parse_axis(text) for text in args.grid]
-    for i, axis in enumerate(given):
-        if axis.key in (a.key for a in given[:i]):
-            raise ConfigError(f"--grid {axis.key} is given twice; list all its values in one --grid.")
+    check_distinct_axes(given)
     axes = {axis.key: axis for axis in (parse_axis(text, f"{args.study}: grid") for text in file.grid)}
     axes.update({axis.key: axis for axis in given})  # the command line wins over the study file
     rule = seed_rule(args, file)

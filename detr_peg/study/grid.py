@@ -213,6 +213,19 @@ def parse_scales(text: str, flag: str) -> tuple[float, ...]:
     return scales
 
 
+def check_distinct_axes(axes: Sequence[Axis]) -> None:
+    """Refuse two axes of one key (``--grid`` given twice for a key).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    seen: set[str] = set()
+    for axis in axes:
+        if axis.key in seen:
+            raise ConfigError(f"--grid {axis.key} is given twice; list all its values in one --grid.")
+        seen.add(axis.key)
+
+
 def _parse_value(key: str, raw: str, source: str) -> Any:
     try:
         return yaml.safe_load(raw)
@@ -234,10 +247,8 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
         ConfigError: two axes with the same key, an axis that is also one of the study's overrides, or two
             cells that would share a folder (:func:`check_cell_folders`).
     """
+    check_distinct_axes(definition.axes)
     keys = [a.key for a in definition.axes]
-    for i, key in enumerate(keys):
-        if key in keys[:i]:
-            raise ConfigError(f"--grid {key} is given twice; list all its values in one --grid.")
     fixed = {o.partition("=")[0].strip() for o in definition.overrides}
     for key in keys:
         if key in fixed:

@@ -133,8 +133,13 @@ def test_every_cell_has_a_folder_of_its_own_that_the_file_system_accepts(configs
     with pytest.raises(ConfigError) as info:
         expand_cells(StudyDefinition(configs=configs, axes=axes))
     assert message in str(info.value)
+
+
+def test_a_cell_name_of_255_bytes_is_accepted() -> None:
     cells = expand_cells(StudyDefinition(configs=("c.yaml",), axes=(parse_axis("data.val_images=" + "v" * 238),)))
-    assert len(cells[0].name.encode()) == 255  # the longest name accepted
+    assert len(cells[0].name.encode()) == 255  # the longest name a file system accepts
+    with pytest.raises(ConfigError, match="would be the folder"):
+        expand_cells(StudyDefinition(configs=("c.yaml",), axes=(parse_axis("data.val_images=" + "v" * 239),)))
 
 
 def test_a_grid_key_given_twice_on_the_command_line_is_refused(tmp_path: Path, capsys) -> None:
@@ -146,6 +151,13 @@ def test_a_grid_key_given_twice_on_the_command_line_is_refused(tmp_path: Path, c
     assert err == [
         "detr-peg study: error: --grid model.position.name is given twice; list all its values in one --grid."
     ]
+
+
+def test_a_study_defined_in_code_with_a_key_on_two_axes_is_refused() -> None:
+    axes = (parse_axis("model.position.name=sine"), parse_axis("model.position.name=peg"))
+    with pytest.raises(ConfigError) as info:
+        expand_cells(StudyDefinition(configs=("c.yaml",), axes=axes))
+    assert str(info.value) == "--grid model.position.name is given twice; list all its values in one --grid."
 
 
 def test_definition_round_trips_through_its_record() -> None:
