@@ -214,7 +214,7 @@ def main() -> None:
     try:
         make_folder(args.output)
     except UserError as err:
-        parser.exit(2, f"padding_masks_study.py: --output: {err}\n")
+        parser.error(f"--output: {err}")
     if not (args.data / "annotations_val.json").is_file():
         _run(_cli("demo", "--data-only", "--output", str(args.data.parent)), args.output / "demo_log.txt")
     for proxy in args.proxies:

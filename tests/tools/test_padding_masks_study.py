@@ -26,6 +26,6 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path: Path, proxies: str
     proc = run_python(TOOL, "--proxies", proxies, "--output", str(tmp_path / output), "--data", str(tmp_path / "data"))
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("padding_masks_study.py: ") and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("padding_masks_study.py: error: ") and "Traceback" not in proc.stderr
     assert says.format(tmp=tmp_path) in lines[0], lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "data"] and not any((tmp_path / "data").iterdir())
