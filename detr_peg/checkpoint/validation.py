@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from detr_peg.errors import CheckpointError
+from detr_peg.messages import shortened
 
 #: Counters of a training checkpoint: non-negative integers.
 COUNTERS = ("epoch", "iteration", "epoch_batches_done", "train_images", "ema_updates")
@@ -46,9 +47,7 @@ def _kind(value: Any) -> str:
     if isinstance(value, Tensor):
         layout = "" if value.layout == torch.strided else f"{str(value.layout).replace('torch.', '')} "
         return f"a {layout}{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
-    text = repr(value)
-    text = text if len(text) <= 60 else text[:57] + "..."
-    return f"{type(value).__name__} {text}"
+    return f"{type(value).__name__} {shortened(repr(value))}"
 
 
 def check_checkpoint_fields(obj: Mapping[str, Any], spec: str) -> None:

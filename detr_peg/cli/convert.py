@@ -27,6 +27,7 @@ import contextlib
 
 from detr_peg.cli import option_types
 from detr_peg.config.options import own_options
+from detr_peg.messages import listed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  alias keys of shared modules (identical, stored once): {len(report.aliases)}")
         if report.label_map:
             names = report.label_map["names"]
-            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-            print(f"  label map: {len(names)} categories ({shown})")
+            print(f"  label map: {len(names)} categories ({listed(names, 5)})")
         if report.ignored_entries:
             print(f"  other entries not converted: {', '.join(report.ignored_entries)}")
         return 0

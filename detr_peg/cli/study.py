@@ -59,6 +59,7 @@ from pathlib import Path
 
 from detr_peg.cli import option_types
 from detr_peg.cli.main import main
+from detr_peg.messages import listed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -342,8 +343,8 @@ def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, ce
         runner.make_canvas_sets(todo, definition.eval.canvas_scales)
     submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
     print(
-        f"study: submitted {len(submitted)} jobs ({', '.join(j.job_id for j in submitted[:3])}"
-        f"{', ...' if len(submitted) > 3 else ''}); logs in {study_dir / slurm.JOBS_DIR}",
+        f"study: submitted {len(submitted)} jobs ({listed(j.job_id for j in submitted)}); "
+        f"logs in {study_dir / slurm.JOBS_DIR}",
         flush=True,
     )
     if args.no_wait:

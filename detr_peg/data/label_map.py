@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from detr_peg.errors import DataError
+from detr_peg.messages import shortened
 
 
 class LabelMap:
@@ -157,8 +158,7 @@ class LabelMap:
             DataError: ``data`` lacks a key or holds values of the wrong kind
                 (for example a checkpoint written by another program).
         """
-        text = repr(data)
-        text = text if len(text) <= 200 else text[:197] + "..."
+        text = shortened(repr(data), 200)
         try:
             return cls(
                 category_ids=list(data["category_ids"]),

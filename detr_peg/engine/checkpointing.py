@@ -47,6 +47,7 @@ from detr_peg.config.schema import Config
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.weight_average import EMA_UPDATES, TRAIN_WEIGHTS, WeightAverage
 from detr_peg.errors import CheckpointError, TrainingError
+from detr_peg.messages import listed
 
 CHECKPOINT_NAME = "checkpoint.pth"
 
@@ -352,7 +353,7 @@ def with_own_position_weights(
     kept.update({k: own[k] for k in fresh})
     logger.info(
         f"{source} has another positional encoding: {len(kept) - len(fresh)} weights loaded, "
-        f"{len(fresh)} of the encoding start fresh ({', '.join(fresh[:4]) or 'none'}{', ...' if len(fresh) > 4 else ''}), "
+        f"{len(fresh)} of the encoding start fresh ({listed(fresh, 4) or 'none'}), "
         f"{len(dropped)} of the checkpoint's encoding left out."
     )
     return kept

@@ -35,6 +35,7 @@ import yaml
 
 from detr_peg.errors import UserError
 from detr_peg.fileio.os_errors import path_obstacle
+from detr_peg.messages import shortened
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -190,8 +191,9 @@ def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: 
         elif isinstance(value, (list, tuple)):
             stack.extend((v, depth + 1) for v in value)
         elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
-            shown = str(value) if len(str(value)) <= 30 else f"{str(value)[:20]}... ({len(str(value))} digits)"
-            raise error(f"{what} {name} holds the integer {shown}, outside the signed 64-bit range.")
+            raise error(
+                f"{what} {name} holds the integer {shortened(str(value), 30)}, outside the signed 64-bit range."
+            )
     return data
 
 

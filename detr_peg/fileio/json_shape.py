@@ -25,6 +25,7 @@ from typing import Any
 
 from detr_peg.errors import UserError
 from detr_peg.fileio.bounded_read import parse_json, read_bounded_bytes
+from detr_peg.messages import shortened
 
 
 class ShapeError(Exception):
@@ -38,7 +39,7 @@ class ShapeError(Exception):
 def _shown(value: Any) -> str:
     text = json.dumps(value, allow_nan=True) if not isinstance(value, (dict, list)) else type(value).__name__
     text = {"dict": "an object", "list": "a list"}.get(text, text)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shortened(text)
 
 
 def _at(where: str, key: str | int) -> str:

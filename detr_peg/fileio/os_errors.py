@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from detr_peg.errors import OutputError
+from detr_peg.messages import shortened
 
 #: What to do, by ``errno``; the system's own wording comes first.
 _ADVICE = {
@@ -75,10 +76,9 @@ def os_error_reason(exc: OSError, path: str | os.PathLike | None = None) -> str:
     return f"{reason}; {advice}" if advice else reason
 
 
-def _shown(path: object, limit: int = 120) -> str:
+def _shown(path: object) -> str:
     """A path for a message: whole when short, else its start and end around an ellipsis."""
-    text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
-    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-(limit // 2) :]} ({len(text)} characters)"
+    return shortened(os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path), 120)
 
 
 def write_error(path: str | os.PathLike, exc: OSError, verb: str = "write") -> OutputError:

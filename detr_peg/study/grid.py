@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from detr_peg.errors import ConfigError
+from detr_peg.messages import shortened
 
 #: Characters kept in cell folder names; anything else becomes "-".
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9.=_+-]+")
@@ -303,7 +304,7 @@ def check_cell_folders(cells: Sequence[Cell]) -> None:
     """
 
     def described(cell: Cell) -> str:
-        values = ", ".join(f"{k}={v if len(v) <= 40 else v[:37] + '...'}" for k, v in cell.values)
+        values = ", ".join(f"{k}={shortened(v, 40)}" for k, v in cell.values)
         return f"{cell.config}" + (f" with {values}" if values else "")
 
     first: dict[str, Cell] = {}
@@ -311,7 +312,7 @@ def check_cell_folders(cells: Sequence[Cell]) -> None:
         size = len(cell.name.encode("utf-8"))
         if size > MAX_NAME_BYTES:
             raise ConfigError(
-                f"The cell {described(cell)} would be the folder {cell.name[:60]}... ({size} bytes), longer than "
+                f"The cell {described(cell)} would be the folder {shortened(cell.name)} ({size} bytes), longer than "
                 f"the {MAX_NAME_BYTES} bytes a folder name may have; use shorter grid values (a config file "
                 "per long value, say)."
             )

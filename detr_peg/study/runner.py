@@ -35,6 +35,7 @@ from detr_peg.engine.evaluation.scales import canvas_data, check_scales
 from detr_peg.engine.metrics_log import format_duration
 from detr_peg.errors import ConfigError, DataError, UserError
 from detr_peg.fileio.atomic import write_json
+from detr_peg.messages import listed
 from detr_peg.study.cell import (
     CellOutcome,
     CommandRunner,
@@ -240,7 +241,7 @@ def run_here(
         stopped = [o for o in outcomes if o.status == "interrupted"]
         if signum is not None or stopped:
             code = 128 + signum if signum is not None else stopped[0].exit_code
-            names = ", ".join(o.name for o in stopped[:3]) + (", ..." if len(stopped) > 3 else "")
+            names = listed(o.name for o in stopped)
             raise StudyInterrupted(
                 f"the study was stopped ({len(stopped)} running cells stopped{': ' + names if names else ''}); "
                 "run the same command again to resume.",
@@ -327,7 +328,7 @@ def summary_line(study_dir: Path, cells: Sequence[Cell], started: float) -> tupl
     done = sum(is_done(study_dir, c) for c in cells)
     line = (
         f"study: {done} of {len(cells)} cells done"
-        + (f", {len(failed)} failed ({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''})" if failed else "")
+        + (f", {len(failed)} failed ({listed(failed)})" if failed else "")
         + f" in {format_duration(time.monotonic() - started)}; results in {study_dir / 'study.md'}"
     )
     return line, CELLS_FAILED if failed else 0

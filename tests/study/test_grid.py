@@ -124,7 +124,11 @@ def test_expansion_refuses_conflicting_definitions() -> None:
             "Two cells would share the folder val_images=x-y_seed0: c.yaml with data.val_images=x/y and "
             "c.yaml with data.val_images=x y; ",
         ),
-        (("c.yaml",), "data.val_images=" + "v" * 300, f"with data.val_images={'v' * 37}... would be the folder "),
+        (
+            ("c.yaml",),
+            "data.val_images=" + "v" * 300,
+            f"with data.val_images={'v' * 20}...{'v' * 20} (300 characters) would be the folder ",
+        ),
     ],
     ids=["same-config-twice", "values-alike-as-names", "name-too-long"],
 )

@@ -1,0 +1,28 @@
+"""How a user-facing message shows a long value or a long list: :func:`shortened` and :func:`listed`.
+
+A message stays one readable line whatever it names: a path of 4,000
+characters, a 5,000-digit integer, a repr of a whole checkpoint entry, or the
+names of 300 cells. Imports nothing from detr_peg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def shortened(text: str, limit: int = 60) -> str:
+    """``text`` whole when it has at most ``limit`` characters, else its start and end around ``...`` and its length.
+
+    ``shortened("v" * 100, 20)`` is ``"vvvvvvvvvv...vvvvvvvvvv (100 characters)"``: the end of a path (its file
+    name) and the start of a value both stay readable.
+    """
+    if len(text) <= limit:
+        return text
+    half = max(limit // 2, 1)
+    return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+
+
+def listed(items: Iterable[object], limit: int = 3) -> str:
+    """The first ``limit`` items joined by commas, ``, ...`` after them when there are more; empty for none."""
+    items = [str(item) for item in items]
+    return ", ".join(items[:limit]) + (", ..." if len(items) > limit else "")
