@@ -51,7 +51,10 @@ def number(low: float, high: float) -> Callable[[str], float]:
 
 
 def scale_list(text: str) -> list[float]:
-    """Comma-separated positive finite numbers: ``"1,1.5,2"`` -> ``[1.0, 1.5, 2.0]``."""
+    """Comma-separated positive finite numbers, each once: ``"1,1.5,2"`` -> ``[1.0, 1.5, 2.0]``.
+
+    ``1,1.0`` and ``0.1,1e-1`` name one scale twice and are refused (each scale is one evaluation).
+    """
     valid = "comma-separated positive numbers such as 1,1.5,2"
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
@@ -59,6 +62,9 @@ def scale_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}") from None
     if not values or not all(v > 0 and math.isfinite(v) for v in values):
         raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}")
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise argparse.ArgumentTypeError(f"must be {valid}, each once, got {text!r} (the scale {twice:g} twice)")
     return values
 
 

@@ -100,9 +100,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_comparison_arguments(parser)
     ev = parser.add_argument_group("evaluation (passed to detr-peg eval)")
-    ev.add_argument("--scales", metavar="S1,S2", help="test scales: the validation images resized, e.g. 1,1.5,2")
+    ev.add_argument(
+        "--scales",
+        type=option_types.scale_list,
+        metavar="S1,S2",
+        help="test scales: the validation images resized, e.g. 1,1.5,2",
+    )
     ev.add_argument(
         "--canvas-scales",
+        type=option_types.scale_list,
         metavar="S1,S2",
         help="test scales: a larger synthetic canvas with objects of the training size, e.g. 1.5,2",
     )
@@ -220,7 +226,6 @@ def definition_from_args(args: argparse.Namespace):
         StudyDefinition,
         check_distinct_axes,
         parse_axis,
-        parse_scales,
         parse_seeds,
     )
     from detr_peg.study.slurm import ClusterOptions
@@ -243,12 +248,8 @@ def definition_from_args(args: argparse.Namespace):
     else:
         seeds = parse_seeds(args.seeds) if args.seeds is not None else (file.seeds or 1)
     ev = file.eval
-    scales = parse_scales(args.scales, "--scales") if args.scales else tuple(float(s) for s in ev.get("scales", ()))
-    canvas = (
-        parse_scales(args.canvas_scales, "--canvas-scales")
-        if args.canvas_scales
-        else tuple(float(s) for s in ev.get("canvas_scales", ()))
-    )
+    scales = tuple(args.scales or (float(s) for s in ev.get("scales", ())))
+    canvas = tuple(args.canvas_scales or (float(s) for s in ev.get("canvas_scales", ())))
     padding = bool(ev.get("padding", False)) if args.padding is None else args.padding
     definition = StudyDefinition(
         configs=tuple(configs),

@@ -55,6 +55,7 @@ def load_config(
     *,
     base: Mapping[str, Any] | None = None,
     base_source: str = "checkpoint",
+    sources: Mapping[str, str] | None = None,
 ) -> Config:
     """Build a validated :class:`Config`.
 
@@ -69,6 +70,8 @@ def load_config(
             are left out, so a file or override may change ``model.arch`` or
             ``model.position.name`` over it.
         base_source: how ``base`` is named in error messages.
+        sources: where an override was given, by its key, for error messages (``{"train.lr": "s.yaml: grid"}``);
+            the others are the command line's.
 
     Returns:
         The resolved config.
@@ -81,7 +84,7 @@ def load_config(
     layers: list[Layer] = [] if base is None else [_flatten(base, base_source)]
     if path is not None:
         layers.extend(file_layers(path))
-    layers.append(parse_overrides(overrides))
+    layers.append(parse_overrides(overrides, sources=sources))
     return build_config(layers, lenient={0} if base is not None else ())
 
 
@@ -119,8 +122,13 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
-def parse_overrides(overrides: Iterable[str], source: str = "command line") -> Layer:
+def parse_overrides(
+    overrides: Iterable[str], source: str = "command line", *, sources: Mapping[str, str] | None = None
+) -> Layer:
     """Parse ``key=value`` strings into a layer (values are YAML scalars or lists).
+
+    Messages name where each came from: ``source``, or ``sources[key]`` for the keys it holds (a study's grid
+    values, given in a study file or with ``--grid``).
 
     A plain value that YAML reads as a date, number, bool or null is kept
     with its text (:class:`~detr_peg.fileio.bounded_read.ScalarText`), so a
@@ -132,9 +140,11 @@ def parse_overrides(overrides: Iterable[str], source: str = "command line") -> L
             gives a YAML key twice.
     """
     layer: Layer = {}
+    default = source
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
+        source = (sources or {}).get(key, default)
         if not sep or not key:
             raise ConfigError(f"{source}: override {item!r} is not of the form key=value (for example train.lr=2e-4).")
         parts = key.split(".")

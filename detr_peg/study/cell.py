@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.config.loader import config_to_dict, load_config
+from detr_peg.config.schema import Config
 from detr_peg.fileio.atomic import write_json
 from detr_peg.guards.folder_lock import holder_alive
 from detr_peg.study.grid import Cell, EvalPlan
@@ -116,13 +117,23 @@ def eval_argv(paths: CellPaths, plan: EvalPlan) -> list[str] | None:
     return argv
 
 
+def cell_config(cell: Cell) -> Config:
+    """The cell's config: its base config file with its overrides.
+
+    Raises:
+        ConfigError: the base config or an override is invalid; a grid value is named where it was given
+            (``--grid`` or the study file's grid).
+    """
+    return load_config(cell.config, cell.overrides, sources=dict(cell.sources))
+
+
 def resolved_config(cell: Cell) -> dict[str, Any]:
     """The cell's resolved config as nested dicts, without the fields that only say where it lives.
 
     Raises:
         ConfigError: the base config or an override is invalid.
     """
-    data = config_to_dict(load_config(cell.config, cell.overrides))
+    data = config_to_dict(cell_config(cell))
     for key in PLACE_KEYS:
         section, name = key.split(".")
         data[section].pop(name, None)

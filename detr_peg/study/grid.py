@@ -42,10 +42,15 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9.=_+-]+")
 
 @dataclass(frozen=True)
 class Axis:
-    """One grid axis: a dotted config key and the raw text of each value (as typed: ``[0,1,2]``)."""
+    """One grid axis: a dotted config key and the raw text of each value (as typed: ``[0,1,2]``).
+
+    ``source`` says where it was given, for messages (``--grid``, ``s.yaml: grid``); it is not part of the
+    study's definition.
+    """
 
     key: str
     values: tuple[str, ...]
+    source: str = field(default="--grid", compare=False)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ class Cell:
         seed: ``train.seed``.
         overrides: every ``key=value`` of the cell: axis values, the study's
             overrides, then the seed.
+        sources: ``(key, where it was given)`` of each axis, for messages (``s.yaml: grid``); not compared.
     """
 
     name: str
@@ -127,6 +133,7 @@ class Cell:
     values: tuple[tuple[str, str], ...]
     seed: int
     overrides: tuple[str, ...]
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -186,7 +193,7 @@ def parse_axis(text: str, source: str = "--grid") -> Axis:
     for i, value in enumerate(parsed):
         if value in parsed[:i]:
             raise ConfigError(f"{source} {key}: the value {values[i]!r} is given twice.")
-    return Axis(key, tuple(values))
+    return Axis(key, tuple(values), source)
 
 
 #: The most cells a study may have (each one is a training run; the plan lists them all).
@@ -201,17 +208,6 @@ def parse_seeds(text: str) -> int:
     if seeds < 1:
         raise ConfigError(f"--seeds must be a whole number of at least 1, got {text!r}.")
     return seeds
-
-
-def parse_scales(text: str, flag: str) -> tuple[float, ...]:
-    """``"1,1.5,2"`` as positive floats (the multipliers of ``--scales`` and ``--canvas-scales``)."""
-    try:
-        scales = tuple(float(v) for v in split_values(text))
-    except ValueError:
-        scales = ()
-    if not scales or any(not (s > 0 and math.isfinite(s)) for s in scales):
-        raise ConfigError(f"{flag} must be positive numbers separated by commas (for example 1,1.5,2), got {text!r}.")
-    return scales
 
 
 def check_distinct_axes(axes: Sequence[Axis]) -> None:
@@ -284,6 +280,7 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
                         values=values,
                         seed=seed,
                         overrides=overrides,
+                        sources=tuple((a.key, a.source) for a in definition.axes),
                     )
                 )
     check_cell_folders(cells)

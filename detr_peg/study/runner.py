@@ -22,6 +22,7 @@ running cell wrote its checkpoint.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from detr_peg.config.loader import load_config
 from detr_peg.engine.evaluation.scales import canvas_data, check_scales
 from detr_peg.engine.metrics_log import format_duration
 from detr_peg.errors import ConfigError, DataError, UserError
@@ -39,6 +39,7 @@ from detr_peg.messages import listed
 from detr_peg.study.cell import (
     CellOutcome,
     CommandRunner,
+    cell_config,
     cell_paths,
     eval_argv,
     first_difference,
@@ -89,6 +90,7 @@ def prepare(
     study_dir = Path(study_dir)
     cells = expand_cells(definition)
     configs = {cell.name: resolved_config(cell) for cell in cells}  # every cell's config is valid before any runs
+    check_distinct_runs(cells, configs)
     earlier = read_plan(study_dir)
     if earlier is not None:
         before = StudyDefinition.from_dict(earlier["definition"])
@@ -119,6 +121,29 @@ def prepare(
     return cells
 
 
+def check_distinct_runs(cells: Sequence[Cell], configs: dict[str, dict]) -> None:
+    """Refuse two cells whose resolved configs are equal: one run trained twice under two names.
+
+    Grid values that read alike only once the config reads them (``train.lr=0.1,1e-1``, a value equal to the
+    base config's and one left at it) would otherwise be two settings of one run, and the report would compare a
+    setting with itself.
+
+    Raises:
+        ConfigError: naming both cells and the values that read as one.
+    """
+    first: dict[str, Cell] = {}
+    for cell in cells:
+        key = json.dumps(configs[cell.name], sort_keys=True, default=str)
+        other = first.setdefault(key, cell)
+        if other is cell:
+            continue
+        apart = [f"{k}={a} and {k}={b}" for (k, a), (_, b) in zip(other.values, cell.values) if a != b]
+        alike = f" ({'; '.join(apart)} read as one value)" if apart else ""
+        raise ConfigError(
+            f"The cells {other.name} and {cell.name} would train the same config{alike}; give each grid value once."
+        )
+
+
 #: The synthetic datasets of the shipped configs, and the command that writes each.
 DATASETS = {
     "outputs/demo/data": "detr-peg demo --data-only",
@@ -144,7 +169,7 @@ def check_data_paths(cells: Sequence[Cell]) -> None:
     """
     seen: set[tuple[str, str]] = set()
     for cell in cells:
-        data = load_config(cell.config, cell.overrides).data
+        data = cell_config(cell).data
         for field, exists in DATA_PATHS.items():
             value = getattr(data, field)
             if value is None or (field, value) in seen:
@@ -174,7 +199,7 @@ def check_test_scales(cells: Sequence[Cell], plan: EvalPlan) -> None:
     for config in dict.fromkeys(cell.config for cell in cells):
         cell = next(c for c in cells if c.config == config)
         try:
-            check_scales(load_config(cell.config, cell.overrides).data, plan.scales, plan.canvas_scales)
+            check_scales(cell_config(cell).data, plan.scales, plan.canvas_scales)
         except ConfigError as exc:
             raise ConfigError(f"{config}: {exc}") from None
 
@@ -208,7 +233,7 @@ def make_canvas_sets(cells: Sequence[Cell], scales: Sequence[float]) -> None:
     """
     seen = set()
     for cell in cells:
-        data = load_config(cell.config, cell.overrides).data
+        data = cell_config(cell).data
         if data.val_annotations in seen:
             continue
         seen.add(data.val_annotations)

@@ -126,7 +126,12 @@ def _is_number(value: Any) -> bool:
 
 
 def _positive_numbers(value: Any) -> bool:
-    return isinstance(value, list) and all(_is_number(v) and v > 0 for v in value)
+    """A list of positive numbers, each once (``[1, 1.0]`` names one scale twice)."""
+    return (
+        isinstance(value, list)
+        and all(_is_number(v) and v > 0 for v in value)
+        and all(v not in value[:i] for i, v in enumerate(value))
+    )
 
 
 def _whole_at_least_one(value: Any) -> bool:
@@ -139,8 +144,8 @@ FIELD_RULES = {
     "max_seeds": (lambda v: _whole_at_least_one(v) and v >= 2, "a whole number of at least 2"),
     "baseline": (lambda v: isinstance(v, str) and "=" in v, "KEY=VALUE such as model.position.name=sine"),
     "equal_within": (lambda v: _is_number(v) and v > 0, "a positive number of AP points such as 1.0"),
-    "eval.scales": (_positive_numbers, "a list of positive numbers such as [1, 1.5, 2]"),
-    "eval.canvas_scales": (_positive_numbers, "a list of positive numbers such as [1.5, 2]"),
+    "eval.scales": (_positive_numbers, "a list of positive numbers such as [1, 1.5, 2], each once"),
+    "eval.canvas_scales": (_positive_numbers, "a list of positive numbers such as [1.5, 2], each once"),
     "eval.padding": (lambda v: isinstance(v, bool), "true or false"),
     "cluster.partition": (lambda v: isinstance(v, str) and v != "", "a partition name"),
     "cluster.nodes": (_whole_at_least_one, "a whole number of at least 1"),

@@ -182,6 +182,8 @@ def test_canvas_scales_need_a_synthetic_dataset(run: Path, tmp_path: Path) -> No
         ("--scales", "1,1e308", "more than the 8192 px accepted"),
         ("--scales", "200", "gives images of up to"),
         ("--canvas-scales", "1e400", "must be comma-separated positive numbers"),
+        ("--scales", "1,1.5,1.0", "each once, got '1,1.5,1.0' (the scale 1 twice)"),
+        ("--canvas-scales", "0.5,5e-1", "each once, got '0.5,5e-1' (the scale 0.5 twice)"),
     ],
 )
 def test_bad_scales_are_one_line_errors(

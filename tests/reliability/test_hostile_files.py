@@ -277,6 +277,17 @@ CASES = [
         _write("s.yaml", f"configs: [{PROXY}]\neval: {{canvas_scales: [1.5, .inf]}}\n"),
     ),
     Hostile(
+        "study-scale-twice",
+        ["study", "--study", "s.yaml", "--output", "st"],
+        ["'eval.scales' must be a list of positive numbers such as [1, 1.5, 2], each once", "got [1, 1.5, 1.0]"],
+        _write("s.yaml", f"configs: [{PROXY}]\neval: {{scales: [1, 1.5, 1.0]}}\n"),
+    ),
+    Hostile(
+        "study-scale-twice-on-the-command-line",
+        ["study", "--config", PROXY, "--output", "st", "--canvas-scales", "2,2"],
+        ["argument --canvas-scales: must be comma-separated positive numbers such as 1,1.5,2, each once, got '2,2'"],
+    ),
+    Hostile(
         "study-padding-is-a-word",
         ["study", "--study", "s.yaml", "--output", "st"],
         ["'eval.padding' must be true or false, got 'maybe'"],

@@ -11,7 +11,7 @@ from detr_peg.config.loader import load_config
 from detr_peg.errors import ConfigError
 from detr_peg.study.cell import CellPaths, eval_argv, first_difference, train_argv
 from detr_peg.study.comparisons import ComparisonOptions, compare
-from detr_peg.study.grid import Axis, EvalPlan, StudyDefinition, expand_cells, parse_axis, parse_scales, split_values
+from detr_peg.study.grid import Axis, EvalPlan, StudyDefinition, expand_cells, parse_axis, split_values
 from detr_peg.study.slurm import ClusterOptions, parse_mem, parse_time, plan_lines
 from detr_peg.study.study_file import load_study_file
 from tests.conftest import REPO_ROOT
@@ -60,13 +60,6 @@ def test_parse_axis_keeps_each_value_as_typed_and_refuses_bad_axes() -> None:
     ):
         with pytest.raises(ConfigError, match=message):
             parse_axis(bad)
-
-
-def test_parse_scales() -> None:
-    assert parse_scales("1,1.5,2", "--scales") == (1.0, 1.5, 2.0)
-    for bad in ("", "1,x", "0,1", "-1"):
-        with pytest.raises(ConfigError, match="--scales"):
-            parse_scales(bad, "--scales")
 
 
 def test_cells_are_the_product_of_configs_axes_and_seeds_with_readable_unique_names() -> None:
@@ -361,3 +354,26 @@ def test_a_refused_value_from_a_study_file_or_plan_is_named_where_it_is_written(
         f"detr-peg study: error: {study}: seeds: auto needs two settings or more to compare "
         "(a --grid axis or several --config)."
     )
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "said"),
+    [
+        ("grid", "train.lr: [abc, 2]", "{study}: grid: 'train.lr' must be a number, got 'abc'."),
+        ("grid", "model.bogus: [1, 2]", "{study}: grid: unknown key 'model.bogus'; valid keys in model are: "),
+        ("--grid", "train.lr=abc,2", "--grid: 'train.lr' must be a number, got 'abc'."),
+        ("override", "train.bogus=1", "command line: unknown key 'train.bogus'; valid keys in train are: "),
+    ],
+)
+def test_a_refused_grid_value_is_named_where_it_was_given(
+    tmp_path: Path, capsys, where: str, value: str, said: str
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  arch: detr\n")
+    study = tmp_path / "s.yaml"
+    study.write_text(f"configs: [{config}]\n" + (f"grid:\n  {value}\n" if where == "grid" else ""))
+    extra = {"grid": [], "--grid": ["--grid", value], "override": [value]}[where]
+    assert main(["study", "--study", str(study), *extra, "--output", str(tmp_path / "s"), "--plan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("detr-peg study: error: " + said.format(study=study)), err
+    assert not (tmp_path / "s").exists()

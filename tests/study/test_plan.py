@@ -60,3 +60,32 @@ def test_an_invalid_cell_config_is_refused_before_anything_runs(tmp_path: Path, 
     with pytest.raises(ConfigError, match="model.num_queries"):
         prepare(tmp_path / "s", replace(definition, axes=(parse_axis("model.num_queries=8,many"),), overrides=()))
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    ("grid", "copy", "message"),
+    [
+        (
+            "train.lr=0.1,1e-1",
+            False,
+            "The cells lr=0.1_seed0 and lr=1e-1_seed0 would train the same config (train.lr=0.1 and train.lr=1e-1 "
+            "read as one value); give each grid value once.",
+        ),
+        (None, True, "The cells base_seed0 and copy_seed0 would train the same config; give each grid value once."),
+    ],
+    ids=["one-number-two-spellings", "a-copy-of-the-base-config"],
+)
+def test_two_cells_of_one_config_are_refused_before_anything_runs(
+    tmp_path: Path, base_config: Path, grid: str | None, copy: bool, message: str
+) -> None:
+    configs = (str(base_config),)
+    if copy:
+        (tmp_path / "copy.yaml").write_text(base_config.read_text())
+        configs += (str(tmp_path / "copy.yaml"),)
+    definition = StudyDefinition(configs=configs, axes=(parse_axis(grid),) if grid else ())
+    with pytest.raises(ConfigError) as info:
+        prepare(tmp_path / "s", definition)
+    assert str(info.value) == message
+    assert not (tmp_path / "s").exists()
+    # values that differ once read are two settings
+    prepare(tmp_path / "s", StudyDefinition(configs=(str(base_config),), axes=(parse_axis("train.lr=0.1,0.01"),)))
