@@ -11,15 +11,15 @@ from collections.abc import Iterable
 
 
 def shortened(text: str, limit: int = 60) -> str:
-    """``text`` whole when it has at most ``limit`` characters, else its start and end around ``...`` and its length.
+    """``text`` whole when it has at most ``limit`` characters (or shortening would not make it shorter), else
+    its start and end around ``...`` and its length.
 
     ``shortened("v" * 100, 20)`` is ``"vvvvvvvvvv...vvvvvvvvvv (100 characters)"``: the end of a path (its file
     name) and the start of a value both stay readable.
     """
-    if len(text) <= limit:
-        return text
     half = max(limit // 2, 1)
-    return f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+    short = f"{text[:half]}...{text[-half:]} ({len(text)} characters)"
+    return text if len(text) <= limit or len(short) >= len(text) else short
 
 
 def listed(items: Iterable[object], limit: int = 3) -> str:

@@ -17,9 +17,11 @@ from detr_peg.study.grid import StudyDefinition, expand_cells, parse_axis
     [
         ("short", 60, "short"),
         ("x" * 60, 60, "x" * 60),
-        ("a" * 30 + "b" * 31, 60, "a" * 30 + "..." + "b" * 30 + " (61 characters)"),
+        ("a" * 30 + "b" * 31, 60, "a" * 30 + "b" * 31),  # shortened it would be longer
+        ("a" * 50 + "b" * 50, 60, "a" * 30 + "..." + "b" * 30 + " (100 characters)"),
         ("0123456789" * 10, 20, "0123456789...0123456789 (100 characters)"),
-        ("abc", 1, "a...c (3 characters)"),
+        ("abc", 1, "abc"),
+        ("abcdefghijklmnopqrstuvwxyz", 1, "a...z (26 characters)"),
     ],
 )
 def test_shortened_keeps_start_and_end_and_says_the_length(text: str, limit: int, shown: str) -> None:

@@ -64,7 +64,7 @@ def scale_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}")
     twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
     if twice is not None:
-        raise argparse.ArgumentTypeError(f"must be {valid}, each once, got {text!r} (the scale {twice:g} twice)")
+        raise argparse.ArgumentTypeError(f"gives the scale {twice:g} twice ({text!r}); give each scale once")
     return values
 
 

@@ -71,7 +71,7 @@ def load_config(
             ``model.position.name`` over it.
         base_source: how ``base`` is named in error messages.
         sources: where an override was given, by its key, for error messages (``{"train.lr": "s.yaml: grid"}``);
-            the others are the command line's.
+            the others are the command line's (see :func:`parse_overrides`).
 
     Returns:
         The resolved config.
@@ -140,13 +140,13 @@ def parse_overrides(
             gives a YAML key twice.
     """
     layer: Layer = {}
-    default = source
+    labels = {key.strip(): label for key, label in (sources or {}).items()}
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
-        source = (sources or {}).get(key, default)
+        given = labels.get(key, source)
         if not sep or not key:
-            raise ConfigError(f"{source}: override {item!r} is not of the form key=value (for example train.lr=2e-4).")
+            raise ConfigError(f"{given}: override {item!r} is not of the form key=value (for example train.lr=2e-4).")
         parts = key.split(".")
         if not all(part.strip() for part in parts):
             where = (
@@ -157,18 +157,18 @@ def parse_overrides(
                 else ("has two dots in a row")
             )
             raise ConfigError(
-                f"{source}: override {item!r} has an empty part in its key {key!r} (it {where}); "
+                f"{given}: override {item!r} has an empty part in its key {key!r} (it {where}); "
                 "keys are dotted names such as train.lr."
             )
         try:
             value = (
-                load_yaml_text(raw, key, f"{source}: override", "config", ConfigError, keep_text=True)
+                load_yaml_text(raw, key, f"{given}: override", "config", ConfigError, keep_text=True)
                 if raw.strip()
                 else None
             )
         except yaml.YAMLError:
             value = raw
-        layer.update(_flatten({key: value} if "." not in key else _nest(key, value), source))
+        layer.update(_flatten({key: value} if "." not in key else _nest(key, value), given))
     return layer
 
 

@@ -63,6 +63,8 @@ LIMITS: dict[str, Limits] = {
     "image": Limits(max_bytes=512 << 20),
     # Files detr_peg writes and reads back (a study's plan, a cell's state, evaluation results).
     "record": Limits(max_bytes=256 << 20, max_depth=32, max_nodes=20_000_000),
+    # A folder lock's description of its holder (four short fields).
+    "lock": Limits(max_bytes=64 << 10, max_depth=4, max_nodes=1_000),
 }
 
 #: Longest side over shortest side of an image; beyond it resizing leaves a side of no pixels.
@@ -149,12 +151,15 @@ def read_bounded_bytes(path: str | os.PathLike, what: str, kind: str, error: Cal
     return data
 
 
-def decode_utf8(data: bytes, path: str | os.PathLike, what: str, error: Callable[[str], UserError]) -> str:
-    """``data`` as text, or an error naming the first byte that is not UTF-8."""
+def decode_utf8(
+    data: bytes, path: str | os.PathLike, what: str, error: Callable[[str], UserError], advice: str = ""
+) -> str:
+    """``data`` as text, or an error naming the first byte that is not UTF-8 (then ``advice``, when given)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{what} {os.fspath(path)} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+        end = f"; {advice}" if advice else "."
+        raise error(f"{what} {os.fspath(path)} is not UTF-8 text ({exc.reason} at byte {exc.start}){end}") from None
 
 
 def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> Any:
@@ -217,10 +222,9 @@ def parse_json(
     name = os.fspath(path)
     end = f"; {advice}" if advice else "."
     refuse = f"; {advice}" if advice else "; refusing to use it."
+    text = decode_utf8(raw, path, what, error, advice)  # json.loads of bytes would also take UTF-16 and UTF-32
     try:
-        data = json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise error(f"{what} {name} is not UTF-8 text ({exc.reason} at byte {exc.start}){end}") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(
             f"{what} {name} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}){end}"

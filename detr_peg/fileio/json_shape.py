@@ -178,7 +178,12 @@ KIND = "record"
 
 
 def read_json_file(
-    path: str | os.PathLike, shape: Shape, what: str, advice: str, error: Callable[[str], UserError] = UserError
+    path: str | os.PathLike,
+    shape: Shape,
+    what: str,
+    advice: str,
+    error: Callable[[str], UserError] = UserError,
+    kind: str = KIND,
 ) -> Any | None:
     """The parsed content of ``path`` checked against ``shape``; None when nothing is there.
 
@@ -188,6 +193,7 @@ def read_json_file(
         what: how a message names the file (``Study plan``, ``Cell state``).
         advice: what to do about a damaged file, after the problem (``it is written by detr-peg study: ...``).
         error: the exception class of a damaged file.
+        kind: its limits (a key of :data:`~detr_peg.fileio.bounded_read.LIMITS`).
 
     Raises:
         UserError (``error``): the file is there but cannot be read (a folder, a FIFO, too large, not UTF-8,
@@ -196,7 +202,7 @@ def read_json_file(
     """
     if not os.path.lexists(path):
         return None
-    data = parse_json(read_bounded_bytes(path, what, KIND, error), path, what, KIND, error, advice)
+    data = parse_json(read_bounded_bytes(path, what, kind, error), path, what, kind, error, advice)
     try:
         shape.check(data, "")
     except ShapeError as err:

@@ -44,14 +44,16 @@ LOCK_FILE = ".detr-peg.lock"
 HOLDER_FILE = ".detr-peg.lock.json"
 
 #: What :meth:`FolderLock._write_holder` writes.
-HOLDER_SHAPE = Fields(required={"pid": Integer(minimum=1), "host": Text(), "command": Text(), "since": Text()})
+HOLDER_SHAPE = Fields(
+    required={"pid": Integer(minimum=1, maximum=2**31 - 1), "host": Text(), "command": Text(), "since": Text()}
+)
 
 
 def _read_holder(folder: Path) -> dict | None:
     """The holder described in ``folder``'s ``.detr-peg.lock.json``; None when there is none or it is damaged
     (the description is for messages only: bounded, shaped, never an error of its own)."""
     try:
-        return read_json_file(Path(folder) / HOLDER_FILE, HOLDER_SHAPE, "Lock holder file", "")
+        return read_json_file(Path(folder) / HOLDER_FILE, HOLDER_SHAPE, "Lock holder file", "", kind="lock")
     except UserError:
         return None
 

@@ -184,7 +184,9 @@ def write_state(paths: CellPaths, state: dict[str, Any]) -> None:
 
 
 def new_state(cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
-    return {**asdict(cell), "config_resolved": config, "stages": {}, "status": "new", "error": None}
+    """A new ``cell.json``: the cell (without ``sources``, which only words messages) and its resolved config."""
+    record = {k: v for k, v in asdict(cell).items() if k != "sources"}
+    return {**record, "config_resolved": config, "stages": {}, "status": "new", "error": None}
 
 
 def run_cell(

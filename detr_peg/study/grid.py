@@ -219,7 +219,7 @@ def check_distinct_axes(axes: Sequence[Axis]) -> None:
     seen: set[str] = set()
     for axis in axes:
         if axis.key in seen:
-            raise ConfigError(f"--grid {axis.key} is given twice; list all its values in one --grid.")
+            raise ConfigError(f"{axis.source} {axis.key} is given twice; list all its values in one {axis.source}.")
         seen.add(axis.key)
 
 

@@ -124,8 +124,8 @@ def prepare(
 def check_distinct_runs(cells: Sequence[Cell], configs: dict[str, dict]) -> None:
     """Refuse two cells whose resolved configs are equal: one run trained twice under two names.
 
-    Grid values that read alike only once the config reads them (``train.lr=0.1,1e-1``, a value equal to the
-    base config's and one left at it) would otherwise be two settings of one run, and the report would compare a
+    Grid values that read alike only once the config reads them (``train.lr=0.1,1e-1``), or two base configs
+    that resolve to the same config, would otherwise be two settings of one run, and the report would compare a
     setting with itself.
 
     Raises:
@@ -137,11 +137,21 @@ def check_distinct_runs(cells: Sequence[Cell], configs: dict[str, dict]) -> None
         other = first.setdefault(key, cell)
         if other is cell:
             continue
+        if other.config != cell.config:
+            raise ConfigError(
+                f"The cells {other.name} and {cell.name} would train the same config: {other.config} and "
+                f"{cell.config} resolve alike{_with_values(other, cell)}; keep one of the two config files."
+            )
         apart = [f"{k}={a} and {k}={b}" for (k, a), (_, b) in zip(other.values, cell.values) if a != b]
-        alike = f" ({'; '.join(apart)} read as one value)" if apart else ""
         raise ConfigError(
-            f"The cells {other.name} and {cell.name} would train the same config{alike}; give each grid value once."
+            f"The cells {other.name} and {cell.name} would train the same config ({'; '.join(apart)} read as one "
+            "value); give each grid value once."
         )
+
+
+def _with_values(a: Cell, b: Cell) -> str:
+    """`` with model.x=1`` when the two cells share their grid values, for a message; empty when they have none."""
+    return f" with {', '.join(f'{k}={v}' for k, v in a.values)}" if a.values and a.values == b.values else ""
 
 
 #: The synthetic datasets of the shipped configs, and the command that writes each.
@@ -198,8 +208,9 @@ def check_test_scales(cells: Sequence[Cell], plan: EvalPlan) -> None:
         return
     for config in dict.fromkeys(cell.config for cell in cells):
         cell = next(c for c in cells if c.config == config)
+        data = cell_config(cell).data  # its own errors name their source
         try:
-            check_scales(cell_config(cell).data, plan.scales, plan.canvas_scales)
+            check_scales(data, plan.scales, plan.canvas_scales)
         except ConfigError as exc:
             raise ConfigError(f"{config}: {exc}") from None
 

@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from detr_peg.cli.main import main
+from detr_peg.config import load_config
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
+from detr_peg.engine.evaluation.scales import check_scales
 from detr_peg.engine.trainer import run_training
+from detr_peg.errors import ConfigError
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
@@ -182,8 +185,8 @@ def test_canvas_scales_need_a_synthetic_dataset(run: Path, tmp_path: Path) -> No
         ("--scales", "1,1e308", "more than the 8192 px accepted"),
         ("--scales", "200", "gives images of up to"),
         ("--canvas-scales", "1e400", "must be comma-separated positive numbers"),
-        ("--scales", "1,1.5,1.0", "each once, got '1,1.5,1.0' (the scale 1 twice)"),
-        ("--canvas-scales", "0.5,5e-1", "each once, got '0.5,5e-1' (the scale 0.5 twice)"),
+        ("--scales", "1,1.5,1.0", "argument --scales: gives the scale 1 twice ('1,1.5,1.0'); give each scale once"),
+        ("--canvas-scales", "0.5,5e-1", "argument --canvas-scales: gives the scale 0.5 twice ('0.5,5e-1')"),
     ],
 )
 def test_bad_scales_are_one_line_errors(
@@ -197,3 +200,19 @@ def test_bad_scales_are_one_line_errors(
     assert status == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "metrics.json").exists()  # refused before the first evaluation
+
+
+@pytest.mark.parametrize(
+    ("scales", "canvas", "message"),
+    [
+        ((1.0, 1.5, 1.0), (), "--scales gives the scale 1 twice; give each scale once."),
+        ((), (2.0, 2.0), "--canvas-scales gives the scale 2 twice; give each scale once."),
+    ],
+)
+def test_a_scale_given_twice_in_code_is_refused_by_check_scales(scales, canvas, message: str) -> None:
+    """The check every evaluation runs (eval, study, the Python API), behind the command line's own."""
+    data = load_config(None).data
+    with pytest.raises(ConfigError) as info:
+        check_scales(data, scales, canvas)
+    assert str(info.value) == message
+    check_scales(data, (1.0, 1.5), (1.5, 2.0))  # each once: accepted

@@ -123,9 +123,15 @@ def test_invalid_json(tmp_path: Path, text: str, fragments: list[str]) -> None:
     assert_one_sentence(str(info.value), str(path), *fragments)
 
 
-def test_not_utf8(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"images": "\xff\xfe"}', '{"images": []}'.encode("utf-16"), '{"images": []}'.encode("utf-32")],
+    ids=["latin-1 bytes", "UTF-16 with its byte-order mark", "UTF-32"],
+)
+def test_not_utf8(tmp_path: Path, raw: bytes) -> None:
+    """JSON files are UTF-8 (RFC 8259); json.loads of bytes would also have taken UTF-16 and UTF-32."""
     path = tmp_path / "ann.json"
-    path.write_bytes(b'{"images": "\xff\xfe"}')
+    path.write_bytes(raw)
     with pytest.raises(DataError) as info:
         read_coco_file(path)
     assert_one_sentence(str(info.value), str(path), "not UTF-8")

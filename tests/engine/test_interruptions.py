@@ -63,9 +63,10 @@ def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tm
     kept = read_checkpoint(out / "checkpoint.pth")  # complete, whatever the moment of the kill
     assert 1 <= kept.extra["iteration"] < ITERATIONS
 
+    before = len(logged_iterations(metrics))
     stopped = _start(args)
     # The first iteration this process logs (the killed one may have logged one past its checkpoint).
-    last = wait_for_iteration(metrics, above=0, since=len(logged_iterations(metrics)), **_watch(stopped))
+    last = wait_for_iteration(metrics, above=0, since=before, **_watch(stopped))
     stopped.send_signal(signal.SIGTERM)
     _, stderr = stopped.communicate(timeout=120)
     assert stopped.returncode == 143, stderr

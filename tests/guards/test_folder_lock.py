@@ -64,14 +64,17 @@ def test_a_second_command_on_a_held_folder_names_the_holder(tmp_path: Path) -> N
         assert json.loads((folder / HOLDER_FILE).read_text())["pid"] == os.getpid()
 
 
+def _valid_holder(**fields) -> str:
+    return json.dumps({"pid": 1, "host": "elsewhere", "command": "train", "since": "now", **fields})
+
+
 @pytest.mark.parametrize(
     "damage",
     [
         pytest.param(lambda p: os.mkfifo(p), id="a FIFO (a plain read would block)"),
-        pytest.param(lambda p: p.write_bytes(b'{"pid": 1' + b" " * 40_000_000 + b"}"), id="40 MB"),
-        pytest.param(
-            lambda p: p.write_text('{"pid": "12", "host": "h", "command": "train", "since": "now"}'), id="pid text"
-        ),
+        pytest.param(lambda p: p.write_text(_valid_holder(since="x" * 70_000)), id="well formed, over 64 KiB"),
+        pytest.param(lambda p: p.write_text(_valid_holder(pid="12")), id="pid text"),
+        pytest.param(lambda p: p.write_text(_valid_holder(pid=2**40)), id="pid beyond any process id"),
         pytest.param(lambda p: p.write_text("[1, 2]"), id="a list"),
         pytest.param(lambda p: p.write_bytes(b"\xff\xfe"), id="not UTF-8"),
     ],
@@ -80,6 +83,8 @@ def test_a_damaged_holder_description_is_read_bounded_and_not_named(tmp_path: Pa
     """The description is for messages only: a damaged one gives the general message at once, never an error."""
     folder = tmp_path / "run"
     holder = _holder(folder, 60)
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the read blocked")))
+    signal.alarm(30)
     try:
         assert holder_alive(folder) is True
         (folder / HOLDER_FILE).unlink()
@@ -92,6 +97,8 @@ def test_a_damaged_holder_description_is_read_bounded_and_not_named(tmp_path: Pa
             "or choose another --output."
         )
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
         holder.terminate()
         holder.wait()
 

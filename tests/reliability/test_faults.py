@@ -92,11 +92,12 @@ def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_
     moments = []
     kept = 0
     for _ in range(3):
+        before = len(logged_iterations(metrics))
         proc = cli.start(args, cwd=case)
         # The resumed process starts from the checkpoint (a killed one may have logged an iteration past it), and
         # kills stay clear of the last iterations, so that the SIGINT below lands before the end.
         target = min(kept + rng.randint(0, 1), ITERATIONS - 7)
-        reached = wait_for_iteration(metrics, above=target, since=len(logged_iterations(metrics)), **_watch(proc))
+        reached = wait_for_iteration(metrics, above=target, since=before, **_watch(proc))
         delay = rng.uniform(0.0, 0.15)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
@@ -108,8 +109,9 @@ def test_killed_at_random_moments_then_interrupted_resumes_to_the_uninterrupted_
         moments.append({"after_iteration": reached, "delay_s": round(delay, 3), "checkpoint_iteration": kept})
 
     # SIGINT once the resumed process logs its first iteration: it stops after the iteration under way.
+    before = len(logged_iterations(metrics))
     proc = cli.start(args, cwd=case)
-    last = wait_for_iteration(metrics, above=0, since=len(logged_iterations(metrics)), **_watch(proc))
+    last = wait_for_iteration(metrics, above=0, since=before, **_watch(proc))
     proc.send_signal(signal.SIGINT)
     stopped = proc.wait()
     line = assert_one_line_error(stopped, "Stopped by SIGINT at iteration", "continue with --resume", returncode=130)

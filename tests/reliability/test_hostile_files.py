@@ -285,7 +285,7 @@ CASES = [
     Hostile(
         "study-scale-twice-on-the-command-line",
         ["study", "--config", PROXY, "--output", "st", "--canvas-scales", "2,2"],
-        ["argument --canvas-scales: must be comma-separated positive numbers such as 1,1.5,2, each once, got '2,2'"],
+        ["argument --canvas-scales: gives the scale 2 twice ('2,2'); give each scale once"],
     ),
     Hostile(
         "study-padding-is-a-word",

@@ -9,7 +9,7 @@ import pytest
 from detr_peg.cli.main import main
 from detr_peg.config.loader import load_config
 from detr_peg.errors import ConfigError
-from detr_peg.study.cell import CellPaths, eval_argv, first_difference, train_argv
+from detr_peg.study.cell import CellPaths, eval_argv, first_difference, new_state, train_argv
 from detr_peg.study.comparisons import ComparisonOptions, compare
 from detr_peg.study.grid import Axis, EvalPlan, StudyDefinition, expand_cells, parse_axis, split_values
 from detr_peg.study.slurm import ClusterOptions, parse_mem, parse_time, plan_lines
@@ -361,6 +361,7 @@ def test_a_refused_value_from_a_study_file_or_plan_is_named_where_it_is_written(
     [
         ("grid", "train.lr: [abc, 2]", "{study}: grid: 'train.lr' must be a number, got 'abc'."),
         ("grid", "model.bogus: [1, 2]", "{study}: grid: unknown key 'model.bogus'; valid keys in model are: "),
+        ("grid+scales", "train.lr: [abc, 2]", "{study}: grid: 'train.lr' must be a number, got 'abc'."),
         ("--grid", "train.lr=abc,2", "--grid: 'train.lr' must be a number, got 'abc'."),
         ("override", "train.bogus=1", "command line: unknown key 'train.bogus'; valid keys in train are: "),
     ],
@@ -371,9 +372,20 @@ def test_a_refused_grid_value_is_named_where_it_was_given(
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  arch: detr\n")
     study = tmp_path / "s.yaml"
-    study.write_text(f"configs: [{config}]\n" + (f"grid:\n  {value}\n" if where == "grid" else ""))
-    extra = {"grid": [], "--grid": ["--grid", value], "override": [value]}[where]
+    study.write_text(f"configs: [{config}]\n" + (f"grid:\n  {value}\n" if where.startswith("grid") else ""))
+    extra = {"grid": [], "grid+scales": ["--scales", "1,1.5"], "--grid": ["--grid", value], "override": [value]}[where]
     assert main(["study", "--study", str(study), *extra, "--output", str(tmp_path / "s"), "--plan"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("detr-peg study: error: " + said.format(study=study)), err
     assert not (tmp_path / "s").exists()
+
+
+def test_where_a_value_was_given_words_messages_only() -> None:
+    """``sources`` names the place of a value (its key spelled with spaces too) and is left out of cell.json."""
+    with pytest.raises(ConfigError, match=r"^s.yaml: grid: 'train.lr' must be a number, got 'abc'.$"):
+        load_config(None, [" train.lr =abc"], sources={"train.lr ": "s.yaml: grid"})
+    axis = parse_axis("train.lr=1e-4,2e-4", "s.yaml: grid")
+    assert axis == parse_axis("train.lr=1e-4,2e-4")  # the source is not part of the definition
+    cell = expand_cells(StudyDefinition(configs=("c.yaml",), axes=(axis,)))[0]
+    assert cell.sources == (("train.lr", "s.yaml: grid"),)
+    assert "sources" not in new_state(cell, {}) and new_state(cell, {})["values"] == (("train.lr", "1e-4"),)

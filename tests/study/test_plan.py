@@ -71,7 +71,12 @@ def test_an_invalid_cell_config_is_refused_before_anything_runs(tmp_path: Path, 
             "The cells lr=0.1_seed0 and lr=1e-1_seed0 would train the same config (train.lr=0.1 and train.lr=1e-1 "
             "read as one value); give each grid value once.",
         ),
-        (None, True, "The cells base_seed0 and copy_seed0 would train the same config; give each grid value once."),
+        (
+            None,
+            True,
+            "The cells base_seed0 and copy_seed0 would train the same config: {tmp}/base.yaml and {tmp}/copy.yaml "
+            "resolve alike; keep one of the two config files.",
+        ),
     ],
     ids=["one-number-two-spellings", "a-copy-of-the-base-config"],
 )
@@ -85,7 +90,8 @@ def test_two_cells_of_one_config_are_refused_before_anything_runs(
     definition = StudyDefinition(configs=configs, axes=(parse_axis(grid),) if grid else ())
     with pytest.raises(ConfigError) as info:
         prepare(tmp_path / "s", definition)
-    assert str(info.value) == message
+    assert str(info.value) == message.format(tmp=tmp_path)
     assert not (tmp_path / "s").exists()
     # values that differ once read are two settings
-    prepare(tmp_path / "s", StudyDefinition(configs=(str(base_config),), axes=(parse_axis("train.lr=0.1,0.01"),)))
+    axes = (parse_axis("train.lr=0.1,0.01"),)
+    assert len(prepare(tmp_path / "s", StudyDefinition(configs=(str(base_config),), axes=axes))) == 2

@@ -101,8 +101,8 @@ def check_scales(
     canvas_scales: Sequence[float],
     images: Sequence[dict[str, Any]] = (),
 ) -> None:
-    """Refuse test scales that are not positive and finite, that give images beyond :data:`MAX_TEST_SIDE`,
-    or that resize one of ``images`` to nothing.
+    """Refuse test scales that are not positive and finite, given twice, that give images beyond
+    :data:`MAX_TEST_SIDE`, or that resize one of ``images`` to nothing.
 
     Called before any evaluation and before anything is written, so a bad
     scale costs nothing.
@@ -120,7 +120,9 @@ def check_scales(
     """
     base = max(data.val_scale, data.val_max_size or 0)
     for name, values in (("--scales", scales), ("--canvas-scales", canvas_scales)):
-        for value in values:
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                raise ConfigError(f"{name} gives the scale {value:g} twice; give each scale once.")
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name} must be positive numbers, got {value!r}.")
             if base * value > MAX_TEST_SIDE:
