@@ -316,11 +316,18 @@ class EvalConfig:
             largest of each batch; ``exact`` batches only images of equal size,
             so no image is padded and the outputs equal those of one image at a
             time (see the documentation, "Evaluation", "Padding").
+        extra_padding: grow every evaluation batch by this fraction of its
+            height and width (zeros on the right and bottom, masked) before
+            the model sees it: a model trained on batches of mixed sizes saw
+            most images on a padded canvas. 0 evaluates the batches as they
+            are. Every evaluation of a run and ``detr-peg eval`` use it (the
+            padding comparison, ``eval --padding``, sets its own).
     """
 
     batch_size: int = field(default=2, metadata=valid(1, memory=eval_batch_memory))
     score_threshold: float = field(default=0.5, metadata=valid(0, 1))
     padding_mode: Literal["mixed", "exact"] = "mixed"
+    extra_padding: float = field(default=0.0, metadata=valid(0, 4))
 
 
 @dataclass

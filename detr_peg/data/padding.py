@@ -1,10 +1,12 @@
-"""Batch images of different sizes into one padded tensor and its padding mask."""
+"""Batch images of different sizes into one padded tensor and its padding mask; grow a padded batch further."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -38,3 +40,24 @@ def pad_images(images: Sequence[Tensor], size_divisibility: int = 0) -> tuple[Te
         batch[i, :, : img.shape[1], : img.shape[2]].copy_(img)
         mask[i, : img.shape[1], : img.shape[2]] = False
     return batch, mask
+
+
+def pad_further(images: Tensor, mask: Tensor, fraction: float, size_divisibility: int = 1) -> tuple[Tensor, Tensor]:
+    """Grow a padded batch by ``fraction`` of its size on the right and bottom (zeros, mask True).
+
+    Args:
+        images: ``Tensor[B, C, H, W]``.
+        mask: ``Tensor[B, H, W]`` bool, True = padding.
+        fraction: the growth, relative to ``H`` and ``W``.
+        size_divisibility: the grown size is rounded up to a multiple of it.
+
+    Returns:
+        ``Tensor[B, C, H', W']`` and ``Tensor[B, H', W']`` with ``H'`` the
+        multiple of ``size_divisibility`` at or above ``ceil(H * (1 + fraction))``.
+    """
+    h, w = mask.shape[-2:]
+    step = max(size_divisibility, 1)
+    new_h = -(-math.ceil(h * (1 + fraction)) // step) * step
+    new_w = -(-math.ceil(w * (1 + fraction)) // step) * step
+    extra_h, extra_w = new_h - h, new_w - w
+    return F.pad(images, (0, extra_w, 0, extra_h)), F.pad(mask, (0, extra_w, 0, extra_h), value=True)

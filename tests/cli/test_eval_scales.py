@@ -15,11 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.cli.main import main
 from detr_peg.config import load_config
+from detr_peg.engine.distributed import DistEnv
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
+from detr_peg.engine.evaluation.evaluate import merge_shards
+from detr_peg.engine.evaluation.padding import predict_raw
+from detr_peg.engine.evaluation.run import load_for_evaluation
 from detr_peg.engine.evaluation.scales import check_scales
+from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.trainer import run_training
 from detr_peg.errors import ConfigError
 from tests.conftest import REPO_ROOT
@@ -156,6 +163,29 @@ def test_padding_report(evaluated: Path) -> None:
     assert report["max_abs_logit_diff_mixed_vs_single"] > 1e-3
     assert report["max_abs_logit_diff_exact_vs_single"] < 1e-4
     assert report["max_abs_box_diff_exact_vs_single"] < 1e-4
+
+
+@pytest.mark.parametrize("extra", [0.25, 0.0])
+def test_extra_padding_evaluates_in_the_padding_comparisons_grown_batches(
+    run: Path, tmp_path: Path, extra: float
+) -> None:
+    """``eval.extra_padding``: the command's detections are those of the padding comparison's batches grown by the
+    same fraction (its ``mixed`` mode at 0.25), every score and box to the last digit; 0.25 and 0 differ."""
+    checkpoint = run / "run" / "checkpoint.pth"
+    proc = _eval("--checkpoint", str(checkpoint), "--output", str(tmp_path / "out"), f"eval.extra_padding={extra}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = json.loads((tmp_path / "out" / "detections.json").read_text())
+
+    stored = read_checkpoint(checkpoint)
+    cfg = stored.config
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    loaded, dataset, amp = load_for_evaluation(cfg, stored, env)
+    loader = build_eval_loader(
+        dataset, cfg.eval.batch_size, 0, env, size_divisibility=loaded.model.size_divisibility, padding_mode="mixed"
+    )
+    expected = {extra: predict_raw(loaded, loader, env.device, amp, extra)[0] for extra in (0.25, 0.0)}
+    assert written == merge_shards([expected[extra]])[0]
+    assert written != merge_shards([expected[0.25 if extra == 0 else 0.0]])[0]
 
 
 def test_canvas_scales_need_a_synthetic_dataset(run: Path, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pycocotools.coco import COCO
 
 from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.data.label_map import LabelMap
+from detr_peg.data.padding import pad_further
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.inference import run_inference
@@ -50,6 +51,7 @@ def predict_coco(
     label_map: LabelMap,
     amp: str = "none",
     log: MetricsLog | None = None,
+    extra_padding: float = 0.0,
 ) -> list[tuple[int, list[dict]]]:
     """This process's detections as ``(image_id, COCO results of that image)`` in loader order.
 
@@ -62,13 +64,21 @@ def predict_coco(
         label_map: model label -> category id.
         amp: the resolved autocast of the forward pass.
         log: progress display of the main process, or None.
+        extra_padding: grow every batch by this fraction of its size (:func:`~detr_peg.data.padding.pad_further`).
     """
     out: list[tuple[int, list[dict]]] = []
+    divisibility = loaded.model.size_divisibility
+    grow = (lambda images, mask: pad_further(images, mask, extra_padding, divisibility)) if extra_padding > 0 else None
     total = len(loader) if hasattr(loader, "__len__") else 0
     bar = log.progress(total=total, desc="eval") if log is not None else None
     try:
         for batch in run_inference(
-            loaded, loader, device=device, amp=amp, on_batch=(lambda _: log.step(bar)) if log is not None else None
+            loaded,
+            loader,
+            device=device,
+            amp=amp,
+            on_batch=(lambda _: log.step(bar)) if log is not None else None,
+            pad=grow,
         ):
             for target, det in zip(batch.items, batch.detections):
                 image_id = int(target["image_id"])
@@ -103,6 +113,7 @@ def evaluate(
     is_main: bool = True,
     amp: str = "none",
     log: MetricsLog | None = None,
+    extra_padding: float = 0.0,
 ) -> EvalOutput:
     """COCO bbox metrics of ``model`` on the images of ``loader`` (all processes together).
 
@@ -115,6 +126,7 @@ def evaluate(
         is_main: whether this is the main process (it runs ``COCOeval``).
         amp: the resolved autocast.
         log: progress display (main process).
+        extra_padding: grow every batch by this fraction of its size (``eval.extra_padding``).
 
     Returns:
         :class:`EvalOutput`; every image of ``coco_gt`` counts, so images
@@ -123,7 +135,9 @@ def evaluate(
     local: list[tuple[int, list[dict]]] = []
     error: UserError | None = None
     try:
-        local = predict_coco(loaded, loader, device=device, label_map=label_map, amp=amp, log=log)
+        local = predict_coco(
+            loaded, loader, device=device, label_map=label_map, amp=amp, log=log, extra_padding=extra_padding
+        )
     except UserError as exc:  # non-finite outputs, a bad image: every process must learn of it, or the rest wait
         error = exc
     gathered = all_gather_objects((local, None if error is None else str(error)))
@@ -151,7 +165,8 @@ def evaluate_dataset(
     """:func:`evaluate` on a validation set: this process's shard, batched as ``loaded.config.eval`` says.
 
     Batches hold ``eval.batch_size`` images (``eval.padding_mode``), padded to
-    a multiple of the model's coarsest stride; ``data.num_workers`` read them.
+    a multiple of the model's coarsest stride and grown by ``eval.extra_padding``;
+    ``data.num_workers`` read them.
 
     Args:
         loaded: the bare detector, its post-processor and config.
@@ -178,4 +193,5 @@ def evaluate_dataset(
         is_main=env.is_main,
         amp=amp,
         log=log,
+        extra_padding=cfg.eval.extra_padding,
     )

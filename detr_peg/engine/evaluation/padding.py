@@ -53,17 +53,16 @@ time of the whole run, data loading included (after one untimed image).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from detr_peg.data.coco_dataset import CocoDetection
+from detr_peg.data.padding import pad_further
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.evaluation.evaluate import merge_shards
@@ -77,27 +76,6 @@ PADDING_JSON = "padding.json"
 PADDING_RUNS = ("single", "mixed", "exact")
 #: Extra padding of every mixed batch (fraction of its height and width) on data of one image size.
 EXTRA_PADDING = 0.25
-
-
-def pad_further(images: Tensor, mask: Tensor, fraction: float, size_divisibility: int = 1) -> tuple[Tensor, Tensor]:
-    """Grow a padded batch by ``fraction`` of its size on the right and bottom (zeros, mask True).
-
-    Args:
-        images: ``Tensor[B, C, H, W]``.
-        mask: ``Tensor[B, H, W]`` bool, True = padding.
-        fraction: the growth, relative to ``H`` and ``W``.
-        size_divisibility: the grown size is rounded up to a multiple of it.
-
-    Returns:
-        ``Tensor[B, C, H', W']`` and ``Tensor[B, H', W']`` with ``H'`` the
-        multiple of ``size_divisibility`` at or above ``ceil(H * (1 + fraction))``.
-    """
-    h, w = mask.shape[-2:]
-    step = max(size_divisibility, 1)
-    new_h = -(-math.ceil(h * (1 + fraction)) // step) * step
-    new_w = -(-math.ceil(w * (1 + fraction)) // step) * step
-    extra_h, extra_w = new_h - h, new_w - w
-    return F.pad(images, (0, extra_w, 0, extra_h)), F.pad(mask, (0, extra_w, 0, extra_h), value=True)
 
 
 def predict_raw(
