@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from detr_peg.config.loader import config_to_dict, load_config
+from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
 from detr_peg.config.schema import Config
+from detr_peg.errors import UserError
 from detr_peg.fileio.atomic import write_json
 from detr_peg.guards.folder_lock import holder_alive
 from detr_peg.study.grid import Cell, EvalPlan
@@ -133,10 +134,27 @@ def resolved_config(cell: Cell) -> dict[str, Any]:
     Raises:
         ConfigError: the base config or an override is invalid.
     """
-    data = config_to_dict(cell_config(cell))
+    return _without_place(config_to_dict(cell_config(cell)))
+
+
+def stored_config(state: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config a ``cell.json`` recorded, read by this version's config schema.
+
+    A field added to the schema after the cell started takes its default here, so a study started by an earlier
+    version resumes, and its cells count as changed only when a field they recorded changed (or a new field's
+    default is not what the cell's config now says). A record the schema cannot read is returned as it is.
+    """
+    recorded = state["config_resolved"]
+    try:
+        return _without_place(config_to_dict(config_from_dict(recorded, "cell.json")))
+    except UserError:
+        return recorded
+
+
+def _without_place(data: dict[str, Any]) -> dict[str, Any]:
     for key in PLACE_KEYS:
         section, name = key.split(".")
-        data[section].pop(name, None)
+        data.get(section, {}).pop(name, None)
     return data
 
 

@@ -46,6 +46,7 @@ from detr_peg.study.cell import (
     read_state,
     resolved_config,
     run_cell,
+    stored_config,
     train_argv,
 )
 from detr_peg.study.comparisons import ComparisonOptions
@@ -106,7 +107,7 @@ def prepare(
     for cell in cells:
         state = read_state(cell_paths(study_dir, cell))
         if state is not None:
-            change = first_difference(state["config_resolved"], configs[cell.name])
+            change = first_difference(stored_config(state), configs[cell.name])
             if change:
                 changed.append(f"{cell.name} ({change})")
     if changed:

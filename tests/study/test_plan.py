@@ -10,6 +10,7 @@ import pytest
 
 from detr_peg.errors import ConfigError
 from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis
+from detr_peg.study.cell import cell_paths, new_state, resolved_config, write_state
 from detr_peg.study.runner import PLAN_FILE, prepare
 
 
@@ -95,3 +96,26 @@ def test_two_cells_of_one_config_are_refused_before_anything_runs(
     # values that differ once read are two settings
     axes = (parse_axis("train.lr=0.1,0.01"),)
     assert len(prepare(tmp_path / "s", StudyDefinition(configs=(str(base_config),), axes=axes))) == 2
+
+
+def test_a_cell_recorded_before_a_config_field_existed_resumes_and_a_changed_one_is_refused(
+    tmp_path: Path, base_config: Path, definition: StudyDefinition
+) -> None:
+    """A field added to the config schema after a cell started takes its default when the record is read; a
+    recorded value that differs from the cell's config now is still a change, and so is a new field whose value
+    in the config now is not its default."""
+    cells = prepare(tmp_path / "s", definition)
+    paths = cell_paths(tmp_path / "s", cells[0])
+    recorded = resolved_config(cells[0])
+    del recorded["eval"]["extra_padding"]  # as a version without the field recorded it
+    write_state(paths, {**new_state(cells[0], recorded), "status": "done"})
+    assert prepare(tmp_path / "s", definition) == cells
+
+    write_state(paths, {**new_state(cells[0], {**recorded, "eval": {**recorded["eval"], "score_threshold": 0.25}})})
+    with pytest.raises(ConfigError, match=r"\(eval.score_threshold: 0.25 -> 0.5\) changed since it was started"):
+        prepare(tmp_path / "s", definition)
+
+    write_state(paths, {**new_state(cells[0], recorded), "status": "done"})
+    base_config.write_text(base_config.read_text() + "eval:\n  extra_padding: 0.5\n")  # the base config edited
+    with pytest.raises(ConfigError, match=r"\(eval.extra_padding: 0.0 -> 0.5\) changed since it was started"):
+        prepare(tmp_path / "s", definition)
