@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from detr_peg.errors import ConfigError
-from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis
 from detr_peg.study.cell import cell_paths, new_state, resolved_config, write_state
+from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis
 from detr_peg.study.runner import PLAN_FILE, prepare
 
 
