@@ -118,18 +118,29 @@ def test_plot_draws_a_log_with_one_usable_record_among_garbage(cli, case: Path) 
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
-    """``detr-peg configs list | head -1``: no traceback, the status of a broken pipe (141)."""
+    """``detr-peg configs list | head -1``: no traceback, the status of a broken pipe (141).
+
+    The reader is gone before the command writes (its end of the pipe is closed first): a reader that reads
+    one line and then leaves races with a command whose whole output fits in the pipe's buffer.
+    """
     from tests.conftest import python_env
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from detr_peg.cli.main import main; sys.exit(main(['configs', 'list']))"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=python_env(),
-        cwd=tmp_path,
-    )
-    assert proc.stdout.readline()  # the first line, then the reader leaves
-    proc.stdout.close()
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from detr_peg.cli.main import main; sys.exit(main(['configs', 'list']))",
+            ],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=python_env(),
+            cwd=tmp_path,
+        )
+    finally:
+        os.close(write_end)
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, stderr
     assert "Traceback" not in stderr and stderr == "", stderr
