@@ -215,7 +215,7 @@ def run_cell(
     Every process of a multi-process cell calls this; only the main one
     (``is_main``) writes ``cell.json``. A failing command is recorded with its
     error line and reported as ``failed``; a command stopped by a signal as
-    ``interrupted``.
+    ``interrupted``, and so is a ``KeyboardInterrupt`` between the commands (recorded, then raised again).
     """
     start = time.monotonic()
     state = read_state(paths) or new_state(cell, resolved_config(cell))
@@ -228,15 +228,21 @@ def run_cell(
             write_state(paths, state)
 
     save(status="running", error=None)
-    for stage, argv in (("train", train_argv(cell, paths)), ("eval", eval_argv(paths, plan))):
-        if argv is None or state["stages"].get(stage) == "done":
-            continue
-        code, error = run_command(argv, paths.log)
-        if code != 0:
-            status = "interrupted" if code in STOP_CODES else "failed"
-            save(status=status, error=error)
-            return CellOutcome(cell.name, status, error, code, time.monotonic() - start)
-        state["stages"][stage] = "done"
-        save()
+    try:
+        for stage, argv in (("train", train_argv(cell, paths)), ("eval", eval_argv(paths, plan))):
+            if argv is None or state["stages"].get(stage) == "done":
+                continue
+            code, error = run_command(argv, paths.log)
+            if code != 0:
+                status = "interrupted" if code in STOP_CODES else "failed"
+                save(status=status, error=error)
+                return CellOutcome(cell.name, status, error, code, time.monotonic() - start)
+            state["stages"][stage] = "done"
+            save()
+    except KeyboardInterrupt:
+        # A stop signal no command took over (between the commands, or before one installed its handlers):
+        # the cell is stopped, not "running", whatever stops the process next.
+        save(status="interrupted", error="stopped by a signal")
+        raise
     save(status="done")
     return CellOutcome(cell.name, "done", seconds=time.monotonic() - start)

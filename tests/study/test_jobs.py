@@ -127,8 +127,9 @@ def test_sigint_stops_every_running_cell_after_a_checkpoint_and_the_study_resume
     states = {cell: json.loads((cell / "cell.json").read_text())["status"] for cell in cells}
     assert set(states.values()) <= {"interrupted", "done"} and "interrupted" in states.values(), states
     for cell in (c for c, status in states.items() if status == "interrupted"):
+        # at most 60: a signal just after the training's last iteration stops the cell before it is recorded done
         stopped_at = read_checkpoint(cell / "run" / "checkpoint.pth").extra["iteration"]
-        assert 0 < stopped_at < 60
+        assert 0 < stopped_at <= 60
     resumed = subprocess.run(argv, env=python_env(), capture_output=True, text=True, timeout=600)  # the same command
     assert resumed.returncode == 0, resumed.stderr
     for cell in cells:

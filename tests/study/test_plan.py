@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.errors import ConfigError
-from detr_peg.study.cell import cell_paths, new_state, resolved_config, write_state
+from detr_peg.study.cell import cell_paths, new_state, resolved_config, run_cell, write_state
 from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis
 from detr_peg.study.runner import PLAN_FILE, prepare
 
@@ -119,3 +119,27 @@ def test_a_cell_recorded_before_a_config_field_existed_resumes_and_a_changed_one
     base_config.write_text(base_config.read_text() + "eval:\n  extra_padding: 0.5\n")  # the base config edited
     with pytest.raises(ConfigError, match=r"\(eval.extra_padding: 0.0 -> 0.5\) changed since it was started"):
         prepare(tmp_path / "s", definition)
+
+
+@pytest.mark.parametrize("stage", ["train", "eval"])
+def test_a_signal_no_command_took_over_records_the_cell_as_interrupted(
+    tmp_path: Path, definition: StudyDefinition, stage: str
+) -> None:
+    """A ``KeyboardInterrupt`` while a cell's command starts (before it installed its own handlers), or between
+    its commands: ``cell.json`` says ``interrupted``, not ``running``, and the interrupt goes on."""
+    cells = prepare(tmp_path / "s", replace(definition, eval=EvalPlan(padding=True)))
+    paths = cell_paths(tmp_path / "s", cells[0])
+    ran = []
+
+    def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
+        ran.append(argv[0])
+        if argv[0] == stage:
+            raise KeyboardInterrupt
+        return 0, None
+
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(cells[0], paths, EvalPlan(padding=True), run_command)
+    state = json.loads(paths.state.read_text())
+    assert ran == ["train", "eval"][: ran.index(stage) + 1] and state["status"] == "interrupted"
+    assert state["error"] == "stopped by a signal"
+    assert state["stages"] == ({} if stage == "train" else {"train": "done"})
