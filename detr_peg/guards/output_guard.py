@@ -30,6 +30,7 @@ existed is adopted (:attr:`Output.adopt`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -361,13 +362,16 @@ def check_writable(command: str, outputs: Sequence[Output]) -> None:
                     f"Could not write {output.option} {target}: it is a folder; choose a file name for {output.option}."
                 )
             probe = folder / f".{name}.tmp-{os.getpid()}"
+            if os.path.lexists(probe):
+                continue  # this process is writing it already
             try:
                 os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-                os.unlink(probe)
-            except FileExistsError:
-                continue  # this process is writing it already
             except OSError as exc:
                 raise write_error(target, exc, f"write {output.option}") from None
+            finally:
+                # Also when a stop signal's exception lands between the two calls: no probe is left behind.
+                with contextlib.suppress(OSError):
+                    probe.unlink()
 
 
 def lock_folders(command: str, outputs: Sequence[Output]) -> list[FolderLock]:

@@ -122,3 +122,26 @@ def test_an_annotation_file_name_with_a_nul_byte_is_named(cli, case: Path) -> No
     result = cli.run(["train", *BASE, "train.output_dir=fresh", "train.epochs=1"], cwd=case)
     assert_one_line_error(result, str(annotations.relative_to(case)), "NUL character")
     assert not (case / "fresh").exists()
+
+
+def test_a_stop_signal_while_probing_an_output_leaves_no_probe(tmp_path: Path, monkeypatch) -> None:
+    """The writability probe (``.NAME.tmp-PID``) goes even when a stop signal's exception lands between its
+    creation and its removal (a SIGTERM at start-up had left one in an evaluation's folder)."""
+    import os
+
+    from detr_peg.guards import output_guard
+    from detr_peg.guards.output_guard import Output, check_writable
+
+    real_close = os.close
+
+    def close_then_interrupt(fd: int) -> None:
+        real_close(fd)
+        raise KeyboardInterrupt  # as the stop handler raises it, right after the probe was created
+
+    monkeypatch.setattr(output_guard.os, "close", close_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        check_writable("eval", [Output(tmp_path, "--output", ("metrics.json",))])
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    check_writable("eval", [Output(tmp_path, "--output", ("metrics.json",))])  # and a probe that completes
+    assert list(tmp_path.iterdir()) == []
