@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,15 @@ def pad_images(images: Sequence[Tensor], size_divisibility: int = 0) -> tuple[Te
         batch[i, :, : img.shape[1], : img.shape[2]].copy_(img)
         mask[i, : img.shape[1], : img.shape[2]] = False
     return batch, mask
+
+
+def further_padding(
+    fraction: float, size_divisibility: int = 1
+) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None:
+    """:func:`pad_further` by ``fraction`` as a batch hook (``run_inference``'s ``pad``); None for 0 (no change)."""
+    if fraction <= 0:
+        return None
+    return lambda images, mask: pad_further(images, mask, fraction, size_divisibility)
 
 
 def pad_further(images: Tensor, mask: Tensor, fraction: float, size_divisibility: int = 1) -> tuple[Tensor, Tensor]:

@@ -64,6 +64,10 @@ def test_a_second_command_on_a_held_folder_names_the_holder(tmp_path: Path) -> N
         assert json.loads((folder / HOLDER_FILE).read_text())["pid"] == os.getpid()
 
 
+def _blocked(signum: int, frame: object) -> None:
+    raise TimeoutError("reading the holder file blocked")
+
+
 def _valid_holder(**fields) -> str:
     return json.dumps({"pid": 1, "host": "elsewhere", "command": "train", "since": "now", **fields})
 
@@ -83,7 +87,7 @@ def test_a_damaged_holder_description_is_read_bounded_and_not_named(tmp_path: Pa
     """The description is for messages only: a damaged one gives the general message at once, never an error."""
     folder = tmp_path / "run"
     holder = _holder(folder, 60)
-    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the read blocked")))
+    previous = signal.signal(signal.SIGALRM, _blocked)
     signal.alarm(30)
     try:
         assert holder_alive(folder) is True

@@ -16,7 +16,7 @@ from pycocotools.coco import COCO
 
 from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.data.label_map import LabelMap
-from detr_peg.data.padding import pad_further
+from detr_peg.data.padding import further_padding
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.inference import run_inference
@@ -67,8 +67,6 @@ def predict_coco(
         extra_padding: grow every batch by this fraction of its size (:func:`~detr_peg.data.padding.pad_further`).
     """
     out: list[tuple[int, list[dict]]] = []
-    divisibility = loaded.model.size_divisibility
-    grow = (lambda images, mask: pad_further(images, mask, extra_padding, divisibility)) if extra_padding > 0 else None
     total = len(loader) if hasattr(loader, "__len__") else 0
     bar = log.progress(total=total, desc="eval") if log is not None else None
     try:
@@ -78,7 +76,7 @@ def predict_coco(
             device=device,
             amp=amp,
             on_batch=(lambda _: log.step(bar)) if log is not None else None,
-            pad=grow,
+            pad=further_padding(extra_padding, loaded.model.size_divisibility),
         ):
             for target, det in zip(batch.items, batch.detections):
                 image_id = int(target["image_id"])

@@ -62,7 +62,7 @@ import torch
 from torch import Tensor
 
 from detr_peg.data.coco_dataset import CocoDetection
-from detr_peg.data.padding import pad_further
+from detr_peg.data.padding import further_padding
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.evaluation.evaluate import merge_shards
@@ -88,7 +88,7 @@ def predict_raw(
         loader: an evaluation loader.
         device: where the model is.
         amp: the resolved autocast.
-        extra_padding: grow every batch by this fraction (:func:`pad_further`).
+        extra_padding: grow every batch by this fraction (:func:`~detr_peg.data.padding.pad_further`).
 
     Returns:
         ``(COCO results per image id, {image_id: (pred_logits Tensor[Q, K], pred_boxes Tensor[Q, 4])}
@@ -97,8 +97,7 @@ def predict_raw(
     results: list[tuple[int, list[dict]]] = []
     raw: dict[int, tuple[Tensor, Tensor]] = {}
     padded = total = 0
-    divisibility = loaded.model.size_divisibility
-    grow = (lambda images, mask: pad_further(images, mask, extra_padding, divisibility)) if extra_padding > 0 else None
+    grow = further_padding(extra_padding, loaded.model.size_divisibility)
     for batch in run_inference(loaded, loader, device=device, amp=amp, pad=grow):
         padded, total = padded + batch.padded_pixels, total + batch.total_pixels
         for i, (target, det) in enumerate(zip(batch.items, batch.detections)):
