@@ -32,10 +32,13 @@ from torchvision import tv_tensors  # noqa: E402
 from detr_peg.cli import option_types  # noqa: E402
 from detr_peg.cli.main import OneLineParser  # noqa: E402
 from detr_peg.data.image_input import as_rgb_tensor, collect_images  # noqa: E402
-from detr_peg.data.padding import pad_images  # noqa: E402
+from detr_peg.data.padding import (
+    pad_further,  # noqa: E402
+    pad_images,  # noqa: E402
+)
 from detr_peg.data.transforms import build_eval_transforms  # noqa: E402
 from detr_peg.detector import Detector  # noqa: E402
-from detr_peg.engine.evaluation.padding import EXTRA_PADDING, pad_further  # noqa: E402
+from detr_peg.engine.evaluation.padding import EXTRA_PADDING  # noqa: E402
 from detr_peg.errors import DataError, UserError  # noqa: E402
 from detr_peg.fileio.atomic import write_json  # noqa: E402
 from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
