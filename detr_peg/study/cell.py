@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from detr_peg.errors import UserError
 from detr_peg.fileio.atomic import write_json
 from detr_peg.guards.folder_lock import holder_alive
 from detr_peg.study.grid import Cell, EvalPlan
+from detr_peg.study.records import record
 from detr_peg.study.stored_files import read_cell_state
 
 CELLS_DIR = "cells"
@@ -203,8 +204,7 @@ def write_state(paths: CellPaths, state: dict[str, Any]) -> None:
 
 def new_state(cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
     """A new ``cell.json``: the cell (without ``sources``, which only words messages) and its resolved config."""
-    record = {k: v for k, v in asdict(cell).items() if k != "sources"}
-    return {**record, "config_resolved": config, "stages": {}, "status": "new", "error": None}
+    return {**record(cell), "config_resolved": config, "stages": {}, "status": "new", "error": None}
 
 
 def run_cell(

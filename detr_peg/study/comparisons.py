@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ import yaml
 from scipy import optimize, stats
 
 from detr_peg.errors import ConfigError
+from detr_peg.study.records import message_only, record
 
 #: Two-sided significance level of the verdicts and of the minimum detectable effect.
 ALPHA = 0.05
@@ -84,10 +85,10 @@ class ComparisonOptions:
 
     baseline: str | None = None
     equal_within: float = 1.0
-    baseline_source: str = field(default="--baseline", compare=False)
+    baseline_source: str = message_only("--baseline")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline, "equal_within": self.equal_within}
+        return record(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ComparisonOptions:

@@ -27,7 +27,7 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import yaml
 
 from detr_peg.errors import ConfigError
 from detr_peg.messages import shortened
+from detr_peg.study.records import message_only, record
 
 #: Characters kept in cell folder names; anything else becomes "-".
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9.=_+-]+")
@@ -50,7 +51,7 @@ class Axis:
 
     key: str
     values: tuple[str, ...]
-    source: str = field(default="--grid", compare=False)
+    source: str = message_only("--grid")
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,7 @@ class StudyDefinition:
     eval: EvalPlan = field(default_factory=EvalPlan)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["axes"] = [{"key": a.key, "values": list(a.values)} for a in self.axes]
-        return data
+        return record(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudyDefinition:
@@ -133,7 +132,7 @@ class Cell:
     values: tuple[tuple[str, str], ...]
     seed: int
     overrides: tuple[str, ...]
-    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    sources: tuple[tuple[str, str], ...] = message_only(())
 
 
 # ----------------------------------------------------------------------------- parsing

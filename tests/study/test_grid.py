@@ -388,4 +388,4 @@ def test_where_a_value_was_given_words_messages_only() -> None:
     assert axis == parse_axis("train.lr=1e-4,2e-4")  # the source is not part of the definition
     cell = expand_cells(StudyDefinition(configs=("c.yaml",), axes=(axis,)))[0]
     assert cell.sources == (("train.lr", "s.yaml: grid"),)
-    assert "sources" not in new_state(cell, {}) and new_state(cell, {})["values"] == (("train.lr", "1e-4"),)
+    assert "sources" not in new_state(cell, {}) and new_state(cell, {})["values"] == [["train.lr", "1e-4"]]
