@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from detr_peg.config import load_config
+from detr_peg.config.loader import config_to_dict
 from detr_peg.engine.optimizer import build_optimizer
 from detr_peg.models.builder import build_criterion, build_model
 from tests.conftest import REPO_ROOT
@@ -49,3 +50,31 @@ def test_proxy_trains_one_step_with_every_encoding(proxy: str, encoding: str) ->
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in position_params.values())
     optimizer.step()
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+@pytest.mark.parametrize(("proxy", "budget"), [("detr_small", 5000), ("deformable_small", 3000)])
+def test_a_multiscale_proxy_is_its_single_size_recipe_with_sizes_budget_and_padded_evaluation(
+    proxy: str, budget: int
+) -> None:
+    """``configs/proxy/*_multiscale.yaml`` changes only the training sizes, the budget and the evaluation padding."""
+    base = _flat(config_to_dict(load_config(REPO_ROOT / "configs" / "proxy" / f"{proxy}.yaml")))
+    multi = _flat(config_to_dict(load_config(REPO_ROOT / "configs" / "proxy" / f"{proxy}_multiscale.yaml")))
+    assert base.keys() == multi.keys()
+    changed = {key: (base[key], multi[key]) for key in base if base[key] != multi[key]}
+    assert changed == {
+        "data.train_scales": ([96], [64, 72, 80, 88, 96, 104, 112, 120, 128]),
+        "data.train_max_size": (96, 128),
+        "train.max_iters": (base["train.max_iters"], budget),
+        "train.output_dir": (f"outputs/proxy/{proxy}", f"outputs/proxy/{proxy}_multiscale"),
+        "eval.extra_padding": (0.0, 0.25),
+    }
+    # The budget ends the run before the epoch bound and before any learning-rate drop.
+    assert budget <= multi["train.epochs"] * 2000 // multi["train.batch_size"]
+    assert budget <= multi["train.lr_drop"] * 2000 // multi["train.batch_size"]
