@@ -186,6 +186,12 @@ class DataConfig:
             category ids as labels, as the official COCO models do.
         train_scales: short-side sizes drawn at random for training.
         train_max_size: longest side after resizing, training.
+        train_size_per: ``image`` draws a short side from ``train_scales``
+            for each training image, so a batch mixes sizes and is padded to
+            its largest image (DETR's recipe); ``batch`` draws one for the
+            whole batch, the same in every process (the batch-level
+            multi-scale of RT-DETR), so the padded batch, and with it the
+            token grid, changes from batch to batch.
         crop_scales: short sides of the optional resize before the random crop.
         crop_size: ``[min, max]`` side of the random crop.
         crop_prob: probability of the resize-and-crop branch.
@@ -207,6 +213,7 @@ class DataConfig:
         default_factory=lambda: list(range(480, 801, 32)), metadata=valid(1, memory=train_scales_memory, non_empty=True)
     )
     train_max_size: int = field(default=1333, metadata=valid(1))
+    train_size_per: Literal["image", "batch"] = "image"
     crop_scales: list[int] = field(default_factory=lambda: [400, 500, 600], metadata=valid(1, non_empty=True))
     crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1, non_empty=True))
     crop_prob: float = field(default=0.5, metadata=valid(0, 1))

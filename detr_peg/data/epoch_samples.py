@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from detr_peg.data.coco_dataset import CocoDetection
+from detr_peg.data.transforms import resize_sample
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -41,18 +42,23 @@ class EpochSampleDataset(Dataset):
     Args:
         dataset: a map-style dataset returning ``(image, target)``.
         seed: the run's seed (``train.seed``).
+        max_size: the long-side cap of a key's short side (``data.train_max_size``).
+
+    A key ``(epoch, index, short_side)`` (``data.train_size_per=batch``) also
+    resizes the sample to that short side (:func:`~detr_peg.data.transforms.resize_sample`).
     """
 
-    def __init__(self, dataset: Dataset, seed: int) -> None:
+    def __init__(self, dataset: Dataset, seed: int, max_size: int | None = None) -> None:
         super().__init__()
         self.dataset = dataset
         self.seed = int(seed)
+        self.max_size = max_size
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[Any, dict[str, Any]]:
-        epoch, index = key
+    def __getitem__(self, key: tuple[int, ...]) -> tuple[Any, dict[str, Any]]:
+        epoch, index, *short = key
         python_state = random.getstate()
         try:
             with torch.random.fork_rng(devices=[]):
@@ -62,6 +68,8 @@ class EpochSampleDataset(Dataset):
                 image, target = self.dataset[index]
         finally:
             random.setstate(python_state)
+        if short:
+            image, target = resize_sample(image, target, short[0], self.max_size)
         target["skipped_image_ids"] = self._skipped(index, target)
         return image, target
 

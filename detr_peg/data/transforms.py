@@ -165,7 +165,10 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
     ``cfg.crop_scales``, a :class:`RandomSizeCrop` with sides in
     ``cfg.crop_size``, removal of boxes left with less than one pixel of width,
     height or area, and the same random resize as the other branch; finally
-    conversion to the model input (see the module docstring).
+    conversion to the model input (see the module docstring). With
+    ``cfg.train_size_per == "batch"`` the resize to ``train_scales`` is left
+    out (both branches): the sampler draws one size per batch and
+    :func:`resize_sample` applies it.
 
     Raises:
         ConfigError: a size list is empty or not positive, ``crop_size`` is not
@@ -175,7 +178,9 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
     train_max = _check_sizes("train_max_size", cfg.train_max_size)[0]
     crop_prob = _check_probability("crop_prob", cfg.crop_prob)
     hflip_prob = _check_probability("hflip_prob", cfg.hflip_prob)
-    resize = short_side_resize(train_scales, train_max)
+    # With one size per batch the sampler draws it and the sample is resized after this pipeline
+    # (resize_sample); the crop branch keeps its own resize before the crop.
+    resize = short_side_resize(train_scales, train_max) if cfg.train_size_per == "image" else v2.Identity()
     steps: list[v2.Transform] = []
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(p=hflip_prob))
@@ -191,6 +196,27 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
     else:
         steps.append(resize)
     return v2.Compose(steps + _to_model_input())
+
+
+def resize_sample(image: Tensor, target: dict[str, Any], short: int, max_size: int | None) -> tuple[Tensor, dict]:
+    """Resize a model-ready sample (the end of the training pipeline) to short side ``short``, long side at most ``max_size``.
+
+    The size rule is :func:`short_side_resize`'s. Boxes are normalized
+    ``(cx, cy, w, h)`` relative to the image, so they do not change;
+    ``target["size"]`` becomes the new ``(h, w)``.
+
+    Args:
+        image: ``float32[3, H, W]``, normalised.
+        target: its target (``boxes`` normalized cxcywh, ``size``).
+        short: the short side in pixels.
+        max_size: cap on the long side, or None.
+
+    Returns:
+        ``(image, target)``: ``float32[3, H', W']`` and a new target dict.
+    """
+    size = None if max_size is not None and short >= max_size else [int(short)]
+    resized = F.resize(image, size, max_size=max_size, antialias=True)
+    return resized, {**target, "size": torch.tensor(list(resized.shape[-2:]), dtype=torch.int64)}
 
 
 def build_eval_transforms(cfg: DataConfig) -> v2.Compose:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import functools
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
+import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
@@ -35,8 +36,13 @@ from detr_peg.errors import ConfigError, UserError
 T = TypeVar("T")
 
 
-class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
-    """Batches of ``(epoch, index)`` keys for :class:`EpochSampleDataset`.
+class EpochBatchSampler(Sampler[list[tuple[int, ...]]]):
+    """Batches of ``(epoch, index)`` keys for :class:`EpochSampleDataset`, or ``(epoch, index, short_side)``.
+
+    With ``sizes``, each batch also carries one short side drawn from them,
+    a function of ``(seed, epoch, batch number)`` only: every process of a
+    distributed run draws the same size for the same step, and a resumed
+    epoch draws the sizes of the uninterrupted one.
 
     Args:
         num_samples: size of the dataset.
@@ -46,6 +52,7 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         rank: this process.
         world_size: number of processes.
         start_batch: batches of the epoch to skip (resuming mid-epoch).
+        sizes: short sides to draw one of per batch (``data.train_size_per=batch``); empty: none.
     """
 
     def __init__(
@@ -58,9 +65,12 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
         rank: int = 0,
         world_size: int = 1,
         start_batch: int = 0,
+        sizes: Sequence[int] = (),
     ) -> None:
         self.epoch = epoch
         self.start_batch = start_batch
+        self.sizes = [int(s) for s in sizes]
+        self.seed = int(seed)
         order = DistributedSampler(
             range(num_samples), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
         )
@@ -75,9 +85,14 @@ class EpochBatchSampler(Sampler[list[tuple[int, int]]]):
     def __len__(self) -> int:
         return max(len(self._batches) - self.start_batch, 0)
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        for batch in self._batches[self.start_batch :]:
-            yield [(self.epoch, index) for index in batch]
+    def __iter__(self) -> Iterator[list[tuple[int, ...]]]:
+        for number in range(self.start_batch, len(self._batches)):
+            batch = self._batches[number]
+            if not self.sizes:
+                yield [(self.epoch, index) for index in batch]
+                continue
+            draw = np.random.default_rng([self.seed & 0xFFFFFFFF, self.epoch, number]).integers(len(self.sizes))
+            yield [(self.epoch, index, self.sizes[draw]) for index in batch]
 
 
 def batches_per_epoch(num_samples: int, batch_size: int, world_size: int) -> int:
@@ -170,10 +185,11 @@ def build_train_loader(
         rank=env.rank,
         world_size=env.world_size,
         start_batch=start_batch,
+        sizes=cfg.data.train_scales if cfg.data.train_size_per == "batch" else (),
     )
     workers = max(cfg.data.num_workers, 0)
     return DataLoader(
-        EpochSampleDataset(dataset, cfg.train.seed),
+        EpochSampleDataset(dataset, cfg.train.seed, max_size=cfg.data.train_max_size),
         batch_sampler=sampler,
         collate_fn=functools.partial(collate_detection, size_divisibility=size_divisibility),
         num_workers=workers,
