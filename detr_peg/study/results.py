@@ -292,7 +292,9 @@ def collect(
     if rule is not None:
         results["seeds_auto"] = {
             **rule.to_dict(),
-            "stopped": describe_stop(results["comparisons"], definition.seeds, rule),
+            "stopped": describe_stop(
+                results["comparisons"], definition.seeds, rule, sum(r["status"] != "done" for r in records)
+            ),
         }
     return results
 
