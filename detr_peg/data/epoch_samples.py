@@ -1,6 +1,7 @@
 """Training samples whose augmentation is a pure function of ``(seed, epoch, index)``: the data half of exact resume.
 
-:class:`EpochSampleDataset` receives ``(epoch, index)`` keys from the sampler
+:class:`EpochSampleDataset` receives ``(epoch, index)`` keys (``(epoch, index, short_side)`` with one
+training size per batch) from the sampler
 (:class:`~detr_peg.engine.loader.EpochBatchSampler`) and seeds torch's and
 Python's generators from them before the sample is read, inside
 ``fork_rng`` so the caller's generators are untouched. The result does not
@@ -29,7 +30,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class EpochSampleDataset(Dataset):
-    """A dataset read with ``(epoch, index)`` keys, each sample seeded from them.
+    """A dataset read with ``(epoch, index)`` or ``(epoch, index, short_side)`` keys, each sample seeded from them.
 
     Also reports, per sample, which images of a ``CocoDetection`` in
     ``on_bad_sample="skip"`` mode were left out to produce it: the sample of a

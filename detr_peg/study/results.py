@@ -292,9 +292,7 @@ def collect(
     if rule is not None:
         results["seeds_auto"] = {
             **rule.to_dict(),
-            "stopped": describe_stop(
-                results["comparisons"], definition.seeds, rule, sum(r["status"] != "done" for r in records)
-            ),
+            "stopped": describe_stop(results["comparisons"], definition.seeds, rule, _pending(records)),
         }
     return results
 
@@ -431,15 +429,20 @@ def cells_lost(study_dir: Path, results: dict[str, Any]) -> list[str]:
     return sorted(done - {cell["name"] for cell in results["cells"] if cell["status"] == "done"})
 
 
+def _pending(records: Sequence[dict[str, Any]]) -> str:
+    """``52 not started, 2 interrupted``: the cells not done, by status; empty when every cell is done."""
+    counts = Counter(cell["status"] for cell in records if cell["status"] != "done")
+    return ", ".join(f"{n} {status}" for status, n in counts.most_common())
+
+
 def progress_line(results: dict[str, Any]) -> str:
     """``14 of 24 cells done; 2 running, 8 not started``: the cells of a study by their status.
 
     The status is the one each cell recorded, except that a cell recorded as
     running whose process is gone is ``stopped`` (:func:`~detr_peg.study.cell.reported_status`).
     """
-    counts = Counter(cell["status"] for cell in results["cells"])
-    done = counts.pop("done", 0)
-    rest = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+    done = sum(cell["status"] == "done" for cell in results["cells"])
+    rest = _pending(results["cells"])
     return f"{done} of {len(results['cells'])} cells done" + (f"; {rest}" if rest else "")
 
 

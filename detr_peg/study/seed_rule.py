@@ -94,19 +94,19 @@ def next_seeds(comparisons: dict[str, Any], seeds: int, rule: SeedRule) -> int:
     return min(rule.max_seeds, max([seeds + 1, *needed]))
 
 
-def describe_stop(comparisons: dict[str, Any], seeds: int, rule: SeedRule, not_done: int = 0) -> str:
-    """The report's sentence about the rule, from the cells done (so ``detr-peg plot`` writes it too).
+def describe_stop(comparisons: dict[str, Any], seeds: int, rule: SeedRule, pending: str = "") -> str:
+    """The report's sentence about the rule, from the study's cells (so ``detr-peg plot`` writes it too).
 
     Args:
         comparisons: the report's comparisons (their rows' half-widths).
         seeds: seeds per setting of the current round.
         rule: the stopping rule.
-        not_done: cells of the current round not done yet: the round is still under way, and nothing has stopped.
+        pending: the current round's cells that are not done, by status (``52 not started, 2 interrupted``);
+            empty when all are done. While any is pending the round is under way, and nothing has stopped it.
     """
     head = f"Seeds: auto (target ±{format_points(rule.target_ci)} AP, at most {rule.max_seeds} seeds); {seeds} seeds per setting"
-    if not_done:
-        cells = f"{not_done} cell{'s' if not_done > 1 else ''}"
-        return f"{head}; this round is not finished ({cells} not done; run the command again)."
+    if pending:
+        return f"{head}; this round is not finished (cells: {pending})."
     if intervals_reached(comparisons, rule.target_ci):
         return f"{head}; stopped: all intervals within ±{format_points(rule.target_ci)} AP."
     if seeds >= rule.max_seeds:

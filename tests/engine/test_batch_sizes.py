@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchvision import tv_tensors
 
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.epoch_samples import EpochSampleDataset
+from detr_peg.data.transforms import resize_sample, short_side_resize
 from detr_peg.engine.distributed import DistEnv
 from detr_peg.engine.loader import EpochBatchSampler, build_train_loader
 from detr_peg.errors import ConfigError
@@ -88,3 +90,17 @@ def test_a_batch_level_loader_gives_one_size_per_batch_and_several_over_an_epoch
 def test_an_unknown_train_size_per_is_refused(shapes: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="train_size_per"):
         _config(shapes, tmp_path, "epoch")
+
+
+@pytest.mark.parametrize(("short", "max_size"), [(30, 128), (40, 128), (64, 100), (70, 90), (96, 64)])
+def test_resize_sample_follows_the_short_side_rule_of_the_per_image_resize_on_a_non_square_image(
+    short: int, max_size: int
+) -> None:
+    """The size one batch-level draw gives a 50 x 100 image is the one the per-image resize gives it."""
+    image = torch.rand(3, 50, 100)
+    boxes = torch.tensor([[0.5, 0.5, 0.2, 0.4]])
+    resized, target = resize_sample(image, {"boxes": boxes, "size": torch.tensor([50, 100])}, short, max_size)
+    expected = short_side_resize([short], max_size)(tv_tensors.Image(image)).shape[-2:]
+    assert resized.shape[-2:] == expected
+    torch.testing.assert_close(target["size"], torch.tensor(list(expected)))
+    torch.testing.assert_close(target["boxes"], boxes)

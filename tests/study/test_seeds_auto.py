@@ -135,7 +135,7 @@ def test_rounds_stop_at_max_seeds_and_a_rerun_continues_where_they_stopped(
     assert fake.ran == [f"position.name=sine_seed{i}" for i in (5, 6, 7)] + ["position.name=peg_seed5"]
     # The report of a round under way says so, not what would have stopped it (peg's seeds 6 and 7 are not done).
     md = (study / "study.md").read_text()
-    assert "8 seeds per setting; this round is not finished (2 cells not done; run the command again)." in md
+    assert "8 seeds per setting; this round is not finished (cells: 2 not started)." in md
     assert "stopped:" not in md
     capsys.readouterr()
     fake.ran.clear()
