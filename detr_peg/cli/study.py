@@ -28,7 +28,9 @@ values. Seeds are train.seed = 0 .. N-1.
 Running the same command again skips finished cells, continues an interrupted
 cell from its checkpoint and retries failed ones; a changed definition (other
 than --seeds) or a changed cell config is refused. A failed cell does not
-stop the others; the exit status is then 3.
+stop the others; the exit status is then 3. Cells run seed by seed (every
+setting's seed 0, then seed 1, ...), so a study stopped partway holds whole
+seeds for the paired comparisons.
 
 --jobs N runs N cells at a time on this machine, each in a process of its own
 with 1/N of the CPU cores; Ctrl-C stops every running cell at its next

@@ -286,6 +286,17 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
     return cells
 
 
+def run_order(cells: Sequence[Cell]) -> list[Cell]:
+    """The order a study runs its cells in: seed by seed (every setting's seed 0, then every setting's seed 1, ...).
+
+    Within a seed the cells keep the plan's order. A paired comparison counts
+    only the seeds both settings have, so a study stopped partway (a round of
+    ``--seeds auto`` cut off, a machine taken back) holds whole seeds rather
+    than many seeds of one setting and none of the others.
+    """
+    return sorted(cells, key=lambda cell: cell.seed)
+
+
 #: The longest name of a folder on the common file systems (ext4, xfs, btrfs, tmpfs, APFS, NTFS), in bytes.
 MAX_NAME_BYTES = 255
 

@@ -50,7 +50,7 @@ from detr_peg.study.cell import (
     train_argv,
 )
 from detr_peg.study.comparisons import ComparisonOptions
-from detr_peg.study.grid import Cell, EvalPlan, StudyDefinition, expand_cells
+from detr_peg.study.grid import Cell, EvalPlan, StudyDefinition, expand_cells, run_order
 from detr_peg.study.parallel import run_parallel
 from detr_peg.study.results import collect
 from detr_peg.study.seed_rule import SeedRule, next_seeds, stop_reason
@@ -267,12 +267,14 @@ def run_here(
     jobs: int = 1,
 ) -> list[CellOutcome]:
     """Run the cells one after the other in this process (``jobs`` 1), or ``jobs`` at a time in processes of
-    their own (:mod:`detr_peg.study.parallel`), with a progress bar over the study.
+    their own (:mod:`detr_peg.study.parallel`), with a progress bar over the study; seed by seed
+    (:func:`~detr_peg.study.grid.run_order`).
 
     Raises:
         StudyInterrupted: a cell was stopped by a signal (it resumes at the next run).
     """
     study_dir = Path(study_dir)
+    cells = run_order(cells)
     if jobs > 1:
         outcomes, signum = run_parallel(study_dir, cells, definition.eval, run_command, jobs=jobs, describe=describe)
         stopped = [o for o in outcomes if o.status == "interrupted"]

@@ -9,12 +9,14 @@ import pytest
 from detr_peg.cli.main import main
 from detr_peg.config.loader import load_config
 from detr_peg.errors import ConfigError
-from detr_peg.study.cell import CellPaths, eval_argv, first_difference, new_state, train_argv
+from detr_peg.study.cell import CellPaths, cell_paths, eval_argv, first_difference, new_state, train_argv, write_state
 from detr_peg.study.comparisons import ComparisonOptions, compare
-from detr_peg.study.grid import Axis, EvalPlan, StudyDefinition, expand_cells, parse_axis, split_values
+from detr_peg.study.grid import Axis, EvalPlan, StudyDefinition, expand_cells, parse_axis, run_order, split_values
+from detr_peg.study.runner import run_here
 from detr_peg.study.slurm import ClusterOptions, parse_mem, parse_time, plan_lines
 from detr_peg.study.study_file import load_study_file
 from tests.conftest import REPO_ROOT
+from tests.study.conftest import write_base_config
 
 
 @pytest.mark.parametrize(
@@ -392,3 +394,27 @@ def test_where_a_value_was_given_words_messages_only() -> None:
     cell = expand_cells(StudyDefinition(configs=("c.yaml",), axes=(axis,)))[0]
     assert cell.sources == (("train.lr", "s.yaml: grid"),)
     assert "sources" not in new_state(cell, {}) and new_state(cell, {})["values"] == [["train.lr", "1e-4"]]
+
+
+def test_cells_run_seed_by_seed_in_the_plan_order_within_a_seed(tmp_path: Path) -> None:
+    # A study cut off partway must hold whole seeds: the paired comparisons count only seeds both settings have.
+    base = write_base_config(tmp_path / "base.yaml")
+    definition = StudyDefinition(configs=(str(base),), axes=(parse_axis("model.position.name=sine,peg,none"),), seeds=3)
+    cells = expand_cells(definition)
+    assert [c.name for c in cells][:3] == [f"position.name=sine_seed{s}" for s in range(3)]  # the plan: setting-major
+    study = tmp_path / "study"
+    ran: list[str] = []
+
+    def command(argv: list[str], log: Path) -> tuple[int, str | None]:
+        ran.append(log.parent.name)
+        return 0, None
+
+    # Two cells already done are skipped wherever they fall; the others run seed by seed.
+    for done in (cells[1], cells[3]):
+        write_state(cell_paths(study, done), {**new_state(done, {}), "status": "done"})
+    outcomes = run_here(study, definition, cells, command)
+    expected = [f"position.name={n}_seed{s}" for s in range(3) for n in ("sine", "peg", "none")]
+    assert ran == [name for name in expected if name not in (cells[1].name, cells[3].name)]
+    assert sorted(o.name for o in outcomes if o.status == "done") == sorted(ran)
+    assert sorted(o.name for o in outcomes if o.status == "skipped") == sorted([cells[1].name, cells[3].name])
+    assert run_order(cells) == sorted(cells, key=lambda c: (c.seed, cells.index(c)))

@@ -131,16 +131,18 @@ def test_rounds_stop_at_max_seeds_and_a_rerun_continues_where_they_stopped(
     fake.ran.clear()
     fake.interrupt = "position.name=peg_seed6"
     assert main(study_args("--max-seeds", "8")) == 143
-    # Cells run setting by setting: sine's seeds 5-7, then peg's 5 before peg's 6 was stopped.
-    assert fake.ran == [f"position.name=sine_seed{i}" for i in (5, 6, 7)] + ["position.name=peg_seed5"]
-    # The report of a round under way says so, not what would have stopped it (peg's seeds 6 and 7 are not done).
+    # Cells run seed by seed: sine's and peg's seed 5, then sine's seed 6 before peg's 6 was stopped.
+    assert fake.ran == ["position.name=sine_seed5", "position.name=peg_seed5", "position.name=sine_seed6"]
+    # The report of a round under way says so, not what would have stopped it (peg's 6, both 7s are not done).
     md = (study / "study.md").read_text()
-    assert "8 seeds per setting; this round is not finished (cells: 2 not started)." in md
+    assert "8 seeds per setting; this round is not finished (cells: 3 not started)." in md
     assert "stopped:" not in md
     capsys.readouterr()
     fake.ran.clear()
     assert main(study_args("--max-seeds", "8")) == 0
-    assert fake.ran == ["position.name=peg_seed6", "position.name=peg_seed7"]  # the rest was done
+    assert fake.ran == [
+        f"position.name={s}_seed{i}" for s, i in (("peg", 6), ("sine", 7), ("peg", 7))
+    ]  # the rest was done
     assert seeds_done(study) == list(range(8))
     assert "stopped at 8 seeds per setting: reached --max-seeds 8" in capsys.readouterr().out
 
