@@ -59,11 +59,11 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.parametrize(("proxy", "budget"), [("detr_small", 5000), ("deformable_small", 3000)])
-def test_a_multiscale_proxy_is_its_single_size_recipe_with_sizes_budget_and_padded_evaluation(
+@pytest.mark.parametrize(("proxy", "budget"), [("detr_small", 4000), ("deformable_small", 2750)])
+def test_a_multiscale_proxy_is_its_single_size_recipe_with_one_size_per_batch_and_its_budget(
     proxy: str, budget: int
 ) -> None:
-    """``configs/proxy/*_multiscale.yaml`` changes only the training sizes, the budget and the evaluation padding."""
+    """``configs/proxy/*_multiscale.yaml`` changes only the training sizes (one per batch) and the budget."""
     base = _flat(config_to_dict(load_config(REPO_ROOT / "configs" / "proxy" / f"{proxy}.yaml")))
     multi = _flat(config_to_dict(load_config(REPO_ROOT / "configs" / "proxy" / f"{proxy}_multiscale.yaml")))
     assert base.keys() == multi.keys()
@@ -71,9 +71,9 @@ def test_a_multiscale_proxy_is_its_single_size_recipe_with_sizes_budget_and_padd
     assert changed == {
         "data.train_scales": ([96], [64, 72, 80, 88, 96, 104, 112, 120, 128]),
         "data.train_max_size": (96, 128),
+        "data.train_size_per": ("image", "batch"),
         "train.max_iters": (base["train.max_iters"], budget),
         "train.output_dir": (f"outputs/proxy/{proxy}", f"outputs/proxy/{proxy}_multiscale"),
-        "eval.extra_padding": (0.0, 0.25),
     }
     # The budget ends the run before the epoch bound and before any learning-rate drop.
     assert budget <= multi["train.epochs"] * 2000 // multi["train.batch_size"]

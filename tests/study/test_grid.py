@@ -312,10 +312,13 @@ def test_multiscale_proxy_study_trains_every_cell_at_several_sizes() -> None:
     for cfg in configs:
         assert cfg.data.train_scales == [64, 72, 80, 88, 96, 104, 112, 120, 128] and cfg.data.train_max_size == 128
         assert cfg.data.val_scale == 96
-        assert cfg.eval.extra_padding == 0.25  # evaluated in padded batches, as the models were trained
+        assert cfg.data.train_size_per == "batch"  # one size per batch: the token grid changes from step to step
+        assert cfg.eval.extra_padding == 0.0  # evaluated one image at a time, as the models were trained
     budgets = {(c.model.arch, c.train.max_iters) for c in configs}
-    assert budgets == {("detr", 5000), ("deformable_detr", 3000)}
-    assert file.eval == {"scales": [1.0, 1.5, 2.0], "canvas_scales": [1.5, 2.0], "padding": True}
+    assert budgets == {("detr", 4000), ("deformable_detr", 2750)}
+    # 64 and 128 px lie inside the training range, 1.5x and 2x beyond it.
+    assert file.eval == {"scales": [0.6667, 1.0, 1.3333, 1.5, 2.0], "canvas_scales": [1.5, 2.0], "padding": True}
+    assert [round(96 * s) for s in file.eval["scales"]] == [64, 96, 128, 144, 192]
 
 
 def test_a_study_file_grid_value_is_named_in_its_file(tmp_path: Path, capsys) -> None:

@@ -1,0 +1,129 @@
+"""tools/box_scale.py: the size of a model's boxes against the true ones per test size, run as a script on a demo."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from torchvision.ops import box_iou
+
+from detr_peg.detector import Detector
+from tests.conftest import REPO_ROOT, run_python
+
+TOOL = "tools/box_scale.py"
+
+
+def _expected(checkpoint: Path, data: Path, short: int, long: int, count: int) -> dict:
+    """The tool's numbers for one test size, computed here from the annotation file and Detector.predict."""
+    coco = json.loads((data / "annotations_val.json").read_text())
+    images = coco["images"][:count]
+    detector = Detector.from_checkpoint(
+        checkpoint, device="cpu", overrides=[f"data.val_scale={short}", f"data.val_max_size={long}"]
+    )
+    found = detector.predict([data / "val" / image["file_name"] for image in images], threshold=0.0)
+    widths, heights, detections = [], [], 0
+    for image, result in zip(images, found):
+        truth = torch.tensor(
+            [
+                [x, y, x + w, y + h]
+                for a in coco["annotations"]
+                if a["image_id"] == image["id"]
+                for x, y, w, h in [a["bbox"]]
+            ],
+            dtype=torch.float32,
+        ).reshape(-1, 4)
+        boxes = torch.as_tensor(result.boxes, dtype=torch.float32).reshape(-1, 4)
+        detections += len(boxes)
+        if len(truth) and len(boxes):
+            iou = box_iou(boxes, truth)
+            for k in range(len(boxes)):
+                j = int(iou[k].argmax())
+                widths.append(float((boxes[k, 2] - boxes[k, 0]) / (truth[j, 2] - truth[j, 0])))
+                heights.append(float((boxes[k, 3] - boxes[k, 1]) / (truth[j, 3] - truth[j, 1])))
+    return {
+        "matched": len(widths),
+        "detections": detections,
+        "width_ratio": statistics.median(widths),
+        "height_ratio": statistics.median(heights),
+    }
+
+
+def test_the_tool_reports_the_median_box_size_ratio_per_test_size(tiny_demo_dir: Path, tmp_path: Path) -> None:
+    checkpoint, data = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data"
+    out = tmp_path / "box_scale.json"
+    proc = run_python(
+        TOOL, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json"),
+        "--images", str(data / "val"), "--scales", "1,1.5", "--count", "3", "--threshold", "0", "--min-iou", "0",
+        "--output", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report == json.loads(out.read_text())
+    assert (report["images"], report["threshold"], report["min_iou"]) == (3, 0.0, 0.0)
+    config = Detector.from_checkpoint(checkpoint, device="cpu").config.data
+    for row, scale in zip(report["results"], (1.0, 1.5), strict=True):
+        short, long = round(config.val_scale * scale), round(config.val_max_size * scale)
+        assert (row["scale"], row["short_side"]) == (scale, short)
+        expected = _expected(checkpoint, data, short, long, 3)
+        assert row["matched"] == expected["matched"] == row["detections"] > 0  # every box matched at IoU >= 0
+        torch.testing.assert_close(row["width_ratio"], expected["width_ratio"])
+        torch.testing.assert_close(row["height_ratio"], expected["height_ratio"])
+
+
+def test_each_scale_is_detected_at_its_own_size(tiny_demo_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    # A 2-iteration model predicts nearly the same normalised boxes at any size, so the ratios cannot show that
+    # each scale was run at its size: the detectors the tool builds are recorded instead.
+    spec = importlib.util.spec_from_file_location("box_scale_tool", REPO_ROOT / TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    built: list[tuple[int, int | None]] = []
+    original = Detector.from_checkpoint
+
+    def recording(path, **kwargs):
+        detector = original(path, **kwargs)
+        built.append((detector.config.data.val_scale, detector.config.data.val_max_size))
+        return detector
+
+    monkeypatch.setattr(tool.Detector, "from_checkpoint", recording)
+    checkpoint, data = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data"
+    argv = ["--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json")]
+    assert tool.main([*argv, "--images", str(data / "val"), "--count", "1", "--scales", "0.5,1,2"]) == 0
+    base = original(checkpoint, device="cpu").config.data
+    assert built[1:] == [
+        (round(base.val_scale * s), round(base.val_max_size * s)) for s in (0.5, 1.0, 2.0)
+    ]  # built[0]: the stored config
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert [r["short_side"] for r in rows] == [round(base.val_scale * s) for s in (0.5, 1.0, 2.0)]
+
+
+def test_a_match_needs_the_minimum_overlap(tiny_demo_dir: Path) -> None:
+    checkpoint, data = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data"
+    args = [TOOL, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json")]
+    proc = run_python(*args, "--images", str(data / "val"), "--count", "3", "--threshold", "0", "--min-iou", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)["results"]
+    # No detection of a 2-iteration model covers a true box exactly.
+    assert row["matched"] == 0 and row["detections"] > 0 and row["width_ratio"] is None
+
+
+def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path) -> None:
+    checkpoint, data = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data"
+    base = [TOOL, "--checkpoint", str(checkpoint), "--images", str(data / "val")]
+    proc = run_python(*base, "--annotations", str(tmp_path / "missing.json"))
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+    assert str(tmp_path / "missing.json") in proc.stderr and "Traceback" not in proc.stderr
+    for option, value in (("--scales", "0"), ("--scales", "1,1"), ("--count", "0"), ("--min-iou", "2")):
+        proc = run_python(*base, "--annotations", str(data / "annotations_val.json"), option, value)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"box_scale.py: error: argument {option}: ")
+        assert len(proc.stderr.strip().splitlines()) == 1
+    # The annotation file names an image the folder does not hold.
+    proc = run_python(TOOL, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json"),
+                      "--images", str(tmp_path))  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert f"is not in {tmp_path}" in proc.stderr
+    proc = run_python(TOOL, "--checkpoint", str(tmp_path / "c.pth"), "--annotations", str(data / "annotations_val.json"),
+                      "--images", str(data / "val"))  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "c.pth" in proc.stderr

@@ -1,0 +1,144 @@
+"""Whether a model's boxes follow the image size: the size of its boxes against the true ones, per test size.
+
+A DETR predicts boxes in coordinates normalised by the image, so a model that
+cannot tell how large the image is in pixels (objects smaller than a token,
+positions normalised by the image) predicts an object's size in image units
+as if every image had the size it saw most: resized larger its boxes come out
+too large, resized smaller too small, and AP75 falls while AP50 holds.
+
+For each ``--scales`` factor (as ``detr-peg eval --scales``: the validation
+short side and long-side cap times the factor) the first ``--count`` images of
+the annotation file are detected one image at a time (``Detector.predict``,
+boxes in the original image's pixels, ``x0, y0, x1, y1``), each detection
+scoring at least ``--threshold`` is matched to the ground-truth box of its
+image it overlaps most (kept when that IoU is at least ``--min-iou``), and
+the median ratio of its width and height to that box's is reported: 1 when
+the boxes keep the objects' size, above 1 when they are too large.
+
+Prints one JSON object; ``--output FILE`` writes it too. Bad input (an
+option out of range, no such checkpoint, annotation file or image) is one
+line on stderr and exit status 2.
+
+    python tools/box_scale.py --checkpoint RUN/checkpoint.pth --annotations outputs/proxy_data/data/annotations_val.json \\
+        --images outputs/proxy_data/data/val --scales 0.6667,1,1.3333
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+from torchvision.ops import box_iou  # noqa: E402
+
+from detr_peg.cli import option_types  # noqa: E402
+from detr_peg.cli.main import OneLineParser  # noqa: E402
+from detr_peg.data.coco_file import read_coco_file  # noqa: E402
+from detr_peg.detector import Detector  # noqa: E402
+from detr_peg.errors import DataError, UserError  # noqa: E402
+from detr_peg.fileio.atomic import write_json  # noqa: E402
+from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
+
+
+def ground_truth(annotation_file: Path, images: Path, count: int) -> list[tuple[Path, torch.Tensor]]:
+    """The first ``count`` images of a COCO annotation file, each with its boxes ``float32[N, 4]`` (x0, y0, x1, y1,
+    pixels); crowd boxes left out. DataError when the file is not a valid COCO file
+    (:func:`~detr_peg.data.coco_file.read_coco_file`) or an image file is missing."""
+    data = read_coco_file(annotation_file).data
+    boxes: dict[int, list[list[float]]] = {}
+    for ann in data["annotations"]:
+        if not ann.get("iscrowd", 0):
+            x, y, w, h = ann["bbox"]
+            boxes.setdefault(ann["image_id"], []).append([x, y, x + w, y + h])
+    out = []
+    for image in data["images"][:count]:
+        path = images / image["file_name"]
+        if not path.is_file():
+            raise DataError(f"{annotation_file}: image {image['file_name']!r} is not in {images}.")
+        out.append((path, torch.tensor(boxes.get(image["id"], []), dtype=torch.float32).reshape(-1, 4)))
+    return out
+
+
+def box_scale(
+    detector: Detector, samples: list[tuple[Path, torch.Tensor]], *, threshold: float, min_iou: float
+) -> dict:
+    """The median width and height ratio of matched detections to their ground truth (see the module docstring).
+
+    Returns:
+        ``{"matched", "detections", "width_ratio", "height_ratio"}``; the ratios are None when nothing matched.
+    """
+    results = detector.predict([path for path, _ in samples], threshold=threshold)
+    widths: list[float] = []
+    heights: list[float] = []
+    detections = 0
+    for (_, truth), found in zip(samples, results):
+        boxes = torch.as_tensor(found.boxes, dtype=torch.float32).reshape(-1, 4)
+        detections += len(boxes)
+        if not len(boxes) or not len(truth):
+            continue
+        best, index = box_iou(boxes, truth).max(dim=1)
+        for box, iou, j in zip(boxes, best.tolist(), index.tolist()):
+            if iou >= min_iou:
+                widths.append(float((box[2] - box[0]) / (truth[j, 2] - truth[j, 0])))
+                heights.append(float((box[3] - box[1]) / (truth[j, 3] - truth[j, 1])))
+    return {
+        "matched": len(widths),
+        "detections": detections,
+        "width_ratio": statistics.median(widths) if widths else None,
+        "height_ratio": statistics.median(heights) if heights else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(
+        prog="box_scale.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkpoint", required=True, metavar="FILE", help="a detr-peg checkpoint")
+    parser.add_argument("--annotations", required=True, type=Path, metavar="FILE", help="a COCO annotation file")
+    parser.add_argument("--images", required=True, type=Path, metavar="DIR", help="the folder of its images")
+    parser.add_argument(
+        "--scales", type=option_types.scale_list, default=[1.0], metavar="S1,S2", help="test scales (default 1)"
+    )
+    parser.add_argument(
+        "--count", type=option_types.integer(1), default=200, metavar="N", help="images to use (default 200)"
+    )
+    parser.add_argument(
+        "--threshold", type=option_types.number(0.0, 1.0), default=0.3, metavar="P", help="score (default 0.3)"
+    )
+    parser.add_argument(
+        "--min-iou", type=option_types.number(0.0, 1.0), default=0.1, metavar="IOU", help="match (default 0.1)"
+    )
+    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
+    args = parser.parse_args(argv)
+    try:
+        samples = ground_truth(args.annotations, args.images, args.count)
+        base = Detector.from_checkpoint(args.checkpoint, device="cpu").config.data
+        rows = []
+        for scale in args.scales:
+            short = max(1, round(base.val_scale * scale))
+            overrides = [f"data.val_scale={short}"]
+            if base.val_max_size is not None:
+                overrides.append(f"data.val_max_size={max(1, round(base.val_max_size * scale))}")
+            detector = Detector.from_checkpoint(args.checkpoint, device="cpu", overrides=overrides)
+            found = box_scale(detector, samples, threshold=args.threshold, min_iou=args.min_iou)
+            rows.append({"scale": scale, "short_side": short, **found})
+        result = {"images": len(samples), "threshold": args.threshold, "min_iou": args.min_iou, "results": rows}
+        if args.output:
+            write_json(args.output, result)
+    except UserError as exc:
+        print(f"box_scale.py: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file the system would not let us read
+        print(f"box_scale.py: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
