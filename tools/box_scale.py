@@ -4,10 +4,10 @@ A DETR predicts boxes in coordinates normalised by the image, so a model that
 cannot tell how large the image is in pixels (objects smaller than a token,
 positions normalised by the image) predicts an object's size in image units
 as if every image had the size it saw most: resized larger its boxes come out
-too large, resized smaller too small, and AP75 falls while AP50 holds.
+too large, resized smaller too small, and AP75 falls faster than AP50.
 
 For each ``--scales`` factor (as ``detr-peg eval --scales``: the validation
-short side and long-side cap times the factor) the first ``--count`` images of
+short side and long-side cap times the factor, checked the same way before anything runs) the first ``--count`` images of
 the annotation file are detected one image at a time (``Detector.predict``,
 boxes in the original image's pixels, ``x0, y0, x1, y1``), each detection
 scoring at least ``--threshold`` is matched to the ground-truth box of its
@@ -40,14 +40,15 @@ from detr_peg.cli import option_types  # noqa: E402
 from detr_peg.cli.main import OneLineParser  # noqa: E402
 from detr_peg.data.coco_file import read_coco_file  # noqa: E402
 from detr_peg.detector import Detector  # noqa: E402
+from detr_peg.engine.evaluation.scales import check_scales, scaled_data  # noqa: E402
 from detr_peg.errors import DataError, UserError  # noqa: E402
 from detr_peg.fileio.atomic import write_json  # noqa: E402
 from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
 
 
-def ground_truth(annotation_file: Path, images: Path, count: int) -> list[tuple[Path, torch.Tensor]]:
+def ground_truth(annotation_file: Path, images: Path, count: int) -> tuple[list[tuple[Path, torch.Tensor]], list[dict]]:
     """The first ``count`` images of a COCO annotation file, each with its boxes ``float32[N, 4]`` (x0, y0, x1, y1,
-    pixels); crowd boxes left out. DataError when the file is not a valid COCO file
+    pixels; crowd boxes left out), and their ``images`` entries. DataError when the file is not a valid COCO file
     (:func:`~detr_peg.data.coco_file.read_coco_file`) or an image file is missing."""
     data = read_coco_file(annotation_file).data
     boxes: dict[int, list[list[float]]] = {}
@@ -56,12 +57,13 @@ def ground_truth(annotation_file: Path, images: Path, count: int) -> list[tuple[
             x, y, w, h = ann["bbox"]
             boxes.setdefault(ann["image_id"], []).append([x, y, x + w, y + h])
     out = []
-    for image in data["images"][:count]:
+    chosen = data["images"][:count]
+    for image in chosen:
         path = images / image["file_name"]
         if not path.is_file():
             raise DataError(f"{annotation_file}: image {image['file_name']!r} is not in {images}.")
         out.append((path, torch.tensor(boxes.get(image["id"], []), dtype=torch.float32).reshape(-1, 4)))
-    return out
+    return out, chosen
 
 
 def box_scale(
@@ -116,18 +118,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
     args = parser.parse_args(argv)
     try:
-        samples = ground_truth(args.annotations, args.images, args.count)
-        base = Detector.from_checkpoint(args.checkpoint, device="cpu").config.data
+        if args.output is not None and not args.output.parent.is_dir():
+            raise DataError(f"--output {args.output}: the folder {args.output.parent} does not exist.")
+        samples, images = ground_truth(args.annotations, args.images, args.count)
+        data = Detector.from_checkpoint(args.checkpoint, device="cpu").config.data
+        check_scales(data, args.scales, (), images)  # every scale before any detection, as detr-peg eval does
         rows = []
         for scale in args.scales:
-            short = max(1, round(base.val_scale * scale))
-            overrides = [f"data.val_scale={short}"]
-            if base.val_max_size is not None:
-                overrides.append(f"data.val_max_size={max(1, round(base.val_max_size * scale))}")
+            size = scaled_data(data, scale)
+            overrides = [f"data.val_scale={size.val_scale}", f"data.val_max_size={size.val_max_size}"]
             detector = Detector.from_checkpoint(args.checkpoint, device="cpu", overrides=overrides)
             found = box_scale(detector, samples, threshold=args.threshold, min_iou=args.min_iou)
-            rows.append({"scale": scale, "short_side": short, **found})
-        result = {"images": len(samples), "threshold": args.threshold, "min_iou": args.min_iou, "results": rows}
+            rows.append({"scale": scale, "short_side": size.val_scale, **found})
+        result = {
+            "checkpoint": str(args.checkpoint),
+            "annotations": str(args.annotations),
+            "images": len(samples),
+            "threshold": args.threshold,
+            "min_iou": args.min_iou,
+            "results": rows,
+        }
         if args.output:
             write_json(args.output, result)
     except UserError as exc:

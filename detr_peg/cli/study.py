@@ -28,9 +28,10 @@ values. Seeds are train.seed = 0 .. N-1.
 Running the same command again skips finished cells, continues an interrupted
 cell from its checkpoint and retries failed ones; a changed definition (other
 than --seeds) or a changed cell config is refused. A failed cell does not
-stop the others; the exit status is then 3. Cells run seed by seed (every
-setting's seed 0, then seed 1, ...), so a study stopped partway holds whole
-seeds for the paired comparisons.
+stop the others; the exit status is then 3. Cells run (or are submitted)
+seed by seed (every setting's seed 0, then seed 1, ...), so a study stopped
+partway holds whole seeds for the paired comparisons; --plan lists them
+setting by setting.
 
 --jobs N runs N cells at a time on this machine, each in a process of its own
 with 1/N of the CPU cores; Ctrl-C stops every running cell at its next
@@ -335,6 +336,7 @@ def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, ce
         _NotWaiting: ``--no-wait`` after submitting the jobs.
     """
     from detr_peg.study import runner, slurm
+    from detr_peg.study.grid import run_order
 
     todo = [cell for cell in cells if not runner.is_done(study_dir, cell)]
     print(f"study: {len(cells)} cells in {study_dir} ({len(cells) - len(todo)} already done)", flush=True)
@@ -344,6 +346,7 @@ def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, ce
         return runner.run_here(study_dir, definition, cells, run_command, jobs=args.jobs or 1)
     if definition.eval.canvas_scales:
         runner.make_canvas_sets(todo, definition.eval.canvas_scales)
+    todo = run_order(todo)  # submitted seed by seed, as they run here
     submitted = slurm.submit(study_dir, todo, definition.eval, cluster, run_command)
     print(
         f"study: submitted {len(submitted)} jobs ({listed(j.job_id for j in submitted)}); "

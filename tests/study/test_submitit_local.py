@@ -54,3 +54,24 @@ def test_two_cell_study_through_submitit_local_jobs_completes_with_tables(tmp_pa
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "(2 already done)" in out and "submitted" not in out
+
+
+def test_cluster_jobs_are_submitted_seed_by_seed(tmp_path, shapes, monkeypatch) -> None:
+    # As cells run here (tests/study/test_grid.py): a cluster that runs the first jobs first gives whole seeds.
+    from detr_peg.study import slurm
+
+    class Submitted(Exception):
+        pass
+
+    order: list[str] = []
+
+    def submit(study_dir, cells, plan, cluster, run_command):
+        order.extend(cell.name for cell in cells)
+        raise Submitted
+
+    monkeypatch.setattr(slurm, "submit", submit)
+    base = write_base_config(tmp_path / "base.yaml")
+    args = ["study", "--config", str(base), "--grid", "model.position.name=sine,peg", "--seeds", "2"]
+    with pytest.raises(Submitted):
+        main([*args, "--submitit-local", "--output", str(tmp_path / "study"), *tiny_overrides(shapes)])
+    assert order == [f"position.name={name}_seed{seed}" for seed in (0, 1) for name in ("sine", "peg")]

@@ -63,6 +63,7 @@ def test_the_tool_reports_the_median_box_size_ratio_per_test_size(tiny_demo_dir:
     report = json.loads(proc.stdout)
     assert report == json.loads(out.read_text())
     assert (report["images"], report["threshold"], report["min_iou"]) == (3, 0.0, 0.0)
+    assert (report["checkpoint"], report["annotations"]) == (str(checkpoint), str(data / "annotations_val.json"))
     config = Detector.from_checkpoint(checkpoint, device="cpu").config.data
     for row, scale in zip(report["results"], (1.0, 1.5), strict=True):
         short, long = round(config.val_scale * scale), round(config.val_max_size * scale)
@@ -119,6 +120,14 @@ def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path) -
         proc = run_python(*base, "--annotations", str(data / "annotations_val.json"), option, value)
         assert proc.returncode == 2 and proc.stderr.startswith(f"box_scale.py: error: argument {option}: ")
         assert len(proc.stderr.strip().splitlines()) == 1
+    # Every scale is checked before anything runs, as detr-peg eval checks them; so is the output's folder.
+    proc = run_python(*base, "--annotations", str(data / "annotations_val.json"), "--scales", "1,1000")
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("box_scale.py: --scales 1000 gives images of up to ")
+    missing = tmp_path / "no" / "out.json"
+    proc = run_python(*base, "--annotations", str(data / "annotations_val.json"), "--output", str(missing))
+    assert proc.returncode == 2 and proc.stdout == "" and not missing.parent.exists()
+    assert proc.stderr.strip() == f"box_scale.py: --output {missing}: the folder {missing.parent} does not exist."
     # The annotation file names an image the folder does not hold.
     proc = run_python(TOOL, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json"),
                       "--images", str(tmp_path))  # fmt: skip
