@@ -26,6 +26,7 @@ line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -34,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torch  # noqa: E402
-from torchvision.ops import box_iou  # noqa: E402
+from torchvision.ops import box_convert, box_iou  # noqa: E402
 
 from detr_peg.cli import option_types  # noqa: E402
 from detr_peg.cli.main import OneLineParser  # noqa: E402
@@ -54,15 +55,15 @@ def ground_truth(annotation_file: Path, images: Path, count: int) -> tuple[list[
     boxes: dict[int, list[list[float]]] = {}
     for ann in data["annotations"]:
         if not ann.get("iscrowd", 0):
-            x, y, w, h = ann["bbox"]
-            boxes.setdefault(ann["image_id"], []).append([x, y, x + w, y + h])
+            boxes.setdefault(ann["image_id"], []).append(ann["bbox"])
     out = []
     chosen = data["images"][:count]
     for image in chosen:
         path = images / image["file_name"]
         if not path.is_file():
             raise DataError(f"{annotation_file}: image {image['file_name']!r} is not in {images}.")
-        out.append((path, torch.tensor(boxes.get(image["id"], []), dtype=torch.float32).reshape(-1, 4)))
+        xywh = torch.tensor(boxes.get(image["id"], []), dtype=torch.float32).reshape(-1, 4)
+        out.append((path, box_convert(xywh, "xywh", "xyxy")))
     return out, chosen
 
 
@@ -121,13 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.output is not None and not args.output.parent.is_dir():
             raise DataError(f"--output {args.output}: the folder {args.output.parent} does not exist.")
         samples, images = ground_truth(args.annotations, args.images, args.count)
-        data = Detector.from_checkpoint(args.checkpoint, device="cpu").config.data
+        loaded = Detector.from_checkpoint(args.checkpoint, device="cpu").loaded  # read once, resized per scale
+        data = loaded.config.data
         check_scales(data, args.scales, (), images)  # every scale before any detection, as detr-peg eval does
         rows = []
         for scale in args.scales:
             size = scaled_data(data, scale)
-            overrides = [f"data.val_scale={size.val_scale}", f"data.val_max_size={size.val_max_size}"]
-            detector = Detector.from_checkpoint(args.checkpoint, device="cpu", overrides=overrides)
+            config = dataclasses.replace(loaded.config, data=size)
+            detector = Detector(dataclasses.replace(loaded, config=config), device="cpu")
             found = box_scale(detector, samples, threshold=args.threshold, min_iou=args.min_iou)
             rows.append({"scale": scale, "short_side": size.val_scale, **found})
         result = {

@@ -76,26 +76,23 @@ def test_the_tool_reports_the_median_box_size_ratio_per_test_size(tiny_demo_dir:
 
 def test_each_scale_is_detected_at_its_own_size(tiny_demo_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     # A 2-iteration model predicts nearly the same normalised boxes at any size, so the ratios cannot show that
-    # each scale was run at its size: the detectors the tool builds are recorded instead.
+    # each scale was run at its size: the detectors the tool measures with are recorded instead.
     spec = importlib.util.spec_from_file_location("box_scale_tool", REPO_ROOT / TOOL)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    built: list[tuple[int, int | None]] = []
-    original = Detector.from_checkpoint
+    used: list[tuple[int, int | None]] = []
+    original = tool.box_scale
 
-    def recording(path, **kwargs):
-        detector = original(path, **kwargs)
-        built.append((detector.config.data.val_scale, detector.config.data.val_max_size))
-        return detector
+    def recording(detector, samples, **kwargs):
+        used.append((detector.config.data.val_scale, detector.config.data.val_max_size))
+        return original(detector, samples, **kwargs)
 
-    monkeypatch.setattr(tool.Detector, "from_checkpoint", recording)
+    monkeypatch.setattr(tool, "box_scale", recording)
     checkpoint, data = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data"
     argv = ["--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json")]
     assert tool.main([*argv, "--images", str(data / "val"), "--count", "1", "--scales", "0.5,1,2"]) == 0
-    base = original(checkpoint, device="cpu").config.data
-    assert built[1:] == [
-        (round(base.val_scale * s), round(base.val_max_size * s)) for s in (0.5, 1.0, 2.0)
-    ]  # built[0]: the stored config
+    base = Detector.from_checkpoint(checkpoint, device="cpu").config.data
+    assert used == [(round(base.val_scale * s), round(base.val_max_size * s)) for s in (0.5, 1.0, 2.0)]
     rows = json.loads(capsys.readouterr().out)["results"]
     assert [r["short_side"] for r in rows] == [round(base.val_scale * s) for s in (0.5, 1.0, 2.0)]
 
