@@ -132,6 +132,18 @@ def test_bad_inputs_are_one_sentence_naming_the_image(detector, bad, words) -> N
     assert named and words in message and "\n" not in message
 
 
+def test_an_image_far_longer_than_wide_is_detected_at_one_pixel_of_height(detector) -> None:
+    # The resize rule would make its short side 0 px (data.val_max_size caps the long side); it stays 1 px.
+    strip = torch.randint(0, 256, (3, 1, 4 * detector.config.data.val_max_size), dtype=torch.uint8)
+    found = detector.predict([strip, strip.transpose(1, 2)], threshold=0.0)
+    assert [f.image_size for f in found] == [(1, strip.shape[2]), (strip.shape[2], 1)]
+    assert all(len(f) == detector.config.model.num_queries for f in found)
+    for f in found:
+        height, width = f.image_size
+        assert bool((f.boxes >= 0).all()) and bool((f.boxes[:, 0::2] <= width).all())
+        assert bool((f.boxes[:, 1::2] <= height).all())
+
+
 def test_bad_settings_are_refused(detector) -> None:
     image = torch.zeros(3, 32, 32, dtype=torch.uint8)
     with pytest.raises(ConfigError, match="threshold must be between 0 and 1, got 1.5"):

@@ -47,9 +47,9 @@ from detr_peg.fileio.atomic import write_json  # noqa: E402
 from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
 
 
-def ground_truth(annotation_file: Path, images: Path, count: int) -> tuple[list[tuple[Path, torch.Tensor]], list[dict]]:
+def ground_truth(annotation_file: Path, images: Path, count: int) -> list[tuple[Path, torch.Tensor]]:
     """The first ``count`` images of a COCO annotation file, each with its boxes ``float32[N, 4]`` (x0, y0, x1, y1,
-    pixels; crowd boxes left out), and their ``images`` entries. DataError when the file is not a valid COCO file
+    pixels; crowd boxes left out). DataError when the file is not a valid COCO file
     (:func:`~detr_peg.data.coco_file.read_coco_file`) or an image file is missing."""
     data = read_coco_file(annotation_file).data
     boxes: dict[int, list[list[float]]] = {}
@@ -57,14 +57,13 @@ def ground_truth(annotation_file: Path, images: Path, count: int) -> tuple[list[
         if not ann.get("iscrowd", 0):
             boxes.setdefault(ann["image_id"], []).append(ann["bbox"])
     out = []
-    chosen = data["images"][:count]
-    for image in chosen:
+    for image in data["images"][:count]:
         path = images / image["file_name"]
         if not path.is_file():
             raise DataError(f"{annotation_file}: image {image['file_name']!r} is not in {images}.")
         xywh = torch.tensor(boxes.get(image["id"], []), dtype=torch.float32).reshape(-1, 4)
         out.append((path, box_convert(xywh, "xywh", "xyxy")))
-    return out, chosen
+    return out
 
 
 def box_scale(
@@ -121,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.output is not None and not args.output.parent.is_dir():
             raise DataError(f"--output {args.output}: the folder {args.output.parent} does not exist.")
-        samples, images = ground_truth(args.annotations, args.images, args.count)
+        samples = ground_truth(args.annotations, args.images, args.count)
         loaded = Detector.from_checkpoint(args.checkpoint, device="cpu").loaded  # read once, resized per scale
         data = loaded.config.data
-        check_scales(data, args.scales, (), images)  # every scale before any detection, as detr-peg eval does
+        check_scales(data, args.scales, ())  # every scale before any detection, as detr-peg eval does
         rows = []
         for scale in args.scales:
             size = scaled_data(data, scale)

@@ -101,14 +101,10 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
     cfg = config_over_checkpoint(checkpoint, args.config, args.overrides)
     if args.scales or args.canvas_scales:
-        from detr_peg.data.coco_file import read_coco_file
         from detr_peg.engine.evaluation.scales import canvas_side, check_scales, synthetic_params
 
-        # Refused before the first evaluation and before anything is written, against the images themselves.
-        images = []
-        if cfg.data.val_annotations and Path(cfg.data.val_annotations).is_file():
-            images = read_coco_file(cfg.data.val_annotations, on_bad_sample=cfg.data.on_bad_sample).data["images"]
-        check_scales(cfg.data, args.scales, args.canvas_scales, images)
+        # Refused before the first evaluation and before anything is written.
+        check_scales(cfg.data, args.scales, args.canvas_scales)
         if args.canvas_scales:
             _, params = synthetic_params(cfg.data)
             for scale in args.canvas_scales:

@@ -37,6 +37,10 @@ Lookup = Callable[[str], Any]
 #: outgrow a machine's memory.
 MAX_TEST_SIDE = 8192
 
+#: Shortest resize target (pixels) a size field or a test scale may give: a resize to 1 x 1 px trips an
+#: assertion in torch's antialiased uint8 kernel, and every side of 2 px or more gives images of at least 1 x 2 px.
+MIN_IMAGE_SIDE = 2
+
 
 @dataclass(frozen=True)
 class Range:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from detr_peg.config.ranges import (
+    MIN_IMAGE_SIDE,
     batch_memory,
     classes_memory,
     eval_batch_memory,
@@ -210,16 +211,19 @@ class DataConfig:
     val_annotations: str | None = None
     contiguous_labels: bool = True
     train_scales: list[int] = field(
-        default_factory=lambda: list(range(480, 801, 32)), metadata=valid(1, memory=train_scales_memory, non_empty=True)
+        default_factory=lambda: list(range(480, 801, 32)),
+        metadata=valid(MIN_IMAGE_SIDE, memory=train_scales_memory, non_empty=True),
     )
-    train_max_size: int = field(default=1333, metadata=valid(1))
+    train_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE))
     train_size_per: Literal["image", "batch"] = "image"
-    crop_scales: list[int] = field(default_factory=lambda: [400, 500, 600], metadata=valid(1, non_empty=True))
+    crop_scales: list[int] = field(
+        default_factory=lambda: [400, 500, 600], metadata=valid(MIN_IMAGE_SIDE, non_empty=True)
+    )
     crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1, non_empty=True))
     crop_prob: float = field(default=0.5, metadata=valid(0, 1))
     hflip_prob: float = field(default=0.5, metadata=valid(0, 1))
-    val_scale: int = field(default=800, metadata=valid(1, memory=val_scale_memory))
-    val_max_size: int = field(default=1333, metadata=valid(1))
+    val_scale: int = field(default=800, metadata=valid(MIN_IMAGE_SIDE, memory=val_scale_memory))
+    val_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE))
     num_workers: int = field(default=2, metadata=valid(0, MAX_WORKERS))
     on_bad_sample: Literal["error", "skip"] = "error"
 

@@ -17,7 +17,10 @@ to the unpadded transformed image**, the format DETR predicts.
 
 Short-side resizing follows torchvision's ``Resize(size, max_size)`` rule: the
 short side becomes ``size`` unless the long side would exceed ``max_size``, in
-which case the long side becomes exactly ``max_size``.
+which case the long side becomes exactly ``max_size``; unlike torchvision,
+no side becomes less than 1 pixel (:func:`resized_size`), so an image far
+longer than wide (a 1 x 150 px strip) is resized to 1 x 96 px, not refused
+with an error from the kernel.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from torchvision.ops import box_convert
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from detr_peg.config.ranges import field_range
 from detr_peg.config.schema import DataConfig
 from detr_peg.errors import ConfigError
 
@@ -111,25 +115,70 @@ def sanitize_boxes() -> v2.SanitizeBoundingBoxes:
     return v2.SanitizeBoundingBoxes(min_size=1.0, min_area=1.0, labels_getter=_per_box_fields)
 
 
+def resized_size(height: int, width: int, short: int | None, max_size: int | None) -> tuple[int, int]:
+    """``(H', W')`` of the short-side resize of an ``height x width`` image, each side at least 1 pixel.
+
+    torchvision's ``Resize([short], max_size)`` rule, sides truncated to whole
+    pixels: the short side becomes ``short`` and the long side keeps the
+    aspect ratio, unless that passes ``max_size``, which then becomes the long
+    side (the short side scaled with it). ``short`` of ``None`` or at least
+    ``max_size`` resizes the long side to ``max_size``. A side that the rule
+    would truncate to 0 becomes 1 (torchvision's kernel refuses 0).
+
+    Args:
+        height: image height in pixels.
+        width: image width in pixels.
+        short: the short side asked for, or ``None`` (then ``max_size`` is needed).
+        max_size: cap on the long side, or ``None``.
+    """
+    small, large = sorted((height, width))
+    if short is None or (max_size is not None and short >= max_size):
+        assert max_size is not None, "resized_size needs a short side or a max_size"
+        new_small, new_large = int(max_size * small / large), max_size
+    else:
+        new_small, new_large = short, int(short * large / small)
+        if max_size is not None and new_large > max_size:
+            new_small, new_large = int(max_size * new_small / new_large), max_size
+    new_small, new_large = max(1, new_small), max(1, new_large)
+    return (new_small, new_large) if height <= width else (new_large, new_small)
+
+
+class ShortSideResize(v2.Transform):
+    """Resize so the short side is ``short``, the long side at most ``max_size`` (:func:`resized_size`).
+
+    Images with antialiasing, boxes with them. Draws no random number.
+
+    Args:
+        short: the short side in pixels (``None``: the long side becomes ``max_size``).
+        max_size: cap on the long side (``None``: no cap).
+    """
+
+    def __init__(self, short: int | None, max_size: int | None = None):
+        super().__init__()
+        self.short = short
+        self.max_size = max_size
+
+    def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
+        return {"size": list(resized_size(*v2.query_size(flat_inputs), self.short, self.max_size))}
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        return self._call_kernel(F.resize, inpt, params["size"], antialias=True)
+
+
 def short_side_resize(scales: Sequence[int], max_size: int | None = None) -> v2.Transform:
     """Resize so the short side is a random choice of ``scales``, the long side at most ``max_size``.
 
     Args:
-        scales: candidate short-side lengths in pixels, drawn uniformly.
+        scales: candidate short-side lengths in pixels, drawn uniformly
+            (``v2.RandomChoice``) among :class:`ShortSideResize` steps.
         max_size: cap on the long side (``None``: no cap). A scale ``>=
-            max_size`` resizes the long side to ``max_size`` (torchvision refuses
-            ``size >= max_size``, and such a short side could never be reached).
+            max_size`` resizes the long side to ``max_size``.
 
     ``v2.RandomShortestSize`` is not used because it sizes both sides as
     ``int(side * ratio)``, which can fall one pixel short of the requested short
     side (a 103 px side asked to become 128 becomes 127).
     """
-    choices = [
-        v2.Resize(None, max_size=max_size)
-        if max_size is not None and s >= max_size
-        else v2.Resize(int(s), max_size=max_size)
-        for s in scales
-    ]
+    choices = [ShortSideResize(int(s), max_size) for s in scales]
     return choices[0] if len(choices) == 1 else v2.RandomChoice(choices)
 
 
@@ -143,9 +192,11 @@ def _to_model_input() -> list[v2.Transform]:
 
 
 def _check_sizes(name: str, given: Any) -> list[int]:
+    """The sizes of ``data.<name>`` as a list, checked against the field's range in the schema."""
     values = list(given) if isinstance(given, (list, tuple)) else [given]
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
-        raise ConfigError(f"data.{name} is {given!r}; it must hold positive integers (pixels).")
+    allowed = field_range(DataConfig.__dataclass_fields__[name].metadata)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v in allowed for v in values):
+        raise ConfigError(f"data.{name} is {given!r}; it must hold whole numbers of pixels {allowed.describe()}.")
     return values
 
 
@@ -171,7 +222,8 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
     :func:`resize_sample` applies it.
 
     Raises:
-        ConfigError: a size list is empty or not positive, ``crop_size`` is not
+        ConfigError: a size list is empty or outside its range in the schema
+            (sizes of at least 2 px, ``crop_size`` of at least 1), ``crop_size`` is not
             ``[min, max]`` with ``min <= max``, or a probability is outside [0, 1].
     """
     train_scales = _check_sizes("train_scales", cfg.train_scales)
@@ -201,7 +253,7 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
 def resize_sample(image: Tensor, target: dict[str, Any], short: int, max_size: int | None) -> tuple[Tensor, dict]:
     """Resize a model-ready sample (the end of the training pipeline) to short side ``short``, long side at most ``max_size``.
 
-    The size rule is :func:`short_side_resize`'s. Boxes are normalized
+    The size rule is :func:`resized_size`. Boxes are normalized
     ``(cx, cy, w, h)`` relative to the image, so they do not change;
     ``target["size"]`` becomes the new ``(h, w)``.
 
@@ -214,8 +266,7 @@ def resize_sample(image: Tensor, target: dict[str, Any], short: int, max_size: i
     Returns:
         ``(image, target)``: ``float32[3, H', W']`` and a new target dict.
     """
-    size = None if max_size is not None and short >= max_size else [int(short)]
-    resized = F.resize(image, size, max_size=max_size, antialias=True)
+    resized = F.resize(image, list(resized_size(*image.shape[-2:], int(short), max_size)), antialias=True)
     return resized, {**target, "size": torch.tensor(list(resized.shape[-2:]), dtype=torch.int64)}
 
 
@@ -227,7 +278,7 @@ def build_eval_transforms(cfg: DataConfig) -> v2.Compose:
     docstring).
 
     Raises:
-        ConfigError: ``val_scale`` or ``val_max_size`` is not a positive integer.
+        ConfigError: ``val_scale`` or ``val_max_size`` is not a whole number of at least 2 px.
     """
     scale = _check_sizes("val_scale", cfg.val_scale)[0]
     max_size = _check_sizes("val_max_size", cfg.val_max_size)[0]

@@ -17,6 +17,8 @@ from detr_peg.data.transforms import (
     RandomSizeCrop,
     build_eval_transforms,
     build_train_transforms,
+    resize_sample,
+    resized_size,
     sanitize_boxes,
     short_side_resize,
 )
@@ -113,6 +115,49 @@ def test_eval_resize(hw, scale, max_size, expected) -> None:
     assert tuple(out_image.shape) == (3, *expected)
     # Normalized boxes do not change under resizing, and no box is dropped.
     torch.testing.assert_close(out["boxes"], normalized_cxcywh(boxes, h, w))
+
+
+SIDES = [1, 2, 3, 7, 48, 103, 150, 640, 2000]
+
+
+@pytest.mark.parametrize(
+    "short, max_size",
+    [(s, m) for s in (None, 2, 3, 64, 96, 800) for m in (None, 2, 96, 1333) if s is not None or m is not None],
+)
+def test_resized_size_is_torchvisions_rule_with_sides_of_at_least_one_pixel(short, max_size) -> None:
+    reference = v2.Resize(None if short is None or (max_size and short >= max_size) else short, max_size=max_size)
+    floored = 0
+    for h in SIDES:
+        for w in SIDES:
+            mine = resized_size(h, w, short, max_size)
+            try:
+                expected = tuple(reference(torch.zeros(1, h, w)).shape[-2:])
+            except RuntimeError:  # torchvision sized a side 0 px and its kernel refused it
+                floored += 1
+                assert min(mine) == 1, (h, w, mine)
+                continue
+            assert mine == expected, (h, w)
+    if max_size is not None and max_size >= 96:
+        assert floored > 0  # the grid holds images that torchvision cannot resize
+
+
+@pytest.mark.parametrize("shape", [(1, 150), (150, 1), (2, 250)])
+def test_an_image_far_longer_than_wide_keeps_one_pixel_and_its_boxes(shape) -> None:
+    h, w = shape
+    boxes = [[0.0, 0.0, float(w), float(h)]]
+    cfg = DataConfig(val_scale=64, val_max_size=96)
+    image, target = build_eval_transforms(cfg)(*sample(h, w, boxes))
+    expected = (1, 96) if h < w else (96, 1)
+    assert tuple(image.shape) == (3, *expected)
+    torch.testing.assert_close(target["boxes"], normalized_cxcywh(boxes, h, w))
+    train_image, train_target = build_train_transforms(no_aug(train_scales=[64], train_max_size=96))(
+        *sample(h, w, boxes)
+    )
+    torch.testing.assert_close(train_image, image)
+    torch.testing.assert_close(train_target["boxes"], target["boxes"])
+    batch_image, batch_target = resize_sample(image, target, 32, 48)
+    assert tuple(batch_image.shape[-2:]) == ((1, 48) if h < w else (48, 1))
+    assert batch_target["size"].tolist() == list(batch_image.shape[-2:])
 
 
 def test_random_short_side_resize_respects_scales_and_max() -> None:
@@ -224,6 +269,11 @@ def test_bad_config_values_are_config_errors() -> None:
         build_train_transforms(DataConfig(hflip_prob=1.5))
     with pytest.raises(ConfigError, match="data.val_scale is 0"):
         build_eval_transforms(DataConfig(val_scale=0))
+    # 1 px is below the schema's range (MIN_IMAGE_SIDE), which these checks read.
+    with pytest.raises(ConfigError, match=r"data.val_max_size is 1; it must hold whole numbers of pixels at least 2"):
+        build_eval_transforms(DataConfig(val_max_size=1))
+    with pytest.raises(ConfigError, match=r"data.train_scales is \[96, 1\]"):
+        build_train_transforms(DataConfig(train_scales=[96, 1]))
 
 
 def test_config_is_not_modified() -> None:

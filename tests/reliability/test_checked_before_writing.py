@@ -1,9 +1,9 @@
 """Rule: a command checks all of its inputs before its first write; a refused command leaves no file behind.
 
-Here the inputs that are only known to be bad against the data: test scales
-that resize some validation image to nothing. ``eval`` refuses them before
-its first evaluation, so neither ``metrics.json`` nor ``detections.json`` is
-written, and the earlier run is left byte-identical.
+Here test scales that would size the validation images below the smallest
+side accepted (``MIN_IMAGE_SIDE``). ``eval`` refuses them before its first
+evaluation, so neither ``metrics.json`` nor ``detections.json`` is written,
+and the earlier run is left byte-identical.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from tests.reliability.conftest import OUT, assert_one_line_error, assert_output
 
 
 @pytest.mark.parametrize("scales", ["0.001", "1,0.0001", "1e-9"])
-def test_scales_that_resize_an_image_to_nothing_are_refused_before_any_write(cli, case: Path, scales: str) -> None:
+def test_scales_below_the_smallest_image_side_are_refused_before_any_write(cli, case: Path, scales: str) -> None:
     before = snapshot(case)
     result = cli.run(["eval", "--checkpoint", OUT / "checkpoint.pth", "--output", "ev", "--scales", scales], cwd=case)
-    assert_one_line_error(result, "--scales", "less than 1 pixel on its short side", "use scales of at least")
+    assert_one_line_error(result, "--scales", "fewer than the 2 px accepted", "use scales of at least")
     assert_outputs_kept(before, case)
 
 

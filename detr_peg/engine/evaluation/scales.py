@@ -47,7 +47,7 @@ from typing import Any
 from tqdm import tqdm
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
-from detr_peg.config.ranges import MAX_TEST_SIDE
+from detr_peg.config.ranges import MAX_TEST_SIDE, MIN_IMAGE_SIDE
 from detr_peg.config.schema import Config, DataConfig
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
@@ -72,9 +72,9 @@ CANVAS_JSON = "scales_canvas.json"
 
 
 def scaled_data(data: DataConfig, scale: float) -> DataConfig:
-    """``data`` with ``val_scale`` and ``val_max_size`` multiplied by ``scale`` (rounded, at least 1 px)."""
+    """``data`` with ``val_scale`` and ``val_max_size`` multiplied by ``scale`` (rounded to whole pixels)."""
     return dataclasses.replace(
-        data, val_scale=max(1, round(data.val_scale * scale)), val_max_size=max(1, round(data.val_max_size * scale))
+        data, val_scale=round(data.val_scale * scale), val_max_size=round(data.val_max_size * scale)
     )
 
 
@@ -95,30 +95,25 @@ def synthetic_params(data: DataConfig) -> tuple[Path, dict[str, Any]]:
     return root, params
 
 
-def check_scales(
-    data: DataConfig,
-    scales: Sequence[float],
-    canvas_scales: Sequence[float],
-    images: Sequence[dict[str, Any]] = (),
-) -> None:
-    """Refuse test scales that are not positive and finite, given twice, that give images beyond
-    :data:`MAX_TEST_SIDE`, or that resize one of ``images`` to nothing.
+def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Sequence[float]) -> None:
+    """Refuse test scales that are not positive and finite, given twice, or that size images beyond
+    :data:`MAX_TEST_SIDE` or below :data:`MIN_IMAGE_SIDE`.
 
     Called before any evaluation and before anything is written, so a bad
-    scale costs nothing.
+    scale costs nothing. An image far longer than wide is never resized to
+    nothing: its short side stays at least 1 pixel
+    (:func:`~detr_peg.data.transforms.resized_size`).
 
     Args:
         data: the data config (``val_scale``, ``val_max_size``).
         scales: the ``--scales`` factors.
         canvas_scales: the ``--canvas-scales`` factors.
-        images: the validation images of the annotation file (``file_name``,
-            ``width``, ``height``): each ``--scales`` factor must leave every
-            one at least 1 pixel on its short side.
 
     Raises:
         ConfigError: naming the option, the value and the range accepted.
     """
     base = max(data.val_scale, data.val_max_size or 0)
+    least = min(data.val_scale, data.val_max_size or data.val_scale)
     for name, values in (("--scales", scales), ("--canvas-scales", canvas_scales)):
         for i, value in enumerate(values):
             if value in values[:i]:
@@ -131,31 +126,12 @@ def check_scales(
                     f"data.val_max_size {base} x {value:g}), more than the {MAX_TEST_SIDE} px accepted; "
                     f"use scales up to {MAX_TEST_SIDE / base:.3g}."
                 )
-    if images and scales:
-        narrowest = min(images, key=lambda im: min(im["width"], im["height"]) / max(im["width"], im["height"]))
-        short, long = sorted((narrowest["width"], narrowest["height"]))
-        for value in scales:
-            size = scaled_data(data, value)
-            if resized_short_side(short, long, size.val_scale, size.val_max_size) < 1:
-                least = max(1 / data.val_scale, long / (short * data.val_max_size)) if data.val_max_size else 0
+            if round(least * value) < MIN_IMAGE_SIDE:
                 raise ConfigError(
-                    f"--scales {value:g} resizes image {narrowest['file_name']!r} ({narrowest['width']}x"
-                    f"{narrowest['height']}) to less than 1 pixel on its short side (data.val_scale "
-                    f"{data.val_scale} and data.val_max_size {data.val_max_size} times {value:g}); use scales of at "
-                    f"least {1.05 * least:.3g}."
+                    f"{name} {value:g} gives images of {round(least * value)} px (data.val_scale / data.val_max_size "
+                    f"{least} x {value:g}), fewer than the {MIN_IMAGE_SIDE} px accepted; use scales of at least "
+                    f"{math.ceil((MIN_IMAGE_SIDE - 0.5) / least * 1000) / 1000:g}."
                 )
-
-
-def resized_short_side(short: int, long: int, size: int, max_size: int | None) -> int:
-    """The short side, in pixels, that the evaluation's resize gives an image of sides ``short <= long``.
-
-    The short side becomes ``size`` unless the long side would then exceed
-    ``max_size``, which caps it (``torchvision.transforms.v2.Resize`` with
-    ``max_size``, sides truncated to whole pixels).
-    """
-    if max_size is not None and (size >= max_size or size * long / short > max_size):
-        return int(max_size * short / long)
-    return size
 
 
 def canvas_side(params: dict[str, Any], scale: float) -> int:
