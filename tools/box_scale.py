@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -38,13 +37,12 @@ import torch  # noqa: E402
 from torchvision.ops import box_convert, box_iou  # noqa: E402
 
 from detr_peg.cli import option_types  # noqa: E402
+from detr_peg.cli.json_report import run_json_report  # noqa: E402
 from detr_peg.cli.main import OneLineParser  # noqa: E402
 from detr_peg.data.coco_file import read_coco_file  # noqa: E402
 from detr_peg.detector import Detector  # noqa: E402
 from detr_peg.engine.evaluation.scales import check_scales, scaled_data  # noqa: E402
-from detr_peg.errors import DataError, UserError  # noqa: E402
-from detr_peg.fileio.atomic import write_json  # noqa: E402
-from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
+from detr_peg.errors import DataError  # noqa: E402
 
 
 def ground_truth(annotation_file: Path, images: Path, count: int) -> list[tuple[Path, torch.Tensor]]:
@@ -117,38 +115,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
     args = parser.parse_args(argv)
-    try:
-        if args.output is not None and not args.output.parent.is_dir():
-            raise DataError(f"--output {args.output}: the folder {args.output.parent} does not exist.")
-        samples = ground_truth(args.annotations, args.images, args.count)
-        loaded = Detector.from_checkpoint(args.checkpoint, device="cpu").loaded  # read once, resized per scale
-        data = loaded.config.data
-        check_scales(data, args.scales, ())  # every scale before any detection, as detr-peg eval does
-        rows = []
-        for scale in args.scales:
-            size = scaled_data(data, scale)
-            config = dataclasses.replace(loaded.config, data=size)
-            detector = Detector(dataclasses.replace(loaded, config=config), device="cpu")
-            found = box_scale(detector, samples, threshold=args.threshold, min_iou=args.min_iou)
-            rows.append({"scale": scale, "short_side": size.val_scale, **found})
-        result = {
-            "checkpoint": str(args.checkpoint),
-            "annotations": str(args.annotations),
-            "images": len(samples),
-            "threshold": args.threshold,
-            "min_iou": args.min_iou,
-            "results": rows,
-        }
-        if args.output:
-            write_json(args.output, result)
-    except UserError as exc:
-        print(f"box_scale.py: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a file the system would not let us read
-        print(f"box_scale.py: {describe_os_error(exc)}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=1))
-    return 0
+    return run_json_report("box_scale.py", lambda: report(args), args.output)
+
+
+def report(args: argparse.Namespace) -> dict:
+    """The JSON report of the command line ``args``: every scale checked before any detection, as detr-peg eval."""
+    samples = ground_truth(args.annotations, args.images, args.count)
+    loaded = Detector.from_checkpoint(args.checkpoint, device="cpu").loaded  # read once, resized per scale
+    data = loaded.config.data
+    check_scales(data, args.scales, ())
+    rows = []
+    for scale in args.scales:
+        size = scaled_data(data, scale)
+        config = dataclasses.replace(loaded.config, data=size)
+        detector = Detector(dataclasses.replace(loaded, config=config), device="cpu")
+        found = box_scale(detector, samples, threshold=args.threshold, min_iou=args.min_iou)
+        rows.append({"scale": scale, "short_side": size.val_scale, **found})
+    return {
+        "checkpoint": str(args.checkpoint),
+        "annotations": str(args.annotations),
+        "images": len(samples),
+        "threshold": args.threshold,
+        "min_iou": args.min_iou,
+        "results": rows,
+    }
 
 
 if __name__ == "__main__":

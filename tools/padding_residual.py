@@ -20,7 +20,6 @@ checkpoint or folder, an unreadable image or folder) is one line on stderr and e
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 
 from detr_peg.cli import option_types  # noqa: E402
+from detr_peg.cli.json_report import run_json_report  # noqa: E402
 from detr_peg.cli.main import OneLineParser  # noqa: E402
 from detr_peg.data.image_input import as_rgb_tensor, collect_images  # noqa: E402
 from detr_peg.data.padding import (
@@ -39,9 +39,7 @@ from detr_peg.data.padding import (
 from detr_peg.data.transforms import build_eval_transforms  # noqa: E402
 from detr_peg.detector import Detector  # noqa: E402
 from detr_peg.engine.evaluation.padding import EXTRA_PADDING  # noqa: E402
-from detr_peg.errors import DataError, UserError  # noqa: E402
-from detr_peg.fileio.atomic import write_json  # noqa: E402
-from detr_peg.fileio.os_errors import describe_os_error  # noqa: E402
+from detr_peg.errors import DataError  # noqa: E402
 
 
 def residual(detector: Detector, images: list[Path], extra: float) -> dict:
@@ -107,19 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
     args = parser.parse_args(argv)
-    try:
-        files = image_files(args.images, args.count)
-        result = residual(Detector.from_checkpoint(args.checkpoint, device="cpu"), files, args.extra)
-        if args.output:
-            write_json(args.output, result)
-    except UserError as exc:
-        print(f"padding_residual.py: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a folder or file the system would not let us read
-        print(f"padding_residual.py: {describe_os_error(exc)}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=1))
-    return 0
+
+    def report() -> dict:
+        files = image_files(args.images, args.count)  # a bad folder is refused before the model is read
+        return residual(Detector.from_checkpoint(args.checkpoint, device="cpu"), files, args.extra)
+
+    return run_json_report("padding_residual.py", report, args.output)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ CASES: list[tuple[str, Sequence, Sequence[str], Callable[[Path], None] | None]] 
     (
         "negative-train-scale",
         [*RESUME, "data.train_scales=[64,-1]"],
-        ["'data.train_scales' must be at least 1, got [64, -1]"],
+        ["'data.train_scales' must be at least 2, got [64, -1]"],
         None,
     ),
     ("zero-crop-size", [*RESUME, "data.crop_size=[0,64]"], ["'data.crop_size' must be at least 1, got [0, 64]"], None),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -11,7 +10,8 @@ import torch
 from torchvision.ops import box_iou
 
 from detr_peg.detector import Detector
-from tests.conftest import REPO_ROOT, run_python
+from tests.conftest import run_python
+from tests.tools.tool_module import load_tool, run_main
 
 TOOL = "tools/box_scale.py"
 
@@ -77,9 +77,7 @@ def test_the_tool_reports_the_median_box_size_ratio_per_test_size(tiny_demo_dir:
 def test_each_scale_is_detected_at_its_own_size(tiny_demo_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     # A 2-iteration model predicts nearly the same normalised boxes at any size, so the ratios cannot show that
     # each scale was run at its size: the detectors the tool measures with are recorded instead.
-    spec = importlib.util.spec_from_file_location("box_scale_tool", REPO_ROOT / TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool(TOOL)
     used: list[tuple[int, int | None]] = []
     original = tool.box_scale
 
@@ -107,29 +105,35 @@ def test_a_match_needs_the_minimum_overlap(tiny_demo_dir: Path) -> None:
     assert row["matched"] == 0 and row["detections"] > 0 and row["width_ratio"] is None
 
 
-def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path) -> None:
+def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path, capsys) -> None:
     checkpoint, data = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data"
     base = [TOOL, "--checkpoint", str(checkpoint), "--images", str(data / "val")]
+    # As a script, in a process of its own: one line, exit 2, no traceback.
     proc = run_python(*base, "--annotations", str(tmp_path / "missing.json"))
     assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
     assert str(tmp_path / "missing.json") in proc.stderr and "Traceback" not in proc.stderr
+    # The other inputs through main() in this process (the same code after the start-up).
+    tool, args = load_tool(TOOL), base[1:]
     for option, value in (("--scales", "0"), ("--scales", "1,1"), ("--count", "0"), ("--min-iou", "2")):
-        proc = run_python(*base, "--annotations", str(data / "annotations_val.json"), option, value)
-        assert proc.returncode == 2 and proc.stderr.startswith(f"box_scale.py: error: argument {option}: ")
-        assert len(proc.stderr.strip().splitlines()) == 1
+        result = run_main(tool, capsys, *args, "--annotations", str(data / "annotations_val.json"), option, value)
+        assert result.returncode == 2 and result.stderr.startswith(f"box_scale.py: error: argument {option}: ")
+        assert len(result.stderr.strip().splitlines()) == 1
     # Every scale is checked before anything runs, as detr-peg eval checks them; so is the output's folder.
-    proc = run_python(*base, "--annotations", str(data / "annotations_val.json"), "--scales", "1,1000")
-    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
-    assert proc.stderr.startswith("box_scale.py: --scales 1000 gives images of up to ")
+    for scales, start in (("1,1000", "--scales 1000 gives images of up to "), ("1,0.001", "--scales 0.001 gives")):
+        result = run_main(tool, capsys, *args, "--annotations", str(data / "annotations_val.json"), "--scales", scales)
+        assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+        assert result.stderr.startswith(f"box_scale.py: {start}")
     missing = tmp_path / "no" / "out.json"
-    proc = run_python(*base, "--annotations", str(data / "annotations_val.json"), "--output", str(missing))
-    assert proc.returncode == 2 and proc.stdout == "" and not missing.parent.exists()
-    assert proc.stderr.strip() == f"box_scale.py: --output {missing}: the folder {missing.parent} does not exist."
+    result = run_main(
+        tool, capsys, *args, "--annotations", str(data / "annotations_val.json"), "--output", str(missing)
+    )
+    assert result.returncode == 2 and result.stdout == "" and not missing.parent.exists()
+    assert result.stderr.strip() == f"box_scale.py: --output {missing}: the folder {missing.parent} does not exist."
     # The annotation file names an image the folder does not hold.
-    proc = run_python(TOOL, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json"),
+    result = run_main(tool, capsys, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json"),
                       "--images", str(tmp_path))  # fmt: skip
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert f"is not in {tmp_path}" in proc.stderr
-    proc = run_python(TOOL, "--checkpoint", str(tmp_path / "c.pth"), "--annotations", str(data / "annotations_val.json"),
-                      "--images", str(data / "val"))  # fmt: skip
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "c.pth" in proc.stderr
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert f"is not in {tmp_path}" in result.stderr
+    result = run_main(tool, capsys, "--checkpoint", str(tmp_path / "c.pth"), "--annotations",
+                      str(data / "annotations_val.json"), "--images", str(data / "val"))  # fmt: skip
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "c.pth" in result.stderr

@@ -14,6 +14,7 @@ from detr_peg.data.image_input import as_rgb_tensor
 from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.detector import Detector
 from tests.conftest import run_python
+from tests.tools.tool_module import load_tool, run_main
 
 TOOL = "tools/padding_residual.py"
 
@@ -58,22 +59,33 @@ def test_the_tool_reports_the_largest_differences_of_the_padded_image(tiny_demo_
     assert border > 0  # the padded canvas reaches the image's border cells
 
 
-def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path) -> None:
+def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path, capsys) -> None:
+    # As a script, in a process of its own: one line, exit 2, nothing on stdout.
     proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path / "none"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [f"padding_residual.py: --images {tmp_path / 'none'} is not a folder."]
+    # The other inputs through main() in this process (the same code after the start-up).
+    tool = load_tool(TOOL)
     for option, value in (("--extra", "nan"), ("--extra", "0"), ("--count", "0")):
-        proc = run_python(TOOL, "--checkpoint", "c.pth", "--images", str(tmp_path), option, value)
-        assert proc.returncode == 2 and proc.stderr.startswith(f"padding_residual.py: error: argument {option}: ")
-        assert len(proc.stderr.strip().splitlines()) == 1
+        result = run_main(tool, capsys, "--checkpoint", "c.pth", "--images", str(tmp_path), option, value)
+        assert result.returncode == 2 and result.stderr.startswith(f"padding_residual.py: error: argument {option}: ")
+        assert len(result.stderr.strip().splitlines()) == 1
     (tmp_path / "empty").mkdir()
-    proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path / "empty"))
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "holds no image" in proc.stderr
+    result = run_main(tool, capsys, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path / "empty"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "holds no image" in result.stderr
     (tmp_path / "a.png").write_bytes(b"not a png")
-    proc = run_python(TOOL, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path))
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert "missing.pth" in proc.stderr and "Traceback" not in proc.stderr
+    result = run_main(tool, capsys, "--checkpoint", str(tmp_path / "missing.pth"), "--images", str(tmp_path))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "missing.pth" in result.stderr and "Traceback" not in result.stderr
     checkpoint = tiny_demo_dir / "run" / "checkpoint.pth"
-    proc = run_python(TOOL, "--checkpoint", str(checkpoint), "--images", str(tmp_path))
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert str(tmp_path / "a.png") in proc.stderr and "Traceback" not in proc.stderr
+    result = run_main(tool, capsys, "--checkpoint", str(checkpoint), "--images", str(tmp_path))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert str(tmp_path / "a.png") in result.stderr and "Traceback" not in result.stderr
+    missing = tmp_path / "no" / "out.json"
+    result = run_main(tool, capsys, "--checkpoint", str(checkpoint), "--images", str(tmp_path / "empty"),
+                      "--output", str(missing))  # fmt: skip
+    assert result.returncode == 2 and result.stdout == "" and not missing.parent.exists()
+    assert (
+        result.stderr.strip() == f"padding_residual.py: --output {missing}: the folder {missing.parent} does not exist."
+    )

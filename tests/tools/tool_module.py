@@ -1,0 +1,37 @@
+"""Run a script of ``tools/`` in this process: its module, and ``main(argv)`` with what it printed."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+
+def load_tool(relative: str) -> ModuleType:
+    """The module of the script ``relative`` (``tools/box_scale.py``), loaded from the checkout."""
+    spec = importlib.util.spec_from_file_location(relative.replace("/", "_").removesuffix(".py"), REPO_ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class ToolResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_main(tool: ModuleType, capsys: pytest.CaptureFixture, *argv: str) -> ToolResult:
+    """``tool.main(argv)`` with its exit status (argparse's ``SystemExit`` included) and its output."""
+    capsys.readouterr()
+    try:
+        code = tool.main(list(argv))
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return ToolResult(int(code or 0), out, err)
