@@ -6,7 +6,8 @@ compute a JSON object, write it to ``--output`` when given, and print it.
 command: bad input (a :class:`~detr_peg.errors.UserError`, or a file the
 system would not let the tool read or write) is one line on stderr,
 ``<prog>: <message>``, and exit status 2; the folder of ``--output`` is
-checked before the work starts, so a mistyped path costs nothing.
+checked before the work starts (it must exist, and ``--output`` must not be a
+folder), so a mistyped path costs nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def run_json_report(prog: str, compute: Callable[[], dict[str, Any]], output: Pa
     try:
         if output is not None and not output.parent.is_dir():
             raise DataError(f"--output {output}: the folder {output.parent} does not exist.")
+        if output is not None and output.is_dir():
+            raise DataError(f"--output {output} is a folder; give the path of the JSON file to write.")
         report = compute()
         if output is not None:
             write_json(output, report)

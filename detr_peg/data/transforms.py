@@ -18,9 +18,10 @@ to the unpadded transformed image**, the format DETR predicts.
 Short-side resizing follows torchvision's ``Resize(size, max_size)`` rule: the
 short side becomes ``size`` unless the long side would exceed ``max_size``, in
 which case the long side becomes exactly ``max_size``; unlike torchvision,
-no side becomes less than 1 pixel (:func:`resized_size`), so an image far
-longer than wide (a 1 x 150 px strip) is resized to 1 x 96 px, not refused
-with an error from the kernel.
+no side becomes less than 1 pixel (:func:`resized_size`), so an image whose
+long side is more than ``max_size`` times its short side (a 1 x 150 px
+strip with ``max_size`` 96) is resized to 1 x 96 px, not refused with an
+error from the kernel.
 """
 
 from __future__ import annotations
@@ -115,25 +116,26 @@ def sanitize_boxes() -> v2.SanitizeBoundingBoxes:
     return v2.SanitizeBoundingBoxes(min_size=1.0, min_area=1.0, labels_getter=_per_box_fields)
 
 
-def resized_size(height: int, width: int, short: int | None, max_size: int | None) -> tuple[int, int]:
+def resized_size(height: int, width: int, short: int, max_size: int | None) -> tuple[int, int]:
     """``(H', W')`` of the short-side resize of an ``height x width`` image, each side at least 1 pixel.
 
     torchvision's ``Resize([short], max_size)`` rule, sides truncated to whole
     pixels: the short side becomes ``short`` and the long side keeps the
     aspect ratio, unless that passes ``max_size``, which then becomes the long
-    side (the short side scaled with it). ``short`` of ``None`` or at least
-    ``max_size`` resizes the long side to ``max_size``. A side that the rule
-    would truncate to 0 becomes 1 (torchvision's kernel refuses 0).
+    side (the short side scaled with it). A ``short`` of at least ``max_size``
+    resizes the long side to ``max_size`` (torchvision's ``Resize(None,
+    max_size)``). A side that the rule would truncate to 0 becomes 1
+    (torchvision's kernel refuses 0): an image whose long side is more than
+    ``max_size`` times its short side.
 
     Args:
         height: image height in pixels.
         width: image width in pixels.
-        short: the short side asked for, or ``None`` (then ``max_size`` is needed).
+        short: the short side asked for, in pixels.
         max_size: cap on the long side, or ``None``.
     """
     small, large = sorted((height, width))
-    if short is None or (max_size is not None and short >= max_size):
-        assert max_size is not None, "resized_size needs a short side or a max_size"
+    if max_size is not None and short >= max_size:
         new_small, new_large = int(max_size * small / large), max_size
     else:
         new_small, new_large = short, int(short * large / small)
@@ -149,13 +151,15 @@ class ShortSideResize(v2.Transform):
     Images with antialiasing, boxes with them. Draws no random number.
 
     Args:
-        short: the short side in pixels (``None``: the long side becomes ``max_size``).
+        short: the short side in pixels.
         max_size: cap on the long side (``None``: no cap).
     """
 
-    def __init__(self, short: int | None, max_size: int | None = None):
+    def __init__(self, short: int, max_size: int | None = None):
         super().__init__()
-        self.short = short
+        if short < 1 or (max_size is not None and max_size < 1):
+            raise ValueError(f"ShortSideResize needs sizes of at least 1 px, got short={short}, max_size={max_size}")
+        self.short = int(short)
         self.max_size = max_size
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:

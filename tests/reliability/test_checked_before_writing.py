@@ -19,7 +19,7 @@ from tests.reliability.conftest import OUT, assert_one_line_error, assert_output
 def test_scales_below_the_smallest_image_side_are_refused_before_any_write(cli, case: Path, scales: str) -> None:
     before = snapshot(case)
     result = cli.run(["eval", "--checkpoint", OUT / "checkpoint.pth", "--output", "ev", "--scales", scales], cwd=case)
-    assert_one_line_error(result, "--scales", "fewer than the 2 px accepted", "use scales of at least")
+    assert_one_line_error(result, "--scales", "below the 2 px accepted", "use scales of at least")
     assert_outputs_kept(before, case)
 
 

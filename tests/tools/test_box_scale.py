@@ -119,7 +119,10 @@ def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path, c
         assert result.returncode == 2 and result.stderr.startswith(f"box_scale.py: error: argument {option}: ")
         assert len(result.stderr.strip().splitlines()) == 1
     # Every scale is checked before anything runs, as detr-peg eval checks them; so is the output's folder.
-    for scales, start in (("1,1000", "--scales 1000 gives images of up to "), ("1,0.001", "--scales 0.001 gives")):
+    for scales, start in (
+        ("1,1000", "--scales 1000 gives images of up to "),
+        ("1,0.001", "--scales 0.001 makes data.val_"),
+    ):
         result = run_main(tool, capsys, *args, "--annotations", str(data / "annotations_val.json"), "--scales", scales)
         assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
         assert result.stderr.startswith(f"box_scale.py: {start}")

@@ -34,4 +34,5 @@ def run_main(tool: ModuleType, capsys: pytest.CaptureFixture, *argv: str) -> Too
     except SystemExit as stop:
         code = stop.code
     out, err = capsys.readouterr()
-    return ToolResult(int(code or 0), out, err)
+    # sys.exit(status) as argparse does; sys.exit("message") is exit status 1, as Python gives it.
+    return ToolResult(code if isinstance(code, int) else (0 if code is None else 1), out, err)

@@ -113,7 +113,7 @@ def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Seque
         ConfigError: naming the option, the value and the range accepted.
     """
     base = max(data.val_scale, data.val_max_size or 0)
-    least = min(data.val_scale, data.val_max_size or data.val_scale)
+    smallest = min((("data.val_scale", data.val_scale), ("data.val_max_size", data.val_max_size)), key=lambda f: f[1])
     for name, values in (("--scales", scales), ("--canvas-scales", canvas_scales)):
         for i, value in enumerate(values):
             if value in values[:i]:
@@ -126,11 +126,12 @@ def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Seque
                     f"data.val_max_size {base} x {value:g}), more than the {MAX_TEST_SIDE} px accepted; "
                     f"use scales up to {MAX_TEST_SIDE / base:.3g}."
                 )
-            if round(least * value) < MIN_IMAGE_SIDE:
+            field, size = smallest
+            if round(size * value) < MIN_IMAGE_SIDE:
                 raise ConfigError(
-                    f"{name} {value:g} gives images of {round(least * value)} px (data.val_scale / data.val_max_size "
-                    f"{least} x {value:g}), fewer than the {MIN_IMAGE_SIDE} px accepted; use scales of at least "
-                    f"{math.ceil((MIN_IMAGE_SIDE - 0.5) / least * 1000) / 1000:g}."
+                    f"{name} {value:g} makes {field} {round(size * value)} px ({size} x {value:g}), below the "
+                    f"{MIN_IMAGE_SIDE} px accepted; use scales of at least "
+                    f"{math.ceil((MIN_IMAGE_SIDE - 0.5) / size * 1000) / 1000:g}."
                 )
 
 
