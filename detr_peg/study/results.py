@@ -120,7 +120,8 @@ def training_cost(records: Iterable[dict[str, Any]]) -> dict[str, float] | None:
         records: the run's ``metrics.jsonl`` records (:func:`log_records`).
 
     Returns:
-        ``iterations`` (the last iteration logged), ``iter_seconds`` (the median of the logged iterations'
+        ``iterations`` (the iterations trained: the ``end`` record's count, else the last iteration logged),
+        ``iter_seconds`` (the median of the logged iterations'
         ``iter_time``: one iteration each, so short spells of other work on the machine move it less than
         the mean; sustained load raises it too) and
         ``wall_minutes`` (from each ``start`` record to the last record before the next one, summed over a
@@ -140,6 +141,8 @@ def training_cost(records: Iterable[dict[str, Any]]) -> dict[str, float] | None:
             times.append(float(record["iter_time"]))
             if is_number(record.get("iteration")):
                 iterations = max(iterations, int(record["iteration"]))
+        if record.get("type") == "end" and is_number(record.get("iterations")):
+            iterations = max(iterations, int(record["iterations"]))  # iterations after the last one logged
     if not times:
         return None
     if segment:
