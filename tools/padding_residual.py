@@ -105,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
     args = parser.parse_args(argv)
+    return run_json_report("padding_residual.py", lambda: report(args), args.output)
 
-    def report() -> dict:
-        files = image_files(args.images, args.count)  # a bad folder is refused before the model is read
-        return residual(Detector.from_checkpoint(args.checkpoint, device="cpu"), files, args.extra)
 
-    return run_json_report("padding_residual.py", report, args.output)
+def report(args: argparse.Namespace) -> dict:
+    """The JSON report of the command line ``args``; a bad image folder is refused before the model is read."""
+    files = image_files(args.images, args.count)
+    return residual(Detector.from_checkpoint(args.checkpoint, device="cpu"), files, args.extra)
 
 
 if __name__ == "__main__":

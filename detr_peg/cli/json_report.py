@@ -5,9 +5,10 @@ compute a JSON object, write it to ``--output`` when given, and print it.
 :func:`run_json_report` does that once for both, with the rule of every
 command: bad input (a :class:`~detr_peg.errors.UserError`, or a file the
 system would not let the tool read or write) is one line on stderr,
-``<prog>: <message>``, and exit status 2; the folder of ``--output`` is
-checked before the work starts (it must exist, and ``--output`` must not be a
-folder), so a mistyped path costs nothing.
+``<prog>: <message>``, and exit status 2; ``--output`` is checked before
+the work starts, as every command checks its outputs
+(:func:`~detr_peg.guards.output_guard.check_writable`: its folder exists and
+takes a file, and it is not a folder), so a mistyped path costs nothing.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from detr_peg.errors import DataError, UserError
+from detr_peg.errors import UserError
 from detr_peg.fileio.atomic import write_json
 from detr_peg.fileio.os_errors import describe_os_error
+from detr_peg.guards.output_guard import Output, check_writable
 
 
 def run_json_report(prog: str, compute: Callable[[], dict[str, Any]], output: Path | None) -> int:
@@ -35,10 +37,8 @@ def run_json_report(prog: str, compute: Callable[[], dict[str, Any]], output: Pa
         0, or 2 after one line on stderr.
     """
     try:
-        if output is not None and not output.parent.is_dir():
-            raise DataError(f"--output {output}: the folder {output.parent} does not exist.")
-        if output is not None and output.is_dir():
-            raise DataError(f"--output {output} is a folder; give the path of the JSON file to write.")
+        if output is not None:
+            check_writable(prog, [Output(output, "--output")])
         report = compute()
         if output is not None:
             write_json(output, report)

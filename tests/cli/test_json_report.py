@@ -39,7 +39,12 @@ def test_a_missing_output_folder_is_refused_before_the_work(tmp_path: Path, caps
     missing = tmp_path / "no" / "report.json"
     assert run_json_report("tool.py", lambda: ran.append(1) or {}, missing) == 2
     assert ran == [] and not missing.parent.exists()
-    assert capsys.readouterr().err == f"tool.py: --output {missing}: the folder {missing.parent} does not exist.\n"
+    assert capsys.readouterr().err == (
+        f"tool.py: Could not write --output {missing}: No such file or directory; a folder on the way does not exist "
+        "and cannot be created there: choose another path.\n"
+    )
     (tmp_path / "folder").mkdir()
     assert run_json_report("tool.py", lambda: ran.append(1) or {}, tmp_path / "folder") == 2
-    assert ran == [] and capsys.readouterr().err.startswith(f"tool.py: --output {tmp_path / 'folder'} is a folder;")
+    assert ran == [] and capsys.readouterr().err == (
+        f"tool.py: Could not write --output {tmp_path / 'folder'}: it is a folder; choose a file name for --output.\n"
+    )

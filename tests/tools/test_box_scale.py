@@ -131,7 +131,10 @@ def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path, c
         tool, capsys, *args, "--annotations", str(data / "annotations_val.json"), "--output", str(missing)
     )
     assert result.returncode == 2 and result.stdout == "" and not missing.parent.exists()
-    assert result.stderr.strip() == f"box_scale.py: --output {missing}: the folder {missing.parent} does not exist."
+    assert result.stderr.strip() == (
+        f"box_scale.py: Could not write --output {missing}: No such file or directory; a folder on the way does not "
+        "exist and cannot be created there: choose another path."
+    )
     # The annotation file names an image the folder does not hold.
     result = run_main(tool, capsys, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json"),
                       "--images", str(tmp_path))  # fmt: skip

@@ -86,6 +86,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path, c
     result = run_main(tool, capsys, "--checkpoint", str(checkpoint), "--images", str(tmp_path / "empty"),
                       "--output", str(missing))  # fmt: skip
     assert result.returncode == 2 and result.stdout == "" and not missing.parent.exists()
-    assert (
-        result.stderr.strip() == f"padding_residual.py: --output {missing}: the folder {missing.parent} does not exist."
+    assert result.stderr.strip() == (
+        f"padding_residual.py: Could not write --output {missing}: No such file or directory; a folder on the way does not "
+        "exist and cannot be created there: choose another path."
     )
