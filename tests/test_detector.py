@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 
 import detr_peg
@@ -138,6 +139,13 @@ def test_an_image_far_longer_than_wide_is_detected_at_one_pixel_of_height(detect
     found = detector.predict([strip, strip.transpose(1, 2)], threshold=0.0)
     assert [f.image_size for f in found] == [(1, strip.shape[2]), (strip.shape[2], 1)]
     assert all(len(f) == detector.config.model.num_queries and bool(torch.isfinite(f.boxes).all()) for f in found)
+    # The model saw the strip at 1 x val_max_size px: that image given directly (resized to its own size, unchanged)
+    # gives the same scores, and the same boxes at a quarter of the strip's width.
+    side = detector.config.data.val_max_size
+    small = torchvision.transforms.v2.functional.resize(strip, [1, side], antialias=True)
+    alone = detector.predict(small, threshold=0.0)
+    torch.testing.assert_close(found[0].scores, alone.scores)
+    torch.testing.assert_close(found[0].boxes, alone.boxes * torch.tensor([4.0, 1.0, 4.0, 1.0]))
 
 
 def test_bad_settings_are_refused(detector) -> None:
