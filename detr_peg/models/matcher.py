@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 from torchvision.ops import box_convert, generalized_box_iou
 
@@ -97,6 +96,9 @@ class HungarianMatcher(nn.Module):
             # A non-finite cost means non-finite predictions; the assignment is
             # then meaningless but must not crash the solver.
             cost = torch.nan_to_num(cost, nan=1e8, posinf=1e8, neginf=-1e8)
+
+        # Imported here, not with the module: scipy.optimize is a large import that only training needs.
+        from scipy.optimize import linear_sum_assignment
 
         indices = []
         for i, c in enumerate(cost.split(sizes, -1)):

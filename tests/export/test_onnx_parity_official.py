@@ -1,6 +1,10 @@
 """Models converted from the official fixtures' weights (shared/reference), exported to ONNX with dynamic
 batch and size (traced at another size than the fixture's) and run in ONNX Runtime, reproduce the
-official outputs at the parity tolerance (rtol 1e-4, atol 1e-5)."""
+official outputs at the parity tolerance (rtol 1e-4, atol 1e-5).
+
+Deformable-DETR with box refinement and two-stage is left out here (an export of the official-size model costs
+about a minute on a small CPU): its PyTorch outputs match the official ones (``tests/models/deformable``) and
+its exported graph matches PyTorch on other sizes and padded batches (``test_onnx_export``)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from tests.parity import assert_close, load_fixture, write_official_checkpoint
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("fixture", ["detr_r18", "deformable_detr_r18", "deformable_detr_r18_refine_twostage"])
+@pytest.mark.parametrize("fixture", ["detr_r18", "deformable_detr_r18"])
 def test_exported_official_weights_match_official_outputs(fixture, tmp_path, reference_dir):
     src, dst = tmp_path / "official.pth", tmp_path / "converted.pth"
     write_official_checkpoint(reference_dir, fixture, src)

@@ -32,15 +32,16 @@ either a timm state dict of the whole model (``timm.create_model(name)
 .state_dict()``, the layout of timm's published files) or this backbone's
 body (``backbone.body.*`` of a detr_peg detector checkpoint, whose other
 weights are ignored).
+
+timm is imported by the functions that use it, when a timm backbone is built
+or checked: it is a large import that every command would otherwise pay.
 """
 
 from __future__ import annotations
 
 import difflib
 
-import timm
 import torch
-from timm.layers import convert_sync_batchnorm, freeze_batch_norm_2d
 from torch import Tensor, nn
 
 from detr_peg.config.schema import BackboneConfig
@@ -96,6 +97,8 @@ class TimmBackbone(Backbone):
 
 def check_timm_name(name: str) -> None:
     """Raise a :class:`ConfigError` with close matches when timm has no model ``name``."""
+    import timm
+
     if timm.is_model(name):
         return
     close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
@@ -113,6 +116,8 @@ def layout_model(name: str) -> nn.Module:
     dependencies. A model whose constructor needs real values falls back to
     the CPU.
     """
+    import timm
+
     try:
         with torch.device("meta"):
             return timm.create_model(name, features_only=True, pretrained=False)
@@ -192,6 +197,8 @@ def dependent_parameters(model: nn.Module, level: int) -> set[str]:
 
 def create_body(cfg: BackboneConfig, out_indices: list[int], layout: nn.Module) -> nn.Module:
     """Create the features model with ``cfg.weights`` loaded (see the module docstring)."""
+    import timm
+
     kwargs = dict(features_only=True, out_indices=tuple(out_indices))
     if cfg.weights is None:
         return timm.create_model(cfg.name, pretrained=False, **kwargs)
@@ -224,6 +231,8 @@ def check_full_model_state(name: str, state: dict[str, Tensor], source: str) -> 
     Raises:
         CheckpointError: missing or unexpected keys, or shapes that differ.
     """
+    import timm
+
     with torch.device("meta"):
         full = timm.create_model(name, pretrained=False)
     classifiers = full.pretrained_cfg.get("classifier") or ()
@@ -249,6 +258,8 @@ def check_full_model_state(name: str, state: dict[str, Tensor], source: str) -> 
 
 def apply_norm(body: nn.Module, norm: str) -> nn.Module:
     """Apply ``model.backbone.norm`` to the BatchNorm layers of ``body`` (others are untouched)."""
+    from timm.layers import convert_sync_batchnorm, freeze_batch_norm_2d
+
     if norm == "frozen_bn":
         return freeze_batch_norm_2d(body)
     if norm == "sync_bn":
@@ -258,6 +269,8 @@ def apply_norm(body: nn.Module, norm: str) -> nn.Module:
 
 def frozen_parameter_names(cfg: BackboneConfig, layout: nn.Module, body: nn.Module, last_stage: int) -> set[str]:
     """Parameters of ``body`` that ``cfg.frozen_stages`` and ``cfg.train`` freeze."""
+    import timm
+
     names = {name for name, _ in body.named_parameters()}
     if not cfg.train or cfg.frozen_stages >= last_stage:
         return names

@@ -240,7 +240,7 @@ def test_pretrained_without_network_says_what_to_do(monkeypatch):
             raise OSError("Name or service not known")
         return real(name, pretrained=pretrained, **kwargs)
 
-    monkeypatch.setattr(timm_module.timm, "create_model", offline)
+    monkeypatch.setattr(timm, "create_model", offline)
     with pytest.raises(CheckpointError, match="set model.backbone.weights to a local weights file"):
         timm_backbone("resnet18", [4], weights="pretrained")
 
