@@ -29,8 +29,8 @@ TINY_DETR = [
     "model.num_classes=4",
     "model.transformer.hidden_dim=32",
     "model.transformer.nheads=2",
-    "model.transformer.enc_layers=2",
-    "model.transformer.dec_layers=2",
+    "model.transformer.enc_layers=1",
+    "model.transformer.dec_layers=1",
     "model.transformer.dim_feedforward=64",
     "model.num_queries=8",
 ]
@@ -197,7 +197,7 @@ def test_learned_encoding_larger_than_its_table_fails_like_pytorch(exported):
 
 def test_fixed_size_export(tmp_path):
     overrides, _, _ = MODELS["detr_sine"]
-    cfg = load_config(None, [*overrides, "model.transformer.enc_layers=1", "model.transformer.dec_layers=1"])
+    cfg = load_config(None, overrides)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     path = export_onnx(model, tmp_path / "fixed.onnx", image_size=(96, 128), batch_size=2, optimize=False)
