@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from detr_peg.cli.main import main
+from detr_peg.cli import main as cli
 from tests.conftest import REPO_ROOT
 from tests.engine.tiny_run import TINY_MODEL
+from tests.tools.tool_module import run_main
 
 
 def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -138,37 +139,19 @@ def test_deformable_inference_only(tmp_path):
     ],
 )
 def test_bad_arguments_are_one_line_errors(tmp_path, args, message, capsys, monkeypatch):
-    # In this process (the command's exit status and stderr are those of the script, which the tests above run);
-    # a usage error leaves through argparse's SystemExit.
+    # In this process (the command's exit status and stderr are those of the script, which the tests above run).
     monkeypatch.chdir(REPO_ROOT)
-    try:
-        status = main(
-            [
-                "bench",
-                "--config",
-                "configs/detr_r50_sine.yaml",
-                *TINY_MODEL,
-                "--runs",
-                "1",
-                "--warmup",
-                "0",
-                "--no-flops",
-                "--peak-size",
-                "0",
-                *(["--modes", "infer"] if "--modes" not in args else []),
-                *(["--infer-size", "64x64"] if "--infer-size" not in args else []),
-                *args,
-                "--output",
-                str(tmp_path / "bench.json"),
-            ]
-        )
-    except SystemExit as exc:
-        status = exc.code
-    err = capsys.readouterr().err
-    assert status == 2
-    assert message in err and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "bench.json").exists()
+    quick = ["--config", "configs/detr_r50_sine.yaml", *TINY_MODEL, "--runs", "1", "--warmup", "0", "--no-flops"]
+    defaults = (["--modes", "infer"] if "--modes" not in args else []) + (
+        ["--infer-size", "64x64"] if "--infer-size" not in args else []
+    )
+    result = run_main(
+        cli, capsys, "bench", *quick, "--peak-size", "0", *defaults, *args, "--output", str(tmp_path / "b.json")
+    )
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "b.json").exists()
 
 
 def test_deformable_flops_are_those_of_the_dense_formulation():
