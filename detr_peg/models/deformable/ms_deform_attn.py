@@ -229,16 +229,16 @@ def _check_inputs(
             "MSDeformAttn reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), "
             f"got shape {tuple(reference_points.shape)}."
         )
-    # Checking a GPU tensor would sync with the host; under torch.export the sizes are symbolic.
-    if input_spatial_shapes.device.type == "cpu" and not torch.compiler.is_exporting():
+    # Checking a GPU tensor would sync with the host; under torch.export the sizes are symbolic, and under
+    # torch.compile reading them breaks the graph in every attention layer: the check runs in eager mode only.
+    if input_spatial_shapes.device.type == "cpu" and not torch.compiler.is_compiling():
         sizes = input_spatial_shapes.tolist()
         total = sum(h * w for h, w in sizes)
         if total != len_in:
             raise ValueError(
                 f"MSDeformAttn input_flatten has {len_in} tokens but input_spatial_shapes {sizes} add up to {total}."
             )
-        # Under torch.compile the integers may be symbolic: reading them would fix the graph's sizes.
-        if input_shapes is not None and not torch.compiler.is_compiling():
+        if input_shapes is not None:
             given = [[int(h), int(w)] for h, w in input_shapes]
             if given != sizes:
                 raise ValueError(f"MSDeformAttn input_shapes {given} differ from input_spatial_shapes {sizes}.")

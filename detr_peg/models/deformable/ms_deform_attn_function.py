@@ -177,7 +177,15 @@ def ms_deform_attn(
         return _triton_function()(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
     if impl == "gather":
         return ms_deform_attn_gather(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-    return _EmbeddingBagMSDA.apply(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    return _embedding_bag_msda(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+
+
+@torch.compiler.disable
+def _embedding_bag_msda(*args: Tensor) -> Tensor:
+    """:class:`_EmbeddingBagMSDA`, which ``torch.compile`` calls as it is instead of tracing it: its backward
+    builds sparse CSR tensors, which Dynamo cannot trace, and finding that out in every attention layer
+    costs more tracing time than the graph break it ends in."""
+    return _EmbeddingBagMSDA.apply(*args)
 
 
 def _triton_function():
