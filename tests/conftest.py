@@ -7,6 +7,7 @@ a reason when they are absent.
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import detr_peg.models  # noqa: F401  (registers the architectures and encodings configs are checked against)
+from tests.cli_process import CliResult, CliRunner
 from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,11 +44,31 @@ def python_env(**extra: str) -> dict[str, str]:
     }
 
 
-def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
-    """``python ARGS`` in a fresh interpreter (this checkout's ``detr_peg``), output captured as text."""
-    return subprocess.run(
+#: ``python -m detr_peg.cli.main``: what :func:`run_python` runs through the warm command runner.
+CLI = ("-m", "detr_peg.cli.main")
+_cli_runner: CliRunner | None = None
+
+
+def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, **env: str) -> CliResult:
+    """``python ARGS`` in its own process (this checkout's ``detr_peg``), output captured as text.
+
+    ``python -m detr_peg.cli.main ...`` without extra environment variables runs in a
+    process forked from a helper that has imported torch and the commands once
+    (:class:`tests.cli_process.CliRunner`, one per test process, single-threaded as
+    its commands are): the same command line, exit status and output as a fresh
+    interpreter, without the seconds of start-up. Everything else, and every command
+    with ``env``, starts a fresh interpreter.
+    """
+    global _cli_runner
+    if args[:2] == CLI and not env:
+        if _cli_runner is None:
+            _cli_runner = CliRunner()
+            atexit.register(_cli_runner.close)
+        return _cli_runner.run(args[2:], cwd=cwd, timeout=timeout)
+    proc = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=python_env(**env), capture_output=True, text=True, timeout=timeout
     )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, "cold")
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +117,7 @@ def coco128_checkpoint(coco128_dir: Path, tmp_path_factory) -> Path:
             coco128_dir / "annotations_val.json",
         ),
     ]
-    proc = run_python("-m", "detr_peg.cli.main", "train", "--output", str(out), *args)
+    proc = run_python(*CLI, "train", "--output", str(out), *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "AP50" in proc.stdout and "Done: 3 iterations" in proc.stdout
     return out / "checkpoint.pth"
@@ -122,7 +144,7 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
     """`detr-peg demo` with a tiny model, 8 + 4 images and 2 iterations, run in a subprocess; its folder."""
     out = tmp_path_factory.mktemp("demo")
     # From another folder: the default config is found through the package, not the working directory.
-    proc = run_python("-m", "detr_peg.cli.main", "demo", "--output", str(out), *TINY_DEMO, cwd=out, timeout=300)
+    proc = run_python(*CLI, "demo", "--output", str(out), *TINY_DEMO, cwd=out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (out / "stdout.txt").write_text(proc.stdout)
     return out

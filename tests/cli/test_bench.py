@@ -9,30 +9,20 @@ to the first row of each mode.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from detr_peg.cli import main as cli
-from tests.conftest import REPO_ROOT
+from tests.cli_process import CliResult
+from tests.conftest import CLI, REPO_ROOT, run_python
 from tests.engine.tiny_run import TINY_MODEL
 from tests.tools.tool_module import run_main
 
 
-def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "detr_peg.cli.main", "bench", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _bench(tmp_path: Path, *args: str) -> CliResult:
+    return run_python(*CLI, "bench", *args)
 
 
 def test_compare_two_encodings_in_both_modes(tmp_path):

@@ -8,10 +8,7 @@ runs on the same images.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,20 +26,13 @@ from detr_peg.engine.evaluation.scales import check_scales
 from detr_peg.engine.loader import build_eval_loader
 from detr_peg.engine.trainer import run_training
 from detr_peg.errors import ConfigError
-from tests.conftest import REPO_ROOT
+from tests.cli_process import CliResult
+from tests.conftest import CLI, run_python
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
 
-def _eval(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "detr_peg.cli.main", "eval", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+def _eval(*args: str) -> CliResult:
+    return run_python(*CLI, "eval", *args, timeout=300)
 
 
 @pytest.fixture(scope="module")

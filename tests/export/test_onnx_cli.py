@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from detr_peg.checkpoint.format import save_checkpoint
 from detr_peg.cli.main import main
 from detr_peg.config import load_config
 from detr_peg.models import build_model
-from tests.conftest import REPO_ROOT
+from tests.conftest import CLI, run_python
 from tests.engine.tiny_run import TINY_MODEL
 
 needs_onnx = pytest.mark.skipif(
@@ -78,39 +75,11 @@ def test_export_then_predict_with_onnx_gives_the_files_of_the_pytorch_path(tmp_p
 @needs_onnx
 def test_bench_adds_an_onnx_runtime_case(tmp_path):
     report = tmp_path / "bench.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "detr_peg.cli.main",
-            "bench",
-            "--config",
-            "configs/detr_r50_peg.yaml",
-            *TINY_MODEL,
-            "--modes",
-            "infer",
-            "--infer-size",
-            "96x128",
-            "--runs",
-            "2",
-            "--threads",
-            "1",
-            "--warmup",
-            "1",
-            "--peak-size",
-            "0",
-            "--onnx",
-            "--output",
-            str(report),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    proc = run_python(
+        *CLI, "bench", "--config", "configs/detr_r50_peg.yaml", *TINY_MODEL, "--modes", "infer",
+        "--infer-size", "96x128", "--runs", "2", "--threads", "1", "--warmup", "1", "--peak-size", "0", "--onnx",
+        "--output", str(report),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(report.read_text())["results"]
     assert [(r["label"], r["impl"]) for r in results] == [

@@ -29,10 +29,11 @@ with guard_outputs("train", [], [Output(Path(sys.argv[1]), "--output", ("metrics
 """
 
 
-def _wait_for(path: Path, timeout: float = 120) -> None:
+def _wait_for(path: Path, timeout: float = 120, text: str = "") -> None:
+    """Until ``path`` exists (and holds ``text``)."""
     end = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < end, f"{path} never appeared"
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < end, f"{path} never appeared" + (f" with {text!r}" if text else "")
         time.sleep(0.05)
 
 
@@ -150,6 +151,7 @@ def test_two_trainings_into_one_folder_one_runs_the_other_exits_2(tmp_path: Path
         _wait_for(out / HOLDER_FILE)
         second = run_python(*args[1:], timeout=300)
         assert first.poll() is None, "the first training ended before the second was refused"
+        _wait_for(out / "metrics.jsonl", text='"type": "iter"')  # a refusal can come before the first iteration
         first.send_signal(signal.SIGINT)
     finally:
         stdout, stderr = first.communicate(timeout=600)

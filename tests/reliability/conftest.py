@@ -28,8 +28,8 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.cli_process import CliResult, CliRunner
 from tests.engine.tiny_run import RUN, SMALL_IMAGES, TINY_MODEL
-from tests.reliability.cli_process import CliResult, CliRunner
 
 DATA = Path("data")
 IMAGES = DATA / "images"

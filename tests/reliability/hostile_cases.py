@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tests.reliability.cli_process import CliRunner
+from tests.cli_process import CliRunner
 from tests.reliability.conftest import OUT, assert_one_line_error, assert_outputs_kept, snapshot
 
 

@@ -37,8 +37,8 @@ from PIL import Image
 from detr_peg.checkpoint.format import read_checkpoint, save_checkpoint
 from detr_peg.config import load_config
 from detr_peg.models import build_model
+from tests.cli_process import CliResult, can_drop_file_access_override
 from tests.engine.tiny_run import TINY_MODEL
-from tests.reliability.cli_process import CliResult, can_drop_file_access_override
 from tests.reliability.conftest import (
     ANNOTATIONS,
     BASE,

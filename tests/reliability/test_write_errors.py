@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.cli_process import can_drop_file_access_override
+from tests.cli_process import can_drop_file_access_override
 from tests.reliability.conftest import (
     BASE,
     IMAGES,

@@ -8,15 +8,13 @@ results and non-backbone gradients must match at rtol 1e-4, atol 1e-5.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from detr_peg import build_criterion, build_postprocessor, load_model
 from detr_peg.cli.main import main
 from detr_peg.convert.detr import DETR_KEY_MAP
+from tests.conftest import CLI, run_python
 from tests.parity import (
     assert_close,
     assert_feature_close,
@@ -110,12 +108,7 @@ def test_non_backbone_gradients(run):
 
 def test_convert_cli_in_a_subprocess(run, tmp_path):
     dst = tmp_path / "out.pth"
-    proc = subprocess.run(
-        [sys.executable, "-m", "detr_peg.cli.main", "convert", str(run["src"]), str(dst)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_python(*CLI, "convert", str(run["src"]), str(dst), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "new keys (initialised fresh): 0" in proc.stdout
     assert "unused keys: 0" in proc.stdout
