@@ -5,7 +5,7 @@ Two ways, same result:
 * **cold**: ``python -m detr_peg.cli.main ARGS`` in a fresh interpreter;
 * **warm** (default on Linux): one helper process (this file run as a script)
   imports torch, torchvision and the command modules once, then forks a child
-  per command. The child changes into the requested folder, takes the
+  per command (or per script of ``tools/``, ``python SCRIPT ARGS``). The child changes into the requested folder, takes the
   requested environment and limits, points its stdout/stderr at files and runs
   ``detr_peg.cli.main`` as ``__main__`` (``runpy``, what ``python -m`` does);
   an uncaught exception prints Python's usual traceback and exits with 1, as
@@ -169,9 +169,10 @@ class CliRunner:
         env: dict[str, str] | None = None,
         limits: Sequence[Limit] = (),
         timeout: float = 300,
+        script: str | None = None,
     ) -> CliResult:
-        """Run ``detr-peg ARGS`` in ``cwd`` and wait for it."""
-        return self.start(args, cwd=cwd, env=env, limits=limits, timeout=timeout).wait()
+        """Run ``detr-peg ARGS`` (or ``python SCRIPT ARGS``) in ``cwd`` and wait for it."""
+        return self.start(args, cwd=cwd, env=env, limits=limits, timeout=timeout, script=script).wait()
 
     def start(
         self,
@@ -181,15 +182,20 @@ class CliRunner:
         env: dict[str, str] | None = None,
         limits: Sequence[Limit] = (),
         timeout: float = 300,
+        script: str | None = None,
     ) -> CliProcess:
-        """Start ``detr-peg ARGS`` in ``cwd``; signal it with ``send_signal``, collect it with ``wait``."""
+        """Start ``detr-peg ARGS`` in ``cwd``; signal it with ``send_signal``, collect it with ``wait``.
+
+        With ``script``, ``python SCRIPT ARGS`` instead (a path relative to ``cwd``, as
+        ``python`` takes it; the scripts of ``tools/``).
+        """
         self._count += 1
         out = Path(self._tmp.name) / f"{self._count}.out"
         err = Path(self._tmp.name) / f"{self._count}.err"
         if self.mode == "cold":
             with open(out, "wb") as fo, open(err, "wb") as fe:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "detr_peg.cli.main", *map(str, args)],
+                    [sys.executable, *([script] if script else ["-m", "detr_peg.cli.main"]), *map(str, args)],
                     cwd=cwd,
                     env=_child_env(env),
                     stdin=subprocess.DEVNULL,
@@ -203,6 +209,7 @@ class CliRunner:
             raise RuntimeError("the command helper runs one command at a time; wait for the previous one")
         request = {
             "argv": [str(a) for a in args],
+            "script": script,
             "cwd": str(cwd),
             "env": dict(env or {}),
             "limits": [list(limit) for limit in limits],
@@ -317,14 +324,19 @@ def _child(request: dict) -> None:
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         os.chdir(request["cwd"])
-        sys.path[0] = os.getcwd()  # as for ``python -m``
+        script = request.get("script")
+        # As ``python -m`` and ``python SCRIPT`` set it.
+        sys.path[0] = os.path.dirname(os.path.abspath(script)) if script else os.getcwd()
         os.environ.update(request["env"])
         apply_limits([tuple(limit) for limit in request["limits"]])
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-        sys.argv = ["detr-peg", *request["argv"]]
+        sys.argv = [script or "detr-peg", *request["argv"]]
         try:
-            runpy.run_module("detr_peg.cli.main", run_name="__main__", alter_sys=True)
+            if script:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                runpy.run_module("detr_peg.cli.main", run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as exc:
             if exc.code is None:

@@ -52,18 +52,22 @@ _cli_runner: CliRunner | None = None
 def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, **env: str) -> CliResult:
     """``python ARGS`` in its own process (this checkout's ``detr_peg``), output captured as text.
 
-    ``python -m detr_peg.cli.main ...`` without extra environment variables runs in a
-    process forked from a helper that has imported torch and the commands once
-    (:class:`tests.cli_process.CliRunner`, one per test process, single-threaded as
-    its commands are): the same command line, exit status and output as a fresh
-    interpreter, without the seconds of start-up. Everything else, and every command
-    with ``env``, starts a fresh interpreter.
+    ``python -m detr_peg.cli.main ...`` and ``python tools/SCRIPT.py ...`` without extra
+    environment variables run in a process forked from a helper that has imported
+    torch and the commands once (:class:`tests.cli_process.CliRunner`, one per test
+    process, single-threaded as its commands are): the same command line, exit status
+    and output as a fresh interpreter, without the seconds of start-up. Everything
+    else (``-c CODE``, other scripts), and every command with ``env``, starts a fresh
+    interpreter.
     """
     global _cli_runner
-    if args[:2] == CLI and not env:
+    tool = bool(args) and args[0].startswith("tools/") and args[0].endswith(".py")
+    if (args[:2] == CLI or tool) and not env:
         if _cli_runner is None:
             _cli_runner = CliRunner()
             atexit.register(_cli_runner.close)
+        if tool:
+            return _cli_runner.run(args[1:], cwd=cwd, timeout=timeout, script=args[0])
         return _cli_runner.run(args[2:], cwd=cwd, timeout=timeout)
     proc = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=python_env(**env), capture_output=True, text=True, timeout=timeout
