@@ -9,6 +9,13 @@ takes and returns). Components are registered with a decorator::
 and looked up by the name given in a config. An unknown name raises
 :class:`~detr_peg.errors.ConfigError` listing the valid names, so a typo in a
 config is one clear sentence, never a ``KeyError``.
+
+The built-in entries are registered when their modules are imported
+(``import detr_peg.models``). The command line does not import them before
+every command: it hands that import to :func:`fill_on_first_read`, which runs
+it the first time any registry is read, so that a command stopped by an error
+found before any name is looked up (a config file that is not there, a
+``key=value`` that does not parse) answers without importing torch.
 """
 
 from __future__ import annotations
@@ -19,6 +26,23 @@ from typing import Generic, TypeVar
 from detr_peg.errors import ConfigError
 
 T = TypeVar("T", bound=Callable)
+
+#: Run once, before the first read of any registry (see :func:`fill_on_first_read`); None when done or unset.
+_filler: Callable[[], object] | None = None
+
+
+def fill_on_first_read(filler: Callable[[], object]) -> None:
+    """Have ``filler`` (e.g. ``lambda: importlib.import_module("detr_peg.models")``) run once, the first time
+    any registry is read (looked up, listed, counted or tested for a name); registering does not run it."""
+    global _filler
+    _filler = filler
+
+
+def _fill() -> None:
+    global _filler
+    filler, _filler = _filler, None  # unset first: the filler's imports register entries
+    if filler is not None:
+        filler()
 
 
 class Registry(Generic[T]):
@@ -53,6 +77,7 @@ class Registry(Generic[T]):
         Raises:
             ConfigError: ``name`` is not registered; the message lists valid names.
         """
+        _fill()
         try:
             return self._entries[name]
         except KeyError:
@@ -61,15 +86,18 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Sorted registered names."""
+        _fill()
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        _fill()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
+        _fill()
         return len(self._entries)
 
     def __repr__(self) -> str:

@@ -3,7 +3,11 @@
 Each command lives in its own module of :mod:`detr_peg.cli` exposing
 ``add_arguments(parser)`` and ``run(args) -> int``; only the module of the
 command given is imported, so ``detr-peg --help`` and ``detr-peg COMMAND
---help`` load neither torch nor the models. Three rules hold for every command:
+--help`` load neither torch nor the models; the models (and torch) are
+imported when a registry is first read
+(:func:`detr_peg.registry.fill_on_first_read`), so an error found before that,
+such as a config file that is not there, is reported at once. Four rules
+hold for every command:
 
 * **each option once**: an option that takes a value given twice
   (``--config a.yaml --config b.yaml``) is a usage error, not a silent
@@ -48,6 +52,7 @@ from typing import NoReturn
 
 from tqdm import tqdm
 
+from detr_peg import registry
 from detr_peg.engine.memory_allocator import retain_freed_memory
 from detr_peg.errors import UserError
 
@@ -223,8 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(parser, module, words[1:])
     args.command = top.command
     if getattr(module, "NEEDS_MODELS", True):
-        # The architectures and positional encodings register the config fields that every command validates.
-        importlib.import_module("detr_peg.models")
+        # The architectures and positional encodings register the config fields that every command validates;
+        # they (and torch) are imported when a registry is first read, so that an error found before that (a
+        # config file that is not there) is reported at once.
+        registry.fill_on_first_read(lambda: importlib.import_module("detr_peg.models"))
         retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
     handler = show_messages()
     try:

@@ -18,8 +18,9 @@ of the ``model.arch`` and ``model.position.name`` it resolves to:
 A field of another architecture or encoding than the chosen one is an error
 that names the key and its owner. The config layer never imports the models:
 the registrations are made when the model modules are imported
-(``import detr_peg.models`` registers every built-in one; the command line,
-``detr_peg.load_config`` and everything that builds a model import it).
+(``import detr_peg.models`` registers every built-in one; ``detr_peg.load_config``
+and everything that builds a model import it, and the command line has it
+imported on the first read of a registry, see :func:`detr_peg.registry.fill_on_first_read`).
 """
 
 from __future__ import annotations
