@@ -144,7 +144,7 @@ def _child_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 class CliRunner:
-    """Runs ``detr-peg`` commands in child processes (see the module docstring).
+    """Runs ``detr-peg`` commands, and scripts, in child processes (see the module docstring).
 
     Args:
         mode: ``"warm"``, ``"cold"``, or ``None``: warm unless
@@ -307,7 +307,7 @@ class CliProcess:
 
 
 def _child(request: dict) -> None:
-    """In the forked child: become ``python -m detr_peg.cli.main ARGS`` and exit."""
+    """In the forked child: become ``python -m detr_peg.cli.main ARGS`` (or ``python SCRIPT ARGS``) and exit."""
     import atexit
     import runpy
     import traceback

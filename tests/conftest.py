@@ -49,7 +49,7 @@ CLI = ("-m", "detr_peg.cli.main")
 _cli_runner: CliRunner | None = None
 
 
-def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, **env: str) -> CliResult:
+def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, fresh: bool = False, **env: str) -> CliResult:
     """``python ARGS`` in its own process (this checkout's ``detr_peg``), output captured as text.
 
     ``python -m detr_peg.cli.main ...`` and ``python tools/SCRIPT.py ...`` without extra
@@ -57,12 +57,13 @@ def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, **env: str
     torch and the commands once (:class:`tests.cli_process.CliRunner`, one per test
     process, single-threaded as its commands are): the same command line, exit status
     and output as a fresh interpreter, without the seconds of start-up. Everything
-    else (``-c CODE``, other scripts), and every command with ``env``, starts a fresh
-    interpreter.
+    else (``-c CODE``, other scripts), every command with ``env``, and every command
+    with ``fresh=True`` (a test of what runs while the modules are imported) starts a
+    fresh interpreter.
     """
     global _cli_runner
     tool = bool(args) and args[0].startswith("tools/") and args[0].endswith(".py")
-    if (args[:2] == CLI or tool) and not env:
+    if (args[:2] == CLI or tool) and not env and not fresh:
         if _cli_runner is None:
             _cli_runner = CliRunner()
             atexit.register(_cli_runner.close)

@@ -2,24 +2,31 @@
 
 Each cell runs in a fresh process of its own: its training and its evaluation
 share that process, as they share the study's process with ``--jobs 1``, and
-whatever the cell allocated is returned to the system when it ends. The
-processes are forked from a ``multiprocessing`` fork server that has imported
-torch and the models once (:data:`PRELOAD`), so a cell does not pay the
-seconds of that import; the server itself runs no torch code, so the forked
-processes start with no threads and no device state of it. At most ``N`` cells run at a time; each process gets its
-share of the CPU cores as torch threads (:func:`threads_per_job`).
+whatever the cell allocated is returned to the system when it ends. On Linux
+the processes are forked from a ``multiprocessing`` fork server that has
+imported torch and the models once (:data:`PRELOAD`), so a cell does not pay
+the seconds of that import; the server itself runs no torch code, so the
+forked processes start with no threads and no device state of it. The server
+starts, with the study's environment, before the first cell and lives as
+long as the study. Elsewhere (macOS, where forking after torch has loaded
+the system's libraries is unsafe) each cell is a spawned interpreter. At
+most ``N`` cells run at a time; each process gets its share of the CPU cores
+as torch threads (:func:`threads_per_job`).
 
 Signals: the cell processes leave the terminal's process group, so Ctrl-C
-reaches the study alone, which passes the signal on once to every running
-cell (each stops after its current iteration and writes its checkpoint, as a
+reaches the study, which passes the signal on once to every running cell
+(each stops after its current iteration and writes its checkpoint, as a
 training does) and starts no new cell; a second signal is passed on again
 (the cells then stop at once). The study then ends as an interrupted study:
-the same command resumes it.
+the same command resumes it. The fork server, which stays in the group,
+ignores SIGINT and SIGTERM: the cells are started and watched through it,
+so it must outlive a signal to the group.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import sys
@@ -59,6 +66,8 @@ def _cell_process(
 ) -> None:
     """The body of a cell's process: its own process group, its threads, the cell, the outcome sent back."""
     os.setpgrp()  # out of the terminal's group: Ctrl-C goes to the study, which passes it on once
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # both ignored in the fork server
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         import torch
 
@@ -70,6 +79,26 @@ def _cell_process(
         sys.exit(130)
     finally:
         conn.close()
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _cell_context() -> multiprocessing.context.BaseContext:
+    """The fork server's context on Linux, its server started now and deaf to the stop signals; else ``spawn``."""
+    if not sys.platform.startswith("linux"):
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    # An ignored signal stays ignored across fork and exec: the server ignores SIGINT and SIGTERM, and each cell
+    # takes the default handlers back first (_cell_process). The study ignores them only while it starts the server.
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return context
 
 
 @dataclass
@@ -126,8 +155,7 @@ def run_parallel(
         Every cell's outcome, and the signal that stopped the study (None when none did).
     """
     study_dir = Path(study_dir)
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context = _cell_context()
     threads = threads_per_job(jobs)
     done = {c.name for c in cells if (read_state(cell_paths(study_dir, c)) or {}).get("status") == "done"}
     todo = [cell for cell in cells if cell.name not in done]

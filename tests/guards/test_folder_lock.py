@@ -153,8 +153,11 @@ def test_two_trainings_into_one_folder_one_runs_the_other_exits_2(tmp_path: Path
         assert first.poll() is None, "the first training ended before the second was refused"
         _wait_for(out / "metrics.jsonl", text='"type": "iter"')  # a refusal can come before the first iteration
         first.send_signal(signal.SIGINT)
-    finally:
-        stdout, stderr = first.communicate(timeout=600)
+    except BaseException:
+        first.kill()  # a failure above must not leave a training of 100000 iterations running
+        first.communicate()
+        raise
+    stdout, stderr = first.communicate(timeout=600)
     assert second.returncode == 2, second.stderr
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and f"is in use by detr-peg train (process {first.pid} on " in lines[0]

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -28,13 +29,14 @@ import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.cli.main import main
+from detr_peg.guards.folder_lock import HOLDER_FILE
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
-from detr_peg.study.parallel import run_parallel, threads_per_job
+from detr_peg.study.parallel import _cell_context, run_parallel, threads_per_job
 from detr_peg.study.runner import describe
 from tests.conftest import python_env
 from tests.study.conftest import tiny_overrides, write_base_config
 
-pytestmark = pytest.mark.slow  # real training runs in spawned processes
+pytestmark = pytest.mark.slow  # real training runs in processes of their own
 
 GRID = ["--grid", "model.position.name=sine,peg"]
 CELLS = ["position.name=sine_seed0", "position.name=peg_seed0"]
@@ -94,7 +96,8 @@ def test_two_jobs_give_the_results_of_one_job(tmp_path: Path, shapes) -> None:
     assert [s["main"]["AP"] for s in tables[0]] == [s["main"]["AP"] for s in tables[1]]
 
 
-def test_sigint_stops_every_running_cell_after_a_checkpoint_and_the_study_resumes(tmp_path: Path, shapes) -> None:
+def test_ctrl_c_stops_every_running_cell_after_a_checkpoint_and_the_study_resumes(tmp_path: Path, shapes) -> None:
+    """Ctrl-C signals the study's whole process group (its fork server included); the cells left it."""
     base = write_base_config(tmp_path / "base.yaml")
     out = tmp_path / "study"
     argv = [
@@ -102,7 +105,10 @@ def test_sigint_stops_every_running_cell_after_a_checkpoint_and_the_study_resume
         "--jobs", "2", *tiny_overrides(shapes), "train.max_iters=60", "train.eval_every_iters=0",
         "train.checkpoint_every=1",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # In a process group of its own, as a command started from a terminal: Ctrl-C signals the whole group.
+    proc = subprocess.Popen(
+        argv, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         cells = [out / "cells" / name for name in CELLS]
@@ -115,11 +121,13 @@ def test_sigint_stops_every_running_cell_after_a_checkpoint_and_the_study_resume
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the cells did not start training"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)  # to the study only, as Ctrl-C reaches it (the cells left its group)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C
         stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
+    # The study ends after its cells: none still holds its run folder (a training removes the holder file last).
+    assert [c.name for c in cells if (c / "run" / HOLDER_FILE).exists()] == []
     assert proc.returncode == 130, stderr
     assert "run the same command again to resume" in stderr
     # Every cell still running at the signal stops after a checkpoint; on a loaded machine one cell
@@ -148,3 +156,20 @@ def test_jobs_with_cluster_jobs_is_refused(tmp_path: Path, capsys) -> None:
     assert main(argv) == 2
     assert "--jobs runs cells on this machine" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the cells are forked from a fork server on Linux only"
+)
+def test_the_fork_server_outlives_a_sigterm_to_the_group() -> None:
+    """``timeout`` or ``kill -- -PGID`` reaches the fork server too: it must live on, since the study starts the
+    cells through it and sees them end through it (were it gone, every running cell would look finished)."""
+    context = _cell_context()
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid  # the server of this process (private name)
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # still running
+    cell = context.Process(target=time.sleep, args=(0,))
+    cell.start()
+    cell.join(60)
+    assert cell.exitcode == 0
