@@ -20,30 +20,6 @@ from detr_peg.benchmark.worker import Case
 from detr_peg.errors import ConfigError, UserError
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    """``"800x1066"`` -> ``(800, 1066)`` (height x width)."""
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ConfigError(f"Size {text!r} is not HEIGHTxWIDTH (for example 800x1066).") from None
-    if h < 32 or w < 32:
-        raise ConfigError(f"Size {text!r} is too small; both sides must be at least 32.")
-    return h, w
-
-
-def parse_compare(text: str | None) -> tuple[str, list[str]] | None:
-    """``"model.position.name=sine,peg"`` -> ``("model.position.name", ["sine", "peg"])``."""
-    if not text:
-        return None
-    key, sep, values = text.partition("=")
-    options = [v for v in values.split(",") if v]
-    if not sep or not key or len(options) < 2:
-        raise ConfigError(
-            f"--compare {text!r} must be KEY=VALUE1,VALUE2[,...] (for example model.position.name=sine,peg)."
-        )
-    return key, options
-
-
 def plan_cases(
     base: Case,
     *,

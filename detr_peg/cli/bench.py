@@ -48,8 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.add_argument("--modes", default="infer,train", help="comma-separated: infer, train (default both)")
-    parser.add_argument("--infer-size", default="800x1066", help="HxW of inference inputs (default 800x1066)")
-    parser.add_argument("--train-size", default="512x512", help="HxW of training inputs (default 512x512)")
+    parser.add_argument(
+        "--infer-size",
+        type=option_types.image_size,
+        default="800x1066",
+        help="HxW of inference inputs (default 800x1066)",
+    )
+    parser.add_argument(
+        "--train-size", type=option_types.image_size, default="512x512", help="HxW of training inputs (default 512x512)"
+    )
     parser.add_argument("--batch", type=option_types.integer(1), default=1, help="images per batch (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--threads", type=option_types.integer(1), default=2, help="CPU threads (default 2)")
@@ -89,7 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPU mode: --device cuda --amp bf16 --compile, images/s, one row per "
         "deformable-attention implementation, the official code with its CUDA op",
     )
-    parser.add_argument("--compare", metavar="KEY=V1,V2", help="one row per value of a config key")
+    parser.add_argument(
+        "--compare", type=option_types.key_values, metavar="KEY=V1,V2", help="one row per value of a config key"
+    )
     parser.add_argument("--official", metavar="PATH", help="checkout of the official repository to compare with")
     parser.add_argument("--official-args", default="", help="extra flags for the official model (quoted)")
     parser.add_argument(
@@ -168,7 +177,7 @@ def _plan(args: argparse.Namespace, cfg, modes: list[str]) -> list:
     """The cases to measure; each config's ``train.amp`` is checked on this device before the first case."""
     import torch
 
-    from detr_peg.benchmark.runner import parse_compare, parse_size, plan_cases
+    from detr_peg.benchmark.runner import plan_cases
     from detr_peg.benchmark.worker import Case
     from detr_peg.config import load_config
     from detr_peg.engine.mixed_precision import check_amp
@@ -178,16 +187,14 @@ def _plan(args: argparse.Namespace, cfg, modes: list[str]) -> list:
         overrides=list(args.overrides), batch=args.batch, device=args.device, threads=args.threads,
         warmup=args.warmup, runs=args.runs, amp=args.amp, compile=args.compile, flops=not args.no_flops,
     )  # fmt: skip
-    sizes = {"infer": parse_size(args.infer_size), "train": parse_size(args.train_size)}
+    sizes = {"infer": args.infer_size, "train": args.train_size}
     official = {"official_repo": args.official, "official_args": args.official_args.split()}
     if args.gpu:
         from detr_peg.benchmark.gpu import plan_gpu_cases
 
         cases = plan_gpu_cases(base, modes=modes, sizes=sizes, **official)
     else:
-        cases = plan_cases(
-            base, modes=modes, sizes=sizes, compare=parse_compare(args.compare), onnx=args.onnx, **official
-        )
+        cases = plan_cases(base, modes=modes, sizes=sizes, compare=args.compare, onnx=args.onnx, **official)
     # A case without --amp runs in its config's train.amp, which must run on this device.
     for case in cases:
         if case.config is not None and case.amp == "none":

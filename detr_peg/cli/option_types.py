@@ -95,3 +95,26 @@ fraction = number(0.0, 1.0)
 positive = integer(1)
 #: Counts that may be zero.
 non_negative = integer(0)
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``"800x1066"`` -> ``(800, 1066)``: height x width, both at least 32."""
+    try:
+        height, width = (int(v, 10) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be HEIGHTxWIDTH (for example 800x1066), got {text!r}") from None
+    if height < 32 or width < 32:
+        raise argparse.ArgumentTypeError(f"must have both sides at least 32, got {text!r}")
+    return height, width
+
+
+def key_values(text: str) -> tuple[str, list[str]]:
+    """``"model.position.name=sine,peg"`` -> ``("model.position.name", ["sine", "peg"])``: a key and two or more
+    values."""
+    key, sep, values = text.partition("=")
+    options = [v for v in values.split(",") if v]
+    if not sep or not key or len(options) < 2:
+        raise argparse.ArgumentTypeError(
+            f"must be KEY=VALUE1,VALUE2[,...] (for example model.position.name=sine,peg), got {text!r}"
+        )
+    return key, options
