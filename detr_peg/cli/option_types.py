@@ -104,7 +104,7 @@ def image_size(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be HEIGHTxWIDTH (for example 800x1066), got {text!r}") from None
     if height < 32 or width < 32:
-        raise argparse.ArgumentTypeError(f"must have both sides at least 32, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be HEIGHTxWIDTH with both sides at least 32, got {text!r}")
     return height, width
 
 

@@ -122,7 +122,10 @@ def test_deformable_inference_only(tmp_path):
     "args, message",
     [
         (["--infer-size", "800by1066"], "argument --infer-size: must be HEIGHTxWIDTH (for example 800x1066), got"),
-        (["--train-size", "16x512"], "argument --train-size: must have both sides at least 32, got '16x512'"),
+        (
+            ["--train-size", "16x512"],
+            "argument --train-size: must be HEIGHTxWIDTH with both sides at least 32, got '16x512'",
+        ),
         (["--compare", "model.position.name=peg"], "argument --compare: must be KEY=VALUE1,VALUE2"),
         (["--modes", "infer,backward"], "valid modes are infer, train"),
         (["--rounds", "0"], "argument --rounds: must be a whole number of at least 1, got '0'"),

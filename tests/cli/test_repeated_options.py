@@ -8,7 +8,7 @@ import pytest
 
 from detr_peg.cli.main import available_commands, command_parser
 
-CANDIDATES = ("1", "0.5", "1,2", "cpu", "17", "64", "x.yaml")
+CANDIDATES = ("1", "0.5", "1,2", "cpu", "17", "64", "x.yaml", "64x64", "a.b=c,d")
 
 
 def _value_options() -> list[tuple[str, str, list[str]]]:

@@ -165,7 +165,7 @@ def _options_of_every_command():
 
 def test_every_typed_option_of_every_command_is_parsed_by_a_shared_type() -> None:
     """The rule of the class holds for options no case above lists: no bare ``int`` or ``float`` anywhere."""
-    shared = {"integer", "number", "scale_list", "device", "config_file"}
+    shared = {"integer", "number", "scale_list", "device", "config_file", "image_size", "key_values"}
     loose = [
         f"{name} {action.option_strings[0]} ({getattr(action.type, '__name__', action.type)})"
         for name, action in _options_of_every_command()
