@@ -5,9 +5,10 @@ Two ways, same result:
 * **cold**: ``python -m detr_peg.cli.main ARGS`` in a fresh interpreter;
 * **warm** (default on Linux): one helper process (this file run as a script)
   imports torch, torchvision and the command modules once, then forks a child
-  per command (or per script of ``tools/``, ``python SCRIPT ARGS``). The child changes into the requested folder, takes the
-  requested environment and limits, points its stdout/stderr at files and runs
-  ``detr_peg.cli.main`` as ``__main__`` (``runpy``, what ``python -m`` does);
+  per command (or per script of ``tools/``, ``python SCRIPT ARGS``). The child
+  changes into the requested folder, takes the requested environment and
+  limits, points its stdout/stderr at files and runs ``detr_peg.cli.main``
+  (or the script) as ``__main__`` (``runpy``, what ``python -m`` does);
   an uncaught exception prints Python's usual traceback and exits with 1, as
   the interpreter would. Each child starts from the same freshly imported
   state, so nothing leaks from one command to the next.
@@ -161,18 +162,9 @@ class CliRunner:
         self._count = 0
         self._active: CliProcess | None = None
 
-    def run(
-        self,
-        args: Sequence[str],
-        *,
-        cwd: Path | str,
-        env: dict[str, str] | None = None,
-        limits: Sequence[Limit] = (),
-        timeout: float = 300,
-        script: str | None = None,
-    ) -> CliResult:
-        """Run ``detr-peg ARGS`` (or ``python SCRIPT ARGS``) in ``cwd`` and wait for it."""
-        return self.start(args, cwd=cwd, env=env, limits=limits, timeout=timeout, script=script).wait()
+    def run(self, args: Sequence[str], **options) -> CliResult:  # noqa: ANN003 - the options of start()
+        """:meth:`start` ``detr-peg ARGS`` (or ``python SCRIPT ARGS``) with the same options, and wait for it."""
+        return self.start(args, **options).wait()
 
     def start(
         self,

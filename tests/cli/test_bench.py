@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -21,14 +20,13 @@ from tests.engine.tiny_run import TINY_MODEL
 from tests.tools.tool_module import run_main
 
 
-def _bench(tmp_path: Path, *args: str) -> CliResult:
+def _bench(*args: str) -> CliResult:
     return run_python(*CLI, "bench", *args)
 
 
 def test_compare_two_encodings_in_both_modes(tmp_path):
     report = tmp_path / "bench.json"
     proc = _bench(
-        tmp_path,
         "--config",
         "configs/detr_r50_sine.yaml",
         *TINY_MODEL,
@@ -89,7 +87,6 @@ def test_compare_two_encodings_in_both_modes(tmp_path):
 def test_deformable_inference_only(tmp_path):
     report = tmp_path / "deformable.json"
     proc = _bench(
-        tmp_path,
         "--config",
         "configs/demo.yaml",
         *TINY_MODEL,
@@ -189,7 +186,6 @@ def test_compare_float32_and_auto_precision_each_against_its_own_peak(tmp_path):
 
     report = tmp_path / "amp.json"
     proc = _bench(
-        tmp_path,
         "--config",
         "configs/demo.yaml",
         *TINY_MODEL,
@@ -230,7 +226,6 @@ def test_compare_float32_and_auto_precision_each_against_its_own_peak(tmp_path):
 def test_a_compared_precision_this_device_cannot_run_is_refused_before_any_case(tmp_path):
     report = tmp_path / "refused.json"
     proc = _bench(
-        tmp_path,
         "--config",
         "configs/demo.yaml",
         *TINY_MODEL,
@@ -260,7 +255,6 @@ def test_an_explicit_amp_replaces_the_compared_configs_precision(tmp_path):
         pytest.skip("--amp bf16 needs a CPU with native bfloat16 (AMX or AVX512-BF16)")
     report = tmp_path / "explicit.json"
     proc = _bench(
-        tmp_path,
         "--config",
         "configs/demo.yaml",
         *TINY_MODEL,
