@@ -7,7 +7,6 @@ import pytest
 from detr_peg import registry
 from detr_peg.errors import ConfigError
 from detr_peg.registry import Registry
-from tests.conftest import run_python
 
 
 def test_the_filler_runs_once_at_the_first_read_and_not_at_registration(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,18 +26,3 @@ def test_the_filler_runs_once_at_the_first_read_and_not_at_registration(monkeypa
     assert calls == [1]
     with pytest.raises(ConfigError, match=r"^Unknown part 'other': valid are 'built_in', 'mine'\.$"):
         parts.get("other")
-
-
-def test_a_config_file_that_is_not_there_is_reported_without_importing_torch(tmp_path) -> None:
-    code = (
-        "import sys\n"
-        "from detr_peg.cli.main import main\n"
-        "status = main(['train', '--config', 'no/such.yaml'])\n"
-        "print(status, 'torch' in sys.modules)\n"
-    )
-    proc = run_python("-c", code, cwd=tmp_path, timeout=120)  # a fresh interpreter: nothing imported yet
-    assert proc.stdout.splitlines() == ["2 False"], proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [
-        "detr-peg train: error: Config file no/such.yaml does not exist, and no shipped config has that name "
-        "(detr-peg configs list shows them)."
-    ]

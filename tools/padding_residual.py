@@ -31,7 +31,8 @@ from torchvision import tv_tensors  # noqa: E402
 from detr_peg.cli import option_types  # noqa: E402
 from detr_peg.cli.json_report import run_json_report  # noqa: E402
 from detr_peg.cli.main import OneLineParser  # noqa: E402
-from detr_peg.data.image_input import as_rgb_tensor, collect_images  # noqa: E402
+from detr_peg.data.image_input import as_rgb_tensor  # noqa: E402
+from detr_peg.data.image_paths import collect_images  # noqa: E402
 from detr_peg.data.padding import (
     pad_further,  # noqa: E402
     pad_images,  # noqa: E402
@@ -80,7 +81,7 @@ def residual(detector: Detector, images: list[Path], extra: float) -> dict:
 
 
 def image_files(folder: Path, count: int) -> list[Path]:
-    """The first ``count`` images of ``folder`` (:func:`~detr_peg.data.image_input.collect_images`: by path,
+    """The first ``count`` images of ``folder`` (:func:`~detr_peg.data.image_paths.collect_images`: by path,
     subfolders included); DataError when it is not a folder or holds no image."""
     if not folder.is_dir():
         raise DataError(f"--images {folder} is not a folder.")

@@ -161,7 +161,7 @@ def _check_options(args: argparse.Namespace, cfg) -> list[str]:
         raise ConfigError("--device cuda was requested but no CUDA device is available.")
     check_amp(args.amp, torch.device(args.device))
     if args.onnx:
-        from detr_peg.export.onnx_export import require_onnx
+        from detr_peg.export.export_options import require_onnx
 
         require_onnx()
         if args.device != "cpu" or "infer" not in modes:

@@ -55,6 +55,14 @@ def _preview(keys: list[str], limit: int = 20) -> str:
 
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.config.loader import check_config_file
+        from detr_peg.convert.source_kind import check_source
+
+        # Inputs that are not there are refused before torch and the models are imported.
+        check_source(args.src)
+        if args.config:
+            check_config_file(args.config)
+
         from detr_peg.convert import convert_file
         from detr_peg.guards.declared_io import convert_io
         from detr_peg.guards.output_guard import guard_outputs

@@ -92,6 +92,14 @@ def config_over_checkpoint(checkpoint, config_file: str | None, overrides: list[
 
 
 def run(args: argparse.Namespace) -> int:
+    from detr_peg.config.loader import check_config_file
+    from detr_peg.fileio.file_locations import check_checkpoint_location
+
+    # Inputs that are not there are refused before torch and the models are imported.
+    check_checkpoint_location(args.checkpoint)
+    if args.config:
+        check_config_file(args.config)
+
     from detr_peg.checkpoint.format import read_checkpoint
     from detr_peg.detector import Detector
     from detr_peg.engine.distributed import on_main, process_group

@@ -71,16 +71,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.export.export_options import check_export_options, require_onnx
+        from detr_peg.fileio.file_locations import check_checkpoint_location
+
+        # Refused before torch and the models are imported and before anything is read or written.
+        require_onnx()
+        check_export_options(args.opset, args.image_size, args.batch_size)
+        check_checkpoint_location(args.checkpoint)
+
         import torch
 
-        from detr_peg.export.onnx_export import check_export_options, export_onnx, require_onnx
+        from detr_peg.export.onnx_export import export_onnx
         from detr_peg.export.onnx_runtime import compare_with_pytorch
         from detr_peg.guards.declared_io import export_io
         from detr_peg.guards.output_guard import guard_outputs
         from detr_peg.models.loading import load_model
 
-        require_onnx()
-        check_export_options(args.opset, args.image_size, args.batch_size)  # before anything is read or written
         claims.enter_context(guard_outputs("export", *export_io(args.checkpoint, args.output)))
         model = load_model(args.checkpoint, overrides=args.overrides)
         path = export_onnx(

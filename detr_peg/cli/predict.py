@@ -116,26 +116,35 @@ def predict_files(detector, images: list[Path], *, threshold: float, batch_size:
 
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.data.image_paths import collect_images
+        from detr_peg.errors import ConfigError
+        from detr_peg.fileio.file_locations import check_checkpoint_location
+
+        # Inputs that are not there are refused before torch and the models are imported.
+        paths, overrides = _split(args.inputs)
+        if not paths:
+            raise ConfigError("predict needs at least one image file or folder.")
+        images = collect_images(paths)
+        model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
+        if args.onnx:
+            from detr_peg.export.export_options import require_onnx
+
+            require_onnx()
+        check_checkpoint_location(model_file, "ONNX model" if args.onnx else "checkpoint")
+
         from tqdm import tqdm
 
-        from detr_peg.data.image_input import collect_images
         from detr_peg.detector import Detector
         from detr_peg.engine.drawing import draw_detections
         from detr_peg.engine.run_hints import no_detections_note, short_training_note
-        from detr_peg.errors import ConfigError
         from detr_peg.fileio.atomic import remove_stale_folders, write_json
         from detr_peg.fileio.os_errors import make_folder, write_error, writing
         from detr_peg.guards.declared_io import predict_io
         from detr_peg.guards.output_guard import guard_outputs
 
-        paths, overrides = _split(args.inputs)
-        if not paths:
-            raise ConfigError("predict needs at least one image file or folder.")
-        images = collect_images(paths)
         png_names: set[str] = set()
         for image in images:
             unique_png_name(image, png_names)
-        model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
         claims.enter_context(
             guard_outputs(
                 "predict", *predict_io(paths, model_file, args.output, sorted(png_names), model_option=model_option)

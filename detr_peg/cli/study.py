@@ -223,6 +223,17 @@ def definition_from_args(args: argparse.Namespace):
     """
     from detr_peg.config.shipped import missing_config_message, resolve_config
     from detr_peg.errors import ConfigError
+    from detr_peg.study.study_file import StudyFile, load_study_file
+
+    # The files are checked before torch (through the cluster options' module) and scipy are imported.
+    file = load_study_file(args.study) if args.study else StudyFile()
+    configs = [*file.configs, *(str(resolve_config(c).resolve()) for c in args.config)]
+    if not configs:
+        raise ConfigError("A study needs a base config: --config FILE (or 'configs' in a --study file).")
+    for config in configs:
+        if not Path(config).is_file():
+            raise ConfigError(missing_config_message(config))
+
     from detr_peg.study.comparisons import reference
     from detr_peg.study.grid import (
         EvalPlan,
@@ -232,15 +243,7 @@ def definition_from_args(args: argparse.Namespace):
         parse_seeds,
     )
     from detr_peg.study.slurm import ClusterOptions
-    from detr_peg.study.study_file import StudyFile, load_study_file
 
-    file = load_study_file(args.study) if args.study else StudyFile()
-    configs = [*file.configs, *(str(resolve_config(c).resolve()) for c in args.config)]
-    if not configs:
-        raise ConfigError("A study needs a base config: --config FILE (or 'configs' in a --study file).")
-    for config in configs:
-        if not Path(config).is_file():
-            raise ConfigError(missing_config_message(config))
     given = [parse_axis(text) for text in args.grid]
     check_distinct_axes(given)
     axes = {axis.key: axis for axis in (parse_axis(text, f"{args.study}: grid") for text in file.grid)}
@@ -370,11 +373,6 @@ def run(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         from detr_peg.errors import ConfigError
-        from detr_peg.study import runner, slurm
-        from detr_peg.study.comparisons import format_points
-        from detr_peg.study.grid import StudyDefinition, expand_cells
-        from detr_peg.study.plots import plot_study
-        from detr_peg.study.results import collect, write_results
 
         started = time.monotonic()
         if args.slurm and args.submitit_local:
@@ -383,6 +381,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--jobs runs cells on this machine; with --slurm or --submitit-local each cell is a job.")
         jobs = args.slurm or args.submitit_local
         definition, cluster, options, rule = definition_from_args(args)
+
+        from detr_peg.study import runner, slurm
+        from detr_peg.study.comparisons import format_points
+        from detr_peg.study.grid import StudyDefinition, expand_cells
+        from detr_peg.study.plots import plot_study
+        from detr_peg.study.results import collect, write_results
+
         if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)
             slurm.parse_time(cluster.time)
         check_eval_options(definition)

@@ -41,7 +41,14 @@ from detr_peg.config.schema import Config
 from detr_peg.config.shipped import missing_config_message, resolve_config
 from detr_peg.errors import ConfigError
 from detr_peg.fileio.atomic import atomic_write_text
-from detr_peg.fileio.bounded_read import ScalarText, decode_utf8, load_yaml_text, plain, read_bounded_bytes
+from detr_peg.fileio.bounded_read import (
+    ScalarText,
+    check_regular_file,
+    decode_utf8,
+    load_yaml_text,
+    plain,
+    read_bounded_bytes,
+)
 
 BASE_KEY = "_base_"
 
@@ -230,10 +237,21 @@ def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
-    source = str(path)
+def check_config_file(path: str | os.PathLike) -> None:
+    """Refuse a config path that is not there (naming the shipped configs) or not a readable file of config size.
+
+    Raises:
+        ConfigError: one sentence naming the path.
+    """
+    path = Path(path)
     if not path.exists() and not path.is_symlink():
         raise ConfigError(missing_config_message(path))
+    check_regular_file(path, "Config file", "config", ConfigError)
+
+
+def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
+    source = str(path)
+    check_config_file(path)
     raw = read_bounded_bytes(path, "Config file", "config", ConfigError)
     resolved = path.resolve()
     if resolved in seen:

@@ -1,16 +1,32 @@
-"""Conversion of official DETR and Deformable-DETR checkpoints and of Transformers checkpoint folders."""
+"""Conversion of official DETR and Deformable-DETR checkpoints and of Transformers checkpoint folders.
 
-from detr_peg.convert.official import convert_official, convert_official_file
-from detr_peg.convert.report import ConversionReport
-from detr_peg.convert.sources import convert_checkpoint, convert_file
-from detr_peg.convert.transformers_folder import convert_transformers, convert_transformers_file
+Names are imported lazily, so ``import detr_peg.convert.source_kind`` (which
+converter reads a source, and whether it is there) does not load torch.
+"""
 
-__all__ = [
-    "ConversionReport",
-    "convert_checkpoint",
-    "convert_file",
-    "convert_official",
-    "convert_official_file",
-    "convert_transformers",
-    "convert_transformers_file",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ConversionReport": "detr_peg.convert.report",
+    "convert_checkpoint": "detr_peg.convert.sources",
+    "convert_file": "detr_peg.convert.sources",
+    "convert_official": "detr_peg.convert.official",
+    "convert_official_file": "detr_peg.convert.official",
+    "convert_transformers": "detr_peg.convert.transformers_folder",
+    "convert_transformers_file": "detr_peg.convert.transformers_folder",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'detr_peg.convert' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -24,12 +24,13 @@ from detr_peg.config.loader import Layer, dotted_layer
 from detr_peg.config.schema import Config
 from detr_peg.convert.registry import OFFICIAL_FORMATS, OfficialFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers, save_report
+from detr_peg.convert.source_kind import OFFICIAL_FILE
 from detr_peg.errors import CheckpointError
 from detr_peg.fileio.checkpoint_files import read_checkpoint_file
 
 
 def _load_official(src: str) -> tuple[dict[str, Tensor], dict[str, Any] | None, list[str]]:
-    obj = read_checkpoint_file(src, what="official checkpoint")
+    obj = read_checkpoint_file(src, what=OFFICIAL_FILE)
     if isinstance(obj, dict) and "state_dict" in obj and "metadata" in obj:  # safetensors
         return obj["state_dict"], None, []
     if not isinstance(obj, dict):

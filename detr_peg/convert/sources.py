@@ -1,8 +1,8 @@
 """Which converter reads a ``detr-peg convert`` source: an official checkpoint file or a Transformers folder.
 
-A folder, or a Hugging Face Hub name (``owner/name``) that is not a local
-path, is a Transformers checkpoint (:mod:`detr_peg.convert.transformers_folder`);
-anything else is an official DETR or Deformable-DETR checkpoint file or URL
+:func:`~detr_peg.convert.source_kind.is_transformers_source` decides: a
+Transformers checkpoint (:mod:`detr_peg.convert.transformers_folder`) or an
+official DETR or Deformable-DETR checkpoint file or URL
 (:mod:`detr_peg.convert.official`).
 """
 
@@ -13,13 +13,8 @@ from typing import Any
 
 from detr_peg.convert.official import convert_official
 from detr_peg.convert.report import ConversionReport, save_report
+from detr_peg.convert.source_kind import is_transformers_source
 from detr_peg.convert.transformers_folder import convert_transformers
-from detr_peg.fileio.hub_files import is_hub_name
-
-
-def is_transformers_source(src: str | os.PathLike) -> bool:
-    """Whether ``src`` is read as a Transformers checkpoint: a local folder, or a Hub name."""
-    return os.path.isdir(src) or is_hub_name(str(src))
 
 
 def convert_checkpoint(src: str | os.PathLike, **kwargs: Any) -> ConversionReport:

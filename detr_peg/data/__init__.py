@@ -4,43 +4,46 @@
 ``image`` ``Tensor[3, H, W]`` (ImageNet-normalised) and ``target["boxes"]``
 normalized ``(cx, cy, w, h)`` relative to the unpadded image;
 ``collate_detection`` pads a batch and returns a mask that is True on padding.
+
+Names are imported lazily, so ``import detr_peg.data.image_paths`` (which
+files a command's inputs name) does not load torch.
 """
 
-from detr_peg.data.coco_dataset import CocoDetection, build_coco_dataset
-from detr_peg.data.coco_file import CocoFile, SampleProblem, read_coco_file
-from detr_peg.data.collate import collate_detection
-from detr_peg.data.image_file import load_rgb_image
-from detr_peg.data.label_map import LabelMap
-from detr_peg.data.padding import pad_images
-from detr_peg.data.synthetic import SHAPES, SyntheticCoco, generate_synthetic_coco
-from detr_peg.data.transforms import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    BoxesToNormalizedCxcywh,
-    RandomSizeCrop,
-    build_eval_transforms,
-    build_train_transforms,
-    short_side_resize,
-)
+from __future__ import annotations
 
-__all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "SHAPES",
-    "BoxesToNormalizedCxcywh",
-    "CocoDetection",
-    "CocoFile",
-    "LabelMap",
-    "RandomSizeCrop",
-    "SampleProblem",
-    "SyntheticCoco",
-    "build_coco_dataset",
-    "build_eval_transforms",
-    "build_train_transforms",
-    "collate_detection",
-    "generate_synthetic_coco",
-    "load_rgb_image",
-    "pad_images",
-    "read_coco_file",
-    "short_side_resize",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CocoDetection": "detr_peg.data.coco_dataset",
+    "build_coco_dataset": "detr_peg.data.coco_dataset",
+    "CocoFile": "detr_peg.data.coco_file",
+    "SampleProblem": "detr_peg.data.coco_file",
+    "read_coco_file": "detr_peg.data.coco_file",
+    "collate_detection": "detr_peg.data.collate",
+    "load_rgb_image": "detr_peg.data.image_file",
+    "LabelMap": "detr_peg.data.label_map",
+    "pad_images": "detr_peg.data.padding",
+    "SHAPES": "detr_peg.data.synthetic",
+    "SyntheticCoco": "detr_peg.data.synthetic",
+    "generate_synthetic_coco": "detr_peg.data.synthetic",
+    "IMAGENET_MEAN": "detr_peg.data.transforms",
+    "IMAGENET_STD": "detr_peg.data.transforms",
+    "BoxesToNormalizedCxcywh": "detr_peg.data.transforms",
+    "RandomSizeCrop": "detr_peg.data.transforms",
+    "build_eval_transforms": "detr_peg.data.transforms",
+    "build_train_transforms": "detr_peg.data.transforms",
+    "short_side_resize": "detr_peg.data.transforms",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'detr_peg.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,8 +1,8 @@
-"""Images as users hand them over: file paths and folders, PIL images, NumPy arrays and tensors.
+"""Images as users hand them over: file paths, PIL images, NumPy arrays and tensors.
 
 :func:`as_rgb_tensor` turns one input into the 8-bit RGB ``Tensor[3, H, W]``
-that the evaluation transform resizes and normalises;
-:func:`collect_images` expands files and folders into image files. Anything
+that the evaluation transform resizes and normalises (folders are expanded
+into image files by :func:`~detr_peg.data.image_paths.collect_images`). Anything
 else is a :class:`~detr_peg.errors.DataError` (a ``TypeError`` or
 ``ValueError`` for Python callers would be a bug report; one sentence naming
 the input and what is accepted is not).
@@ -11,8 +11,6 @@ the input and what is accepted is not).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,9 +20,6 @@ from torch import Tensor
 
 from detr_peg.data.image_file import load_rgb_image, to_rgb
 from detr_peg.errors import DataError
-from detr_peg.fileio.bounded_read import check_regular_file
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 #: What :func:`as_rgb_tensor` accepts.
 ImageInput = str | os.PathLike | Image.Image | np.ndarray | Tensor
@@ -33,27 +28,6 @@ ACCEPTED = (
     "a path to an image file, a PIL image, a NumPy uint8 array of shape (H, W, 3) or (H, W), "
     "or a tensor of shape (3, H, W) (uint8, or float in [0, 1])"
 )
-
-
-def collect_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Image files from files and folders (folders: every image file inside, recursively, sorted).
-
-    Raises:
-        DataError: an input does not exist, or a folder holds no image file.
-    """
-    found: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if os.path.isdir(path):
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-            if not files:
-                raise DataError(f"Folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
-            found.extend(files)
-        else:
-            # Names a FIFO, a device, a link loop or a missing file precisely.
-            check_regular_file(path, "Input", "image", DataError)
-            found.append(path)
-    return found
 
 
 def as_rgb_tensor(image: ImageInput, name: str = "image") -> Tensor:

@@ -26,13 +26,14 @@ from torch import Tensor
 from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
 from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError
+from detr_peg.export.export_options import require_onnx
 from detr_peg.export.onnx_export import (
     METADATA_CONFIG,
     METADATA_LABEL_MAP,
     METADATA_SIZE_DIVISIBILITY,
-    require_onnx,
 )
 from detr_peg.export.onnx_session import session_options
+from detr_peg.fileio.file_locations import check_checkpoint_file
 from detr_peg.models.builder import build_model, build_postprocessor
 from detr_peg.models.loading import LoadedModel, without_backbone_weights
 
@@ -76,8 +77,7 @@ class OnnxDetector:
         from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
 
         self.path = Path(path)
-        if not self.path.is_file():
-            raise CheckpointError(f"ONNX model {self.path} does not exist.")
+        check_checkpoint_file(self.path, "ONNX model")
         options = session_options(threads, graph_optimization)
         try:
             self.session = ort.InferenceSession(

@@ -6,6 +6,8 @@ write and read files the same way.
 
 * :mod:`~detr_peg.fileio.atomic`: ``atomic_write`` / ``atomic_write_text``
   (temporary file, fsync of the file and of its folder, rename; no torch);
+* :mod:`~detr_peg.fileio.file_locations`: ``is_url`` and the check of a
+  local checkpoint path (no torch, so commands refuse a missing file at once);
 * :mod:`~detr_peg.fileio.checkpoint_files`: ``read_checkpoint_file``
   (``torch.load(weights_only=True)`` or safetensors, local path or URL) and
   ``atomic_torch_save``.
@@ -23,7 +25,7 @@ _EXPORTS = {
     "atomic_write_text": "detr_peg.fileio.atomic",
     "atomic_torch_save": "detr_peg.fileio.checkpoint_files",
     "fetch_url": "detr_peg.fileio.checkpoint_files",
-    "is_url": "detr_peg.fileio.checkpoint_files",
+    "is_url": "detr_peg.fileio.file_locations",
     "read_checkpoint_file": "detr_peg.fileio.checkpoint_files",
 }
 

@@ -24,14 +24,9 @@ from torch.hub import download_url_to_file, get_dir
 
 from detr_peg.errors import CheckpointError, UserError
 from detr_peg.fileio.atomic import atomic_write
-from detr_peg.fileio.bounded_read import check_regular_file
+from detr_peg.fileio.file_locations import check_checkpoint_file, is_url
 
 SAFE_GLOBALS = [argparse.Namespace]
-
-
-def is_url(spec: str) -> bool:
-    """True for ``http://`` and ``https://`` locations."""
-    return spec.startswith(("http://", "https://"))
 
 
 def fetch_url(url: str) -> Path:
@@ -64,7 +59,7 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     """
     spec = str(path)
     local = fetch_url(spec) if is_url(spec) else Path(spec)
-    check_regular_file(local, f"The {what} file", "checkpoint", CheckpointError)
+    check_checkpoint_file(local, what)
     if local.suffix == ".safetensors":
         return _read_safetensors(local, what)
     try:

@@ -1,0 +1,55 @@
+"""What an ONNX export can be asked for: the optional packages, the opset and the traced sizes (torch-free).
+
+The command line checks them before it imports torch and reads the
+checkpoint; :func:`~detr_peg.export.onnx_export.export_onnx` checks them again
+for callers of the library.
+"""
+
+from __future__ import annotations
+
+from detr_peg.config.ranges import MAX_TEST_SIDE, format_bytes, machine_memory
+from detr_peg.errors import ConfigError, UserError
+from detr_peg.export import DEFAULT_OPSET
+
+
+def require_onnx() -> None:
+    """Raise a one-line :class:`UserError` when the optional ONNX packages are missing."""
+    import importlib.util
+
+    missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(
+            f"ONNX export and inference need the optional packages {', '.join(missing)}: "
+            "install them with `pip install 'detr_peg[onnx]'`."
+        )
+
+
+def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_size: int | None) -> None:
+    """Refuse an opset the installed ``onnx`` does not define, and sizes no machine here can trace.
+
+    Raises:
+        ConfigError: naming the option, the value and the accepted range.
+    """
+    import onnx.defs
+
+    newest = onnx.defs.onnx_opset_version()
+    if opset < 17:
+        raise ConfigError(f"--opset {opset} is too old: the export needs opset 17 or newer (LayerNorm).")
+    if opset > newest:
+        raise ConfigError(
+            f"--opset {opset} is newer than the newest opset of the installed onnx package ({newest}); "
+            f"use 17 to {newest} ({DEFAULT_OPSET} is the tested one)."
+        )
+    if image_size is not None and (len(image_size) != 2 or not all(32 <= side <= MAX_TEST_SIDE for side in image_size)):
+        raise ConfigError(
+            f"--image-size must be two sizes from 32 to {MAX_TEST_SIDE} pixels (H W), got {tuple(image_size)}."
+        )
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}.")
+    if batch_size is not None and image_size is not None:
+        needed = 4 * 3 * batch_size * image_size[0] * image_size[1]  # the float32 input batch alone
+        if needed > machine_memory():
+            raise ConfigError(
+                f"--batch-size {batch_size} at --image-size {image_size[0]} {image_size[1]} needs at least "
+                f"{format_bytes(needed)} for the input batch alone; this machine has {format_bytes(machine_memory())}."
+            )

@@ -1,0 +1,67 @@
+"""A missing or wrong input named on the command line is refused before torch is imported.
+
+Importing torch, torchvision and the models takes seconds; a typo in a path
+should not. Each case runs in a fresh interpreter (nothing imported yet) and
+checks the one-line message, exit status 2, that ``torch`` was never
+imported, and that nothing was written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_python
+
+MISSING_CONFIG = (
+    "Config file no/such.yaml does not exist, and no shipped config has that name (detr-peg configs list shows them)."
+)
+
+CASES = [
+    (["train", "--config", "no/such.yaml"], MISSING_CONFIG),
+    (["eval", "--checkpoint", "no/such.pth"], "The checkpoint file no/such.pth does not exist."),
+    (["eval", "--checkpoint", "folder"], "The checkpoint file folder is a folder, not a file."),
+    (["eval", "--checkpoint", "model.pth", "--config", "no/such.yaml"], MISSING_CONFIG),
+    (["predict", "--checkpoint", "no/such.pth", "picture.png"], "The checkpoint file no/such.pth does not exist."),
+    (["predict", "--onnx", "no/such.onnx", "picture.png"], "The ONNX model file no/such.onnx does not exist."),
+    (["predict", "--checkpoint", "model.pth", "no/such.png"], "Input no/such.png does not exist."),
+    (
+        ["predict", "--checkpoint", "model.pth", "folder"],
+        "Folder folder holds no image files (.jpg, .jpeg, .png, .bmp, .webp, .tif, .tiff, .gif).",
+    ),
+    (
+        ["export", "--checkpoint", "no/such.pth", "--output", "m.onnx"],
+        "The checkpoint file no/such.pth does not exist.",
+    ),
+    (["convert", "no/such.pth", "out.pth"], "The official checkpoint file no/such.pth does not exist."),
+    (["convert", "model.pth", "out.pth", "--config", "no/such.yaml"], MISSING_CONFIG),
+    (["study", "--study", "no/such.yaml", "--output", "s"], "Study file no/such.yaml does not exist."),
+    (["study", "--config", "no/such.yaml", "--output", "s"], None),  # the config path is made absolute
+]
+
+CODE = """
+import sys
+from detr_peg.cli.main import main
+status = main(sys.argv[1:])
+print(status, 'torch' in sys.modules)
+"""
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("argv, message", CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_bad_input_path_is_refused_before_torch_is_imported(tmp_path: Path, argv: list[str], message) -> None:
+    (tmp_path / "model.pth").write_bytes(b"not read: the other input is refused first")
+    (tmp_path / "picture.png").write_bytes(b"not read either")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("no image here\n")
+    before = _files(tmp_path)
+    proc = run_python("-c", CODE, *argv, cwd=tmp_path, timeout=120)  # a fresh interpreter: nothing imported yet
+    assert proc.stdout.splitlines() == ["2 False"], proc.stdout + proc.stderr[-2000:]
+    if message is None:
+        message = MISSING_CONFIG.replace("no/such.yaml", str(tmp_path / "no/such.yaml"))
+    assert proc.stderr.strip().splitlines() == [f"detr-peg {argv[0]}: error: {message}"]
+    assert _files(tmp_path) == before
