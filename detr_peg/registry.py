@@ -20,6 +20,7 @@ found before any name is looked up (a config file that is not there, a
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -52,12 +53,23 @@ class Registry(Generic[T]):
         name: what the registry holds, in words ("positional encoding"); used
             in error messages.
         doc: the contract every entry must fulfil.
+        builtins: the modules whose import registers the built-in entries,
+            imported the first time this registry is read, so that a reader
+            sees them whichever module of the package it imported first.
     """
 
-    def __init__(self, name: str, doc: str = "") -> None:
+    def __init__(self, name: str, doc: str = "", builtins: tuple[str, ...] = ()) -> None:
         self.name = name
         self.__doc__ = doc or f"Registry of {name}s."
         self._entries: dict[str, T] = {}
+        self._builtins = builtins
+
+    def _read(self) -> None:
+        """Run the command line's filler and import this registry's built-in modules (once), before a read."""
+        _fill()
+        builtins, self._builtins = self._builtins, ()  # unset first: the imports register entries
+        for module in builtins:
+            importlib.import_module(module)
 
     def register(self, name: str | None = None) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name`` (default: its ``__name__``)."""
@@ -77,7 +89,7 @@ class Registry(Generic[T]):
         Raises:
             ConfigError: ``name`` is not registered; the message lists valid names.
         """
-        _fill()
+        self._read()
         try:
             return self._entries[name]
         except KeyError:
@@ -86,18 +98,18 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Sorted registered names."""
-        _fill()
+        self._read()
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        _fill()
+        self._read()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        _fill()
+        self._read()
         return len(self._entries)
 
     def __repr__(self) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from detr_peg import registry
 from detr_peg.errors import ConfigError
 from detr_peg.registry import Registry
+from tests.conftest import run_python
 
 
 def test_the_filler_runs_once_at_the_first_read_and_not_at_registration(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,3 +29,28 @@ def test_the_filler_runs_once_at_the_first_read_and_not_at_registration(monkeypa
     assert calls == [1]
     with pytest.raises(ConfigError, match=r"^Unknown part 'other': valid are 'built_in', 'mine'\.$"):
         parts.get("other")
+
+
+def test_a_registry_imports_its_built_in_modules_at_its_first_read(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "parts_home.py").write_text(
+        'from detr_peg.registry import Registry\nPARTS = Registry("part", builtins=("parts_built_in",))\n'
+    )
+    (tmp_path / "parts_built_in.py").write_text('from parts_home import PARTS\nPARTS.register("built_in")(len)\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("parts_home", "parts_built_in"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    from parts_home import PARTS  # written by this test
+
+    PARTS.register("mine")(abs)
+    assert "parts_built_in" not in sys.modules  # registering is not reading
+    assert PARTS.names() == ["built_in", "mine"] and "parts_built_in" in sys.modules
+    assert PARTS.get("built_in") is len and len(PARTS) == 2
+
+
+def test_the_convert_formats_are_listed_whichever_module_was_imported_first() -> None:
+    code = (
+        "from detr_peg.convert.registry import OFFICIAL_FORMATS, TRANSFORMERS_FORMATS\n"
+        "print(OFFICIAL_FORMATS.names(), TRANSFORMERS_FORMATS.names())\n"
+    )
+    proc = run_python("-c", code, timeout=120)  # a fresh interpreter: no converter imported
+    assert proc.stdout.splitlines() == ["['deformable_detr', 'detr'] ['deformable_detr', 'detr']"], proc.stderr[-2000:]

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
         from detr_peg.data.image_paths import collect_images
         from detr_peg.errors import ConfigError
-        from detr_peg.fileio.file_locations import check_checkpoint_location
+        from detr_peg.fileio.file_locations import check_checkpoint_file, check_checkpoint_location
 
         # Inputs that are not there are refused before torch and the models are imported.
         paths, overrides = _split(args.inputs)
@@ -126,11 +126,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("predict needs at least one image file or folder.")
         images = collect_images(paths)
         model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
-        if args.onnx:
+        if args.onnx:  # a local file: ONNX Runtime reads no URL
             from detr_peg.export.export_options import require_onnx
 
             require_onnx()
-        check_checkpoint_location(model_file, "ONNX model" if args.onnx else "checkpoint")
+            check_checkpoint_file(args.onnx, "ONNX model")
+        else:
+            check_checkpoint_location(args.checkpoint)
 
         from tqdm import tqdm
 

@@ -221,7 +221,8 @@ def definition_from_args(args: argparse.Namespace):
 
     The study file is read first, the command's options add to it or replace its values.
     """
-    from detr_peg.config.shipped import missing_config_message, resolve_config
+    from detr_peg.config.loader import check_config_file
+    from detr_peg.config.shipped import resolve_config
     from detr_peg.errors import ConfigError
     from detr_peg.study.study_file import StudyFile, load_study_file
 
@@ -231,8 +232,7 @@ def definition_from_args(args: argparse.Namespace):
     if not configs:
         raise ConfigError("A study needs a base config: --config FILE (or 'configs' in a --study file).")
     for config in configs:
-        if not Path(config).is_file():
-            raise ConfigError(missing_config_message(config))
+        check_config_file(config)
 
     from detr_peg.study.comparisons import reference
     from detr_peg.study.grid import (

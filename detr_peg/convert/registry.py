@@ -46,6 +46,7 @@ class OfficialFormat:
 OFFICIAL_FORMATS: Registry = Registry(
     "official checkpoint format",
     """Official checkpoint formats by codebase name; each entry is an :class:`OfficialFormat`.""",
+    builtins=("detr_peg.convert.detr", "detr_peg.convert.deformable"),
 )
 
 
@@ -80,4 +81,5 @@ class TransformersFormat:
 TRANSFORMERS_FORMATS: Registry = Registry(
     "Transformers model type",
     """Transformers checkpoint formats by ``model_type``; each entry is a :class:`TransformersFormat`.""",
+    builtins=("detr_peg.convert.transformers_detr", "detr_peg.convert.transformers_deformable"),
 )

@@ -91,20 +91,23 @@ def check_regular_file(path: str | os.PathLike, what: str, kind: str, error: Cal
         UserError: built by ``error``, one sentence naming the path and what is wrong.
     """
     name = os.fspath(path)
+    shown = name or "''"  # an empty name is shown as such
     try:
         info = os.stat(name)
     except OSError as exc:
-        raise error(f"{what} {name} {_stat_problem(name, exc)}.") from None
+        raise error(f"{what} {shown} {_stat_problem(name, exc)}.") from None
     mode = info.st_mode
     if stat.S_ISDIR(mode):
-        raise error(f"{what} {name} is a folder, not a file.")
+        raise error(f"{what} {shown} is a folder, not a file.")
     if not stat.S_ISREG(mode):
-        raise error(f"{what} {name} is {_special_kind(mode)}, not a regular file.")
+        raise error(f"{what} {shown} is {_special_kind(mode)}, not a regular file.")
     limit = LIMITS[kind].max_bytes
     if info.st_size > limit:
-        raise error(f"{what} {name} is {_size(info.st_size)}, more than the {_size(limit)} accepted for a {kind} file.")
+        raise error(
+            f"{what} {shown} is {_size(info.st_size)}, more than the {_size(limit)} accepted for a {kind} file."
+        )
     if not os.access(name, os.R_OK):
-        raise error(f"{what} {name} cannot be read: Permission denied.")
+        raise error(f"{what} {shown} cannot be read: Permission denied.")
     return info.st_size
 
 

@@ -37,7 +37,13 @@ CASES = [
     (["convert", "no/such.pth", "out.pth"], "The official checkpoint file no/such.pth does not exist."),
     (["convert", "model.pth", "out.pth", "--config", "no/such.yaml"], MISSING_CONFIG),
     (["study", "--study", "no/such.yaml", "--output", "s"], "Study file no/such.yaml does not exist."),
-    (["study", "--config", "no/such.yaml", "--output", "s"], None),  # the config path is made absolute
+    (["study", "--config", "no/such.yaml", "--output", "s"], MISSING_CONFIG.replace("no/", "{tmp}/no/")),
+    (["study", "--config", "folder", "--output", "s"], "Config file {tmp}/folder is a folder, not a file."),
+    (["eval", "--checkpoint", ""], "The checkpoint file '' does not exist."),
+    (  # ONNX Runtime reads local files only
+        ["predict", "--onnx", "https://example.invalid/m.onnx", "picture.png"],
+        "The ONNX model file https://example.invalid/m.onnx does not exist.",
+    ),
 ]
 
 CODE = """
@@ -53,7 +59,7 @@ def _files(folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("argv, message", CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
-def test_a_bad_input_path_is_refused_before_torch_is_imported(tmp_path: Path, argv: list[str], message) -> None:
+def test_a_bad_input_path_is_refused_before_torch_is_imported(tmp_path: Path, argv: list[str], message: str) -> None:
     (tmp_path / "model.pth").write_bytes(b"not read: the other input is refused first")
     (tmp_path / "picture.png").write_bytes(b"not read either")
     (tmp_path / "folder").mkdir()
@@ -61,7 +67,6 @@ def test_a_bad_input_path_is_refused_before_torch_is_imported(tmp_path: Path, ar
     before = _files(tmp_path)
     proc = run_python("-c", CODE, *argv, cwd=tmp_path, timeout=120)  # a fresh interpreter: nothing imported yet
     assert proc.stdout.splitlines() == ["2 False"], proc.stdout + proc.stderr[-2000:]
-    if message is None:
-        message = MISSING_CONFIG.replace("no/such.yaml", str(tmp_path / "no/such.yaml"))
+    message = message.replace("{tmp}", str(tmp_path))  # study makes its config paths absolute
     assert proc.stderr.strip().splitlines() == [f"detr-peg {argv[0]}: error: {message}"]
     assert _files(tmp_path) == before

@@ -1,0 +1,32 @@
+"""The torch-free checks of the files a command names: local paths are checked, remote ones pass to their reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from detr_peg.convert.source_kind import check_source, is_transformers_source
+from detr_peg.errors import CheckpointError
+from detr_peg.fileio.file_locations import check_checkpoint_location, is_url
+
+
+def test_urls_pass_and_local_paths_are_checked(tmp_path: Path) -> None:
+    assert is_url("https://example.org/w.pth") and is_url("http://example.org/w.pth") and not is_url("w.pth")
+    assert check_checkpoint_location("https://example.invalid/no/such.pth") is None  # checked once downloaded
+    weights = tmp_path / "w.pth"
+    weights.write_bytes(b"not read")
+    assert check_checkpoint_location(weights) is None
+    with pytest.raises(CheckpointError, match=rf"^The backbone weights file {tmp_path}/x.pth does not exist\.$"):
+        check_checkpoint_location(tmp_path / "x.pth", "backbone weights")
+    with pytest.raises(CheckpointError, match=rf"^The checkpoint file {tmp_path} is a folder, not a file\.$"):
+        check_checkpoint_location(tmp_path)
+
+
+def test_convert_checks_an_official_file_and_leaves_folders_and_hub_names_to_their_reader(tmp_path: Path) -> None:
+    assert is_transformers_source(tmp_path) and is_transformers_source("facebook/detr-resnet-50")
+    assert not is_transformers_source(tmp_path / "detr.pth")
+    for source in (tmp_path, "facebook/detr-resnet-50", "https://example.invalid/detr.pth"):
+        assert check_source(source) is None
+    with pytest.raises(CheckpointError, match=r"^The official checkpoint file no/such\.pth does not exist\.$"):
+        check_source("no/such.pth")
