@@ -114,25 +114,36 @@ def predict_files(detector, images: list[Path], *, threshold: float, batch_size:
             yield start + offset + 1, path, picture, detections
 
 
+def checked_inputs(args: argparse.Namespace) -> tuple[list[str], list[str], list[Path]]:
+    """The command's image inputs, its overrides and the image files they name, with the model file checked.
+
+    Runs before torch and the models are imported, so an input that is not there is reported at once.
+
+    Raises:
+        UserError: no image input, an input or the model file that is not there (one sentence naming it).
+    """
+    from detr_peg.data.image_paths import collect_images
+    from detr_peg.errors import ConfigError
+    from detr_peg.fileio.file_locations import check_checkpoint_file, check_checkpoint_location
+
+    paths, overrides = _split(args.inputs)
+    if not paths:
+        raise ConfigError("predict needs at least one image file or folder.")
+    images = collect_images(paths)
+    if args.onnx:  # a local file: ONNX Runtime reads no URL
+        from detr_peg.export.export_options import require_onnx
+
+        require_onnx()
+        check_checkpoint_file(args.onnx, "ONNX model")
+    else:
+        check_checkpoint_location(args.checkpoint)
+    return paths, overrides, images
+
+
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
-        from detr_peg.data.image_paths import collect_images
-        from detr_peg.errors import ConfigError
-        from detr_peg.fileio.file_locations import check_checkpoint_file, check_checkpoint_location
-
-        # Inputs that are not there are refused before torch and the models are imported.
-        paths, overrides = _split(args.inputs)
-        if not paths:
-            raise ConfigError("predict needs at least one image file or folder.")
-        images = collect_images(paths)
+        paths, overrides, images = checked_inputs(args)
         model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
-        if args.onnx:  # a local file: ONNX Runtime reads no URL
-            from detr_peg.export.export_options import require_onnx
-
-            require_onnx()
-            check_checkpoint_file(args.onnx, "ONNX model")
-        else:
-            check_checkpoint_location(args.checkpoint)
 
         from tqdm import tqdm
 
