@@ -16,7 +16,9 @@ size, each batch padded only to a multiple of the model's coarsest stride:
 a batch gives exactly what one image at a time gives (up to float rounding),
 whatever the sizes in the list. ``evaluate`` gives the COCO metrics of a
 COCO-format set (in the current process group, so ``torchrun`` shares the
-images out) and ``export_onnx`` writes an ONNX graph. The command line's
+images out), ``export_onnx`` writes an ONNX graph and ``fine_tune`` trains
+the model further on a COCO-format dataset (the run of ``detr-peg train``
+with ``train.init_from``), returning the trained detector. The command line's
 ``predict``, ``eval`` and ``demo`` are thin wrappers over this class, and
 every path runs the one inference loop
 (:func:`~detr_peg.engine.inference.run_inference`). ``save_pretrained``,
@@ -306,6 +308,68 @@ class Detector(HubFolders):
             )
         evaluation = replace(cfg.eval, batch_size=batch_size) if batch_size is not None else cfg.eval
         return replace(cfg, data=data, eval=evaluation)
+
+    def fine_tune(
+        self,
+        output_dir: str | os.PathLike,
+        *,
+        train_images: str | os.PathLike,
+        train_annotations: str | os.PathLike,
+        val_images: str | os.PathLike | None = None,
+        val_annotations: str | os.PathLike | None = None,
+        overrides: Iterable[str] = (),
+        progress_bars: bool | None = None,
+    ) -> Detector:
+        """Train on a COCO-format dataset, starting from this detector's checkpoint; the trained detector.
+
+        The run is the one ``detr-peg train`` makes of this detector's config
+        with the dataset replaced, ``train.init_from`` set to the checkpoint the
+        detector was loaded from (a detector built from a config trains from that
+        config, with the backbone weights it names) and ``model.num_classes``
+        taken from the dataset; ``overrides`` (``key=value``) change the rest
+        (``train.epochs=12``, ``train.lr=5e-5``). A dataset with another number
+        of categories needs ``train.reset_classifier=true`` (a fresh
+        classification head; the message says so). The output folder gets what
+        a training run writes (``checkpoint.pth``, ``config.yaml``,
+        ``metrics.jsonl``), so ``--resume`` on the command line continues it.
+
+        Args:
+            output_dir: the run's folder (``train.output_dir``).
+            train_images: the folder the training annotations' ``file_name`` entries are relative to.
+            train_annotations: the training set's COCO-format JSON file.
+            val_images: the validation images; without them and ``val_annotations`` the run does not evaluate.
+            val_annotations: the validation set's COCO-format JSON file.
+            overrides: further ``key=value`` config changes.
+            progress_bars: show tqdm bars; ``None``: when stderr is a terminal.
+
+        Returns:
+            A :class:`Detector` of the trained weights (``output_dir/checkpoint.pth``), on this detector's device.
+
+        Raises:
+            UserError: a detector from an ONNX graph (it has no weights to train), a bad
+                override, unreadable data, weights that do not fit the dataset.
+        """
+        from detr_peg.engine.trainer import run_training
+
+        if not isinstance(self.model, torch.nn.Module):
+            raise ConfigError(
+                "A detector from an ONNX graph has no weights to train; fine-tune the checkpoint it was "
+                "exported from (Detector.from_checkpoint)."
+            )
+        stored = config_to_dict(self.config)
+        stored["model"]["num_classes"] = None  # taken from the dataset
+        stored["data"].update(
+            train_images=str(train_images),
+            train_annotations=str(train_annotations),
+            val_images=None if val_images is None else str(val_images),
+            val_annotations=None if val_annotations is None else str(val_annotations),
+        )
+        stored["train"].update(
+            output_dir=str(output_dir), resume=False, init_from=self.loaded.source, device=str(self.device)
+        )
+        cfg = load_config(None, list(overrides), base=stored, base_source="the config of the detector")
+        result = run_training(cfg, progress_bars=progress_bars)
+        return Detector.from_checkpoint(result.checkpoint, device=self.device)
 
     def export_onnx(self, path: str | os.PathLike, **options: Any) -> Path:
         """Export the model to an ONNX file; see :func:`detr_peg.export.onnx_export.export_onnx` for ``options``.

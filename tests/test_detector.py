@@ -18,7 +18,8 @@ from PIL import Image
 
 import detr_peg
 from detr_peg.cli.main import main
-from detr_peg.errors import ConfigError, DataError
+from detr_peg.engine.checkpointing import CLASSIFIER_KEY
+from detr_peg.errors import CheckpointError, ConfigError, DataError
 from tests.conftest import run_python
 from tests.engine.tiny_run import TINY_MODEL
 
@@ -182,6 +183,36 @@ def test_onnx_export_predicts_as_pytorch(detector, coco128_dir, tmp_path) -> Non
     path = detector.export_onnx(tmp_path / "model.onnx", optimize=False)
     in_onnx = detr_peg.Detector.from_onnx(path)
     assert in_onnx.config == detector.config and in_onnx.label_map == detector.label_map
+    with pytest.raises(ConfigError, match=r"^A detector from an ONNX graph has no weights to train"):
+        in_onnx.fine_tune(tmp_path / "run", train_images=coco128_dir, train_annotations=coco128_dir / "x.json")
+    assert not (tmp_path / "run").exists()
     paths = _images_of_different_sizes(coco128_dir, 3)
     for a, b in zip(in_onnx.predict(paths, threshold=0.0), detector.predict(paths, threshold=0.0)):
         _assert_same(a, b)
+
+
+def test_fine_tune_is_the_training_run_of_the_command_line(detector, coco128_checkpoint, tiny_demo_dir, tmp_path):
+    """From the coco128 detector to the demo's four shapes: the class head is reset, the rest starts from it."""
+    data = tiny_demo_dir / "data"
+    paths = {"train_images": data / "train", "train_annotations": data / "annotations_train.json"}
+    schedule = ["train.max_iters=2", "train.batch_size=4"]
+    with pytest.raises(CheckpointError, match=r"needs 4; set train\.reset_classifier=true to fine-tune"):
+        detector.fine_tune(tmp_path / "refused", **paths, overrides=schedule)
+    reset = [*schedule, "train.reset_classifier=true"]
+    tuned = detector.fine_tune(tmp_path / "api", **paths, overrides=reset)
+    assert tuned.config.model.num_classes == 4 and tuned.class_names == ["circle", "square", "triangle", "cross"]
+    assert tuned.loaded.source == str(tmp_path / "api" / "checkpoint.pth") and tuned.loaded.iteration == 2
+
+    args = ["train", "--config", str(coco128_checkpoint.parent / "config.yaml"), "--output", str(tmp_path / "cli")]
+    args += [f"train.init_from={coco128_checkpoint}", "model.num_classes=null", "train.device=cpu", *reset]
+    args += [f"data.{key}={value}" for key, value in paths.items()]
+    assert main([*args, "data.val_images=null", "data.val_annotations=null"]) == 0
+    by_command = detr_peg.Detector.from_checkpoint(tmp_path / "cli" / "checkpoint.pth", device="cpu")
+    torch.testing.assert_close(tuned.model.state_dict(), by_command.model.state_dict(), rtol=0, atol=0)
+
+    # Without steps the weights are the checkpoint's, all but the fresh class head.
+    still = detector.fine_tune(tmp_path / "still", **paths, overrides=[*reset, "train.lr=0", "train.lr_backbone=0"])
+    start = dict(detector.model.named_parameters())
+    kept = {name: p for name, p in still.model.named_parameters() if CLASSIFIER_KEY not in name}
+    assert len(kept) == len(start) - 2  # the class head's weight and bias
+    torch.testing.assert_close(kept, {name: start[name] for name in kept}, rtol=0, atol=0)
