@@ -9,7 +9,6 @@ install it.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO_ROOT
+from tests.tools.tool_module import load_tool
+
 SKIP_REASON = (
     "detectron2 is not installed (it is not on PyPI; install it from source as described at "
     "https://detectron2.readthedocs.io/en/latest/tutorials/install.html)"
@@ -361,9 +362,7 @@ def test_training_script_trains_and_evaluates(d2, tmp_path, monkeypatch):
     from detr_peg.data import generate_synthetic_coco
 
     data = generate_synthetic_coco(tmp_path / "data", num_train=4, num_val=2, image_size=64, progress=False)
-    spec = importlib.util.spec_from_file_location("train_detectron2", REPO_ROOT / "tools" / "train_detectron2.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_tool("tools/train_detectron2.py")
     monkeypatch.chdir(REPO_ROOT)
     overrides = [
         "MODEL.DEVICE",
