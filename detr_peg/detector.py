@@ -132,9 +132,13 @@ class Detector(HubFolders):
             device: see the class.
         """
         if isinstance(config, Config):
-            cfg = load_config(None, list(overrides), base=config_to_dict(config)) if overrides else config
+            cfg = (
+                load_config(None, overrides, base=config_to_dict(config), overrides_source="overrides")
+                if overrides
+                else config
+            )
         else:
-            cfg = load_config(config, list(overrides))
+            cfg = load_config(config, overrides, overrides_source="overrides")
         return cls(LoadedModel.from_config(cfg, label_map=label_map), device=device)
 
     @classmethod
@@ -356,6 +360,12 @@ class Detector(HubFolders):
                 "A detector from an ONNX graph has no weights to train; fine-tune the checkpoint it was "
                 "exported from (Detector.from_checkpoint)."
             )
+        if (val_images is None) != (val_annotations is None):
+            given = "val_images" if val_annotations is None else "val_annotations"
+            raise ConfigError(
+                f"fine_tune got {given} alone: val_images and val_annotations go together; give both to evaluate "
+                "the run, or neither."
+            )
         stored = config_to_dict(self.config)
         stored["model"]["num_classes"] = None  # taken from the dataset
         stored["data"].update(
@@ -367,7 +377,9 @@ class Detector(HubFolders):
         stored["train"].update(
             output_dir=str(output_dir), resume=False, init_from=self.loaded.source, device=str(self.device)
         )
-        cfg = load_config(None, list(overrides), base=stored, base_source="the config of the detector")
+        cfg = load_config(
+            None, overrides, base=stored, base_source="the config of the detector", overrides_source="overrides"
+        )
         result = run_training(cfg, progress_bars=progress_bars)
         return Detector.from_checkpoint(result.checkpoint, device=self.device)
 

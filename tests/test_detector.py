@@ -216,3 +216,15 @@ def test_fine_tune_is_the_training_run_of_the_command_line(detector, coco128_che
     kept = {name: p for name, p in still.model.named_parameters() if CLASSIFIER_KEY not in name}
     assert len(kept) == len(start) - 2  # the class head's weight and bias
     torch.testing.assert_close(kept, {name: start[name] for name in kept}, rtol=0, atol=0)
+
+
+def test_fine_tune_refuses_half_a_validation_pair_and_a_string_of_overrides(detector, tiny_demo_dir, tmp_path):
+    data = tiny_demo_dir / "data"
+    paths = {"train_images": data / "train", "train_annotations": data / "annotations_train.json"}
+    with pytest.raises(detr_peg.UserError, match=r"^fine_tune got val_images alone: val_images and val_annotations"):
+        detector.fine_tune(tmp_path / "run", **paths, val_images=data / "val")
+    with pytest.raises(detr_peg.UserError, match=r"^overrides: overrides are a list of key=value strings, got the"):
+        detector.fine_tune(tmp_path / "run", **paths, overrides="train.max_iters=2")
+    with pytest.raises(ConfigError, match=r"^overrides: unknown key 'train\.lrr'"):
+        detector.fine_tune(tmp_path / "run", **paths, overrides=["train.lrr=1"])
+    assert not (tmp_path / "run").exists()

@@ -63,6 +63,7 @@ def load_config(
     base: Mapping[str, Any] | None = None,
     base_source: str = "checkpoint",
     sources: Mapping[str, str] | None = None,
+    overrides_source: str = "command line",
 ) -> Config:
     """Build a validated :class:`Config`.
 
@@ -78,7 +79,9 @@ def load_config(
             ``model.position.name`` over it.
         base_source: how ``base`` is named in error messages.
         sources: where an override was given, by its key, for error messages (``{"train.lr": "s.yaml: grid"}``);
-            the others are the command line's (see :func:`parse_overrides`).
+            the others are ``overrides_source``'s (see :func:`parse_overrides`).
+        overrides_source: how messages name where the overrides came from (``"overrides"`` for a
+            Python caller's argument).
 
     Returns:
         The resolved config.
@@ -91,7 +94,7 @@ def load_config(
     layers: list[Layer] = [] if base is None else [_flatten(base, base_source)]
     if path is not None:
         layers.extend(file_layers(path))
-    layers.append(parse_overrides(overrides, sources=sources))
+    layers.append(parse_overrides(overrides, overrides_source, sources=sources))
     return build_config(layers, lenient={0} if base is not None else ())
 
 
@@ -142,10 +145,15 @@ def parse_overrides(
     string field gets what the user wrote (``train.output_dir=2001-12-14``).
 
     Raises:
-        ConfigError: an item without ``=``, a key with an empty part
+        ConfigError: a string instead of a list of them, an item without ``=``, a key with an empty part
             (``model..arch``, ``.train.lr``, ``train.lr.``), or a value that
             gives a YAML key twice.
     """
+    if isinstance(overrides, str):  # iterating it would give one override per character
+        raise ConfigError(
+            f"{source}: overrides are a list of key=value strings, got the string {overrides!r}; "
+            f"pass a list: [{overrides!r}]."
+        )
     layer: Layer = {}
     labels = {key.strip(): label for key, label in (sources or {}).items()}
     for item in overrides:
@@ -207,7 +215,33 @@ def build_config(layers: list[Layer], *, lenient: Collection[int] = ()) -> Confi
         _check_range(owner, name, value, key, source)
         setattr(owner, name, value)
     _check_memory(cfg, _defaults_config(arch, encoding, defaults), {key: src for key, (_, src) in merged.items()})
+    _check_pairs(cfg, {key: src for key, (_, src) in merged.items()})
     return cfg
+
+
+#: Keys that mean something only together, and what leaving both out means: a set of images without its
+#: annotations (or the reverse) is refused rather than silently not used.
+PAIRED_KEYS = {
+    ("data.train_images", "data.train_annotations"): "a config without training data can evaluate and predict only",
+    ("data.val_images", "data.val_annotations"): "a run without validation data does not evaluate",
+}
+
+
+def _check_pairs(cfg: Config, sources: Mapping[str, str]) -> None:
+    for (first, second), without in PAIRED_KEYS.items():
+        given = [key for key in (first, second) if _value_at(cfg, key) not in (None, "")]
+        if len(given) == 1:
+            (key,) = given
+            other = second if key == first else first
+            raise ConfigError(
+                f"{key} is set ({sources.get(key, 'defaults')}) but {other} is not "
+                f"({sources.get(other, 'defaults')}); set both, or neither ({without})."
+            )
+
+
+def _value_at(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
 
 
 def _defaults_config(arch: str, encoding: str, defaults: Layer) -> Config:

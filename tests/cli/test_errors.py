@@ -28,7 +28,9 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["train", "--config", CONFIG, "train.lr"], "is not of the form key=value"),
         (["train", "--config", "no/such.yaml"], "Config file no/such.yaml does not exist"),
         (["train", "--config", CONFIG, "train.amp=fp16", "train.device=cpu"], "train.amp=fp16 needs a CUDA device"),
-        (["train", "--config", CONFIG, "data.train_images=null"], "data.train_images is not set"),
+        (["train", "--config", CONFIG, "data.train_images=null"], "but data.train_images is not (command line)"),
+        (["train", "--config", CONFIG, "data.train_images=null", "data.train_annotations=null"], "is not set"),
+        (["train", "--config", CONFIG, "data.val_annotations=null", "--print-config"], "set both, or neither"),
         (["eval", "--checkpoint", "missing.pth"], "The checkpoint file missing.pth does not exist"),
     ],
 )

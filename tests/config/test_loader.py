@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
 from detr_peg.config import config_to_dict, load_config, save_config
+from detr_peg.config.loader import PAIRED_KEYS
 from detr_peg.config.options import new_config
 from detr_peg.errors import ConfigError
 
@@ -98,3 +101,17 @@ def test_saved_config_round_trips(tmp_path):
     again = load_config(tmp_path / "config.yaml")
     assert again == cfg
     assert config_to_dict(again)["model"]["position"]["name"] == "peg"
+
+
+@pytest.mark.parametrize("half", [0, 1])
+@pytest.mark.parametrize("pair", list(PAIRED_KEYS), ids=lambda pair: pair[0])
+def test_one_half_of_a_pair_of_keys_is_refused_naming_both(pair, half) -> None:
+    given, missing = pair[half], pair[1 - half]
+    message = rf"^{re.escape(given)} is set \(command line\) but {re.escape(missing)} is not \(defaults\); set both"
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"{given}=some/where"])
+    both = load_config(None, [f"{given}=some/where", f"{missing}=other/place"])
+    assert (getattr(both.data, given.split(".")[1]), getattr(both.data, missing.split(".")[1])) == (
+        "some/where",
+        "other/place",
+    )
