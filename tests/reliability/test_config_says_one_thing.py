@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from detr_peg.config.loader import PAIRED_KEYS
 from tests.reliability.conftest import OUT, RESUME, assert_one_line_error, assert_outputs_kept, assert_success, snapshot
 
 EVAL = ["eval", "--checkpoint", OUT / "checkpoint.pth", "--output", OUT]
@@ -176,19 +177,24 @@ AS_WRITTEN = [
 ]
 
 
+#: The other key of a pair that goes together (``data.train_images`` and ``data.train_annotations``).
+PARTNER = {key: other for pair in PAIRED_KEYS for key, other in (pair, pair[::-1])}
+
+
 @pytest.mark.parametrize("in_file", [False, True], ids=["override", "config-file"])
 def test_a_string_field_takes_the_text_as_written(cli, tmp_path: Path, in_file: bool) -> None:
     """``--print-config`` resolves the config as training would; each string field holds the exact text."""
     for key, text in AS_WRITTEN:
+        partner = [f"{PARTNER[key]}=partner.json"] if key in PARTNER else []
         section, _, name = key.rpartition(".")
         if in_file:
             nested = f"{name}: {text}\n"
             for part in reversed(section.split(".")):
                 nested = f"{part}:\n" + "".join(f"  {line}\n" for line in nested.splitlines())
             (tmp_path / "my.yaml").write_text(nested)
-            args = ["train", "--print-config", "--config", "my.yaml"]
+            args = ["train", "--print-config", "--config", "my.yaml", *partner]
         else:
-            args = ["train", "--print-config", f"{key}={text}"]
+            args = ["train", "--print-config", f"{key}={text}", *partner]
         result = cli.run(args, cwd=tmp_path)
         assert_success(result)
         resolved = yaml.safe_load(result.stdout)
