@@ -228,3 +228,18 @@ def test_fine_tune_refuses_half_a_validation_pair_and_a_string_of_overrides(dete
     with pytest.raises(ConfigError, match=r"^overrides: unknown key 'train\.lrr'"):
         detector.fine_tune(tmp_path / "run", **paths, overrides=["train.lrr=1"])
     assert not (tmp_path / "run").exists()
+
+
+def test_a_detector_from_a_config_fine_tunes_from_that_config(tiny_demo_dir, tmp_path) -> None:
+    data = tiny_demo_dir / "data"
+    fresh = detr_peg.Detector.from_config(None, [*TINY_MODEL, "model.num_classes=4"], device="cpu")
+    overrides = ["train.max_iters=1", "train.batch_size=2", "data.train_scales=[64]", "data.train_max_size=64"]
+    tuned = fresh.fine_tune(
+        tmp_path / "run",
+        train_images=data / "train",
+        train_annotations=data / "annotations_train.json",
+        overrides=overrides,
+    )
+    assert tuned.loaded.iteration == 1 and tuned.config.train.init_from is None
+    assert tuned.class_names == ["circle", "square", "triangle", "cross"]  # from the dataset: the fresh one had none
+    assert tuned.config.model == fresh.config.model
