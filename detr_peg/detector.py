@@ -93,6 +93,7 @@ class Detector(HubFolders):
         device: str | torch.device = "auto",
         overrides: Iterable[str] = (),
         config: Config | None = None,
+        overrides_source: str = "overrides",
     ) -> Detector:
         """The model of a detr_peg checkpoint (``.pth`` or ``.safetensors`` file, URL, or one already read).
 
@@ -104,12 +105,14 @@ class Detector(HubFolders):
             config: use this config instead of the stored one (it must
                 describe the same model; ``detr-peg eval`` passes the stored
                 config with ``--config`` and the overrides applied).
+            overrides_source: how messages name where ``overrides`` came from
+                (``detr-peg predict`` passes ``"command line"``).
 
         Raises:
             CheckpointError: unreadable, unsafe or unfitting checkpoint.
         """
         if config is None:
-            return cls(load_model(path, overrides=overrides), device=device)
+            return cls(load_model(path, overrides=overrides, overrides_source=overrides_source), device=device)
         checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
         return cls(model_from_checkpoint(checkpoint, config), device=device)
 

@@ -243,3 +243,13 @@ def test_a_detector_from_a_config_fine_tunes_from_that_config(tiny_demo_dir, tmp
     assert tuned.loaded.iteration == 1 and tuned.config.train.init_from is None
     assert tuned.class_names == ["circle", "square", "triangle", "cross"]  # from the dataset: the fresh one had none
     assert tuned.config.model == fresh.config.model
+
+
+def test_override_errors_name_where_the_overrides_came_from(coco128_checkpoint, coco128_dir) -> None:
+    with pytest.raises(ConfigError, match=r"^overrides: unknown key 'eval\.num_selec'"):
+        detr_peg.Detector.from_checkpoint(coco128_checkpoint, overrides=["eval.num_selec=5"])
+    image = str(_images_of_different_sizes(coco128_dir, 1)[0])
+    proc = run_python(
+        "-m", "detr_peg.cli.main", "predict", "--checkpoint", str(coco128_checkpoint), image, "eval.num_selec=5"
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("detr-peg predict: error: command line: unknown key")

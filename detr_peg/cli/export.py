@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.models.loading import load_model
 
         claims.enter_context(guard_outputs("export", *export_io(args.checkpoint, args.output)))
-        model = load_model(args.checkpoint, overrides=args.overrides)
+        model = load_model(args.checkpoint, overrides=args.overrides, overrides_source="command line")
         path = export_onnx(
             model,
             args.output,

@@ -166,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
         if args.onnx:
             detector = Detector.from_onnx(args.onnx, overrides=overrides)
         else:
-            detector = Detector.from_checkpoint(args.checkpoint, device=args.device, overrides=overrides)
+            detector = Detector.from_checkpoint(
+                args.checkpoint, device=args.device, overrides=overrides, overrides_source="command line"
+            )
         threshold = detector.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
         out = Path(args.output)
         make_folder(out)

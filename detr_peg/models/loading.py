@@ -151,6 +151,7 @@ def load_model(
     device: str | torch.device = "cpu",
     overrides: Iterable[str] = (),
     label_map: LabelMap | None = None,
+    overrides_source: str = "overrides",
 ) -> LoadedModel:
     """Rebuild the model stored in a detr_peg checkpoint, ready for inference.
 
@@ -162,6 +163,8 @@ def load_model(
             (for example ``eval.num_select=50``).
         label_map: use this label map instead of the stored one (evaluation
             on a dataset whose categories the checkpoint does not list).
+        overrides_source: how messages name where ``overrides`` came from (the
+            command line passes ``"command line"``).
 
     Returns:
         :class:`LoadedModel` with the model in eval mode on ``device``.
@@ -173,7 +176,13 @@ def load_model(
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
     cfg = ckpt.config
     if overrides:
-        cfg = load_config(None, overrides, base=config_to_dict(cfg), base_source=f"config stored in {ckpt.path}")
+        cfg = load_config(
+            None,
+            overrides,
+            base=config_to_dict(cfg),
+            base_source=f"config stored in {ckpt.path}",
+            overrides_source=overrides_source,
+        )
     return model_from_checkpoint(ckpt, cfg, label_map=label_map).to(device)
 
 
