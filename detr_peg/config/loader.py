@@ -229,7 +229,7 @@ PAIRED_KEYS = {
 
 def _check_pairs(cfg: Config, sources: Mapping[str, str]) -> None:
     for (first, second), without in PAIRED_KEYS.items():
-        given = [key for key in (first, second) if _value_at(cfg, key) not in (None, "")]
+        given = [key for key in (first, second) if _value(cfg, key) not in (None, "")]
         if len(given) == 1:
             (key,) = given
             other = second if key == first else first
@@ -237,11 +237,6 @@ def _check_pairs(cfg: Config, sources: Mapping[str, str]) -> None:
                 f"{key} is set ({sources.get(key, 'defaults')}) but {other} is not "
                 f"({sources.get(other, 'defaults')}); set both, or neither ({without})."
             )
-
-
-def _value_at(cfg: Config, key: str) -> Any:
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
 
 
 def _defaults_config(arch: str, encoding: str, defaults: Layer) -> Config:
