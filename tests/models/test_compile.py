@@ -21,7 +21,12 @@ from detr_peg.models import build_criterion, build_model
 from tests.engine.tiny_run import TINY_MODEL
 from tests.models.deformable.small_model import SMALL as SMALL_DEFORMABLE
 
-SMALL = {"detr": ["model.arch=detr", *TINY_MODEL, "model.num_classes=4"], "deformable_detr": SMALL_DEFORMABLE}
+#: Deformable-DETR with one encoder and one decoder layer: the trace is per layer, two of each cost twice the time.
+ONE_LAYER = ["model.transformer.enc_layers=1", "model.transformer.dec_layers=1"]
+SMALL = {
+    "detr": ["model.arch=detr", *TINY_MODEL, "model.num_classes=4"],
+    "deformable_detr": [*SMALL_DEFORMABLE, *ONE_LAYER],
+}
 
 
 @pytest.mark.parametrize("arch", sorted(SMALL))
