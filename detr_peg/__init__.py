@@ -28,9 +28,9 @@ checked against.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
-from typing import Any
+
+from detr_peg.lazy_exports import lazy_exports
 
 try:  # the version of the installed distribution (pyproject.toml's, in an editable install too)
     __version__ = importlib.metadata.version("detr_peg")
@@ -52,16 +52,7 @@ _EXPORTS = {
     "UserError": "detr_peg.errors",
 }
 
-__all__ = ["__version__", *_EXPORTS]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        if _EXPORTS[name] == "detr_peg.config":
-            importlib.import_module("detr_peg.models")  # registers the architectures and encodings
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'detr_peg' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+# Config names import the models first: the architectures and encodings register the config fields.
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__, _EXPORTS, eager=("__version__",), first={"detr_peg.config": "detr_peg.models"}
+)

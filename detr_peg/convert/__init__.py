@@ -6,8 +6,7 @@ converter reads a source, and whether it is there) does not load torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from detr_peg.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "ConversionReport": "detr_peg.convert.report",
@@ -19,14 +18,4 @@ _EXPORTS = {
     "convert_transformers_file": "detr_peg.convert.transformers_folder",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'detr_peg.convert' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

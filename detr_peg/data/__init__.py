@@ -11,8 +11,7 @@ files a command's inputs name) does not load torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from detr_peg.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "CocoDetection": "detr_peg.data.coco_dataset",
@@ -36,14 +35,4 @@ _EXPORTS = {
     "short_side_resize": "detr_peg.data.transforms",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'detr_peg.data' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -26,8 +26,7 @@ Files, by job:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from detr_peg.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Trainer": "detr_peg.engine.trainer",
@@ -44,14 +43,4 @@ _EXPORTS = {
     "EvalResult": "detr_peg.engine.evaluation.run",
 }
 
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'detr_peg.engine' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

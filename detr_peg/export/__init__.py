@@ -11,8 +11,7 @@ Names are imported lazily, so ``detr-peg export --help`` loads no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from detr_peg.lazy_exports import lazy_exports
 
 #: The opset the export is tested with (``detr-peg export --opset``).
 DEFAULT_OPSET = 18
@@ -23,10 +22,4 @@ _EXPORTS = {
     "OnnxDetector": "detr_peg.export.onnx_runtime",
 }
 
-__all__ = ["DEFAULT_OPSET", *_EXPORTS]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'detr_peg.export' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, eager=("DEFAULT_OPSET",))

@@ -17,8 +17,7 @@ Names are imported lazily, so writing a config file does not load torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from detr_peg.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "atomic_write": "detr_peg.fileio.atomic",
@@ -29,14 +28,4 @@ _EXPORTS = {
     "read_checkpoint_file": "detr_peg.fileio.checkpoint_files",
 }
 
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'detr_peg.fileio' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
