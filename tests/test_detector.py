@@ -202,6 +202,12 @@ def test_fine_tune_is_the_training_run_of_the_command_line(detector, coco128_che
     tuned = detector.fine_tune(tmp_path / "api", **paths, overrides=reset)
     assert tuned.config.model.num_classes == 4 and tuned.class_names == ["circle", "square", "triangle", "cross"]
     assert tuned.loaded.source == str(tmp_path / "api" / "checkpoint.pth") and tuned.loaded.iteration == 2
+    # The same call again: the folder holds that run; the message says how to continue it from Python.
+    again = r"api already holds the checkpoint of a training run .*from Python overrides=\['train\.resume=true'\]"
+    with pytest.raises(detr_peg.UserError, match=again):
+        detector.fine_tune(tmp_path / "api", **paths, overrides=reset)
+    longer = detector.fine_tune(tmp_path / "api", **paths, overrides=[*reset, "train.max_iters=3", "train.resume=true"])
+    assert longer.loaded.iteration == 3
 
     args = ["train", "--config", str(coco128_checkpoint.parent / "config.yaml"), "--output", str(tmp_path / "cli")]
     args += [f"train.init_from={coco128_checkpoint}", "model.num_classes=null", "train.device=cpu", *reset]

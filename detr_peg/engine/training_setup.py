@@ -244,8 +244,9 @@ def _resume_checkpoint(out: Path, resume: bool) -> Checkpoint | None:
         return None
     if not resume:
         raise TrainingError(
-            f"{out} already holds a checkpoint of another run ({CHECKPOINT_NAME}); continue it with --resume "
-            "(train.resume=true), or choose another output folder."
+            f"{out} already holds the checkpoint of a training run ({CHECKPOINT_NAME}); continue that run with "
+            "--resume (train.resume=true; from Python overrides=['train.resume=true']), or choose another output "
+            "folder."
         )
     return read_checkpoint(checkpoint_path(out))
 

@@ -73,7 +73,7 @@ def test_stopped_and_resumed_run_ends_with_the_same_weights(shapes, uninterrupte
     starts = [r for r in records if r["type"] == "start"]
     assert [s["resumed_iteration"] for s in starts] == [0, 3]
     assert [r["iteration"] for r in records if r["type"] == "iter"] == [1, 2, 3, 4, 5, 6]
-    with pytest.raises(TrainingError, match="already holds a checkpoint of another run.*--resume"):
+    with pytest.raises(TrainingError, match="already holds the checkpoint of a training run.*--resume"):
         _run(shapes, tmp_path, "train.max_iters=8")  # a new run must not overwrite it silently
 
 

@@ -406,7 +406,7 @@ CASES = [
     Case(
         "existing-run-without-resume",
         ["train", *BASE, "train.epochs=2"],
-        [str(OUT), "already holds a checkpoint of another run", "--resume"],
+        [str(OUT), "already holds the checkpoint of a training run", "--resume"],
     ),
     Case(
         "resume-checkpoint-truncated",
