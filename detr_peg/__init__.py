@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from detr_peg.lazy_exports import lazy_exports
+from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
 try:  # the version of the installed distribution (pyproject.toml's, in an editable install too)
     __version__ = importlib.metadata.version("detr_peg")
@@ -53,6 +53,6 @@ _EXPORTS = {
 }
 
 # Config names import the models first: the architectures and encodings register the config fields.
-__all__, __getattr__, __dir__ = lazy_exports(
+__all__, __getattr__, __dir__ = _lazy_exports(
     __name__, _EXPORTS, eager=("__version__",), first={"detr_peg.config": "detr_peg.models"}
 )

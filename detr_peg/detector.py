@@ -338,7 +338,10 @@ class Detector(HubFolders):
         of categories needs ``train.reset_classifier=true`` (a fresh
         classification head; the message says so). The output folder gets what
         a training run writes (``checkpoint.pth``, ``config.yaml``,
-        ``metrics.jsonl``), so ``--resume`` on the command line continues it.
+        ``metrics.jsonl``). A folder that already holds a run's checkpoint is
+        refused; the same call with ``train.resume=true`` (and a longer
+        ``train.max_iters`` or ``train.epochs``) in ``overrides`` continues that
+        run, as ``--resume`` does on the command line.
 
         Args:
             output_dir: the run's folder (``train.output_dir``).
@@ -354,7 +357,8 @@ class Detector(HubFolders):
 
         Raises:
             UserError: a detector from an ONNX graph (it has no weights to train), a bad
-                override, unreadable data, weights that do not fit the dataset.
+                override, unreadable data, weights that do not fit the dataset, an output folder that
+                already holds a run's checkpoint (without ``train.resume=true``).
         """
         from detr_peg.engine.trainer import run_training
 

@@ -1,12 +1,17 @@
 """Names of a package imported on first use (PEP 562), so importing the package loads none of its modules.
 
-Every package of detr_peg whose modules need torch exposes its public names
-this way, so that commands can check their inputs, and print ``--help``,
-before torch is imported::
+The packages that commands import before torch (``detr_peg`` and its
+``convert``, ``data``, ``engine``, ``export`` and ``fileio`` packages) expose
+their public names this way, so that commands can check their inputs, and
+print ``--help``, before torch is imported::
 
-    from detr_peg.lazy_exports import lazy_exports
+    from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
-    __all__, __getattr__, __dir__ = lazy_exports(__name__, {"export_onnx": "detr_peg.export.onnx_export"})
+    _EXPORTS = {"export_onnx": "detr_peg.export.onnx_export"}
+    __all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+
+(Imported under another name: in ``detr_peg`` itself, the name
+``lazy_exports`` is this module.)
 
 Imports nothing from detr_peg (the bottom layer, beside :mod:`detr_peg.errors`).
 """

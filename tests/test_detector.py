@@ -203,7 +203,7 @@ def test_fine_tune_is_the_training_run_of_the_command_line(detector, coco128_che
     assert tuned.config.model.num_classes == 4 and tuned.class_names == ["circle", "square", "triangle", "cross"]
     assert tuned.loaded.source == str(tmp_path / "api" / "checkpoint.pth") and tuned.loaded.iteration == 2
     # The same call again: the folder holds that run; the message says how to continue it from Python.
-    again = r"api already holds the checkpoint of a training run .*from Python overrides=\['train\.resume=true'\]"
+    again = r"api already holds the checkpoint of a training run .*in Python, overrides=\['train\.resume=true'\]"
     with pytest.raises(detr_peg.UserError, match=again):
         detector.fine_tune(tmp_path / "api", **paths, overrides=reset)
     longer = detector.fine_tune(tmp_path / "api", **paths, overrides=[*reset, "train.max_iters=3", "train.resume=true"])

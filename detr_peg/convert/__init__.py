@@ -6,7 +6,7 @@ converter reads a source, and whether it is there) does not load torch.
 
 from __future__ import annotations
 
-from detr_peg.lazy_exports import lazy_exports
+from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "ConversionReport": "detr_peg.convert.report",
@@ -18,4 +18,4 @@ _EXPORTS = {
     "convert_transformers_file": "detr_peg.convert.transformers_folder",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -11,7 +11,7 @@ files a command's inputs name) does not load torch.
 
 from __future__ import annotations
 
-from detr_peg.lazy_exports import lazy_exports
+from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "CocoDetection": "detr_peg.data.coco_dataset",
@@ -35,4 +35,4 @@ _EXPORTS = {
     "short_side_resize": "detr_peg.data.transforms",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -26,7 +26,7 @@ Files, by job:
 
 from __future__ import annotations
 
-from detr_peg.lazy_exports import lazy_exports
+from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "Trainer": "detr_peg.engine.trainer",
@@ -43,4 +43,4 @@ _EXPORTS = {
     "EvalResult": "detr_peg.engine.evaluation.run",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

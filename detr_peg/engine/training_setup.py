@@ -66,8 +66,8 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
             a terminal.
 
     Raises:
-        UserError: bad data or checkpoint, a checkpoint of another run in the
-            output folder, an unwritable or full output folder.
+        UserError: bad data or checkpoint, an output folder that already holds a
+            run's checkpoint (without ``train.resume``), an unwritable or full output folder.
     """
     t, device = cfg.train, env.device
     out = Path(t.output_dir)
@@ -245,8 +245,8 @@ def _resume_checkpoint(out: Path, resume: bool) -> Checkpoint | None:
     if not resume:
         raise TrainingError(
             f"{out} already holds the checkpoint of a training run ({CHECKPOINT_NAME}); continue that run with "
-            "--resume (train.resume=true; from Python overrides=['train.resume=true']), or choose another output "
-            "folder."
+            "--resume (train.resume=true; in Python, overrides=['train.resume=true'] of Detector.fine_tune or "
+            "load_config), or choose another output folder."
         )
     return read_checkpoint(checkpoint_path(out))
 

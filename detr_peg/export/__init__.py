@@ -11,7 +11,7 @@ Names are imported lazily, so ``detr-peg export --help`` loads no torch.
 
 from __future__ import annotations
 
-from detr_peg.lazy_exports import lazy_exports
+from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
 #: The opset the export is tested with (``detr-peg export --opset``).
 DEFAULT_OPSET = 18
@@ -22,4 +22,4 @@ _EXPORTS = {
     "OnnxDetector": "detr_peg.export.onnx_runtime",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, eager=("DEFAULT_OPSET",))
+__all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, eager=("DEFAULT_OPSET",))

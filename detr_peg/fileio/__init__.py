@@ -17,7 +17,7 @@ Names are imported lazily, so writing a config file does not load torch.
 
 from __future__ import annotations
 
-from detr_peg.lazy_exports import lazy_exports
+from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "atomic_write": "detr_peg.fileio.atomic",
@@ -28,4 +28,4 @@ _EXPORTS = {
     "read_checkpoint_file": "detr_peg.fileio.checkpoint_files",
 }
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
