@@ -89,6 +89,14 @@ def run(args: argparse.Namespace) -> int:
 
         claims.enter_context(guard_outputs("export", *export_io(args.checkpoint, args.output)))
         model = load_model(args.checkpoint, overrides=args.overrides, overrides_source="command line")
+        dynamic = [name for name, fixed in (("batch", args.batch_size), ("size", args.image_size)) if not fixed]
+        # torch.export reasons about symbolic sizes op by op: minutes for a full-size model on a CPU.
+        print(
+            f"exporting {model.config.model.arch} to {args.output}"
+            + (f" with dynamic {' and '.join(dynamic)} (can take minutes on a CPU)" if dynamic else "")
+            + " ...",
+            flush=True,
+        )
         path = export_onnx(
             model,
             args.output,
