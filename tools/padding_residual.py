@@ -9,7 +9,13 @@ padded batches of ``detr-peg eval --padding``):
   of its last row and column (``border``: their receptive fields reach the padding through the
   convolutions' own zero padding alone, and through the padded area's features on the canvas) and in the
   others (``inside``), beside the level's largest absolute activation (``largest_activation``);
-* the model's logits (``logits``): the largest absolute difference over all queries and classes.
+* the model's logits (``logits``): the largest absolute difference over all queries and classes;
+* the model's boxes (``boxes``): the median, over every query of every image, of the padded run's box
+  centre and size divided by the image-alone ones (``cx``, ``cy``, ``w``, ``h``; both runs' boxes are
+  normalised ``(cx, cy, w, h)`` that post-processing scales by the image's size), beside the median
+  fraction of the canvas that the image covers (``canvas_fraction``, ``x`` and ``y``). Ratios of 1: the
+  boxes stay where they were; ratios equal to the canvas fraction: the model places its boxes on the
+  canvas as if it were the image.
 
 Prints one JSON object; ``--output FILE`` writes it too. Bad input (an option out of range, no such
 checkpoint or folder, an unreadable image or folder) is one line on stderr and exit status 2.
@@ -53,12 +59,14 @@ def residual(detector: Detector, images: list[Path], extra: float) -> dict:
 
     Returns:
         ``{"images", "extra_padding", "levels": [{"border", "inside", "largest_activation"}, ...],
-        "logits"}``, the maxima over the images.
+        "logits", "boxes": {"median_ratio": {"cx", "cy", "w", "h"}, "canvas_fraction": {"x", "y"}}}``:
+        the maxima over the images, and the boxes' medians.
     """
     model = detector.model.eval()
     transform = build_eval_transforms(detector.config.data)
     levels: list[dict[str, float]] = []
     logits = 0.0
+    ratios, fractions = [], []  # Tensor[Q, 4] and Tensor[2] per image
     for path in images:
         pixels = transform(tv_tensors.Image(as_rgb_tensor(path, name=str(path))))
         alone, alone_mask = pad_images([pixels], model.size_divisibility)
@@ -77,7 +85,17 @@ def residual(detector: Detector, images: list[Path], extra: float) -> dict:
                 level["largest_activation"] = max(level["largest_activation"], float(a.abs().max()))
             out_alone, out_padded = model(alone, alone_mask), model(padded, padded_mask)
             logits = max(logits, float((out_alone["pred_logits"] - out_padded["pred_logits"]).abs().max()))
-    return {"images": len(images), "extra_padding": extra, "levels": levels, "logits": logits}
+        ratios.append(out_padded["pred_boxes"][0] / out_alone["pred_boxes"][0])
+        valid = ~alone_mask[0]  # the image's own pixels: True where it is not padding
+        height, width = int(valid[:, 0].sum()), int(valid[0].sum())
+        fractions.append(torch.tensor([width / padded.shape[-1], height / padded.shape[-2]]))
+    medians = torch.cat(ratios).median(dim=0).values.tolist()
+    fraction = torch.stack(fractions).median(dim=0).values.tolist()
+    boxes = {
+        "median_ratio": dict(zip(("cx", "cy", "w", "h"), medians)),
+        "canvas_fraction": dict(zip(("x", "y"), fraction)),
+    }
+    return {"images": len(images), "extra_padding": extra, "levels": levels, "logits": logits, "boxes": boxes}
 
 
 def image_files(folder: Path, count: int) -> list[Path]:

@@ -33,7 +33,7 @@ def test_the_tool_reports_the_largest_differences_of_the_padded_image(tiny_demo_
     detector = Detector.from_checkpoint(checkpoint, device="cpu")
     model, step = detector.model.eval(), detector.model.size_divisibility
     transform = build_eval_transforms(detector.config.data)
-    border, inside, largest, logits = 0.0, 0.0, 0.0, 0.0
+    border, inside, largest, logits, ratios, fractions = 0.0, 0.0, 0.0, 0.0, [], []
     files = sorted(images.iterdir())[:2]
     for path in files:
         x = transform(tv_tensors.Image(as_rgb_tensor(path, name=str(path))))[None]
@@ -50,12 +50,18 @@ def test_the_tool_reports_the_largest_differences_of_the_padded_image(tiny_demo_
             border = max(border, d[..., -1, :].max().item(), d[..., :, -1].max().item())
             inside = max(inside, d[..., :-1, :-1].max().item())
             largest = max(largest, a.abs().max().item())
-            diff = model(x, mask)["pred_logits"] - model(grown, grown_mask)["pred_logits"]
-            logits = max(logits, diff.abs().max().item())
+            own, padded = model(x, mask), model(grown, grown_mask)
+            logits = max(logits, (own["pred_logits"] - padded["pred_logits"]).abs().max().item())
+        ratios.append(padded["pred_boxes"][0] / own["pred_boxes"][0])  # [Q, 4] normalised cx, cy, w, h
+        fractions.append([w / W, h / H])
     assert report["images"] == 2 and report["extra_padding"] == 0.25
     expected = {"border": border, "inside": inside, "largest_activation": largest}
     torch.testing.assert_close(report["levels"], [expected])
     torch.testing.assert_close(report["logits"], logits)
+    medians = torch.cat(ratios).median(dim=0).values.tolist()
+    assert report["boxes"]["median_ratio"] == dict(zip(("cx", "cy", "w", "h"), medians))
+    assert report["boxes"]["canvas_fraction"] == dict(zip("xy", torch.tensor(fractions).median(dim=0).values.tolist()))
+    assert 0.5 < report["boxes"]["canvas_fraction"]["x"] < 0.85  # a canvas a quarter larger, rounded up
     assert border > 0  # the padded canvas reaches the image's border cells
 
 
