@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -177,10 +178,16 @@ def test_class_names_and_supervision(detector, coco128_dir) -> None:
 
 
 @pytest.mark.slow
-def test_onnx_export_predicts_as_pytorch(detector, coco128_dir, tmp_path) -> None:
+def test_onnx_export_predicts_as_pytorch(detector, coco128_dir, tmp_path, caplog) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    path = detector.export_onnx(tmp_path / "model.onnx", optimize=False)
+    with caplog.at_level(logging.INFO, logger="detr_peg"):
+        path = detector.export_onnx(tmp_path / "model.onnx", optimize=False)
+    # Logged before the export starts (minutes for a full-size model with dynamic sizes on a CPU).
+    said = (
+        f"exporting {detector.config.model.arch} to {path} with dynamic batch and size (can take minutes on a CPU) ..."
+    )
+    assert [r.getMessage() for r in caplog.records if r.name == "detr_peg.detector"] == [said]
     in_onnx = detr_peg.Detector.from_onnx(path)
     assert in_onnx.config == detector.config and in_onnx.label_map == detector.label_map
     with pytest.raises(ConfigError, match=r"^A detector from an ONNX graph has no weights to train"):

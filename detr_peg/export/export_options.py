@@ -1,4 +1,5 @@
-"""What an ONNX export can be asked for: the optional packages, the opset and the traced sizes (torch-free).
+"""What an ONNX export can be asked for: the optional packages, the opset and the traced sizes (torch-free);
+and the line said before an export starts.
 
 The command line checks them before it imports torch and reads the
 checkpoint; :func:`~detr_peg.export.onnx_export.export_onnx` checks them again
@@ -53,3 +54,13 @@ def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_s
                 f"--batch-size {batch_size} at --image-size {image_size[0]} {image_size[1]} needs at least "
                 f"{format_bytes(needed)} for the input batch alone; this machine has {format_bytes(machine_memory())}."
             )
+
+
+def export_note(arch: str, output: object, image_size: object = None, batch_size: int | None = None) -> str:
+    """The line said before an export starts: what is exported where, and that dynamic sizes take long.
+
+    ``torch.export`` reasons about symbolic sizes operation by operation: minutes for a full-size model on a CPU.
+    """
+    dynamic = [name for name, fixed in (("batch", batch_size), ("size", image_size)) if not fixed]
+    slow = f" with dynamic {' and '.join(dynamic)} (can take minutes on a CPU)" if dynamic else ""
+    return f"exporting {arch} to {output}{slow} ..."
