@@ -29,7 +29,6 @@ Transformers DETR checkpoints converted on loading).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -56,8 +55,6 @@ from detr_peg.errors import ConfigError
 from detr_peg.guards.output_guard import Input
 from detr_peg.hub import HubFolders
 from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
-
-logger = logging.getLogger(__name__)
 
 
 class Detector(HubFolders):
@@ -396,17 +393,11 @@ class Detector(HubFolders):
     def export_onnx(self, path: str | os.PathLike, **options: Any) -> Path:
         """Export the model to an ONNX file; see :func:`detr_peg.export.onnx_export.export_onnx` for ``options``.
 
-        Logs (``detr_peg`` logger, INFO) what it exports before it starts: an export with dynamic sizes
-        takes minutes for a full-size model on a CPU.
-
         Returns:
             The file written.
         """
-        from detr_peg.export.export_options import export_note
         from detr_peg.export.onnx_export import export_onnx
 
-        size, batch = options.get("image_size"), options.get("batch_size")
-        logger.info(export_note(self.config.model.arch, path, size, batch))
         return export_onnx(self.loaded, path, **options)
 
     def __repr__(self) -> str:

@@ -187,7 +187,7 @@ def test_onnx_export_predicts_as_pytorch(detector, coco128_dir, tmp_path, caplog
     said = (
         f"exporting {detector.config.model.arch} to {path} with dynamic batch and size (can take minutes on a CPU) ..."
     )
-    assert [r.getMessage() for r in caplog.records if r.name == "detr_peg.detector"] == [said]
+    assert [r.getMessage() for r in caplog.records if r.name == "detr_peg.export.onnx_export"] == [said]
     in_onnx = detr_peg.Detector.from_onnx(path)
     assert in_onnx.config == detector.config and in_onnx.label_map == detector.label_map
     with pytest.raises(ConfigError, match=r"^A detector from an ONNX graph has no weights to train"):

@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
-        from detr_peg.export.export_options import check_export_options, export_note, require_onnx
+        from detr_peg.export.export_options import check_export_options, require_onnx
         from detr_peg.fileio.file_locations import check_checkpoint_location
 
         # Refused before torch and the models are imported and before anything is read or written.
@@ -89,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
 
         claims.enter_context(guard_outputs("export", *export_io(args.checkpoint, args.output)))
         model = load_model(args.checkpoint, overrides=args.overrides, overrides_source="command line")
-        print(export_note(model.config.model.arch, args.output, args.image_size, args.batch_size), flush=True)
         path = export_onnx(
             model,
             args.output,

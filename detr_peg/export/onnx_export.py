@@ -54,11 +54,13 @@ from torch import Tensor, nn
 from detr_peg.config.loader import config_to_dict
 from detr_peg.errors import ConfigError
 from detr_peg.export import DEFAULT_OPSET
-from detr_peg.export.export_options import check_export_options, require_onnx
+from detr_peg.export.export_options import check_export_options, export_note, require_onnx
 from detr_peg.fileio.os_errors import write_error
 from detr_peg.models.loading import LoadedModel, load_model
 from detr_peg.models.postprocess import Postprocessor
 from detr_peg.models.registry import attention_impl
+
+logger = logging.getLogger(__name__)
 
 #: The example image size traced when the size is dynamic (any size works afterwards).
 TRACE_SIZE = (96, 128)
@@ -144,6 +146,9 @@ def export_onnx(
         optimize: run the ONNX graph optimizer of the exporter (constant
             folding, dead-code removal); ONNX Runtime optimizes again on load.
 
+    Logs what it exports before it starts (``detr_peg`` logger, INFO; ``detr-peg export`` shows it): with
+    dynamic sizes the export takes minutes for a full-size model on a CPU.
+
     Returns:
         The path written.
 
@@ -158,6 +163,8 @@ def export_onnx(
     if postprocess and loaded is None:
         raise ConfigError("postprocess=True needs a LoadedModel (the architecture's post-processor comes with it).")
     output = Path(output)
+    arch = loaded.config.model.arch if loaded is not None else type(model).__name__
+    logger.info(export_note(arch, output, image_size, batch_size))
     wrapper = ExportWrapper(model.eval(), loaded.postprocessor if postprocess else None).eval()
     inputs = example_inputs(batch_size or 2, tuple(image_size or TRACE_SIZE), postprocess)
     dims = _dynamic_shapes(dynamic_batch=batch_size is None, dynamic_size=image_size is None, postprocess=postprocess)
