@@ -221,8 +221,29 @@ def _terminate_on_sigterm() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    SIGTERM raises :class:`Terminated` from the first line on (parsing and
+    start-up included), so a stop at any moment after the interpreter has
+    started is one line and exit status 143; before that, the signal's default
+    action ends a process that has written nothing.
+    """
     words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with _terminate_on_sigterm():
+            return _run_command(words)
+    except Terminated:
+        name = words[0] if words and not words[0].startswith("-") else ""
+        print(
+            f"detr-peg{' ' + name if name else ''}: stopped by SIGTERM; "
+            "the files it finished are complete and none is half-written",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGTERM
+
+
+def _run_command(words: list[str]) -> int:
+    """Parse ``words``, run the command, and turn the errors of its user into one line and an exit status."""
     top = top_parser().parse_args(words[:1] if words and not words[0].startswith("-") else words)
     parser, module = command_parser(top.command)
     args = parse_command(parser, module, words[1:])
@@ -235,12 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
     handler = show_messages()
     try:
-        with _terminate_on_sigterm():
-            status = int(module.run(args) or 0)
-            # What the command printed is out before SIGTERM gets its default action back: a signal while the
-            # interpreter exits must not lose the last lines ("Wrote ...") from stdout's buffer.
-            sys.stdout.flush()
-            return status
+        status = int(module.run(args) or 0)
+        # What the command printed is out before SIGTERM gets its default action back: a signal while the
+        # interpreter exits must not lose the last lines ("Wrote ...") from stdout's buffer.
+        sys.stdout.flush()
+        return status
     except UserError as exc:
         message = in_users_words(str(exc), module, words)
         print(f"detr-peg {top.command}: error: {message}", file=sys.stderr)
@@ -260,12 +280,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"detr-peg {top.command}: interrupted", file=sys.stderr)
         return 130
-    except Terminated:
-        print(
-            f"detr-peg {top.command}: stopped by SIGTERM; the files it finished are complete and none is half-written",
-            file=sys.stderr,
-        )
-        return 128 + signal.SIGTERM
     finally:
         logging.getLogger("detr_peg").removeHandler(handler)
 

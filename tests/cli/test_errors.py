@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
+import detr_peg.cli.main as cli_main
 from detr_peg.cli.main import main
 from tests.conftest import REPO_ROOT
 
@@ -44,3 +47,28 @@ def test_predict_errors(capsys, tmp_path: Path) -> None:
     assert "holds no image files" in _one_line_error(
         capsys, ["predict", "--checkpoint", "x.pth", str(tmp_path / "empty")]
     )
+
+
+def test_sigterm_while_the_command_line_is_parsed_is_one_line(capsys, monkeypatch) -> None:
+    """The SIGTERM handler is in place from main's first line: a stop during parsing is one line and 143."""
+    parse = cli_main.parse_command
+
+    def parse_then_stop(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - parse_command's arguments
+        parsed = parse(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return parsed
+
+    monkeypatch.setattr(cli_main, "parse_command", parse_then_stop)
+
+    def too_early(signum: int, frame: object) -> None:
+        raise AssertionError("SIGTERM came to the handler that was there before main's")
+
+    before = signal.signal(signal.SIGTERM, too_early)
+    try:
+        status = main(["eval", "--checkpoint", "missing.pth"])
+        assert signal.getsignal(signal.SIGTERM) is too_early  # main puts back what it found
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err.strip()
+    assert status == 143, err
+    assert err == "detr-peg eval: stopped by SIGTERM; the files it finished are complete and none is half-written"

@@ -59,9 +59,12 @@ def test_sigterm_at_any_moment_of_an_evaluation_is_one_line(cli, case: Path, mom
     proc.send_signal(signal.SIGTERM)
     result = proc.wait()
     metrics = case / "ev" / "metrics.json"
-    if result.returncode == -signal.SIGTERM:
+    if result.returncode == -signal.SIGTERM and result.stdout:
         # The command had returned and the interpreter was exiting: its files are complete.
         assert "Wrote " in result.stdout and json.loads(metrics.read_text())["unit"] == "percent"
+    elif result.returncode == -signal.SIGTERM:
+        # The signal came before the command's first line (the interpreter was starting): it wrote nothing.
+        assert result.stderr == "" and not (case / "ev").exists()
     elif result.returncode != 0:  # it may have finished before the signal
         assert_one_line_error(result, "stopped by SIGTERM", returncode=143)
         assert not metrics.exists() or json.loads(metrics.read_text())
