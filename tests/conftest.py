@@ -49,6 +49,15 @@ CLI = ("-m", "detr_peg.cli.main")
 _cli_runner: CliRunner | None = None
 
 
+def cli_runner() -> CliRunner:
+    """The command runner of this test process (warm, see :class:`tests.cli_process.CliRunner`), started once."""
+    global _cli_runner
+    if _cli_runner is None:
+        _cli_runner = CliRunner()
+        atexit.register(_cli_runner.close)
+    return _cli_runner
+
+
 def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, fresh: bool = False, **env: str) -> CliResult:
     """``python ARGS`` in its own process (this checkout's ``detr_peg``), output captured as text.
 
@@ -61,15 +70,11 @@ def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, fresh: boo
     with ``fresh=True`` (a test of what runs while the modules are imported) starts a
     fresh interpreter.
     """
-    global _cli_runner
     tool = bool(args) and args[0].startswith("tools/") and args[0].endswith(".py")
     if (args[:2] == CLI or tool) and not env and not fresh:
-        if _cli_runner is None:
-            _cli_runner = CliRunner()
-            atexit.register(_cli_runner.close)
         if tool:
-            return _cli_runner.run(args[1:], cwd=cwd, timeout=timeout, script=args[0])
-        return _cli_runner.run(args[2:], cwd=cwd, timeout=timeout)
+            return cli_runner().run(args[1:], cwd=cwd, timeout=timeout, script=args[0])
+        return cli_runner().run(args[2:], cwd=cwd, timeout=timeout)
     proc = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=python_env(**env), capture_output=True, text=True, timeout=timeout
     )

@@ -10,39 +10,31 @@ uninterrupted run of the same 12 iterations (3 epochs) in this process.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.engine.trainer import run_training
-from tests.conftest import REPO_ROOT
+from tests.cli_process import CliProcess
+from tests.conftest import REPO_ROOT, cli_runner
 from tests.engine.test_training_runs import assert_same_weights, resume_overrides
 from tests.engine.tiny_run import logged_iterations, tiny_config, wait_for_iteration
 
 ITERATIONS = 12
 
 
-def _start(args: list[str]) -> subprocess.Popen:
-    # The same number of threads as this process: float sums depend on how work is split.
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    return subprocess.Popen(
-        [sys.executable, "-m", "detr_peg.cli.main", "train", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _start(args: list[str]) -> CliProcess:
+    # Forked from the warm command runner, single-threaded as this process's training is (autouse fixture):
+    # float sums depend on how work is split.
+    assert torch.get_num_threads() == 1
+    return cli_runner().start(["train", *args], cwd=REPO_ROOT)
 
 
-def _watch(proc: subprocess.Popen) -> dict:
+def _watch(proc: CliProcess) -> dict:
     """``ended``/``kill`` of :func:`wait_for_iteration` for a started command."""
-    return dict(ended=lambda: proc.poll() is not None and proc.communicate(), kill=proc.kill, interval=0.02)
+    return dict(ended=lambda: proc.poll() and proc.wait(), kill=lambda: proc.send_signal(signal.SIGKILL), interval=0.02)
 
 
 def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tmp_path: Path) -> None:
@@ -59,7 +51,7 @@ def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tm
     killed = _start(args)
     wait_for_iteration(metrics, above=2, **_watch(killed))
     killed.send_signal(signal.SIGKILL)
-    killed.communicate()
+    assert killed.wait().returncode == -signal.SIGKILL
     kept = read_checkpoint(out / "checkpoint.pth")  # complete, whatever the moment of the kill
     assert 1 <= kept.extra["iteration"] < ITERATIONS
 
@@ -68,17 +60,17 @@ def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tm
     # The first iteration this process logs (the killed one may have logged one past its checkpoint).
     last = wait_for_iteration(metrics, above=0, since=before, **_watch(stopped))
     stopped.send_signal(signal.SIGTERM)
-    _, stderr = stopped.communicate(timeout=120)
-    assert stopped.returncode == 143, stderr
+    result = stopped.wait()
+    stderr = result.stderr
+    assert result.returncode == 143, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("detr-peg train: error: Stopped by SIGTERM at iteration "), stderr
     at = int(lines[0].split("at iteration ")[1].split(";")[0])
     assert last <= at < ITERATIONS
     assert read_checkpoint(out / "checkpoint.pth").extra["iteration"] == at
 
-    finished = _start(args)
-    _, stderr = finished.communicate(timeout=300)
-    assert finished.returncode == 0, stderr
+    result = _start(args).wait()
+    assert result.returncode == 0, result.stderr
     final = read_checkpoint(out / "checkpoint.pth")
     assert final.extra["iteration"] == ITERATIONS
     assert_same_weights(final.model, read_checkpoint(reference.checkpoint).model)

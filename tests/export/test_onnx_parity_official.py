@@ -1,12 +1,12 @@
 """Models converted from the official fixtures' weights (shared/reference), exported to ONNX and run in ONNX
 Runtime, reproduce the official outputs at the parity tolerance (rtol 1e-4, atol 1e-5).
 
-DETR is exported with dynamic batch and size (traced at another size than the fixture's). Deformable-DETR is
-exported at the fixture's batch and size: with symbolic sizes its export costs four times as much (about a
-minute on a small CPU), and the dynamic graph of its levels, masks and deformable attention is checked against
-PyTorch on other sizes and padded batches by ``test_onnx_export``. Deformable-DETR with box refinement and
-two-stage is left out here: its PyTorch outputs match the official ones (``tests/models/deformable``) and its
-exported graph matches PyTorch (``test_onnx_export``)."""
+Both detectors are exported at the fixture's batch and size: what is checked here is the official weights
+through the exported graph. With symbolic sizes an export costs two (DETR) to four (Deformable-DETR) times as
+much, and the dynamic graphs (levels, masks, positional encodings, deformable attention) are checked against
+PyTorch on other sizes and padded batches by ``test_onnx_export``, whose PyTorch models match the official ones
+(``tests/models``). Deformable-DETR with box refinement and two-stage is left out here: its PyTorch outputs match
+the official ones (``tests/models/deformable``) and its exported graph matches PyTorch (``test_onnx_export``)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ def test_exported_official_weights_match_official_outputs(fixture, tmp_path, ref
     assert main(["convert", str(src), str(dst)]) == 0
     inputs = load_fixture(reference_dir, fixture, "inputs")
     batch, _, height, width = inputs["images_padded"].shape
-    assert (height, width) != (96, 128)  # not the size a dynamic graph is traced at
     assert inputs["mask"].any()  # a padded batch
-    fixed = {"image_size": (height, width), "batch_size": batch} if fixture.startswith("deformable") else {}
+    fixed = {"image_size": (height, width), "batch_size": batch}
     detector = OnnxDetector(export_onnx(load_model(dst), tmp_path / "model.onnx", optimize=False, **fixed))
     got = detector(inputs["images_padded"], inputs["mask"])
     expected = load_fixture(reference_dir, fixture, "outputs")

@@ -189,6 +189,7 @@ def test_a_documentation_page_includes_each_table_of_the_report_by_name(study) -
         included(folder, "no_such_table")
 
 
+@pytest.mark.parametrize("study", ["percent"], indirect=True)  # counts, not values: one unit is enough
 def test_the_report_and_the_plot_command_count_the_cells_by_status(study, capsys) -> None:
     folder, definition, cells = study
     assert main(["plot", str(folder)]) == 0
