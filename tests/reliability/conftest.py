@@ -29,6 +29,7 @@ import torch
 from PIL import Image
 
 from tests.cli_process import CliResult, CliRunner
+from tests.conftest import cli_runner
 from tests.engine.tiny_run import RUN, SMALL_IMAGES, TINY_MODEL
 
 DATA = Path("data")
@@ -159,11 +160,10 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def cli():
-    """The command runner (a warm helper process unless ``DETR_PEG_TEST_COLD_CLI=1``)."""
-    runner = CliRunner()
-    yield runner
-    runner.close()
+def cli() -> CliRunner:
+    """The command runner (a warm helper process unless ``DETR_PEG_TEST_COLD_CLI=1``), shared with
+    :func:`tests.conftest.run_python`: one helper per test process."""
+    return cli_runner()
 
 
 @pytest.fixture(scope="session")
