@@ -23,6 +23,9 @@ from pathlib import Path
 
 from detr_peg.cli.study import add_comparison_arguments, comparison_options
 
+#: Reads JSON and draws figures: neither torch nor the models are imported.
+NEEDS_MODELS = False
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -47,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
         if study:
             from detr_peg.study.grid import StudyDefinition, expand_cells
             from detr_peg.study.results import cells_lost, collect, progress_line, write_results
-            from detr_peg.study.runner import read_plan
             from detr_peg.study.seed_rule import SeedRule
+            from detr_peg.study.stored_files import read_plan
 
             plan = read_plan(path)
             definition = StudyDefinition.from_dict(plan["definition"])

@@ -54,9 +54,8 @@ from detr_peg.study.grid import Cell, EvalPlan, StudyDefinition, expand_cells, r
 from detr_peg.study.parallel import run_parallel
 from detr_peg.study.results import collect
 from detr_peg.study.seed_rule import SeedRule, next_seeds, stop_reason
-from detr_peg.study.stored_files import read_plan_file
+from detr_peg.study.stored_files import PLAN_FILE, read_plan
 
-PLAN_FILE = "plan.json"
 #: Exit status of a study in which some cells failed (the others finished).
 CELLS_FAILED = 3
 
@@ -67,11 +66,6 @@ class StudyInterrupted(UserError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def read_plan(study_dir: str | Path) -> dict | None:
-    """``plan.json`` of a study folder, its shape checked, or None when there is none."""
-    return read_plan_file(Path(study_dir) / PLAN_FILE)
 
 
 def prepare(

@@ -31,6 +31,9 @@ from detr_peg.fileio.json_shape import (
 from detr_peg.study.grid import MAX_CELLS
 
 #: COCO metrics in a file: name -> number (COCO's -1 for "no such objects" included).
+#: A study folder's plan: its definition, cells and report options (written by ``detr-peg study``).
+PLAN_FILE = "plan.json"
+
 METRICS = MapOf(Number())
 #: ``percent`` in current files; older files (fractions) have no unit.
 UNIT = Text(("percent",))
@@ -87,6 +90,11 @@ def read_plan_file(path: Path) -> dict[str, Any] | None:
     """A study's ``plan.json`` (None when there is none)."""
     advice = "it is written by detr-peg study: restore it, or run the study in a new folder."
     return _read(path, PLAN, "Study plan", advice)
+
+
+def read_plan(study_dir: str | Path) -> dict[str, Any] | None:
+    """``plan.json`` of a study folder (:data:`PLAN_FILE`), its shape checked, or None when there is none."""
+    return read_plan_file(Path(study_dir) / PLAN_FILE)
 
 
 def read_cell_state(path: Path) -> dict[str, Any] | None:
