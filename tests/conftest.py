@@ -35,6 +35,17 @@ else:
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with a ``slow`` test run first, the rest in their usual order.
+
+    The workers (``-n auto --dist loadscope``) take whole modules in collection order; a long module taken
+    last keeps one worker busy while the other has nothing left, so the long ones go first and the many short
+    ones fill the end.
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: each group keeps its order
+
+
 def python_env(**extra: str) -> dict[str, str]:
     """The environment of a Python subprocess that imports this checkout's ``detr_peg``."""
     return {

@@ -40,6 +40,9 @@ from pytest_codeblocks import extract_from_file
 from detr_peg.cli import main as cli
 from tests.conftest import REPO_ROOT, python_env
 
+#: The documentation's blocks run as written, commands and Python in their own processes.
+pytestmark = pytest.mark.slow
+
 #: Imported by every Python process the blocks start: a block that reaches for the network fails instead of hanging.
 OFFLINE = """
 import socket

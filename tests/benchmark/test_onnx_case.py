@@ -23,6 +23,9 @@ from detr_peg.export.onnx_runtime import OnnxDetector
 from tests.benchmark.tiny_case import tiny_case
 from tests.conftest import REPO_ROOT
 
+#: The module exports a model in a child process.
+pytestmark = pytest.mark.slow
+
 CASE = tiny_case(
     label="tiny onnxruntime",
     impl=ONNX_IMPL,

@@ -19,6 +19,9 @@ from tests.conftest import CLI, REPO_ROOT, run_python
 from tests.engine.tiny_run import TINY_MODEL
 from tests.tools.tool_module import run_main
 
+#: Each test runs its cases in fresh processes.
+pytestmark = pytest.mark.slow
+
 
 def _bench(*args: str) -> CliResult:
     return run_python(*CLI, "bench", *args)

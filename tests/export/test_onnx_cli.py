@@ -18,6 +18,9 @@ from detr_peg.models import build_model
 from tests.conftest import CLI, run_python
 from tests.engine.tiny_run import TINY_MODEL
 
+#: Exports, and benchmarks an export.
+pytestmark = pytest.mark.slow
+
 needs_onnx = pytest.mark.skipif(
     any(importlib.util.find_spec(name) is None for name in ("onnx", "onnxscript", "onnxruntime")),
     reason="the optional onnx packages are not installed",
