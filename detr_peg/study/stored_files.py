@@ -30,10 +30,10 @@ from detr_peg.fileio.json_shape import (
 )
 from detr_peg.study.grid import MAX_CELLS
 
-#: COCO metrics in a file: name -> number (COCO's -1 for "no such objects" included).
 #: A study folder's plan: its definition, cells and report options (written by ``detr-peg study``).
 PLAN_FILE = "plan.json"
 
+#: COCO metrics in a file: name -> number (COCO's -1 for "no such objects" included).
 METRICS = MapOf(Number())
 #: ``percent`` in current files; older files (fractions) have no unit.
 UNIT = Text(("percent",))
