@@ -233,18 +233,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _terminate_on_sigterm():
             return _run_command(words)
     except Terminated:
-        name = words[0] if words and not words[0].startswith("-") else ""
+        name = "".join(f" {word}" for word in _command_word(words))
         print(
-            f"detr-peg{' ' + name if name else ''}: stopped by SIGTERM; "
-            "the files it finished are complete and none is half-written",
+            f"detr-peg{name}: stopped by SIGTERM; the files it finished are complete and none is half-written",
             file=sys.stderr,
         )
         return 128 + signal.SIGTERM
 
 
+def _command_word(words: list[str]) -> list[str]:
+    """``[COMMAND]`` when the words start with one, else ``[]`` (``detr-peg --help``, no words)."""
+    return words[:1] if words and not words[0].startswith("-") else []
+
+
 def _run_command(words: list[str]) -> int:
     """Parse ``words``, run the command, and turn the errors of its user into one line and an exit status."""
-    top = top_parser().parse_args(words[:1] if words and not words[0].startswith("-") else words)
+    top = top_parser().parse_args(_command_word(words) or words)
     parser, module = command_parser(top.command)
     args = parse_command(parser, module, words[1:])
     args.command = top.command

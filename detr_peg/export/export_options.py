@@ -8,6 +8,8 @@ for callers of the library.
 
 from __future__ import annotations
 
+import os
+
 from detr_peg.config.ranges import MAX_TEST_SIDE, format_bytes, machine_memory
 from detr_peg.errors import ConfigError, UserError
 from detr_peg.export import DEFAULT_OPSET
@@ -56,7 +58,9 @@ def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_s
             )
 
 
-def export_note(arch: str, output: object, image_size: object = None, batch_size: int | None = None) -> str:
+def export_note(
+    arch: str, output: str | os.PathLike, image_size: tuple[int, int] | None = None, batch_size: int | None = None
+) -> str:
     """The line said before an export starts: what is exported where, and that dynamic sizes take long.
 
     ``torch.export`` reasons about symbolic sizes operation by operation: minutes for a full-size model on a CPU.
