@@ -8,6 +8,7 @@ a reason when they are absent.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,32 @@ def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, fresh: boo
         [sys.executable, *args], cwd=cwd, env=python_env(**env), capture_output=True, text=True, timeout=timeout
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr, "cold")
+
+
+#: ``main(ARGV)`` of the command line, then a JSON line: its exit status and the torch and model modules loaded.
+_FRESH_MAIN = """
+import json, sys
+from detr_peg.cli.main import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exc:
+    status = exc.code
+heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "detr_peg.models")))
+print(json.dumps({"status": status, "heavy": heavy}))
+"""
+
+
+def main_in_fresh_interpreter(*argv: str, cwd: Path = REPO_ROOT, timeout: int = 120) -> tuple[CliResult, dict]:
+    """``detr-peg ARGV`` through ``main`` in a fresh interpreter (nothing imported before it).
+
+    Returns:
+        The process's result, its stdout without the last line, and ``{"status": exit status, "heavy":
+        the torch and detr_peg.models modules it imported}`` read from that line.
+    """
+    proc = run_python("-c", _FRESH_MAIN, *argv, cwd=cwd, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *lines, last = proc.stdout.splitlines()
+    return CliResult(proc.returncode, "".join(line + "\n" for line in lines), proc.stderr, proc.mode), json.loads(last)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import ast
 
 import pytest
 
-from tests.conftest import REPO_ROOT, run_python
+from tests.conftest import REPO_ROOT, main_in_fresh_interpreter, run_python
 
 MAX_FUNCTION_LINES = 80
 MAX_TRAIN_PATH_FILES = 13  # 12, plus cli/option_types.py since --config also takes a shipped config's name
@@ -37,16 +37,5 @@ def test_the_way_from_train_to_the_first_iteration_crosses_at_most_13_files() ->
 
 @pytest.mark.parametrize("words", [["--help"], ["train", "--help"], ["eval", "--help"], ["export", "--help"]])
 def test_help_loads_neither_torch_nor_the_models(words: list[str]) -> None:
-    code = (
-        "import sys\n"
-        "from detr_peg.cli.main import main\n"
-        "try:\n"
-        f"    main({words!r})\n"
-        "except SystemExit as exc:\n"
-        "    assert exc.code == 0, exc.code\n"
-        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'detr_peg.models')))\n"
-        "print('HEAVY', heavy)\n"
-    )
-    proc = run_python("-c", code, timeout=60)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "usage: detr-peg" in proc.stdout and proc.stdout.strip().endswith("HEAVY []")
+    proc, probe = main_in_fresh_interpreter(*words)
+    assert probe == {"status": 0, "heavy": []} and "usage: detr-peg" in proc.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_python
+from tests.conftest import main_in_fresh_interpreter
 
 MISSING_CONFIG = (
     "Config file no/such.yaml does not exist, and no shipped config has that name (detr-peg configs list shows them)."
@@ -46,13 +46,6 @@ CASES = [
     ),
 ]
 
-CODE = """
-import sys
-from detr_peg.cli.main import main
-status = main(sys.argv[1:])
-print(status, 'torch' in sys.modules)
-"""
-
 
 def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
@@ -65,8 +58,8 @@ def test_a_bad_input_path_is_refused_before_torch_is_imported(tmp_path: Path, ar
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "notes.txt").write_text("no image here\n")
     before = _files(tmp_path)
-    proc = run_python("-c", CODE, *argv, cwd=tmp_path, timeout=120)  # a fresh interpreter: nothing imported yet
-    assert proc.stdout.splitlines() == ["2 False"], proc.stdout + proc.stderr[-2000:]
+    proc, probe = main_in_fresh_interpreter(*argv, cwd=tmp_path)  # nothing imported before the command
+    assert probe == {"status": 2, "heavy": []} and proc.stdout == "", proc.stdout + proc.stderr[-2000:]
     message = message.replace("{tmp}", str(tmp_path))  # study makes its config paths absolute
     assert proc.stderr.strip().splitlines() == [f"detr-peg {argv[0]}: error: {message}"]
     assert _files(tmp_path) == before

@@ -26,7 +26,7 @@ from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_a
 from detr_peg.study.plots import STUDY_FIGURES, figure_files, plot_study
 from detr_peg.study.results import SECTIONS, STATS, aggregate, collect, csv_rows, write_results
 from detr_peg.study.runner import PLAN_FILE, plan_record
-from tests.conftest import run_python
+from tests.conftest import main_in_fresh_interpreter
 
 STAT_NAMES = (*STATS, "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
@@ -250,16 +250,9 @@ def test_plots_are_drawn_and_redrawn_by_the_plot_command(study) -> None:
 def test_plot_of_a_study_imports_neither_torch_nor_the_models(study) -> None:
     """The report and figures come from JSON files: a fresh ``detr-peg plot`` starts in seconds, without torch."""
     folder = study[0]
-    code = (
-        "import sys\n"
-        "from detr_peg.cli.main import main\n"
-        f"assert main(['plot', {str(folder)!r}]) == 0\n"
-        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'detr_peg.models')))\n"
-        "print('HEAVY', heavy)\n"
-    )
-    proc = run_python("-c", code, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"Study {folder}: 4 of 4 cells done." in proc.stdout and proc.stdout.strip().endswith("HEAVY []")
+    proc, probe = main_in_fresh_interpreter("plot", str(folder))
+    assert probe == {"status": 0, "heavy": []}, proc.stderr[-2000:]
+    assert f"Study {folder}: 4 of 4 cells done." in proc.stdout
     assert (folder / "study.md").is_file() and (folder / "plots" / "ap_vs_scale.png").is_file()
 
 
