@@ -15,7 +15,9 @@ Two ways, same result:
 
 Starting torch takes 3 to 7 seconds on a busy 2-core machine, which a matrix
 of forty failing commands cannot afford; forking a warm interpreter takes
-milliseconds. ``DETR_PEG_TEST_COLD_CLI=1`` runs every command cold, and
+milliseconds (with the helper's objects frozen out of the garbage collector's
+scans, ``gc.freeze``, so a child does not copy the helper's memory when it
+collects). ``DETR_PEG_TEST_COLD_CLI=1`` runs every command cold, and
 ``test_bad_input_matrix`` always runs a few cases both ways and compares them.
 
 Process limits a test can ask for (``limits``):
@@ -352,6 +354,8 @@ def _child(request: dict) -> None:
 
 def _serve() -> None:
     """Import the command line once, then fork one child per request read from stdin."""
+    import gc
+
     import detr_peg.cli.main as cli_main
 
     for module, _ in cli_main.available_commands().values():
@@ -363,6 +367,10 @@ def _serve() -> None:
     # ``python -m`` runs the module's code as ``__main__`` without importing it under its own name first.
     del sys.modules["detr_peg.cli.main"]
     del sys.modules["detr_peg.cli"].main
+    # Everything imported so far is left out of the garbage collector's scans: a child's first collection
+    # would otherwise write to every object torch and the commands created, copying the helper's memory
+    # page by page (about 0.3 s of a 0.31 s failing command here; 0.01 s with the objects frozen).
+    gc.freeze()
     reply = sys.stdout
     print("ready", file=reply, flush=True)
     for line in sys.stdin:
