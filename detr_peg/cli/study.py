@@ -387,13 +387,14 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.study.grid import StudyDefinition, expand_cells
         from detr_peg.study.plots import plot_study
         from detr_peg.study.results import collect, write_results
+        from detr_peg.study.stored_files import read_plan
 
         if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)
             slurm.parse_time(cluster.time)
         check_eval_options(definition)
         study_dir = Path(args.output)
         if rule is not None:  # a rerun continues with the seeds the folder already planned
-            earlier = runner.read_plan(study_dir)
+            earlier = read_plan(study_dir)
             definition = replace(definition, seeds=rule.start(int(earlier["definition"]["seeds"]) if earlier else 0))
         # Inputs every cell would fail on are refused before anything is written.
         runner.check_test_scales(expand_cells(definition), definition.eval)
@@ -426,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         finally:
             if rule is not None:  # the last round planned (plan.json), also when a round was interrupted
-                definition = StudyDefinition.from_dict(runner.read_plan(study_dir)["definition"])
+                definition = StudyDefinition.from_dict(read_plan(study_dir)["definition"])
                 cells = expand_cells(definition)
             results = collect(study_dir, definition, cells, options, rule)
             write_results(study_dir, results)

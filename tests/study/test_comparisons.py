@@ -24,7 +24,8 @@ from detr_peg.errors import ConfigError
 from detr_peg.study.comparisons import ComparisonOptions, holm, reference
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.results import collect, write_results
-from detr_peg.study.runner import PLAN_FILE, plan_record
+from detr_peg.study.runner import plan_record
+from detr_peg.study.stored_files import PLAN_FILE
 from tests.study.study_cells import write_done_cell
 
 ROWS = [("val", None), ("resized", 1.5), ("canvas", 2.0), ("padding", "mixed"), ("padding", "single")]

@@ -35,7 +35,8 @@ from detr_peg.study.plots import (
     short_setting,
 )
 from detr_peg.study.results import collect
-from detr_peg.study.runner import PLAN_FILE, plan_record
+from detr_peg.study.runner import plan_record
+from detr_peg.study.stored_files import PLAN_FILE
 from tests.study.test_results import fake_cell
 
 AP = {  # (config, encoding) -> AP per seed (fractions, as fake_cell writes them)

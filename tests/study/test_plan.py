@@ -11,7 +11,8 @@ import pytest
 from detr_peg.errors import ConfigError
 from detr_peg.study.cell import cell_paths, new_state, resolved_config, run_cell, write_state
 from detr_peg.study.grid import EvalPlan, StudyDefinition, parse_axis
-from detr_peg.study.runner import PLAN_FILE, prepare
+from detr_peg.study.runner import prepare
+from detr_peg.study.stored_files import PLAN_FILE
 
 
 @pytest.fixture

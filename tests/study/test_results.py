@@ -25,7 +25,8 @@ from detr_peg.study.cell import cell_paths, new_state, reported_status, write_st
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.plots import STUDY_FIGURES, figure_files, plot_study
 from detr_peg.study.results import SECTIONS, STATS, aggregate, collect, csv_rows, write_results
-from detr_peg.study.runner import PLAN_FILE, plan_record
+from detr_peg.study.runner import plan_record
+from detr_peg.study.stored_files import PLAN_FILE
 from tests.conftest import main_in_fresh_interpreter
 
 STAT_NAMES = (*STATS, "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")

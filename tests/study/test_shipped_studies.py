@@ -19,8 +19,8 @@ import pytest
 from detr_peg.study.comparisons import ComparisonOptions
 from detr_peg.study.grid import StudyDefinition, expand_cells
 from detr_peg.study.results import RESULTS_CSV, RESULTS_MD, collect, csv_text, markdown
-from detr_peg.study.runner import read_plan
 from detr_peg.study.seed_rule import SeedRule
+from detr_peg.study.stored_files import read_plan
 from tests.conftest import REPO_ROOT
 
 RESULTS = REPO_ROOT / "docs" / "results"
