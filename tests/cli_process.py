@@ -364,6 +364,12 @@ def _serve() -> None:
     import detr_peg.engine.trainer  # noqa: F401
     import detr_peg.models.builder  # noqa: F401
 
+    # What commands import on first use, once here rather than in every child (0.5 to 2 s each): the
+    # matcher's scipy.optimize (every training), the Detector with its Hub support (eval, predict), and
+    # the study's tables and figures (scipy.stats; matplotlib, whose backend plots.py sets to Agg).
+    for module in ("scipy.optimize", "detr_peg.detector", "detr_peg.study.runner", "detr_peg.study.plots"):
+        __import__(module)
+
     # ``python -m`` runs the module's code as ``__main__`` without importing it under its own name first.
     del sys.modules["detr_peg.cli.main"]
     del sys.modules["detr_peg.cli"].main
