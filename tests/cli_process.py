@@ -5,9 +5,10 @@ Two ways, same result:
 * **cold**: ``python -m detr_peg.cli.main ARGS`` in a fresh interpreter;
 * **warm** (default on Linux): one helper process (this file run as a script)
   imports torch, torchvision, the command modules and what they load on first
-  use once, then forks a child per command (or per script of ``tools/``, ``python SCRIPT ARGS``). The child
-  changes into the requested folder, takes the requested environment and
-  limits, points its stdout/stderr at files and runs ``detr_peg.cli.main``
+  use once, then forks a child per command (or per script of ``tools/``,
+  ``python SCRIPT ARGS``). The child changes into the requested folder,
+  takes the requested environment and limits, points its stdout/stderr at
+  files and runs ``detr_peg.cli.main``
   (or the script) as ``__main__`` (``runpy``, what ``python -m`` does);
   an uncaught exception prints Python's usual traceback and exits with 1, as
   the interpreter would. Each child starts from the same freshly imported

@@ -233,9 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _terminate_on_sigterm():
             return _run_command(words)
     except Terminated:
-        name = "".join(f" {word}" for word in _command_word(words))
+        name = " ".join(["detr-peg", *_command_word(words)])
         print(
-            f"detr-peg{name}: stopped by SIGTERM; the files it finished are complete and none is half-written",
+            f"{name}: stopped by SIGTERM; the files it finished are complete and none is half-written",
             file=sys.stderr,
         )
         return 128 + signal.SIGTERM
