@@ -3,9 +3,10 @@
 Every figure is written twice, as a vector PDF and as a 300 dpi PNG, into
 ``STUDY/plots/``:
 
-* ``comparisons``: the paired comparisons as a forest plot: for every setting
-  and AP row, the mean difference from the reference setting with its 95%
-  interval, a line at 0 and the band of ``--equal-within``, the verdict
+* ``comparisons``: the paired comparisons as a forest plot, one panel per
+  model: for every setting and AP row, the mean difference from the
+  reference setting with its 95% interval over the differences of the
+  single seeds, a line at 0 and the band of ``--equal-within``, the verdict
   written beside it;
 * ``ap_vs_scale``: AP against the test scale, one panel per model and kind of
   test scale (resized / larger canvas, never mixed in one panel), ticks at
@@ -253,43 +254,69 @@ def figure_main_metrics(settings: list[dict[str, Any]]) -> Figure | None:
     return _layout(fig, bottom=0.6)
 
 
+def _seed_count(rows: Sequence[dict[str, Any]]) -> str:
+    """How many paired seeds the rows have: ``5`` or ``4 to 5``."""
+    counts = sorted({len(r["seeds"]) for r in rows})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+
+
 def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any]]) -> Figure | None:
-    """The forest plot of the paired differences (see the module docstring; None without comparisons)."""
+    """The forest plot of the paired differences (see the module docstring; None without comparisons).
+
+    One panel per model (base config), in the report's row order, sharing the difference axis: each row is
+    the mean paired difference with its 95% interval (marker and colour by verdict) over the seed-by-seed
+    differences themselves (small hollow grey circles), the verdict written at the right.
+    """
     rows = [r for r in comparisons.get("rows", []) if r.get("mean") is not None]
     if not rows:
         return None
     label_of = {e["setting"]: (model_name(e["config"]), series_label(e)) for e in settings}
-    models = len({label_of.get(r["setting"], ("", ""))[0] for r in rows}) > 1
-    names = []
+    panels: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        model, label = label_of.get(r["setting"], ("", r["setting"]))
-        ref = label_of.get(r["reference"], ("", r["reference"]))[1]
-        names.append(f"{model + ': ' if models else ''}{label} - {ref}, {row_title(r)}")
-    fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(rows) + 1.6))
-    ys = list(range(len(rows)))[::-1]
+        panels.setdefault(label_of.get(r["setting"], ("", ""))[0], []).append(r)
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        sharex=True,
+        squeeze=False,
+        figsize=(7.5, 0.32 * len(rows) + 0.7 * len(panels) + 1.0),
+        gridspec_kw={"height_ratios": [len(group) + 1.5 for group in panels.values()]},
+    )
     band = comparisons.get("equal_within")
-    if band:
-        ax.axvspan(-band, band, color="0.9", zorder=0, label=f"equal within ±{band:g} AP")
-    ax.axvline(0.0, color="0.3", linewidth=0.8)
     verdicts = list(dict.fromkeys(r["verdict"] for r in rows))
     marks = dict(zip(verdicts, itertools.cycle(zip(COLOURS, MARKERS))))
-    for y, r in zip(ys, rows):
-        xerr = None if r.get("ci") is None else [[r["mean"] - r["ci"][0]], [r["ci"][1] - r["mean"]]]
-        colour, marker = marks[r["verdict"]]
-        ax.errorbar(r["mean"], y, xerr=xerr, fmt=marker, color=colour, capsize=3)
-    right = ax.get_xlim()[1]
-    for y, r in zip(ys, rows):
-        ax.text(right, y, f"  {verdict_text(r, band or 0.0)}", va="center", fontsize=7, clip_on=False)
+    reference = short_setting(comparisons.get("baseline"))
+    for ax, (model, group) in zip(axes[:, 0], panels.items()):
+        ys = list(range(len(group)))[::-1]
+        if band:
+            ax.axvspan(-band, band, color="0.9", zorder=0, label=f"equal within ±{band:g} AP")
+        ax.axvline(0.0, color="0.3", linewidth=0.8)
+        for y, r in zip(ys, group):
+            seeds = [d for d in r.get("differences") or [] if is_number(d)]
+            ax.plot(seeds, [y] * len(seeds), "o", markerfacecolor="none", markeredgecolor="0.55",
+                    markersize=3.5, markeredgewidth=0.7, linestyle="none", label="one seed", zorder=1)  # fmt: skip
+            xerr = None if r.get("ci") is None else [[r["mean"] - r["ci"][0]], [r["ci"][1] - r["mean"]]]
+            colour, marker = marks[r["verdict"]]
+            ax.errorbar(r["mean"], y, xerr=xerr, fmt=marker, color=colour, capsize=3, zorder=2)
+        names = []
+        for r in group:
+            label = label_of.get(r["setting"], ("", r["setting"]))[1]
+            ref = label_of.get(r["reference"], ("", r["reference"]))[1]
+            names.append(f"{label} - {ref}, {row_title(r)}")
+        ax.set_yticks(ys, names, fontsize=7)
+        ax.set_ylim(-0.75, len(group) - 0.25)
+        ax.set_title(f"{model + ': ' if model else ''}AP, each setting minus {reference}", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    for ax, group in zip(axes[:, 0], panels.values()):  # after every panel's data: the shared x range is final
+        right = ax.get_xlim()[1]
+        for y, r in zip(range(len(group) - 1, -1, -1), group):
+            ax.text(right, y, f"  {verdict_text(r, band or 0.0)}", va="center", fontsize=7, clip_on=False)
+    first = axes[0, 0]
     for verdict, (colour, marker) in marks.items():
-        ax.plot([], [], marker, color=colour, label=verdict)
-    ax.set_yticks(ys, names, fontsize=7)
-    ax.set_xlabel(f"difference in AP points (95% interval, {len(rows[0]['seeds'])} paired seeds)")
-    in_rows = dict.fromkeys(label_of.get(r["setting"], ("",))[0] for r in rows)
-    title = " and ".join(m for m in in_rows if m)
-    ax.set_title(f"{title + ': ' if title else ''}AP, each setting minus {short_setting(comparisons.get('baseline'))}",
-                 fontsize=10)  # fmt: skip
-    ax.grid(axis="x", alpha=0.3)
-    fig.legend(fontsize=7, loc="lower center", ncol=4, frameon=False)
+        first.plot([], [], marker, color=colour, label=verdict_text({"verdict": verdict}, band or 0.0))
+    axes[-1, 0].set_xlabel(f"difference in AP points (mean and 95% interval over {_seed_count(rows)} paired seeds)")
+    handles = dict(zip(*reversed(first.get_legend_handles_labels())))  # label -> handle, once each
+    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="lower center", ncol=5, frameon=False)
     return _layout(fig, bottom=0.35)
 
 

@@ -4,8 +4,9 @@ A study of two base configs (two models) x two encodings x three seeds, its
 cells written by the test; the figures are checked for what they show: short
 labels, the model and the metric in every title, ticks at the measured
 scales, a colour, a marker and a line style per series, 95% intervals over
-seeds as error bars (computed here with scipy), the forest plot's intervals
-equal to the report's, and both a vector PDF and a 300 dpi PNG of each.
+seeds as error bars (computed here with scipy), the forest plot's panels
+(one per model), intervals and per-seed differences equal to the report's,
+and both a vector PDF and a 300 dpi PNG of each.
 """
 
 from __future__ import annotations
@@ -144,23 +145,42 @@ def test_learning_curves_need_two_evaluations(results) -> None:
     assert series.lines[0].get_xdata().tolist() == [p["iteration"] for p in keep["curve"]]
 
 
-def test_forest_plot_shows_each_comparison_with_the_reports_interval(results) -> None:
+def test_forest_plot_shows_each_comparison_with_the_reports_interval_and_seeds(results) -> None:
     _, res = results
     fig = figure_comparisons(res["comparisons"], res["settings"])
-    (ax,) = fig.axes
     rows = res["comparisons"]["rows"]
-    ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
-    labels = [text for _, text in ticks]  # the report's rows, top down
+    # One panel per model, in the report's order, with that model's rows top down.
+    panels = {"detr_small": [], "deformable_small": []}
+    for row in rows:
+        panels[row["setting"].split("_position")[0]].append(row)
+    assert [ax.get_title() for ax in fig.axes] == [f"{m}: AP, each setting minus position=sine" for m in panels]
+    assert all(len(group) for group in panels.values())
+    for ax, group in zip(fig.axes, panels.values()):
+        ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
+        labels = [text for _, text in ticks]
+        assert len(labels) == len(group)
+        for container, row in zip(ax.containers, group):
+            ((low, high),) = bars(container, horizontal=True)
+            assert (low, high) == pytest.approx(tuple(row["ci"]))
+            assert container.lines[0].get_xdata().tolist() == pytest.approx([row["mean"]])
+        # Each row's seed-by-seed differences, drawn on its line (the report's values, three seeds here).
+        seeds = [line for line in ax.lines if line.get_label() == "one seed"]
+        assert len(seeds) == len(group)
+        for line, row, y in zip(seeds, group, sorted(ax.get_yticks(), reverse=True)):
+            assert line.get_xdata().tolist() == pytest.approx(row["differences"])
+            assert set(line.get_ydata().tolist()) == {y}
+        texts = [t.get_text().strip() for t in ax.texts]
+        assert texts == [r["verdict"] if r["verdict"] != "equal" else "equal within ±1.0 AP" for r in group]
     # The fake cells' AP is the same at x1 of both kinds and one image at a time: one row, named after "=".
-    assert labels[0] == "detr_small: peg - sine, AP (= resized x1, canvas x1, padding single)"
-    assert len(labels) == len(rows)
-    assert any(label == "deformable_small: peg - sine, AP resized x2" for label in labels)
-    for container, row in zip(ax.containers, rows):
-        ((low, high),) = bars(container, horizontal=True)
-        assert (low, high) == pytest.approx(tuple(row["ci"]))
-    assert ax.get_title() == "detr_small and deformable_small: AP, each setting minus position=sine"
-    texts = [t.get_text().strip() for t in ax.texts]
-    assert texts == [r["verdict"] if r["verdict"] != "equal" else "equal within ±1.0 AP" for r in rows]
+    first = sorted(zip(fig.axes[0].get_yticks(), fig.axes[0].get_yticklabels()), key=lambda t: -t[0])[0][1]
+    assert first.get_text() == "peg - sine, AP (= resized x1, canvas x1, padding single)"
+    assert any(t.get_text() == "peg - sine, AP resized x2" for t in fig.axes[1].get_yticklabels())
+    # AP differences computed here from the cells' values (fractions in the files, points in the report).
+    detr = panels["detr_small"][0]
+    expected = [100 * (p - s) for p, s in zip(AP[("detr_small", "peg")], AP[("detr_small", "sine")])]
+    assert detr["differences"] == pytest.approx(expected)
+    assert fig.axes[-1].get_xlabel() == "difference in AP points (mean and 95% interval over 3 paired seeds)"
+    assert fig.axes[0].get_xlabel() == ""  # the shared axis is named once, under the last panel
 
 
 def test_every_figure_is_written_as_pdf_and_300_dpi_png(results) -> None:
