@@ -140,7 +140,7 @@ def _styles(settings: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _legend(fig, axes, title: str | None = None) -> None:
+def _legend(fig, axes, title: str | None = None, fontsize: float | None = None) -> None:
     """One legend for the figure, below the panels (never over the data), titled by what its labels are."""
     handles, labels = {}, []
     for ax in axes:
@@ -157,6 +157,7 @@ def _legend(fig, axes, title: str | None = None) -> None:
             frameon=False,
             bbox_to_anchor=(0.5, 0.0),
             title=title,
+            fontsize=fontsize,
         )
 
 
@@ -286,8 +287,9 @@ def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any
     verdicts = list(dict.fromkeys(r["verdict"] for r in rows))
     marks = dict(zip(verdicts, itertools.cycle(zip(COLOURS, MARKERS))))
     reference = short_setting(comparisons.get("baseline"))
+    rows_y = {model: list(range(len(group)))[::-1] for model, group in panels.items()}  # top row first
     for ax, (model, group) in zip(axes[:, 0], panels.items()):
-        ys = list(range(len(group)))[::-1]
+        ys = rows_y[model]
         if band:
             ax.axvspan(-band, band, color="0.9", zorder=0, label=f"equal within ±{band:g} AP")
         ax.axvline(0.0, color="0.3", linewidth=0.8)
@@ -307,16 +309,15 @@ def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any
         ax.set_ylim(-0.75, len(group) - 0.25)
         ax.set_title(f"{model + ': ' if model else ''}AP, each setting minus {reference}", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-    for ax, group in zip(axes[:, 0], panels.values()):  # after every panel's data: the shared x range is final
+    for ax, (model, group) in zip(axes[:, 0], panels.items()):  # after every panel's data: the x range is final
         right = ax.get_xlim()[1]
-        for y, r in zip(range(len(group) - 1, -1, -1), group):
+        for y, r in zip(rows_y[model], group):
             ax.text(right, y, f"  {verdict_text(r, band or 0.0)}", va="center", fontsize=7, clip_on=False)
     first = axes[0, 0]
     for verdict, (colour, marker) in marks.items():
         first.plot([], [], marker, color=colour, label=verdict_text({"verdict": verdict}, band or 0.0))
     axes[-1, 0].set_xlabel(f"difference in AP points (mean and 95% interval over {_seed_count(rows)} paired seeds)")
-    handles = dict(zip(*reversed(first.get_legend_handles_labels())))  # label -> handle, once each
-    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="lower center", ncol=5, frameon=False)
+    _legend(fig, [first], fontsize=7)
     return _layout(fig, bottom=0.35)
 
 

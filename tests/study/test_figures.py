@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 from scipy import stats
 
+from detr_peg.study.comparisons import row_title
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.plots import (
     STUDY_FIGURES,
@@ -158,7 +159,7 @@ def test_forest_plot_shows_each_comparison_with_the_reports_interval_and_seeds(r
     for ax, group in zip(fig.axes, panels.values()):
         ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
         labels = [text for _, text in ticks]
-        assert len(labels) == len(group)
+        assert labels == [f"{r['setting'].split('=')[1]} - sine, {row_title(r)}" for r in group]
         for container, row in zip(ax.containers, group):
             ((low, high),) = bars(container, horizontal=True)
             assert (low, high) == pytest.approx(tuple(row["ci"]))
