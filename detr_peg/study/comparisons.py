@@ -17,6 +17,9 @@ per-seed differences in AP points (``setting - reference``):
 
 * ``mean``: the mean of ``d``; ``ci``: its 95% confidence interval from the
   t distribution (:func:`scipy.stats.ttest_rel`);
+* ``above`` and ``below``: how many seeds have ``d`` above and below zero
+  (the rest are ties), so that "below the reference in every seed" is read
+  off the report rather than counted by hand;
 * ``p``: two-sided, from an exact sign-flip permutation test
   (:func:`scipy.stats.permutation_test`, ``permutation_type="samples"``, all
   ``2**n`` sign patterns) when ``n`` < :data:`PERMUTATION_BELOW`, otherwise
@@ -121,14 +124,17 @@ def paired_statistics(differences: Sequence[float]) -> dict[str, Any]:
         differences: ``setting - reference`` per seed, in any unit (the results are in the same unit).
 
     Returns:
-        ``{"n", "mean", "sd", "ci": [low, high], "half_width", "test", "p", "mde"}``; everything but
-        ``n`` and ``mean`` is None below two differences (``mean`` is None without any).
+        ``{"n", "mean", "above", "below", "sd", "ci": [low, high], "half_width", "test", "p", "mde"}``
+        (``above`` and ``below``: the differences above and below zero); everything but ``n``, ``mean``,
+        ``above`` and ``below`` is None below two differences (``mean`` is None without any).
     """
     d = np.asarray(differences, dtype=float)
     n = len(d)
     out: dict[str, Any] = {
         "n": n,
         "mean": float(d.mean()) if n else None,
+        "above": int((d > 0).sum()),
+        "below": int((d < 0).sum()),
         "sd": None,
         "ci": None,
         "half_width": None,

@@ -311,7 +311,7 @@ def write_results(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
 
 
 #: The columns of ``study.csv`` that only its ``difference`` rows fill (the paired comparisons).
-COMPARISON_FIELDS = ("same", "ci_low", "ci_high", "test", "p", "p_holm", "mde", "verdict")
+COMPARISON_FIELDS = ("same", "above", "below", "ci_low", "ci_high", "test", "p", "p_holm", "mde", "verdict")
 
 
 def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -320,7 +320,8 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     ``row`` is ``setting`` for one row per setting, kind, scale and metric (mean, std, n and the per-seed
     values), then ``difference`` for one row per paired comparison (``reference`` names the reference
     setting; ``same`` the rows folded into it; mean, std and values are those of the per-seed differences in
-    AP points, with the interval, test, p-values, minimum detectable effect and verdict of
+    AP points, with the seeds above and below zero, the interval, test, p-values, minimum detectable effect
+    and verdict of
     :mod:`detr_peg.study.comparisons`).
     """
     keys = [a["key"] for a in results["definition"]["axes"]]
@@ -375,6 +376,8 @@ def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "n": c["n"],
                 "values": ";".join(repr(v) for v in c["differences"]),
                 "same": ";".join(c.get("same", [])) or None,
+                "above": c["above"],
+                "below": c["below"],
                 "ci_low": c["ci"][0] if c["ci"] else None,
                 "ci_high": c["ci"][1] if c["ci"] else None,
                 **{k: c[k] for k in ("test", "p", "p_holm", "mde")},
@@ -631,7 +634,8 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
             f"{comparisons['baseline']} (the reference), seed by seed: the same seed has the same data order "
             "and augmentation and builds the model from the same random state; a seed missing in either "
             "setting is left out "
-            "(n = seeds paired). Difference = setting - reference, mean over the seeds, in AP points; "
+            "(n = seeds paired; above / below: the seeds whose difference is above / below zero). "
+            "Difference = setting - reference, mean over the seeds, in AP points; "
             f"95% confidence interval from the t distribution; p two-sided, from an exact sign-flip "
             f"permutation test below {PERMUTATION_BELOW} pairs and a paired t-test from {PERMUTATION_BELOW} on, "
             f"Holm-corrected over the study's {sum(r['p'] is not None for r in rows)} tests (a row whose AP is the "
@@ -651,13 +655,14 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
         ),
     ]
     table = [
-        "| setting | reference | metric | n | difference | 95% CI | test | p | p (Holm) | MDE | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| setting | reference | metric | n | above / below | difference | 95% CI | test | p | p (Holm) | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ci = f"[{_signed(r['ci'][0])}, {_signed(r['ci'][1])}]" if r["ci"] else "n/a"
         table.append(
-            f"| {r['setting']} | {r['reference']} | {row_title(r)} | {r['n']} | {_signed(r['mean'])} | {ci} | "
+            f"| {r['setting']} | {r['reference']} | {row_title(r)} | {r['n']} | {r['above']} / {r['below']} | "
+            f"{_signed(r['mean'])} | {ci} | "
             f"{r['test'] or 'n/a'} | {_p(r['p'])} | {_p(r['p_holm'])} | "
             f"{'n/a' if r['mde'] is None else format(r['mde'], '.2f')} | "
             f"{verdict_text(r, comparisons['equal_within'])} |"

@@ -105,6 +105,7 @@ def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_p
         assert r["reference"] == "position.name=sine" and r["n"] == seeds and r["seeds"] == [0, 1, 2, 3]
         assert r["differences"] == pytest.approx(d.tolist())
         assert r["mean"] == pytest.approx(d.mean())
+        assert (r["above"], r["below"]) == (int(np.sum(d > 0)), int(np.sum(d < 0)))
         t = stats.ttest_rel(100 * x, 100 * y)  # the interval of x - y
         ci = t.confidence_interval(0.95)
         assert r["ci"] == pytest.approx([ci.low, ci.high])
@@ -126,7 +127,7 @@ def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_p
     assert md.index("## Paired comparisons with model.position.name=sine") < md.index("## At the configured")
     first = rows[0]
     line = (
-        f"| position.name=peg | position.name=sine | AP | 4 | {first['mean']:+.2f} | "
+        f"| position.name=peg | position.name=sine | AP | 4 | {first['above']} / {first['below']} | {first['mean']:+.2f} | "
         f"[{first['ci'][0]:+.2f}, {first['ci'][1]:+.2f}] | sign-flip permutation (exact) | {first['p']:.3f} | "
         f"{first['p_holm']:.3f} | {first['mde']:.2f} | "
     )
@@ -135,10 +136,32 @@ def test_every_row_is_the_paired_difference_with_scipy_interval_p_and_holm(tmp_p
         diffs = [r for r in csv.DictReader(f) if r["row"] == "difference"]
     assert len(diffs) == len(rows)
     assert float(diffs[0]["mean"]) == pytest.approx(first["mean"]) and diffs[0]["reference"] == "position.name=sine"
+    assert (int(diffs[0]["above"]), int(diffs[0]["below"])) == (first["above"], first["below"])
     assert float(diffs[0]["p_holm"]) == pytest.approx(first["p_holm"]) and diffs[0]["kind"] == "val"
     assert [d["kind"] for d in diffs[3:6]] == ["padding:mixed", "padding:mixed - single", "padding:single"]
     stored = json.loads((tmp_path / "study.json").read_text())["comparisons"]
     assert stored["rows"][0]["p_holm"] == pytest.approx(first["p_holm"]) and stored["unit"] == "AP points"
+
+
+def test_above_and_below_count_the_seeds_on_each_side_of_zero_and_leave_ties_out(tmp_path: Path) -> None:
+    # peg - sine per seed: +1, -2, 0, +3 AP points at the validation size (a tie in seed 2).
+    offsets = {0: 0.01, 1: -0.02, 2: 0.0, 3: 0.03}
+
+    def ap(cell):
+        peg = dict(cell.values)["model.position.name"] == "peg"
+        return {row: 0.4 + 0.01 * cell.seed + (offsets[cell.seed] if peg else 0.0) for row in ROWS}
+
+    definition, cells = make_study(tmp_path, "model.position.name=sine,peg", 4, ap)
+    results = collect(tmp_path, definition, cells)
+    write_results(tmp_path, results)
+    row = results["comparisons"]["rows"][0]
+    assert row["label"] == "AP" and row["differences"] == pytest.approx([1.0, -2.0, 0.0, 3.0])
+    assert (row["above"], row["below"]) == (2, 1)
+    line = next(x for x in (tmp_path / "study.md").read_text().splitlines() if x.startswith("| position.name=peg"))
+    assert line.split(" | ")[4] == "2 / 1"
+    with open(tmp_path / "study.csv", newline="") as f:
+        diff = next(r for r in csv.DictReader(f) if r["row"] == "difference")
+    assert (diff["above"], diff["below"]) == ("2", "1")
 
 
 def test_no_padding_change_row_where_padded_batches_gave_the_ap_of_one_image_at_a_time(tmp_path: Path) -> None:
