@@ -461,11 +461,13 @@ def format_stat(agg: dict[str, Any], digits: int = 1) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """``study.md``: the comparisons, the main table, one table per kind of test scale, padding, cost, failures.
+    """``study.md``: the progress, the comparisons, the main table, one table per kind of test scale, padding,
+    cost, failures.
 
-    Each table stands between the markers of a named section of ``pymdownx.snippets`` (:data:`SECTIONS`), so
-    a documentation page includes it as ``--8<-- "docs/results/STUDY/study.md:comparisons"`` and shows the
-    study's own numbers; the markers are HTML comments, unseen where ``study.md`` itself is shown.
+    The progress lines (cells done, the seed rule's state) and each table stand between the markers of a named
+    section of ``pymdownx.snippets`` (:data:`SECTIONS`), so a documentation page includes them as
+    ``--8<-- "docs/results/STUDY/study.md:comparisons"`` and shows the study's own numbers, never a copy; the
+    markers are HTML comments, unseen where ``study.md`` itself is shown.
     """
     d = results["definition"]
     settings = results["settings"]
@@ -478,8 +480,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"seeds per setting: {d['seeds']}; overrides: {' '.join(d['overrides']) or 'none'}."
         ),
         "COCO bbox metrics in percent, mean ± sample standard deviation over the seeds (n = seeds done).",
-        f"Cells: {progress_line(results)}.",
-        *([results["seeds_auto"]["stopped"]] if results.get("seeds_auto") else []),
+        *section(
+            "progress",
+            [
+                f"Cells: {progress_line(results)}.",
+                *([results["seeds_auto"]["stopped"]] if results.get("seeds_auto") else []),
+            ],
+        ),
         *comparison_lines(results),
         "",
         "## At the configured validation size",
@@ -508,12 +515,14 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: The named sections of ``study.md`` (its tables), for ``--8<-- "PATH/study.md:NAME"`` on a documentation page.
-SECTIONS = ("comparisons", "validation", *KINDS, "padding", "cost")
+#: The named sections of ``study.md`` (its progress lines and its tables), for ``--8<-- "PATH/study.md:NAME"``
+#: on a documentation page.
+SECTIONS = ("progress", "comparisons", "validation", *KINDS, "padding", "cost")
 
 
 def section(name: str, table: Sequence[str]) -> list[str]:
-    """A table between the start and end markers of the ``pymdownx.snippets`` section ``name`` (of :data:`SECTIONS`)."""
+    """Lines (a table) between the start and end markers of the ``pymdownx.snippets`` section ``name`` (of
+    :data:`SECTIONS`)."""
     return ["", f"<!-- --8<-- [start:{name}] -->", "", *table, "", f"<!-- --8<-- [end:{name}] -->"]
 
 

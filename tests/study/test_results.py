@@ -179,7 +179,9 @@ def test_a_documentation_page_includes_each_table_of_the_report_by_name(study) -
         "canvas": (["setting", "scale", "size"], 6, "<td>38.0 ± 4.2</td>"),
         "padding": (["setting", "AP mixed", "AP single"], 2, "<td>31.0 ± 2.8</td>"),
     }
-    assert set(tables) | {"cost"} == set(SECTIONS)  # the cost table: test_cost_per_cell_...
+    assert set(tables) | {"cost", "progress"} == set(SECTIONS)  # the cost table: test_cost_per_cell_...
+    # The progress lines are a paragraph of their own: what the report's first lines say, nothing more.
+    assert included(folder, "progress") == "<p>Before.</p>\n<p>Cells: 4 of 4 cells done.</p>\n<p>After.</p>"
     for name, (header, n_rows, cell) in tables.items():
         html = included(folder, name)
         assert html.startswith("<p>Before.</p>") and html.endswith("<p>After.</p>")
