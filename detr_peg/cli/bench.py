@@ -37,6 +37,9 @@ from detr_peg.cli import option_types
 if TYPE_CHECKING:
     from detr_peg.benchmark.matmul_peak import MatmulPeak
 
+#: Errors about these config keys name the option instead, when it was given.
+OPTION_KEYS = {"--device": "train.device"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -58,7 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--train-size", type=option_types.image_size, default="512x512", help="HxW of training inputs (default 512x512)"
     )
     parser.add_argument("--batch", type=option_types.integer(1), default=1, help="images per batch (default 1)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--device",
+        type=option_types.device,
+        default="cpu",
+        help="auto, cpu, cuda or cuda:N (default cpu; auto: cuda when there is one)",
+    )
     parser.add_argument("--threads", type=option_types.integer(1), default=2, help="CPU threads (default 2)")
     parser.add_argument(
         "--warmup",
@@ -150,6 +158,7 @@ def _check_options(args: argparse.Namespace, cfg) -> list[str]:
     """The modes asked for; refuses options this machine or the config cannot run, before any case."""
     import torch
 
+    from detr_peg.engine.distributed import resolve_device
     from detr_peg.engine.mixed_precision import check_amp
     from detr_peg.errors import ConfigError
 
@@ -157,8 +166,7 @@ def _check_options(args: argparse.Namespace, cfg) -> list[str]:
     bad = [m for m in modes if m not in ("infer", "train")]
     if bad or not modes:
         raise ConfigError(f"--modes {args.modes!r}: valid modes are infer, train.")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was requested but no CUDA device is available.")
+    args.device = str(resolve_device(args.device))  # auto -> cuda or cpu; refuses CUDA where there is none
     check_amp(args.amp, torch.device(args.device))
     if args.onnx:
         from detr_peg.export.export_options import require_onnx

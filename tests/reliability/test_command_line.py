@@ -60,6 +60,11 @@ CASES = [
     Hostile("batch-size-fraction", [*PREDICT, "--batch-size", "2.5"], ["--batch-size", "got '2.5'"]),
     Hostile("device-unknown", [*PREDICT, "--device", "gpu"], ["argument --device: must be one of", "got 'gpu'"]),
     Hostile(
+        "bench-device-unknown",
+        ["bench", "--config", "demo", "--device", "gpu"],
+        ["detr-peg bench: error: argument --device: must be one of 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"],
+    ),
+    Hostile(
         "demo-negative-count",
         ["demo", "--output", "d", "--num-train", "-5"],
         ["argument --num-train: must be a whole number of at least 1, got '-5'"],
@@ -101,8 +106,11 @@ def test_a_bad_command_line_is_one_line_naming_the_option(cli, case: Path, spec:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_a_device_error_names_the_option_given(cli, case: Path) -> None:
-    line = check_refused(cli, case, Hostile("device-cuda", [*PREDICT, "--device", "cuda"], []))
+@pytest.mark.parametrize(
+    "command", [PREDICT, ["bench", "--config", "demo", "--modes", "infer"]], ids=["predict", "bench"]
+)
+def test_a_device_error_names_the_option_given(cli, case: Path, command: list) -> None:
+    line = check_refused(cli, case, Hostile("device-cuda", [*command, "--device", "cuda"], []))
     assert "--device is 'cuda' but CUDA is not available; use --device cpu" in line, line
     assert "train.device" not in line, line
 
@@ -153,13 +161,14 @@ def test_overrides_before_between_and_after_options(cli, case: Path) -> None:
     assert metrics["num_images"] == 2 and metrics["annotations"] == "two.json"  # the last override was applied
 
 
-def _options_of_every_command():
+def _options_of_every_command(typed: bool = True):
+    """(command, argparse action) for every option of every command; only the typed ones when ``typed``."""
     from detr_peg.cli.main import available_commands, command_parser
 
     for name in available_commands():
         command, _ = command_parser(name)
         for action in command._actions:  # the test inspects argparse's actions; the package never does
-            if action.option_strings and action.type is not None:
+            if action.option_strings and (action.type is not None or not typed):
                 yield name, action
 
 
@@ -172,6 +181,11 @@ def test_every_typed_option_of_every_command_is_parsed_by_a_shared_type() -> Non
         if getattr(action.type, "__name__", None) not in shared or action.type.__module__ != option_types.__name__
     ]
     assert not loose, f"options with their own parser: {loose}"
+    devices = [f"{name} {action.option_strings[0]}" for name, action in _options_of_every_command(typed=False)
+               if action.dest == "device"]  # fmt: skip
+    untyped = [f"{name} {action.option_strings[0]}" for name, action in _options_of_every_command(typed=False)
+               if action.dest == "device" and action.type is not option_types.device]  # fmt: skip
+    assert len(devices) >= 2 and not untyped, f"device options without option_types.device: {untyped}"
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-1", "1e99", "0x10", "", "2,5"])
