@@ -6,12 +6,16 @@ drawn into STUDY/plots/ (AP against test scale per kind, learning curves, the
 main table as bars), with the paired comparisons against the reference setting
 the study was run with (--baseline and --equal-within choose others). For a training run folder (it holds metrics.jsonl): its
 learning curve (AP and AP50 against iteration, and the training loss) goes to
-RUN/plots/learning_curve.pdf and .png.
+RUN/plots/learning_curve.pdf and .png. --publish DEST copies a study's done
+cells into DEST without their checkpoints, detections and locks (absolute paths
+under the current folder made relative) and draws the report there: a copy
+small enough to share that redraws every table and figure.
 
 Examples:
   detr-peg plot studies/demo
   detr-peg plot studies/demo --baseline model.position.name=peg --equal-within 0.5
   detr-peg plot outputs/demo/run
+  detr-peg plot studies/demo --publish docs/results/demo
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("path", metavar="RUN_OR_STUDY", help="a study folder or a training run folder")
     add_comparison_arguments(parser, recorded=True)  # a study's; by default those it was run with (plan.json)
+    parser.add_argument(
+        "--publish",
+        metavar="DEST",
+        help="copy the study's done cells without checkpoints, detections and locks into DEST and draw the "
+        "report there (publishing again adds the cells done since)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +55,22 @@ def run(args: argparse.Namespace) -> int:
             problem = "is a file, not a folder" if path.exists() else "does not exist"
             raise UserError(f"RUN_OR_STUDY {path} {problem}; give a study folder or a training run folder.")
         study = os.path.lexists(path / "plan.json")  # a plan.json that cannot be read is named by its reader
-        if study or (path / "metrics.jsonl").is_file():
+        published = []
+        if args.publish is not None:
+            from detr_peg.guards.declared_io import publish_io
+            from detr_peg.study.publish import check_publishable, publish_study
+
+            if not study:
+                raise UserError(f"--publish copies a study: {path} is not a study folder (no plan.json).")
+            check_publishable(path, args.publish)  # before the guard records anything in DEST
+            claims.enter_context(guard_outputs("plot", *publish_io(path, args.publish)))
+            copy = publish_study(path, args.publish)
+            published = [
+                f"Published {len(copy.copied)} done cells of {path} to {args.publish} ({len(copy.new)} new"
+                + (f"; {len(copy.left_out)} not done, left out)." if copy.left_out else ").")
+            ]
+            path = Path(args.publish)
+        elif study or (path / "metrics.jsonl").is_file():
             claims.enter_context(guard_outputs("plot", *plot_io(path, study)))
         if study:
             from detr_peg.study.grid import StudyDefinition, expand_cells
@@ -72,5 +97,5 @@ def run(args: argparse.Namespace) -> int:
             files, footer = plot_run(path), []
         else:
             raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
-        print("\n".join([*(f"Wrote {f}" for f in files), *footer]))
+        print("\n".join([*published, *(f"Wrote {f}" for f in files), *footer]))
         return 0

@@ -136,6 +136,21 @@ def study_io(
     ]
 
 
+def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> IO:
+    """``plot STUDY --publish DEST``: the study folder in; the copy out, its report and figures drawn there.
+
+    A ``DEST`` that already holds a ``plan.json`` is a copy published before
+    (:func:`~detr_peg.study.publish.publish_study` checks it is the same
+    study's), so it is adopted, as ``detr-peg study`` adopts its own folder.
+    """
+    out = Path(dest)
+    ours = (out / PLAN_NAME).is_file()
+    return _inputs([(study_dir, "RUN_OR_STUDY")]), [
+        Output(out, "--publish", (PLAN_NAME, "cells", *STUDY_TABLE_NAMES), kind="study", adopt=ours),
+        Output(out / "plots", "--publish", STUDY_PLOT_NAMES, kind="study", adopt=ours),
+    ]
+
+
 def plot_io(folder: str | os.PathLike, study: bool) -> IO:
     """Figures: the tables and ``plots/`` of a study folder, or ``plots/`` of a training run folder.
 
