@@ -58,16 +58,22 @@ def run(args: argparse.Namespace) -> int:
         published = []
         if args.publish is not None:
             from detr_peg.guards.declared_io import publish_io
-            from detr_peg.study.publish import check_publishable, publish_study
+            from detr_peg.guards.output_guard import check_no_overlap
+            from detr_peg.study.publish import plan_copy, write_copy
 
+            if not args.publish.strip():
+                raise UserError("--publish is empty; give the folder for the study's copy.")
             if not study:
                 raise UserError(f"--publish copies a study: {path} is not a study folder (no plan.json).")
-            check_publishable(path, args.publish)  # before the guard records anything in DEST
-            claims.enter_context(guard_outputs("plot", *publish_io(path, args.publish)))
-            copy = publish_study(path, args.publish)
+            io = publish_io(path, args.publish)
+            check_no_overlap("plot", *io)  # STUDY itself, or a folder inside it, is refused as such
+            copy = plan_copy(path, args.publish)  # every refusal comes before anything is written into DEST
+            claims.enter_context(guard_outputs("plot", *io))
+            write_copy(copy, args.publish)
+            left = f"; {len(copy.left_out)} not done, left out" if copy.left_out else ""
+            kept = f"; {len(copy.kept)} kept from the earlier copy though not done in {path}" if copy.kept else ""
             published = [
-                f"Published {len(copy.copied)} done cells of {path} to {args.publish} ({len(copy.new)} new"
-                + (f"; {len(copy.left_out)} not done, left out)." if copy.left_out else ").")
+                f"Published {len(copy.copied)} done cells of {path} to {args.publish} ({len(copy.new)} new{left}{kept})."
             ]
             path = Path(args.publish)
         elif study or (path / "metrics.jsonl").is_file():
@@ -83,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             options = comparison_options(args, plan.get("comparison"), f"{path / 'plan.json'}: comparison.baseline")
             rule = SeedRule.from_dict(plan.get("seeds_auto"))
             results = collect(path, definition, expand_cells(definition), options, rule)
-            lost = cells_lost(path, results)
+            lost = [] if published else cells_lost(path, results)  # a copy's report is of what was copied
             if lost:
                 more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
                 raise UserError(

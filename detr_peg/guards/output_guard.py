@@ -119,8 +119,9 @@ def check_no_overlap(command: str, inputs: Sequence[Input], outputs: Sequence[Ou
     for output in outputs:
         for item in inputs:
             if output.is_folder and os.path.isdir(item.path) and _inside(output.path, item.path):
+                where = "is" if _same(output.path, item.path) else "is inside"
                 raise _refuse(
-                    command, f"{output.option} {output.path} is inside {item.option} {item.path}, a folder it reads"
+                    command, f"{output.option} {output.path} {where} {item.option} {item.path}, a folder it reads"
                 )
             for target in output.targets():
                 if _same(target, item.path):

@@ -116,7 +116,7 @@ CASES = [
     Hostile(
         "predict-into-its-input-folder",
         ["predict", "--checkpoint", CKPT, IMAGES, "--output", IMAGES],
-        ["--output data/images is inside INPUT data/images"],
+        ["--output data/images is INPUT data/images, a folder it reads"],
     ),
     Hostile(
         "predict-into-a-folder-inside-its-input",
@@ -144,7 +144,7 @@ CASES = [
     Hostile(
         "train-into-its-image-folder",
         [*NEW_RUN, f"train.output_dir={IMAGES}"],
-        ["train.output_dir data/images is inside data.train_images data/images"],
+        ["train.output_dir data/images is data.train_images data/images, a folder it reads"],
     ),
     Hostile(
         "train-metrics-over-its-annotations",

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from detr_peg.cli.main import main
 from detr_peg.guards.output_guard import OWNERSHIP_FILE
+from detr_peg.study import publish
 from detr_peg.study.cell import cell_paths, new_state, write_state
 from detr_peg.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.study.runner import plan_record
 from detr_peg.study.stored_files import PLAN_FILE
 from tests.study.study_cells import write_done_cell
 
+#: A cell's log: a path under the current folder, and two that only contain its name (they stay as they are).
+LOG = "$ detr-peg train --config {here}/configs/base.yaml\nAP {ap}\nkept: /mnt{here}/z https://host{here}/q\n"
 APS = {"sine_seed0": 0.30, "sine_seed1": 0.34, "peg_seed0": 0.40, "peg_seed1": 0.46, "sine_seed2": 0.31}
 
 
@@ -42,7 +46,7 @@ def _finish(study: Path, cell, here: Path) -> None:
     (paths.run / OWNERSHIP_FILE).write_text(json.dumps({"written_by": "detr-peg", "names": {"config.yaml": "train"}}))
     (paths.run / "config.yaml").write_text(f"data:\n  val_images: {here}/data/val\n")
     (paths.run / "curve.bin").write_bytes(bytes(range(256)))  # not text: copied byte for byte
-    (paths.root / "cell.log").write_text(f"$ detr-peg train --config {here}/configs/base.yaml\nAP {ap}\n")
+    (paths.root / "cell.log").write_text(LOG.format(here=here, ap=ap))
 
 
 @pytest.fixture
@@ -91,8 +95,8 @@ def test_a_copy_holds_the_done_cells_small_files_with_relative_paths_and_draws_t
     dst = tmp_path / "dst"
     here = f"{tmp_path}/"
     done = [c.name for c in cells if not c.name.endswith("seed2")]
-    expected = {
-        f"cells/{name}/{relative}": data.replace(here.encode(), b"")
+    expected = {  # the fixture's paths come after a space or a quote
+        f"cells/{name}/{relative}": data.replace(b" " + here.encode(), b" ").replace(b'"' + here.encode(), b'"')
         for name in done
         for relative, data in _files(src / "cells" / name).items()
         if _published(relative)
@@ -101,7 +105,9 @@ def test_a_copy_holds_the_done_cells_small_files_with_relative_paths_and_draws_t
     assert copied == expected
     assert b"\x80weights" not in b"".join(copied.values()) and b"half" not in b"".join(copied.values())
     assert copied["cells/position.name=sine_seed0/run/curve.bin"] == bytes(range(256))
-    assert copied["cells/position.name=sine_seed0/cell.log"].startswith(b"$ detr-peg train --config configs/base.yaml")
+    assert copied["cells/position.name=sine_seed0/cell.log"].decode() == (
+        f"$ detr-peg train --config configs/base.yaml\nAP 0.3\nkept: /mnt{tmp_path}/z https://host{tmp_path}/q\n"
+    )
     plan = json.loads((dst / PLAN_FILE).read_text())
     assert plan == json.loads((src / PLAN_FILE).read_text().replace(here, ""))
     assert plan["definition"]["configs"] == ["configs/base.yaml"]
@@ -140,6 +146,10 @@ def test_publishing_again_adds_the_cells_done_since_and_keeps_the_rest(study, tm
         ("another", "dst/plan.json is the copy of another study (definition configs: ['other.yaml'] ->"),
         ("user-files", "dst/cells exists and was not written by detr-peg"),
         ("not-a-study", "--publish copies a study: run is not a study folder (no plan.json)."),
+        ("empty", "--publish is empty; give the folder for the study's copy."),
+        ("study-itself", "--publish src is RUN_OR_STUDY src"),
+        ("linked-cell", "is a symbolic link; --publish writes only into folders of its own"),
+        ("damaged-cell", "Cell state src/cells/position.name=peg_seed1/cell.json"),
     ],
 )
 def test_a_copy_that_would_mix_or_overwrite_is_refused_in_one_line(
@@ -156,12 +166,49 @@ def test_a_copy_that_would_mix_or_overwrite_is_refused_in_one_line(
     elif case == "user-files":
         (dst / "cells").mkdir(parents=True)
         (dst / "cells" / "mine.txt").write_text("mine")
-    else:
+    elif case == "not-a-study":
         source = "run"
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / "metrics.jsonl").write_text("")
+    elif case == "study-itself":
+        dst = src
+    elif case == "linked-cell":  # an earlier copy whose cell folder links back into the study
+        assert main(["plot", "src", "--publish", "dst"]) == 0
+        shutil.rmtree(dst / "cells" / "position.name=sine_seed0")
+        (dst / "cells" / "position.name=sine_seed0").symlink_to(src / "cells" / "position.name=sine_seed0")
+    elif case == "damaged-cell":
+        (src / "cells" / "position.name=peg_seed1" / "cell.json").write_text('{"status": "bogus"}')
+    capsys.readouterr()
     before = _files(tmp_path)
-    assert main(["plot", source, "--publish", str(dst.relative_to(tmp_path))]) == 2
+    target = "" if case == "empty" else str(dst.relative_to(tmp_path))
+    assert main(["plot", source, "--publish", target]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0], err
     assert _files(tmp_path) == before
+
+
+def test_a_cell_done_only_in_the_earlier_copy_is_kept_and_said_so(study, tmp_path: Path, capsys) -> None:
+    src, definition, cells = study
+    assert main(["plot", "src", "--publish", "dst"]) == 0
+    again = next(c for c in cells if c.name.endswith("peg_seed1"))
+    write_state(cell_paths(src, again), {**new_state(again, {}), "status": "running"})  # run again in the study
+    capsys.readouterr()
+    assert main(["plot", "src", "--publish", "dst"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "Published 3 done cells of src to dst (0 new; 3 not done, left out; 1 kept from the earlier copy though "
+        "not done in src)."
+    )
+    assert out[-1] == "Study dst: 4 of 6 cells done; 2 not started."
+
+
+def test_a_large_file_is_copied_as_it_is(study, tmp_path: Path, monkeypatch) -> None:
+    src = study[0]
+    monkeypatch.setattr(publish, "TEXT_LIMIT", 400)  # config.yaml is under it
+    big = f"{tmp_path}/data/val ".encode() * 10  # text, but over the limit: its paths stay absolute
+    (src / "cells" / "position.name=peg_seed0" / "run" / "big.txt").write_bytes(big)
+    assert main(["plot", "src", "--publish", "dst"]) == 0
+    assert (tmp_path / "dst" / "cells" / "position.name=peg_seed0" / "run" / "big.txt").read_bytes() == big
+    assert (tmp_path / "dst" / "cells" / "position.name=peg_seed0" / "run" / "config.yaml").read_text() == (
+        "data:\n  val_images: data/val\n"
+    )
