@@ -44,8 +44,13 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-#: Environment of every command: single-threaded (small models, shared machine).
-BASE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+#: Environment of every command: single-threaded (small models, shared machine), this checkout first on the
+#: import path, ahead of whatever ``PYTHONPATH`` already holds (packages installed with ``--target``, say).
+BASE_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+}
 
 #: A process limit, e.g. ``("fsize", 4096)`` (see the module docstring).
 Limit = tuple

@@ -21,14 +21,14 @@ from detr_peg.benchmark.worker import Case, _build
 from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
 from detr_peg.models.deformable.official_cuda_op import float32_function, patched_sources
 from detr_peg.models.registry import MODELS
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, python_env
 
 SIZES = {"infer": (64, 96), "train": (64, 64)}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_gpu_mode_without_cuda_is_one_line_error():
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = python_env()
     proc = subprocess.run(
         [
             sys.executable,

@@ -29,7 +29,6 @@ optimizer steps by at most 1.5e-8.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +39,7 @@ import torch
 from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
 from detr_peg.engine.trainer import run_training
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, python_env
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
 DECOMPOSABLE = [
@@ -68,7 +67,7 @@ def test_two_processes_train_evaluate_and_match_one_process(tmp_path: Path) -> N
     )
 
     out = tmp_path / "ddp"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    env = python_env(OMP_NUM_THREADS="1")
     cmd = [
         sys.executable,
         "-m",

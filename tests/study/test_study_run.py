@@ -20,7 +20,7 @@ import pytest
 from detr_peg.cli.main import main
 from detr_peg.study.plots import STUDY_FIGURES, figure_files
 from detr_peg.study.results import STATS, format_stat
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, python_env
 from tests.study.conftest import tiny_overrides, write_base_config
 
 pytestmark = pytest.mark.slow  # real training runs: a few seconds per cell
@@ -214,7 +214,7 @@ def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, shapes, capsys)
 
 def test_plan_prints_the_commands_from_the_script(tmp_path, shapes) -> None:
     base = write_base_config(tmp_path / "base.yaml")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = python_env()
     argv = [sys.executable, str(REPO_ROOT / "tools" / "study.py"), *study_args(base, tmp_path / "s", shapes)[1:]]
     proc = subprocess.run([*argv, "--plan"], check=False, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
