@@ -5,13 +5,18 @@ checkpoints left out) is read back exactly as ``detr-peg plot`` reads it, and
 its committed ``study.md`` and ``study.csv`` must be the ones written from
 those files: a table edited by hand, or cells changed without redrawing the
 report, fails here. (The figures are drawn from the same results; their
-pixels depend on the Matplotlib version and are not compared.)
+pixels depend on the Matplotlib version and are not compared.) The prose
+that quotes a study's paired differences is held to the same files: every
+"mean [low, high]" in a section of the Results page, or in the README's
+Results section, must be a comparison row of a study shipped beside it.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,12 @@ from tests.conftest import REPO_ROOT
 
 RESULTS = REPO_ROOT / "docs" / "results"
 SHIPPED = sorted(p.parent for p in RESULTS.rglob("plan.json"))
+
+#: A paired difference as the prose quotes it: the mean, then its 95% interval, ``-5.0 [-6.9, -3.0]`` or
+#: ``-5.0 AP [-6.9, -3.0]``, at any number of decimals (line breaks count as spaces).
+QUOTED_INTERVAL = re.compile(r"([+-]?\d+\.\d+)(?: AP)? \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")
+#: Where a section of the Results page includes a study's report: ``--8<-- "docs/results/NAME/study.md:part"``.
+INCLUDED_STUDY = re.compile(r'--8<-- "docs/results/([^"]+)/study\.md:\w+"')
 
 
 def test_the_results_page_ships_studies() -> None:
@@ -50,3 +61,67 @@ def test_a_shipped_report_is_the_one_its_cells_files_give(folder: Path) -> None:
         shipped = list(csv.DictReader(f))
     rebuilt = list(csv.DictReader(io.StringIO(csv_text(results))))
     assert shipped == rebuilt
+
+
+def _quoted_intervals(text: str) -> list[tuple[str, str, str]]:
+    return QUOTED_INTERVAL.findall(re.sub(r"\s+", " ", text))
+
+
+def _row_intervals(folders: list[Path]) -> list[tuple[float, float, float]]:
+    """(mean, low, high) of every comparison row with an interval in the studies' ``study.json``."""
+    rows = []
+    for folder in folders:
+        for row in json.loads((folder / "study.json").read_text(encoding="utf-8"))["comparisons"]["rows"]:
+            if row["mean"] is not None and row["ci"] and None not in row["ci"]:
+                rows.append((row["mean"], *row["ci"]))
+    return rows
+
+
+def _unlisted(quoted: list[tuple[str, str, str]], rows: list[tuple[float, float, float]]) -> list[str]:
+    """The quotes that no row gives when rounded to the quote's own decimals."""
+
+    def as_quoted(value: float, like: str) -> str:
+        return f"{value:+.{len(like.partition('.')[2])}f}"
+
+    def signed(text: str) -> str:
+        return text if text[0] in "+-" else "+" + text
+
+    return [
+        f"{q[0]} [{q[1]}, {q[2]}]"
+        for q in quoted
+        if not any(all(as_quoted(v, t) == signed(t) for v, t in zip(row, q)) for row in rows)
+    ]
+
+
+def _sections(text: str) -> list[str]:
+    return re.split(r"(?m)^(?=## )", text)
+
+
+RESULTS_SECTIONS = [
+    section
+    for section in _sections((RESULTS / "index.md").read_text(encoding="utf-8"))
+    if INCLUDED_STUDY.search(section) and _quoted_intervals(section)
+]
+
+
+def test_the_quote_check_reads_every_study_a_section_includes() -> None:
+    # The check below only means something if it finds quotes: the multi-scale section quotes its rows.
+    assert any("proxy_multiscale" in INCLUDED_STUDY.findall(s) for s in RESULTS_SECTIONS)
+    assert _unlisted([("-5.0", "-6.9", "-3.0"), ("0.31", "-1.20", "+1.83")], [(-4.96, -6.93, -2.99)]) == [
+        "0.31 [-1.20, +1.83]"
+    ]
+    assert _unlisted([("0.31", "-1.20", "+1.83")], [(0.3149, -1.2, 1.8251)]) == []
+
+
+@pytest.mark.parametrize("section", RESULTS_SECTIONS, ids=lambda s: s.splitlines()[0].removeprefix("## "))
+def test_the_results_page_quotes_rows_of_the_studies_it_includes(section: str) -> None:
+    folders = [RESULTS / name for name in sorted(set(INCLUDED_STUDY.findall(section)))]
+    assert _unlisted(_quoted_intervals(section), _row_intervals(folders)) == []
+
+
+def test_the_readme_quotes_rows_of_the_shipped_studies() -> None:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    results = next(s for s in _sections(readme) if s.startswith("## Results"))
+    quoted = _quoted_intervals(results)
+    assert quoted
+    assert _unlisted(quoted, _row_intervals(SHIPPED)) == []
