@@ -7,7 +7,8 @@ the study stops when
 
 * every comparison row's 95% interval has a half-width of at most
   ``target_ci`` AP points ("all intervals within ±target"), or
-* every setting has ``max_seeds`` seeds ("reached --max-seeds N"), or
+* every setting has ``max_seeds`` seeds ("reached --max-seeds N", with the
+  widest interval's half-width beside the target), or
 * a cell of the round failed (it is retried by the next run of the command;
   more seeds would not settle anything it leaves open).
 
@@ -73,12 +74,29 @@ def intervals_reached(comparisons: dict[str, Any], target: float) -> bool:
     return bool(rows) and all(r["half_width"] is not None and r["half_width"] <= target for r in rows)
 
 
+def widest_half_width(comparisons: dict[str, Any]) -> float | None:
+    """The largest 95% half-width of the comparison rows, in AP points (None when no row has an interval)."""
+    widths = [r["half_width"] for r in comparisons["rows"] if r["half_width"] is not None]
+    return max(widths) if widths else None
+
+
+def _reached_max_seeds(comparisons: dict[str, Any], rule: SeedRule) -> str:
+    """``reached --max-seeds 10 with intervals up to ±2.6 AP (target ±1.0)``: how far from the target it stopped."""
+    widest = widest_half_width(comparisons)
+    if widest is None:
+        return f"reached --max-seeds {rule.max_seeds}"
+    return (
+        f"reached --max-seeds {rule.max_seeds} with intervals up to ±{widest:.1f} AP "
+        f"(target ±{format_points(rule.target_ci)})"
+    )
+
+
 def stop_reason(comparisons: dict[str, Any], seeds: int, rule: SeedRule, failed: int = 0) -> str | None:
     """Why a study of ``seeds`` seeds per setting stops now, or None when another round is due."""
     if intervals_reached(comparisons, rule.target_ci):
         return f"all intervals within ±{format_points(rule.target_ci)} AP"
     if seeds >= rule.max_seeds:
-        return f"reached --max-seeds {rule.max_seeds}"
+        return _reached_max_seeds(comparisons, rule)
     if failed:
         return f"{failed} cell{'s' if failed > 1 else ''} failed; run the command again to retry"
     return None
@@ -110,5 +128,5 @@ def describe_stop(comparisons: dict[str, Any], seeds: int, rule: SeedRule, pendi
     if intervals_reached(comparisons, rule.target_ci):
         return f"{head}; stopped: all intervals within ±{format_points(rule.target_ci)} AP."
     if seeds >= rule.max_seeds:
-        return f"{head}; stopped: reached --max-seeds {rule.max_seeds}."
+        return f"{head}; stopped: {_reached_max_seeds(comparisons, rule)}."
     return f"{head}; not finished: intervals wider than ±{format_points(rule.target_ci)} AP remain (run the command again)."

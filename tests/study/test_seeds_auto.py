@@ -27,6 +27,12 @@ NARROW = [2.0, 3.0, 1.0, 2.5, 1.5, 2.0, 2.0, 2.2, 1.8, 2.0]
 WIDE = [3.0, -2.0, 4.0, -3.0, 1.0, -4.0, 2.0, -1.0, 5.0, -5.0]
 
 
+def widest(study: Path) -> str:
+    """The widest 95% half-width of the study's comparison rows, as the stop sentence writes it."""
+    rows = json.loads((study / "study.json").read_text())["comparisons"]["rows"]
+    return f"{max(r['half_width'] for r in rows if r['half_width'] is not None):.1f}"
+
+
 class FakeCells:
     """Stands in for :func:`runner.run_cell`: writes the cell's files (AP of sine: a seed's level; peg: + diff)."""
 
@@ -122,10 +128,13 @@ def test_rounds_stop_at_max_seeds_and_a_rerun_continues_where_they_stopped(
     assert main(study_args("--max-seeds", "5")) == 0
     out = capsys.readouterr().out
     assert "round of 3 seeds" in out and "round of 5 seeds" in out
-    assert "stopped at 5 seeds per setting: reached --max-seeds 5" in out
     study = tmp_path / "study"
+    # The sentence says how far from the target the maximum left the intervals (WIDE spreads them beyond it).
+    reached = f"reached --max-seeds 5 with intervals up to ±{widest(study)} AP (target ±1.0)"
+    assert float(widest(study)) > 1.0
+    assert f"stopped at 5 seeds per setting: {reached}" in out
     assert seeds_done(study) == [0, 1, 2, 3, 4] and len(fake.ran) == 10
-    assert "5 seeds per setting; stopped: reached --max-seeds 5." in (study / "study.md").read_text()
+    assert f"5 seeds per setting; stopped: {reached}." in (study / "study.md").read_text()
 
     # A higher maximum continues from the 5 seeds done: only new seeds run; one is stopped by a signal.
     fake.ran.clear()
@@ -144,7 +153,9 @@ def test_rounds_stop_at_max_seeds_and_a_rerun_continues_where_they_stopped(
         f"position.name={s}_seed{i}" for s, i in (("peg", 6), ("sine", 7), ("peg", 7))
     ]  # the rest was done
     assert seeds_done(study) == list(range(8))
-    assert "stopped at 8 seeds per setting: reached --max-seeds 8" in capsys.readouterr().out
+    assert f"stopped at 8 seeds per setting: reached --max-seeds 8 with intervals up to ±{widest(study)} AP" in (
+        capsys.readouterr().out
+    )
 
 
 def test_plan_prints_the_first_round_and_says_more_may_follow(study_args, tmp_path, capsys) -> None:
@@ -192,7 +203,10 @@ def test_a_study_file_sets_the_seed_rule_and_the_comparison(study_args, tmp_path
         "## Paired comparisons with model.position.name=peg" in md
         and "| position.name=sine | position.name=peg |" in md
     )
-    assert "4 seeds per setting; stopped: reached --max-seeds 4." in md
+    assert (
+        f"4 seeds per setting; stopped: reached --max-seeds 4 with intervals up to ±{widest(tmp_path / 's')} AP (target ±0.5)."
+        in md
+    )
     study_file.write_text(study_file.read_text().replace("equal_within: 2.0", "equal_within: -1"))
     assert main(["study", "--study", str(study_file), "--output", str(tmp_path / "s"), *data]) == 2
     assert "'equal_within' must be a positive number of AP points" in capsys.readouterr().err
