@@ -44,13 +44,15 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-#: Environment of every command: single-threaded (small models, shared machine), this checkout first on the
-#: import path, ahead of whatever ``PYTHONPATH`` already holds (packages installed with ``--target``, say).
-BASE_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-}
+
+def checkout_pythonpath() -> str:
+    """``PYTHONPATH`` for a child process: this checkout first, ahead of whatever ``PYTHONPATH`` already holds
+    (packages installed with ``--target``, say), which a child that replaced it could no longer import."""
+    return os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+
+
+#: Environment of every command: single-threaded (small models, shared machine), this checkout first on the import path.
+BASE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
 
 #: A process limit, e.g. ``("fsize", 4096)`` (see the module docstring).
 Limit = tuple

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import detr_peg.models  # noqa: F401  (registers the architectures and encodings configs are checked against)
-from tests.cli_process import CliResult, CliRunner
+from tests.cli_process import CliResult, CliRunner, checkout_pythonpath
 from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def python_env(**extra: str) -> dict[str, str]:
     """The environment of a Python subprocess that imports this checkout's ``detr_peg``."""
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": checkout_pythonpath(),
         **extra,
     }
 

@@ -104,7 +104,7 @@ RESULTS_SECTIONS = [
 ]
 
 
-def test_the_quote_check_reads_every_study_a_section_includes() -> None:
+def test_the_quote_check_finds_quotes_and_rounds_like_the_prose() -> None:
     # The check below only means something if it finds quotes: the multi-scale section quotes its rows.
     assert any("proxy_multiscale" in INCLUDED_STUDY.findall(s) for s in RESULTS_SECTIONS)
     assert _unlisted([("-5.0", "-6.9", "-3.0"), ("0.31", "-1.20", "+1.83")], [(-4.96, -6.93, -2.99)]) == [
