@@ -8,7 +8,9 @@ report, fails here. (The figures are drawn from the same results; their
 pixels depend on the Matplotlib version and are not compared.) The prose
 that quotes a study's paired differences is held to the same files: every
 "mean [low, high]" in a section of the Results page, or in the README's
-Results section, must be a comparison row of a study shipped beside it.
+Results section, must be a comparison row of a study shipped beside it,
+and a p-value quoted after it in the same sentence ("p 0.0036",
+"Holm-corrected 0.20") must be that row's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ SHIPPED = sorted(p.parent for p in RESULTS.rglob("plan.json"))
 #: A paired difference as the prose quotes it: the mean, then its 95% interval, ``-5.0 [-6.9, -3.0]`` or
 #: ``-5.0 AP [-6.9, -3.0]``, at any number of decimals (line breaks count as spaces).
 QUOTED_INTERVAL = re.compile(r"([+-]?\d+\.\d+)(?: AP)? \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")
+#: A p-value as the prose quotes it after an interval: ``p 0.0036``, ``sign-flip p 0.0625``, ``p = 0.125``.
+QUOTED_P = re.compile(r"\bp (?:= )?(\d+\.\d+)")
+#: Holm's corrected p-value as the prose quotes it: ``Holm-corrected 0.20``, ``Holm-corrected p 0.015``.
+QUOTED_HOLM = re.compile(r"Holm-corrected (?:p )?(\d+(?:\.\d+)?)")
+#: Where a sentence ends (a decimal point is followed by a digit, not a space).
+SENTENCE_END = re.compile(r"\.\s")
 #: Where a section of the Results page includes a study's report: ``--8<-- "docs/results/NAME/study.md:part"``.
 INCLUDED_STUDY = re.compile(r'--8<-- "docs/results/([^"]+)/study\.md:\w+"')
 
@@ -67,30 +75,72 @@ def _quoted_intervals(text: str) -> list[tuple[str, str, str]]:
     return QUOTED_INTERVAL.findall(re.sub(r"\s+", " ", text))
 
 
-def _row_intervals(folders: list[Path]) -> list[tuple[float, float, float]]:
-    """(mean, low, high) of every comparison row with an interval in the studies' ``study.json``."""
+def _rows(folders: list[Path]) -> list[dict]:
+    """Every comparison row with an interval in the studies' ``study.json``."""
     rows = []
     for folder in folders:
         for row in json.loads((folder / "study.json").read_text(encoding="utf-8"))["comparisons"]["rows"]:
             if row["mean"] is not None and row["ci"] and None not in row["ci"]:
-                rows.append((row["mean"], *row["ci"]))
+                rows.append(row)
     return rows
+
+
+def _row_intervals(folders: list[Path]) -> list[tuple[float, float, float]]:
+    """(mean, low, high) of every comparison row with an interval in the studies' ``study.json``."""
+    return [(row["mean"], *row["ci"]) for row in _rows(folders)]
+
+
+def _as_quoted(value: float, like: str) -> str:
+    """``value`` signed and rounded to the decimals of the quoted ``like``."""
+    return f"{value:+.{len(like.partition('.')[2])}f}"
+
+
+def _signed(text: str) -> str:
+    return text if text[0] in "+-" else "+" + text
+
+
+def _is_quoted(value: float, text: str) -> bool:
+    return _as_quoted(value, text) == _signed(text)
 
 
 def _unlisted(quoted: list[tuple[str, str, str]], rows: list[tuple[float, float, float]]) -> list[str]:
     """The quotes that no row gives when rounded to the quote's own decimals."""
-
-    def as_quoted(value: float, like: str) -> str:
-        return f"{value:+.{len(like.partition('.')[2])}f}"
-
-    def signed(text: str) -> str:
-        return text if text[0] in "+-" else "+" + text
-
     return [
         f"{q[0]} [{q[1]}, {q[2]}]"
         for q in quoted
-        if not any(all(as_quoted(v, t) == signed(t) for v, t in zip(row, q)) for row in rows)
+        if not any(all(_is_quoted(v, t) for v, t in zip(row, q)) for row in rows)
     ]
+
+
+def _quoted_p_values(text: str) -> list[tuple[tuple[str, str, str], list[str], list[str]]]:
+    """Each quoted interval followed, in its sentence and before the next interval, by p-values:
+    (the interval, its plain p-values, its Holm-corrected ones)."""
+    text = re.sub(r"\s+", " ", text)
+    intervals = list(QUOTED_INTERVAL.finditer(text))
+    quotes = []
+    for i, match in enumerate(intervals):
+        tail = text[match.end() : intervals[i + 1].start() if i + 1 < len(intervals) else len(text)]
+        end = SENTENCE_END.search(tail)
+        tail = tail[: end.start()] if end else tail
+        holm = QUOTED_HOLM.findall(tail)
+        plain = QUOTED_P.findall(QUOTED_HOLM.sub("", tail))
+        if holm or plain:
+            quotes.append((match.groups(), plain, holm))
+    return quotes
+
+
+def _misquoted_p(quotes: list[tuple[tuple[str, str, str], list[str], list[str]]], rows: list[dict]) -> list[str]:
+    """The quoted p-values that are not those of a row with the interval they follow."""
+    bad = []
+    for interval, plain, holm in quotes:
+        if not any(
+            all(_is_quoted(v, t) for v, t in zip((row["mean"], *row["ci"]), interval))
+            and all(_is_quoted(row["p"], q) for q in plain)
+            and all(_is_quoted(row["p_holm"], q) for q in holm)
+            for row in rows
+        ):
+            bad.append(f"{interval[0]} [{interval[1]}, {interval[2]}]: p {plain}, Holm-corrected {holm}")
+    return bad
 
 
 def _sections(text: str) -> list[str]:
@@ -111,12 +161,29 @@ def test_the_quote_check_finds_quotes_and_rounds_like_the_prose() -> None:
         "0.31 [-1.20, +1.83]"
     ]
     assert _unlisted([("0.31", "-1.20", "+1.83")], [(0.3149, -1.2, 1.8251)]) == []
+    text = (
+        "at 144 px -2.8 [-4.3, -1.2], `1 / 9`, p 0.0036, Holm-corrected 0.20: undecided. The\n"
+        "other rows: -0.8 [-1.9, +0.2] and +1.5 [+0.5, +2.5] (Holm-corrected p 0.35). Then -0.1 [-0.2, +0.0]. p 0.9"
+    )
+    quotes = _quoted_p_values(text)
+    assert quotes == [
+        (("-2.8", "-4.3", "-1.2"), ["0.0036"], ["0.20"]),
+        (("+1.5", "+0.5", "+2.5"), [], ["0.35"]),
+    ]
+    rows = [
+        {"mean": -2.81, "ci": [-4.33, -1.24], "p": 0.00359, "p_holm": 0.2008},
+        {"mean": 1.54, "ci": [0.54, 2.54], "p": 0.0068, "p_holm": 0.353},
+    ]
+    assert _misquoted_p(quotes, rows) == []
+    rows[1]["p_holm"] = 0.506
+    assert _misquoted_p(quotes, rows) == ["+1.5 [+0.5, +2.5]: p [], Holm-corrected ['0.35']"]
 
 
 @pytest.mark.parametrize("section", RESULTS_SECTIONS, ids=lambda s: s.splitlines()[0].removeprefix("## "))
 def test_the_results_page_quotes_rows_of_the_studies_it_includes(section: str) -> None:
     folders = [RESULTS / name for name in sorted(set(INCLUDED_STUDY.findall(section)))]
     assert _unlisted(_quoted_intervals(section), _row_intervals(folders)) == []
+    assert _misquoted_p(_quoted_p_values(section), _rows(folders)) == []
 
 
 def test_the_readme_quotes_rows_of_the_shipped_studies() -> None:
@@ -125,3 +192,4 @@ def test_the_readme_quotes_rows_of_the_shipped_studies() -> None:
     quoted = _quoted_intervals(results)
     assert quoted
     assert _unlisted(quoted, _row_intervals(SHIPPED)) == []
+    assert _misquoted_p(_quoted_p_values(results), _rows(SHIPPED)) == []
