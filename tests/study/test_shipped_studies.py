@@ -85,11 +85,6 @@ def _rows(folders: list[Path]) -> list[dict]:
     return rows
 
 
-def _row_intervals(folders: list[Path]) -> list[tuple[float, float, float]]:
-    """(mean, low, high) of every comparison row with an interval in the studies' ``study.json``."""
-    return [(row["mean"], *row["ci"]) for row in _rows(folders)]
-
-
 def _as_quoted(value: float, like: str) -> str:
     """``value`` signed and rounded to the decimals of the quoted ``like``."""
     return f"{value:+.{len(like.partition('.')[2])}f}"
@@ -103,13 +98,14 @@ def _is_quoted(value: float, text: str) -> bool:
     return _as_quoted(value, text) == _signed(text)
 
 
-def _unlisted(quoted: list[tuple[str, str, str]], rows: list[tuple[float, float, float]]) -> list[str]:
-    """The quotes that no row gives when rounded to the quote's own decimals."""
-    return [
-        f"{q[0]} [{q[1]}, {q[2]}]"
-        for q in quoted
-        if not any(all(_is_quoted(v, t) for v, t in zip(row, q)) for row in rows)
-    ]
+def _gives(row: dict, interval: tuple[str, str, str]) -> bool:
+    """Whether ``row``'s mean and interval, rounded to the quote's own decimals, are the quoted ``interval``."""
+    return all(_is_quoted(v, t) for v, t in zip((row["mean"], *row["ci"]), interval))
+
+
+def _unlisted(quoted: list[tuple[str, str, str]], rows: list[dict]) -> list[str]:
+    """The quotes that no row gives."""
+    return [f"{q[0]} [{q[1]}, {q[2]}]" for q in quoted if not any(_gives(row, q) for row in rows)]
 
 
 def _quoted_p_values(text: str) -> list[tuple[tuple[str, str, str], list[str], list[str]]]:
@@ -134,7 +130,7 @@ def _misquoted_p(quotes: list[tuple[tuple[str, str, str], list[str], list[str]]]
     bad = []
     for interval, plain, holm in quotes:
         if not any(
-            all(_is_quoted(v, t) for v, t in zip((row["mean"], *row["ci"]), interval))
+            _gives(row, interval)
             and all(_is_quoted(row["p"], q) for q in plain)
             and all(_is_quoted(row["p_holm"], q) for q in holm)
             for row in rows
@@ -147,6 +143,11 @@ def _sections(text: str) -> list[str]:
     return re.split(r"(?m)^(?=## )", text)
 
 
+def _readme_results() -> str:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    return next(s for s in _sections(readme) if s.startswith("## Results"))
+
+
 RESULTS_SECTIONS = [
     section
     for section in _sections((RESULTS / "index.md").read_text(encoding="utf-8"))
@@ -157,10 +158,13 @@ RESULTS_SECTIONS = [
 def test_the_quote_check_finds_quotes_and_rounds_like_the_prose() -> None:
     # The check below only means something if it finds quotes: the multi-scale section quotes its rows.
     assert any("proxy_multiscale" in INCLUDED_STUDY.findall(s) for s in RESULTS_SECTIONS)
-    assert _unlisted([("-5.0", "-6.9", "-3.0"), ("0.31", "-1.20", "+1.83")], [(-4.96, -6.93, -2.99)]) == [
-        "0.31 [-1.20, +1.83]"
-    ]
-    assert _unlisted([("0.31", "-1.20", "+1.83")], [(0.3149, -1.2, 1.8251)]) == []
+    # ... and the p-value check too: the multi-scale section and README's Results quote Holm-corrected values.
+    assert any(holm for s in RESULTS_SECTIONS for _, _, holm in _quoted_p_values(s))
+    assert any(holm for _, _, holm in _quoted_p_values(_readme_results()))
+    assert _unlisted(
+        [("-5.0", "-6.9", "-3.0"), ("0.31", "-1.20", "+1.83")], [{"mean": -4.96, "ci": [-6.93, -2.99]}]
+    ) == ["0.31 [-1.20, +1.83]"]
+    assert _unlisted([("0.31", "-1.20", "+1.83")], [{"mean": 0.3149, "ci": [-1.2, 1.8251]}]) == []
     text = (
         "at 144 px -2.8 [-4.3, -1.2], `1 / 9`, p 0.0036, Holm-corrected 0.20: undecided. The\n"
         "other rows: -0.8 [-1.9, +0.2] and +1.5 [+0.5, +2.5] (Holm-corrected p 0.35). Then -0.1 [-0.2, +0.0]. p 0.9"
@@ -182,14 +186,15 @@ def test_the_quote_check_finds_quotes_and_rounds_like_the_prose() -> None:
 @pytest.mark.parametrize("section", RESULTS_SECTIONS, ids=lambda s: s.splitlines()[0].removeprefix("## "))
 def test_the_results_page_quotes_rows_of_the_studies_it_includes(section: str) -> None:
     folders = [RESULTS / name for name in sorted(set(INCLUDED_STUDY.findall(section)))]
-    assert _unlisted(_quoted_intervals(section), _row_intervals(folders)) == []
-    assert _misquoted_p(_quoted_p_values(section), _rows(folders)) == []
+    rows = _rows(folders)
+    assert _unlisted(_quoted_intervals(section), rows) == []
+    assert _misquoted_p(_quoted_p_values(section), rows) == []
 
 
 def test_the_readme_quotes_rows_of_the_shipped_studies() -> None:
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    results = next(s for s in _sections(readme) if s.startswith("## Results"))
+    results = _readme_results()
     quoted = _quoted_intervals(results)
     assert quoted
-    assert _unlisted(quoted, _row_intervals(SHIPPED)) == []
-    assert _misquoted_p(_quoted_p_values(results), _rows(SHIPPED)) == []
+    rows = _rows(SHIPPED)
+    assert _unlisted(quoted, rows) == []
+    assert _misquoted_p(_quoted_p_values(results), rows) == []
