@@ -10,7 +10,8 @@ that quotes a study's paired differences is held to the same files: every
 "mean [low, high]" in a section of the Results page, or in the README's
 Results section, must be a comparison row of a study shipped beside it,
 and a p-value quoted after it in the same sentence ("p 0.0036",
-"Holm-corrected 0.20") must be that row's.
+"Holm-corrected 0.20") must be that row's; a metric named in the report's
+words (`AP padding mixed - single`) must be one of its rows'.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from detr_peg.study.comparisons import ComparisonOptions
+from detr_peg.study.comparisons import ComparisonOptions, row_title
 from detr_peg.study.grid import StudyDefinition, expand_cells
 from detr_peg.study.results import RESULTS_CSV, RESULTS_MD, collect, csv_text, markdown
 from detr_peg.study.seed_rule import SeedRule
@@ -42,6 +43,9 @@ QUOTED_P = re.compile(r"\bp (?:= )?(\d+\.\d+)")
 QUOTED_HOLM = re.compile(r"Holm-corrected (?:p )?(\d+(?:\.\d+)?)")
 #: Where a sentence ends (a decimal point is followed by a digit, not a space).
 SENTENCE_END = re.compile(r"\.\s")
+#: A comparison's metric as the prose names it, in the report's words: ``AP padding mixed - single``,
+#: ``AP (= resized x1, padding exact)``.
+QUOTED_LABEL = re.compile(r"`(AP\w* [^`]+)`")
 #: Where a section of the Results page includes a study's report: ``--8<-- "docs/results/NAME/study.md:part"``.
 INCLUDED_STUDY = re.compile(r'--8<-- "docs/results/([^"]+)/study\.md:\w+"')
 
@@ -161,6 +165,8 @@ def test_the_quote_check_finds_quotes_and_rounds_like_the_prose() -> None:
     # ... and the p-value check too: the multi-scale section and README's Results quote Holm-corrected values.
     assert any(holm for s in RESULTS_SECTIONS for _, _, holm in _quoted_p_values(s))
     assert any(holm for _, _, holm in _quoted_p_values(_readme_results()))
+    # ... and the label check: the synthetic section names a merged metric of its report.
+    assert any(QUOTED_LABEL.search(s) for s in RESULTS_SECTIONS if "proxy_synthetic" in INCLUDED_STUDY.findall(s))
     assert _unlisted(
         [("-5.0", "-6.9", "-3.0"), ("0.31", "-1.20", "+1.83")], [{"mean": -4.96, "ci": [-6.93, -2.99]}]
     ) == ["0.31 [-1.20, +1.83]"]
@@ -189,6 +195,9 @@ def test_the_results_page_quotes_rows_of_the_studies_it_includes(section: str) -
     rows = _rows(folders)
     assert _unlisted(_quoted_intervals(section), rows) == []
     assert _misquoted_p(_quoted_p_values(section), rows) == []
+    # A metric named in the report's words is one of its rows' (a merged label changes as measurements part ways).
+    labels = {row_title(row) for row in rows}
+    assert [label for label in QUOTED_LABEL.findall(" ".join(section.split())) if label not in labels] == []
 
 
 def test_the_readme_quotes_rows_of_the_shipped_studies() -> None:
