@@ -112,6 +112,12 @@ def _unlisted(quoted: list[tuple[str, str, str]], rows: list[dict]) -> list[str]
     return [f"{q[0]} [{q[1]}, {q[2]}]" for q in quoted if not any(_gives(row, q) for row in rows)]
 
 
+def _unnamed(text: str, rows: list[dict]) -> list[str]:
+    """The metrics named in the report's words in ``text`` that no row is titled with (as the report titles it)."""
+    titles = {row_title(row) for row in rows}
+    return [label for label in QUOTED_LABEL.findall(re.sub(r"\s+", " ", text)) if label not in titles]
+
+
 def _quoted_p_values(text: str) -> list[tuple[tuple[str, str, str], list[str], list[str]]]:
     """Each quoted interval followed, in its sentence and before the next interval, by p-values:
     (the interval, its plain p-values, its Holm-corrected ones)."""
@@ -171,6 +177,10 @@ def test_the_quote_check_finds_quotes_and_rounds_like_the_prose() -> None:
         [("-5.0", "-6.9", "-3.0"), ("0.31", "-1.20", "+1.83")], [{"mean": -4.96, "ci": [-6.93, -2.99]}]
     ) == ["0.31 [-1.20, +1.83]"]
     assert _unlisted([("0.31", "-1.20", "+1.83")], [{"mean": 0.3149, "ci": [-1.2, 1.8251]}]) == []
+    merged = {"label": "AP", "same": ["AP resized x1", "AP padding exact"]}
+    named = "such as `AP (= resized x1, padding exact)` or `AP (= resized x1,\n padding exact, padding single)`"
+    assert _unnamed(named, [merged]) == ["AP (= resized x1, padding exact, padding single)"]
+    assert _unnamed(named, [merged, {**merged, "same": [*merged["same"], "AP padding single"]}]) == []
     text = (
         "at 144 px -2.8 [-4.3, -1.2], `1 / 9`, p 0.0036, Holm-corrected 0.20: undecided. The\n"
         "other rows: -0.8 [-1.9, +0.2] and +1.5 [+0.5, +2.5] (Holm-corrected p 0.35). Then -0.1 [-0.2, +0.0]. p 0.9"
@@ -196,8 +206,7 @@ def test_the_results_page_quotes_rows_of_the_studies_it_includes(section: str) -
     assert _unlisted(_quoted_intervals(section), rows) == []
     assert _misquoted_p(_quoted_p_values(section), rows) == []
     # A metric named in the report's words is one of its rows' (a merged label changes as measurements part ways).
-    labels = {row_title(row) for row in rows}
-    assert [label for label in QUOTED_LABEL.findall(" ".join(section.split())) if label not in labels] == []
+    assert _unnamed(section, rows) == []
 
 
 def test_the_readme_quotes_rows_of_the_shipped_studies() -> None:
@@ -207,3 +216,4 @@ def test_the_readme_quotes_rows_of_the_shipped_studies() -> None:
     rows = _rows(SHIPPED)
     assert _unlisted(quoted, rows) == []
     assert _misquoted_p(_quoted_p_values(results), rows) == []
+    assert _unnamed(results, rows) == []
