@@ -239,6 +239,18 @@ def verdict(row: dict[str, Any], equal_within: float) -> str:
     return "undecided"
 
 
+def sign_flip_pairs_to_decide(tests: int) -> int:
+    """The fewest pairs with which a row can pass Holm's correction over ``tests`` tests by the sign-flip test.
+
+    The exact two-sided sign-flip p of ``n`` pairs is at least ``2 / 2**n`` (every difference of one sign), and
+    Holm's first step asks the smallest p to be below ``ALPHA / tests``.
+    """
+    n = 1
+    while 2.0 / 2**n * max(tests, 1) >= ALPHA:
+        n += 1
+    return n
+
+
 def format_points(value: float) -> str:
     """AP points of a threshold as the reports write them: ``1.0``, ``0.5``, ``0.25``."""
     return f"{value:.1f}" if round(value, 1) == value else f"{value:g}"

@@ -55,6 +55,7 @@ from detr_peg.study.comparisons import (
     compare,
     format_points,
     row_title,
+    sign_flip_pairs_to_decide,
     verdict_text,
 )
 from detr_peg.study.grid import Cell, StudyDefinition
@@ -627,6 +628,23 @@ def _p(value: float | None) -> str:
     return "<0.001" if value < 0.001 else f"{value:.3f}"
 
 
+def _pairs_to_decide_sentence(tests: int) -> str:
+    """How many pairs a row needs before it can be ahead or behind, given Holm's correction over ``tests``."""
+    if tests == 0:
+        return ""
+    need = sign_flip_pairs_to_decide(tests)
+    start = (
+        "The sign-flip test's smallest p is 2/2^n (0.25 with 3 pairs); Holm's first step over the study's "
+        f"{tests} tests asks the smallest p to be below {ALPHA:g}/{tests}"
+    )
+    if need < PERMUTATION_BELOW:
+        return f"{start}, so ahead and behind need {need} pairs or more."
+    return (
+        f"{start}, which it cannot reach below {need} pairs, so no row can be ahead or behind below "
+        f"{PERMUTATION_BELOW} pairs, where the paired t-test takes over."
+    )
+
+
 def comparison_lines(results: dict[str, Any]) -> list[str]:
     """The section of ``study.md`` that leads it: every setting against the reference setting, seed by seed."""
     comparisons = results.get("comparisons")
@@ -653,8 +671,7 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
             f"difference a paired t-test at alpha {ALPHA:g} detects with {POWER:.0%} power given the spread of "
             f"the differences. Verdict: ahead / behind when the Holm-corrected p is below {ALPHA:g}; "
             f"equal within ±{x} AP when the whole interval lies within ±{x}; undecided otherwise. "
-            f"The sign-flip test's smallest p is 2/2^n (0.25 with 3 pairs), so ahead and behind need "
-            f"6 pairs or more."
+            + _pairs_to_decide_sentence(sum(r["p"] is not None for r in rows))
             + (
                 f" AP padding {PADDING_CHANGE}: each cell's AP in padded batches minus its AP one image at a "
                 "time; its difference is positive when padding costs the setting less than the reference."
