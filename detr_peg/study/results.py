@@ -652,6 +652,7 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
         return []
     x = format_points(comparisons["equal_within"])
     rows = comparisons["rows"]
+    tests = sum(r["p"] is not None for r in rows)
     lines = [
         "",
         f"## Paired comparisons with {comparisons['baseline']}",
@@ -665,13 +666,13 @@ def comparison_lines(results: dict[str, Any]) -> list[str]:
             "Difference = setting - reference, mean over the seeds, in AP points; "
             f"95% confidence interval from the t distribution; p two-sided, from an exact sign-flip "
             f"permutation test below {PERMUTATION_BELOW} pairs and a paired t-test from {PERMUTATION_BELOW} on, "
-            f"Holm-corrected over the study's {sum(r['p'] is not None for r in rows)} tests (a row whose AP is the "
+            f"Holm-corrected over the study's {tests} tests (a row whose AP is the "
             "same in every cell of both settings as an earlier row's is that row's test, and is named in it after "
             "'='); MDE: the smallest "
             f"difference a paired t-test at alpha {ALPHA:g} detects with {POWER:.0%} power given the spread of "
             f"the differences. Verdict: ahead / behind when the Holm-corrected p is below {ALPHA:g}; "
             f"equal within ±{x} AP when the whole interval lies within ±{x}; undecided otherwise. "
-            + _pairs_to_decide_sentence(sum(r["p"] is not None for r in rows))
+            + _pairs_to_decide_sentence(tests)
             + (
                 f" AP padding {PADDING_CHANGE}: each cell's AP in padded batches minus its AP one image at a "
                 "time; its difference is positive when padding costs the setting less than the reference."

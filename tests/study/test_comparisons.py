@@ -380,30 +380,49 @@ def test_rows_of_a_comparison_not_measured_yet_are_not_folded(tmp_path: Path) ->
     ]
 
 
-@pytest.mark.parametrize(("others", "tests", "need"), [(1, 6, 8), (5, 30, 11)])
+@pytest.mark.parametrize(
+    ("others", "seeds", "tests", "need", "sentence"),
+    [
+        (1, 3, 6, 8, "so ahead and behind need 8 pairs or more."),
+        (
+            5,
+            3,
+            30,
+            11,
+            "which it cannot reach below 11 pairs, so no row can be ahead or behind below 10 pairs, where the "
+            "paired t-test takes over.",
+        ),
+        (1, 1, 0, None, None),
+    ],
+)
 def test_the_report_says_how_many_pairs_a_row_needs_to_pass_holms_correction(
-    tmp_path: Path, others: int, tests: int, need: int
+    tmp_path: Path, others: int, seeds: int, tests: int, need: int | None, sentence: str | None
 ) -> None:
     """The sign-flip test's smallest p, scipy's for differences all of one sign, must pass Holm's first step over
     the study's tests: with 6 tests 8 pairs; with 30 it would take 11, so the report says no row can be ahead or
-    behind below the 10 pairs where the paired t-test takes over."""
+    behind below the 10 pairs where the paired t-test takes over; with one seed there is no test and no sentence."""
     names = ["sine", *[f"e{i}" for i in range(others)]]
     rng = np.random.default_rng(3)
-    values = {(name, s, row): round(0.3 + rng.normal(0, 0.02), 6) for name in names for s in range(3) for row in ROWS}
+    values = {
+        (name, s, row): round(0.3 + rng.normal(0, 0.02), 6) for name in names for s in range(seeds) for row in ROWS
+    }
 
     def ap(cell):
         return {row: values[(dict(cell.values)["model.position.name"], cell.seed, row)] for row in ROWS}
 
-    definition, cells = make_study(tmp_path, "model.position.name=" + ",".join(names), 3, ap)
+    definition, cells = make_study(tmp_path, "model.position.name=" + ",".join(names), seeds, ap)
     results = collect(tmp_path, definition, cells)
     write_results(tmp_path, results)
     assert sum(r["p"] is not None for r in results["comparisons"]["rows"]) == tests
+    md = (tmp_path / "study.md").read_text()
+    assert "need 6 pairs or more" not in md
+    if need is None:
+        assert "Holm-corrected over the study's 0 tests" in md  # the section is there, without the sentence
+        assert "The sign-flip test's smallest p" not in md
+        return
     # Independently: the fewest all-positive pairs whose exact sign-flip p, times the number of tests, is below 0.05.
     assert next(n for n in itertools.count(2) if sign_flip_p(np.ones(n)) * tests < 0.05) == need
-    md = (tmp_path / "study.md").read_text()
-    assert f"Holm's first step over the study's {tests} tests asks the smallest p to be below 0.05/{tests}" in md
-    if need < 10:
-        assert f"so ahead and behind need {need} pairs or more." in md
-    else:
-        assert f"which it cannot reach below {need} pairs, so no row can be ahead or behind below 10 pairs" in md
-    assert "need 6 pairs or more" not in md
+    assert (
+        "The sign-flip test's smallest p is 2/2^n (0.25 with 3 pairs); Holm's first step over the study's "
+        f"{tests} tests asks the smallest p to be below 0.05/{tests}, {sentence}"
+    ) in md
