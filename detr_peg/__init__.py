@@ -47,7 +47,7 @@ _EXPORTS = {
     "build_postprocessor": "detr_peg.models",
     "load_model": "detr_peg.models.loading",
     "LoadedModel": "detr_peg.models.loading",
-    "run_training": "detr_peg.engine.trainer",
+    "run_training": "detr_peg.engine.training",
     "run_evaluation": "detr_peg.engine.evaluation.run",
     "UserError": "detr_peg.errors",
 }

@@ -360,7 +360,7 @@ class Detector(HubFolders):
                 override, unreadable data, weights that do not fit the dataset, an output folder that
                 already holds a run's checkpoint (without ``train.resume=true``).
         """
-        from detr_peg.engine.trainer import run_training
+        from detr_peg.engine.training import run_training
 
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(

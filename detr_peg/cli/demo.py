@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
 
         from detr_peg.engine.evaluation.metric_units import format_percent
         from detr_peg.engine.run_hints import no_detections_note
-        from detr_peg.engine.trainer import run_training
+        from detr_peg.engine.training import run_training
 
         print(
             f"demo: training {config_file.name} for {cfg.train.max_iters or cfg.train.epochs} "

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         print(recipe_summary(cfg))
         return 0
-    from detr_peg.engine.trainer import run_training
+    from detr_peg.engine.training import run_training
 
     run_training(cfg)
     return 0

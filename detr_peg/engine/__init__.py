@@ -9,9 +9,9 @@ Entry points (imported lazily)::
 
 Files, by job:
 
-* training: :mod:`~detr_peg.engine.trainer` (``run_training``, the
-  :class:`~detr_peg.engine.trainer.Trainer` loop and one ``train_step``),
-  :mod:`~detr_peg.engine.training_setup` (a run built from a config),
+* training: :mod:`~detr_peg.engine.training` (``run_training``, a run built from a config),
+  :mod:`~detr_peg.engine.trainer` (the :class:`~detr_peg.engine.trainer.Trainer` loop,
+  its hook interface and one ``train_step``),
   :mod:`~detr_peg.engine.hooks` (checkpoints, evaluation, the learning-rate
   schedule, stop signals, the iteration budget), :mod:`~detr_peg.engine.checkpointing`,
   :mod:`~detr_peg.engine.optimizer` (AdamW, its parameter groups and its
@@ -30,10 +30,10 @@ from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS = {
     "Trainer": "detr_peg.engine.trainer",
-    "TrainResult": "detr_peg.engine.trainer",
-    "run_training": "detr_peg.engine.trainer",
+    "TrainResult": "detr_peg.engine.training",
+    "run_training": "detr_peg.engine.training",
     "train_step": "detr_peg.engine.trainer",
-    "HookBase": "detr_peg.engine.hooks",
+    "HookBase": "detr_peg.engine.trainer",
     "build_param_groups": "detr_peg.engine.optimizer",
     "build_optimizer": "detr_peg.engine.optimizer",
     "build_lr_scheduler": "detr_peg.engine.optimizer",

@@ -43,6 +43,7 @@ from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint, save_checkpoint
 from detr_peg.checkpoint.weights_check import check_saved_weights
+from detr_peg.config.loader import save_config
 from detr_peg.config.schema import Config
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.weight_average import EMA_UPDATES, TRAIN_WEIGHTS, WeightAverage
@@ -405,3 +406,15 @@ def _numpy_state_to_plain(state: tuple) -> list:
 def _numpy_state_from_plain(state: list) -> tuple:
     name, keys, pos, has_gauss, cached = state
     return (name, keys.numpy().astype(np.uint32), pos, has_gauss, cached)
+
+
+def write_config(cfg: Config, out: Path) -> None:
+    """Write the resolved config to ``out/config.yaml``.
+
+    Raises:
+        TrainingError: the file cannot be written.
+    """
+    try:
+        save_config(cfg, out / "config.yaml")
+    except OSError as exc:
+        raise TrainingError(f"Could not write {out / 'config.yaml'}: {exc.strerror or exc}.") from None

@@ -1,33 +1,11 @@
-"""Training hooks: everything around the optimizer step that :class:`~detr_peg.engine.trainer.Trainer` does not.
+"""The training hooks: everything around the optimizer step that :class:`~detr_peg.engine.trainer.Trainer` does not.
 
-A hook sees the trainer at these points; the trainer asks every hook, in
-the order it holds them::
-
-    context(trainer)            a context manager entered for the whole run (stop signals)
-    stop_training(trainer)      before each epoch: True ends the run
-    halt_epoch(trainer)         after each optimizer step, first: True ends the epoch after this step
-    after_step(trainer)         then, after each optimizer step (``trainer.halt`` says whether the epoch ends)
-    after_epoch(trainer, stats) after each epoch, or the part of it trained before a halt
-    after_train(trainer)        once, when training ended without an error
-
-The default hooks, in order (:func:`default_hooks`):
-
-* :class:`LrScheduleHook`: the learning-rate warm-up per iteration, the step
-  drop per completed epoch (the only place the schedule is stepped, before
-  the checkpoint that stores it);
-* :class:`WeightAverageHook`: the exponential moving average of the weights
-  (``train.ema_decay``), updated before the checkpoint and the evaluation;
-* :class:`BudgetHook`: ``train.max_iters`` ends the run after exactly that many iterations;
-* :class:`CheckpointHook`: the checkpoint after every epoch and every
-  ``train.checkpoint_every`` iterations;
-* :class:`EpochLogHook`: the ``epoch`` record of ``metrics.jsonl``;
-* :class:`StopSignalHook`: SIGINT/SIGTERM become a stop request; the epoch
-  ends after the current iteration and, once its checkpoint is written,
-  :class:`TrainingInterrupted` is raised (exit status 128 + signal number);
-* :class:`EvalHook`: COCO evaluation (of the weight average when there is one) every ``train.eval_every`` epochs, every
-  ``train.eval_every_iters`` iterations and at the end (once per iteration).
-
-A run's own hooks go in ``Trainer(..., hooks=[...])`` or ``trainer.hooks.append(...)``.
+The default hooks, in order (:func:`default_hooks`): the learning-rate schedule
+(warm-up per iteration, drop per completed epoch, stepped before the checkpoint
+that stores it), the weight average, the iteration budget, the checkpoint, the
+epoch log record, stop signals (checkpoint, then :class:`TrainingInterrupted`,
+exit status 128 + signal), and COCO evaluation. A run's own hooks go in
+``run_training(cfg, hooks=[...])``.
 """
 
 from __future__ import annotations
@@ -36,43 +14,12 @@ import contextlib
 import signal
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from detr_peg.engine.distributed import any_process
 from detr_peg.engine.evaluation.run import EvalResult, evaluate_and_write
+from detr_peg.engine.trainer import EpochStats, HookBase, Trainer
 from detr_peg.errors import TrainingError
 from detr_peg.models.loading import LoadedModel
-
-if TYPE_CHECKING:
-    from detr_peg.engine.trainer import EpochStats, Trainer
-
-
-class HookBase:
-    """A training hook; override the points it needs (see the module docstring)."""
-
-    def context(self, trainer: Trainer) -> contextlib.AbstractContextManager:
-        """A context manager active for the whole run (default: none)."""
-        return contextlib.nullcontext()
-
-    def stop_training(self, trainer: Trainer) -> bool:
-        """Asked before each epoch: True ends the run there."""
-        return False
-
-    def halt_epoch(self, trainer: Trainer) -> bool:
-        """Asked after each optimizer step, before any ``after_step``: True ends the epoch after this step.
-
-        Every hook is asked in every process (some answers are collective operations).
-        """
-        return False
-
-    def after_step(self, trainer: Trainer) -> None:
-        """After each optimizer step (``trainer.halt`` tells whether the epoch ends after it)."""
-
-    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
-        """After each epoch (``stats.completed``) or the part of it trained before a halt."""
-
-    def after_train(self, trainer: Trainer) -> None:
-        """Once, after the last epoch, when no error stopped the run."""
 
 
 class LrScheduleHook(HookBase):

@@ -14,7 +14,7 @@
 * ``"epoch"``: the epoch's means and ``skipped_images`` (running total);
 * ``"eval"``: the COCO metrics (``AP``, ``AP50``, ... in percent, with
   ``"unit": "percent"``; see :mod:`detr_peg.engine.evaluation.metric_units`);
-* ``"end"``: the summary of :class:`~detr_peg.engine.trainer.TrainResult`.
+* ``"end"``: the summary of :class:`~detr_peg.engine.training.TrainResult`.
 
 Every record also has ``time`` (seconds since the epoch). A resumed run
 appends to the same file. With ``train.tensorboard`` the numeric values are

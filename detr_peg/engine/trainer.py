@@ -1,24 +1,11 @@
-"""Training: :func:`run_training` from a config to a trained checkpoint, and the :class:`Trainer` loop with hooks.
+"""The training loop: :class:`Trainer` runs epochs of :func:`train_step` and asks its hooks around each step.
 
-The command line (``detr-peg train``), ``tools/train.py``, the demo and Python
-callers all call :func:`run_training`; under ``torchrun`` every process calls
-it and the processes find each other from the environment. Order of a run:
-
-1. join the process group (if any), pick the device, refuse mixed precision
-   the device cannot run, claim the output folder (:mod:`detr_peg.guards`);
-2. build the run (:func:`~detr_peg.engine.training_setup.build_training`):
-   checkpoint to resume, datasets, model, optimizer, output folder, log;
-3. :meth:`Trainer.train`: epoch by epoch until ``train.epochs``, one
-   :func:`train_step` per batch; the hooks (:mod:`detr_peg.engine.hooks`) do
-   the rest: learning-rate schedule, iteration budget, checkpoints, the log,
-   stop signals (checkpoint, then :class:`~detr_peg.engine.hooks.TrainingInterrupted`),
-   evaluation.
-
-Losses are checked before the backward pass and the gradient norm before the
-optimizer step, on values averaged over processes so that every process
-stops at the same iteration: a non-finite value raises :class:`NonFiniteError`
-naming the iteration and the loss term (or the gradient norm), and the weights
-are not updated.
+The loop knows the hook interface (:class:`HookBase`), never which hooks exist:
+:mod:`detr_peg.engine.hooks` holds them and imports this module, and
+:func:`~detr_peg.engine.training.run_training` builds both. Losses are checked
+before the backward pass and the gradient norm before the optimizer step, on
+values averaged over processes, so every process stops at the same iteration
+(:class:`NonFiniteError`; the weights are not updated).
 """
 
 from __future__ import annotations
@@ -38,91 +25,23 @@ from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.data.label_map import LabelMap
-from detr_peg.engine.checkpointing import Progress, capture_rng_state, checkpoint_path, save_training_checkpoint
-from detr_peg.engine.distributed import DistEnv, all_gather_objects, on_main, process_group, reduce_mean
-from detr_peg.engine.evaluation.metric_units import UNIT, format_percent
-from detr_peg.engine.hooks import EvalHook, HookBase, default_hooks
+from detr_peg.engine.checkpointing import (
+    Progress,
+    capture_rng_state,
+    checkpoint_path,
+    save_training_checkpoint,
+    write_config,
+)
+from detr_peg.engine.distributed import DistEnv, all_gather_objects, on_main, reduce_mean
 from detr_peg.engine.loader import build_train_loader, iterate_batches
-from detr_peg.engine.metrics_log import METRICS_FILE, MetricsLog, format_duration
+from detr_peg.engine.metrics_log import MetricsLog, format_duration
 from detr_peg.engine.mixed_precision import autocast, outputs_to_float
 from detr_peg.engine.optimizer import LrSchedule, current_lrs
-from detr_peg.engine.run_hints import low_ap_note
-from detr_peg.engine.training_setup import build_training, check_training_ranges, determinism, write_config
 from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import TrainingError
-from detr_peg.guards.declared_io import train_io
-from detr_peg.guards.output_guard import guard_outputs
 
 #: Unweighted final-layer terms logged every iteration (aux terms only enter the total).
 LOGGED_TERMS = ("loss_ce", "loss_bbox", "loss_giou", "class_error", "cardinality_error")
-
-
-@dataclass
-class TrainResult:
-    """What :func:`run_training` produced.
-
-    Attributes:
-        output_dir: the run's folder.
-        checkpoint: the last checkpoint (``checkpoint.pth``).
-        config_file: the resolved config (``config.yaml``).
-        metrics: the last COCO evaluation (``AP``, ``AP50``, ... in percent), or None
-            without validation data.
-        metrics_file: ``metrics.json`` of the last evaluation, or None.
-        detections_file: ``detections.json`` of the last evaluation, or None.
-        epochs_completed: whole epochs trained in total.
-        iterations: optimizer steps done in total.
-        skipped_images: unreadable training images left out
-            (``data.on_bad_sample=skip``), all processes together.
-        losses: the means of the last epoch (or part of it) trained.
-        num_classes: the model's number of classes.
-    """
-
-    output_dir: Path
-    checkpoint: Path
-    config_file: Path
-    metrics_log: Path
-    metrics: dict[str, float] | None = None
-    metrics_file: Path | None = None
-    detections_file: Path | None = None
-    epochs_completed: int = 0
-    iterations: int = 0
-    skipped_images: int = 0
-    losses: dict[str, float] = field(default_factory=dict)
-    num_classes: int = 0
-
-
-def run_training(
-    cfg: Config, *, progress_bars: bool | None = None, hooks: Sequence[HookBase] | None = None
-) -> TrainResult:
-    """Train (or resume training) as ``cfg`` says; see the module docstring.
-
-    Args:
-        cfg: the resolved config (``load_config``).
-        progress_bars: show tqdm bars (main process); ``None``: when stderr is
-            a terminal.
-        hooks: the run's hooks (default :func:`~detr_peg.engine.hooks.default_hooks`).
-
-    Returns:
-        :class:`TrainResult` (in every process; files are written by the
-        main process).
-
-    Raises:
-        UserError: bad config, data or checkpoint, an unwritable output
-            folder, a full disk (:class:`~detr_peg.errors.TrainingError`), a
-            non-finite loss or gradient, or a stop request
-            (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
-    """
-    with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
-        check_training_ranges(cfg, env.device)
-        owned = on_main(env, lambda: guard_outputs("train", *train_io(cfg)))
-        if owned is not None:
-            claims.enter_context(owned)  # settled when the run ends, well or not
-        trainer = Trainer(**build_training(cfg, env, progress_bars), hooks=hooks)
-        try:
-            return trainer.train()
-        finally:
-            if trainer.log is not None:
-                trainer.log.close()
 
 
 class NonFiniteError(TrainingError):
@@ -162,11 +81,43 @@ class EpochStats:
     skipped_image_ids: set[int] = field(default_factory=set)
 
 
+class HookBase:
+    """A training hook; override the points it needs. The trainer asks every hook, in its order::
+
+        context(trainer)            a context manager entered for the whole run (stop signals)
+        stop_training(trainer)      before each epoch: True ends the run
+        halt_epoch(trainer)         after each optimizer step, first: True ends the epoch after this step
+        after_step(trainer)         then, after each optimizer step (``trainer.halt``: the epoch ends)
+        after_epoch(trainer, stats) after each epoch, or the part of it trained before a halt
+        after_train(trainer)        once, when training ended without an error
+
+    ``halt_epoch`` is asked of every hook in every process (some answers are collective operations).
+    """
+
+    def context(self, trainer: Trainer) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def stop_training(self, trainer: Trainer) -> bool:
+        return False
+
+    def halt_epoch(self, trainer: Trainer) -> bool:
+        return False
+
+    def after_step(self, trainer: Trainer) -> None:
+        pass
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        pass
+
+    def after_train(self, trainer: Trainer) -> None:
+        pass
+
+
 class Trainer:
     """The training loop: epochs of :func:`train_step`, with hooks around it.
 
     Built by :func:`run_training` from
-    :func:`~detr_peg.engine.training_setup.build_training`; every argument is
+    :func:`~detr_peg.engine.training.build_training`; every argument is
     kept as an attribute of the same name. ``model`` is the bare detector
     (checkpoints, evaluation); ``train_model`` is what the optimizer steps
     through (``model`` itself, or wrapped in DistributedDataParallel and/or
@@ -200,7 +151,7 @@ class Trainer:
         progress: Progress,
         log: MetricsLog | None,
         config_pending: bool,
-        hooks: Sequence[HookBase] | None = None,
+        hooks: Sequence[HookBase] = (),
         weight_average: WeightAverage | None = None,
     ) -> None:
         self.cfg, self.env, self.out = cfg, env, out
@@ -209,7 +160,7 @@ class Trainer:
         self.optimizer, self.lr_scheduler, self.scaler, self.amp = optimizer, lr_scheduler, scaler, amp
         self.progress, self.log = progress, log
         self.config_pending = config_pending  # config.yaml still describes the checkpoint being resumed
-        self.hooks: list[HookBase] = list(default_hooks() if hooks is None else hooks)
+        self.hooks: list[HookBase] = list(hooks)
         self.weight_average = weight_average  # train.ema_decay: the average that is evaluated and stored
         self.halt = False
 
@@ -227,8 +178,12 @@ class Trainer:
         """Whether a hook ends the run before the next epoch (the iteration budget)."""
         return any([hook.stop_training(self) for hook in self.hooks])
 
-    def train(self) -> TrainResult:
-        """Train until ``train.epochs`` or a hook ends the run; then the hooks' ``after_train`` and the result."""
+    def train(self) -> dict[str, float]:
+        """Train until ``train.epochs`` or a hook ends the run, then run the hooks' ``after_train``.
+
+        Returns:
+            the mean losses of the last epoch (or part of it) trained.
+        """
         losses: dict[str, float] = {}
         with contextlib.ExitStack() as stack:
             for hook in self.hooks:
@@ -241,7 +196,7 @@ class Trainer:
                 self.end_epoch(stats)
         for hook in self.hooks:
             hook.after_train(self)
-        return self.result(losses)
+        return losses
 
     def train_epoch(self, epoch: int) -> EpochStats:
         """Train the rest of ``epoch`` (from ``progress.epoch_batches_done``) until it ends or a hook halts it.
@@ -325,33 +280,6 @@ class Trainer:
         if self.config_pending:
             on_main(self.env, lambda: write_config(self.cfg, self.out))
             self.config_pending = False
-
-    def result(self, losses: dict[str, float]) -> TrainResult:
-        """The :class:`TrainResult` of the run so far, and the log's ``end`` record."""
-        progress, out = self.progress, self.out
-        evaluation = next((hook.last for hook in self.hooks if isinstance(hook, EvalHook)), None)
-        result = TrainResult(
-            output_dir=out, checkpoint=self.ckpt_file, config_file=out / "config.yaml",
-            metrics_log=out / METRICS_FILE, metrics=evaluation.metrics if evaluation else None,
-            metrics_file=evaluation.metrics_file if evaluation else None,
-            detections_file=evaluation.detections_file if evaluation else None, epochs_completed=progress.epoch,
-            iterations=progress.iteration, skipped_images=len(progress.skipped_image_ids), losses=losses,
-            num_classes=self.cfg.model.num_classes,
-        )  # fmt: skip
-        if self.log is not None:
-            self.log.write({"type": "end", "epochs_completed": result.epochs_completed,
-                            "iterations": result.iterations, "skipped_images": result.skipped_images,
-                            "metrics": result.metrics, "unit": UNIT})  # fmt: skip
-            ap = (f", AP {format_percent(result.metrics['AP'])} AP50 {format_percent(result.metrics['AP50'])}"
-                  if result.metrics else "")  # fmt: skip
-            self.log.info(
-                f"Done: {result.iterations} iterations, {result.epochs_completed} epochs{ap}; "
-                f"skipped images: {result.skipped_images}; checkpoint {self.ckpt_file}"
-            )
-            note = low_ap_note(result.metrics.get("AP") if result.metrics else None, result.iterations)
-            if note:
-                self.log.info(note)
-        return result
 
     def _kept(self) -> str:
         if not self.ckpt_file.is_file():

@@ -24,7 +24,7 @@ from detr_peg.engine.evaluation.padding import predict_raw
 from detr_peg.engine.evaluation.run import load_for_evaluation
 from detr_peg.engine.evaluation.scales import check_scales
 from detr_peg.engine.loader import build_eval_loader
-from detr_peg.engine.trainer import run_training
+from detr_peg.engine.training import run_training
 from detr_peg.errors import ConfigError
 from tests.cli_process import CliResult
 from tests.conftest import CLI, run_python

@@ -38,7 +38,7 @@ import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
-from detr_peg.engine.trainer import run_training
+from detr_peg.engine.training import run_training
 from tests.conftest import REPO_ROOT, python_env
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 

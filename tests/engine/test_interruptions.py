@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
-from detr_peg.engine.trainer import run_training
+from detr_peg.engine.training import run_training
 from tests.cli_process import CliProcess
 from tests.conftest import REPO_ROOT, cli_runner
 from tests.engine.test_training_runs import assert_same_weights, resume_overrides

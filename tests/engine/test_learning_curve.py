@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES
-from detr_peg.engine.trainer import run_training
+from detr_peg.engine.training import run_training
 from detr_peg.errors import ConfigError
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from detr_peg.engine.trainer import run_training
+from detr_peg.engine.training import run_training
 from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides, tiny_config, write_subset
 
 IMAGES = [34, 72, 81]

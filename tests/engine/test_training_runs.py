@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
-from detr_peg.engine.trainer import run_training
+from detr_peg.engine.training import run_training
 from detr_peg.errors import CheckpointError, DataError, OutputError, TrainingError
 from detr_peg.models.criterion import SetCriterion
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config

@@ -112,7 +112,7 @@ def test_the_run_evaluates_the_average_it_stores(shapes, tmp_path: Path) -> None
     cfg = tiny_config(
         synthetic_overrides(shapes, tmp_path / "run", "train.max_iters=4", "train.batch_size=2", "train.lr=1e-3", *EMA)
     )
-    from detr_peg.engine.trainer import run_training
+    from detr_peg.engine.training import run_training
 
     result = run_training(cfg, progress_bars=False)
     stored = read_checkpoint(result.checkpoint)

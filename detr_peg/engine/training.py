@@ -1,25 +1,25 @@
-"""Building a training run from a config: checkpoint to resume, data, model, optimizer, output folder, log.
+"""A training run: :func:`run_training` from a resolved config to a trained checkpoint.
 
-:func:`build_training` does steps 2 and 3 of a run (see :mod:`detr_peg.engine.trainer`):
+The command line (``detr-peg train``), the demo and ``Detector.fine_tune`` call it;
+under ``torchrun`` every process does. Order of a run:
 
-* read the resume checkpoint (``train.resume``: ``<output_dir>/checkpoint.pth``
-  if it exists) and the datasets; the label map comes from the checkpoint when
-  resuming, else from the training annotations, and gives
-  ``model.num_classes`` when it is unset;
-* build the model with the same seed in every process, load ``train.init_from``
-  weights, check that the output folder is writable and has room for a
-  checkpoint, then write ``config.yaml`` (a resumed run replaces it right after
-  its first checkpoint, so a resume that fails before that leaves the folder as
-  it was).
-
-It returns the keyword arguments of :class:`~detr_peg.engine.trainer.Trainer`.
+1. join the process group and pick the device, claim the output folder;
+2. :func:`build_training`: read the resume checkpoint (``train.resume``) and the
+   datasets (the label map comes from the checkpoint when resuming, else from
+   the training annotations, and gives ``model.num_classes`` when unset); build
+   the model with the same seed in every process, load ``train.init_from``,
+   check the output folder, write ``config.yaml`` (a resumed run replaces it
+   after its first checkpoint, so a resume that fails early leaves the folder as it was);
+3. :meth:`~detr_peg.engine.trainer.Trainer.train` with the hooks
+   (:func:`~detr_peg.engine.hooks.default_hooks` unless given), then the ``end`` record.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
-from detr_peg.config.loader import config_to_dict, save_config
+from detr_peg.config.loader import config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.dataset_memory import check_matching_memory
@@ -41,18 +41,112 @@ from detr_peg.engine.checkpointing import (
     load_initial_weights,
     restore_training_state,
     seed_everything,
+    write_config,
 )
-from detr_peg.engine.distributed import DistEnv, on_main
+from detr_peg.engine.distributed import DistEnv, on_main, process_group
+from detr_peg.engine.evaluation.metric_units import UNIT, format_percent
+from detr_peg.engine.hooks import EvalHook, default_hooks
 from detr_peg.engine.loader import check_train_size
-from detr_peg.engine.metrics_log import MetricsLog
+from detr_peg.engine.metrics_log import METRICS_FILE, MetricsLog
 from detr_peg.engine.mixed_precision import build_grad_scaler, check_amp, resolve_amp
 from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
+from detr_peg.engine.run_hints import low_ap_note
+from detr_peg.engine.trainer import HookBase, Trainer
 from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import ConfigError, TrainingError
+from detr_peg.guards.declared_io import train_io
+from detr_peg.guards.output_guard import guard_outputs
 from detr_peg.guards.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
 from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
+
+
+@dataclass
+class TrainResult:
+    """What :func:`run_training` produced.
+
+    Attributes:
+        output_dir: the run's folder; ``checkpoint`` (``checkpoint.pth``), ``config_file``
+            (``config.yaml``) and ``metrics_log`` (``metrics.jsonl``) are in it.
+        metrics: the last COCO evaluation (``AP``, ``AP50``, ... in percent), or None without validation data;
+            ``metrics_file`` and ``detections_file`` are its files.
+        epochs_completed, iterations: whole epochs and optimizer steps done in total.
+        skipped_images: unreadable training images left out (``data.on_bad_sample=skip``), all processes.
+        losses: the means of the last epoch (or part of it) trained.
+        num_classes: the model's number of classes.
+    """
+
+    output_dir: Path
+    checkpoint: Path
+    config_file: Path
+    metrics_log: Path
+    metrics: dict[str, float] | None = None
+    metrics_file: Path | None = None
+    detections_file: Path | None = None
+    epochs_completed: int = 0
+    iterations: int = 0
+    skipped_images: int = 0
+    losses: dict[str, float] = field(default_factory=dict)
+    num_classes: int = 0
+
+
+def run_training(
+    cfg: Config, *, progress_bars: bool | None = None, hooks: Sequence[HookBase] | None = None
+) -> TrainResult:
+    """Train (or resume training) as ``cfg`` says.
+
+    Args:
+        cfg: the resolved config (``load_config``).
+        progress_bars: show tqdm bars (main process); ``None``: when stderr is a terminal.
+        hooks: the run's hooks (default :func:`~detr_peg.engine.hooks.default_hooks`).
+
+    Returns:
+        :class:`TrainResult`, in every process (files are written by the main process).
+
+    Raises:
+        UserError: bad config, data or checkpoint, an unwritable output folder, a full disk, a non-finite
+            loss or gradient, or a stop request (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
+    """
+    with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
+        check_training_ranges(cfg, env.device)
+        owned = on_main(env, lambda: guard_outputs("train", *train_io(cfg)))
+        if owned is not None:
+            claims.enter_context(owned)  # settled when the run ends, well or not
+        trainer = Trainer(**build_training(cfg, env, progress_bars), hooks=default_hooks() if hooks is None else hooks)
+        try:
+            return _result(trainer, trainer.train())
+        finally:
+            if trainer.log is not None:
+                trainer.log.close()
+
+
+def _result(trainer: Trainer, losses: dict[str, float]) -> TrainResult:
+    """The run's :class:`TrainResult`, and the log's ``end`` record."""
+    progress, out = trainer.progress, trainer.out
+    evaluation = next((hook.last for hook in trainer.hooks if isinstance(hook, EvalHook)), None)
+    result = TrainResult(
+        output_dir=out, checkpoint=trainer.ckpt_file, config_file=out / "config.yaml",
+        metrics_log=out / METRICS_FILE, metrics=evaluation.metrics if evaluation else None,
+        metrics_file=evaluation.metrics_file if evaluation else None,
+        detections_file=evaluation.detections_file if evaluation else None, epochs_completed=progress.epoch,
+        iterations=progress.iteration, skipped_images=len(progress.skipped_image_ids), losses=losses,
+        num_classes=trainer.cfg.model.num_classes,
+    )  # fmt: skip
+    log = trainer.log
+    if log is not None:
+        log.write({"type": "end", "epochs_completed": result.epochs_completed, "iterations": result.iterations,
+                   "skipped_images": result.skipped_images, "metrics": result.metrics, "unit": UNIT})  # fmt: skip
+        ap = (f", AP {format_percent(result.metrics['AP'])} AP50 {format_percent(result.metrics['AP50'])}"
+              if result.metrics else "")  # fmt: skip
+        log.info(
+            f"Done: {result.iterations} iterations, {result.epochs_completed} epochs{ap}; "
+            f"skipped images: {result.skipped_images}; checkpoint {trainer.ckpt_file}"
+        )
+        note = low_ap_note(result.metrics.get("AP") if result.metrics else None, result.iterations)
+        if note:
+            log.info(note)
+    return result
 
 
 def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dict[str, Any]:
@@ -279,18 +373,6 @@ def _wrap_for_training(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module
     if cfg.train.compile:
         train_model = torch.compile(train_model)
     return train_model
-
-
-def write_config(cfg: Config, out: Path) -> None:
-    """Write the resolved config to ``out/config.yaml``.
-
-    Raises:
-        TrainingError: the file cannot be written.
-    """
-    try:
-        save_config(cfg, out / "config.yaml")
-    except OSError as exc:
-        raise TrainingError(f"Could not write {out / 'config.yaml'}: {exc.strerror or exc}.") from None
 
 
 def _open_log(cfg: Config, out: Path, progress_bars: bool | None, append: bool) -> MetricsLog:

@@ -7,7 +7,7 @@ import pytest
 from detr_peg.config import load_config
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.distributed import DistEnv, on_main
-from detr_peg.engine.training_setup import config_differences
+from detr_peg.engine.training import config_differences
 from detr_peg.errors import ConfigError, TrainingError
 from detr_peg.models.loading import resolve_num_classes
 
@@ -58,7 +58,7 @@ def test_sync_batchnorm_leaves_the_peg_out() -> None:
     import torch
     from torch import nn
 
-    from detr_peg.engine.training_setup import wrap_sync_batchnorm
+    from detr_peg.engine.training import wrap_sync_batchnorm
     from detr_peg.models import build_model
     from detr_peg.models.position.peg import PEG
     from tests.engine.tiny_run import TINY_MODEL
