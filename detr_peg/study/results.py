@@ -60,7 +60,16 @@ from detr_peg.study.comparisons import (
 )
 from detr_peg.study.grid import Cell, StudyDefinition
 from detr_peg.study.seed_rule import SeedRule, describe_stop
-from detr_peg.study.stored_files import EVAL_METRICS, PADDING, SCALES, read_eval_file, read_report_cells
+from detr_peg.study.stored_files import (
+    CELLS_CSV,
+    EVAL_METRICS,
+    PADDING,
+    SCALES,
+    read_cells_csv,
+    read_eval_file,
+    read_report_cells,
+    write_cells_csv,
+)
 
 STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 KINDS = {"resized": "scales_resized.json", "canvas": "scales_canvas.json"}
@@ -290,7 +299,12 @@ def collect(
         and ``"seeds_auto"`` (the rule and the sentence saying what ended the study) with a rule.
     """
     study_dir = Path(study_dir)
-    records = [collect_cell(study_dir, cell) for cell in cells]
+    stored = read_cells_csv(study_dir / CELLS_CSV)  # a published study keeps only this table of its cells
+    records = [
+        stored[cell.name] if cell.name in stored and not cell_paths(study_dir, cell).root.is_dir()
+        else collect_cell(study_dir, cell)
+        for cell in cells
+    ]  # fmt: skip
     results = {"definition": definition.to_dict(), "unit": UNIT, "cells": records, "settings": summarize(records)}
     results["comparisons"] = compare(results, options or ComparisonOptions())
     if rule is not None:
@@ -302,9 +316,9 @@ def collect(
 
 
 def write_results(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
-    """Write ``study.json``, ``study.csv`` and ``study.md``; returns their paths."""
+    """Write ``study.json``, ``study.csv``, ``cells.csv`` and ``study.md``; returns their paths."""
     study_dir = Path(study_dir)
-    files = [write_json(study_dir / RESULTS_JSON, results)]
+    files = [write_json(study_dir / RESULTS_JSON, results), write_cells_csv(study_dir / CELLS_CSV, results["cells"])]
     files.append(_write_csv(study_dir / RESULTS_CSV, results))
     md = study_dir / RESULTS_MD
     atomic_write_text(md, markdown(results))

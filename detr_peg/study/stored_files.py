@@ -11,10 +11,15 @@ asked for).
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from pathlib import Path
 from typing import Any
 
+from detr_peg.engine.evaluation.metric_units import STAT_NAMES
 from detr_peg.errors import DamagedFileError
+from detr_peg.fileio.atomic import atomic_write_text
 from detr_peg.fileio.json_shape import (
     Anything,
     Fields,
@@ -117,3 +122,128 @@ def read_report_cells(path: Path) -> list[dict[str, Any]] | None:
 
 def _read(path: Path, shape: Shape, what: str, advice: str) -> dict[str, Any] | None:
     return read_json_file(path, shape, what, advice, DamagedFileError)
+
+
+#: One row per cell: what every table, comparison and figure of the report is drawn from.
+CELLS_CSV = "cells.csv"
+_RECORD_TEXT = ("name", "setting", "config", "status", "error")
+_SCALE_KINDS = ("resized", "canvas")
+
+
+def cell_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A cell's record (:func:`detr_peg.study.results.collect_cell`) as one flat ``cells.csv`` row.
+
+    Columns: ``name setting seed config values status error``, the COCO numbers (``AP``, ...), then
+    ``resized x<scale> <field>``, ``canvas x<scale> <field>``, ``padding <mode> <field>``, ``padding <key>``,
+    ``cost <key>`` and ``curve`` (``iteration:AP`` pairs joined by ``;``). Numbers keep every digit.
+    """
+    row: dict[str, Any] = {key: record.get(key) for key in ("name", "setting", "seed", "config")}
+    row["values"] = json.dumps(record.get("values") or {}, sort_keys=True)
+    row.update(status=record.get("status"), error=record.get("error"))
+    row.update(record.get("metrics") or {})
+    for kind in _SCALE_KINDS:
+        for entry in record.get(kind) or []:
+            row.update(_flat(f"{kind} x{entry['scale']!r}", {k: v for k, v in entry.items() if k != "scale"}))
+    for key, value in (record.get("padding") or {}).items():  # in the file's order, its modes in place
+        for mode, result in value.items() if key == "modes" else []:
+            row.update(_flat(f"padding {mode}", result))
+        if key != "modes":
+            row[f"padding {key}"] = value
+    row.update({f"cost {k}": v for k, v in (record.get("cost") or {}).items()})
+    row["curve"] = ";".join(f"{it}:{value!r}" for it, value in record.get("curve") or [])
+    return {k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in row.items()}
+
+
+def _flat(prefix: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry``'s fields as ``<prefix> <field>`` columns, its ``metrics`` spread in place (the order kept)."""
+    flat = {}
+    for key, value in entry.items():
+        for name, number in value.items() if key == "metrics" else [(key, value)]:
+            flat[f"{prefix} {name}"] = number
+    return flat
+
+
+def write_cells_csv(path: Path, records: list[dict[str, Any]]) -> Path:
+    """Write ``cells.csv`` (:func:`cell_row` of every record; columns in order of first appearance)."""
+    rows = [cell_row(r) for r in records]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, out.getvalue())
+    return path
+
+
+def _number(text: str) -> Any:
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_cells_csv(path: Path) -> dict[str, dict[str, Any]]:
+    """The records of ``cells.csv`` by cell name (the inverse of :func:`cell_row`); empty without the file.
+
+    Raises:
+        DamagedFileError: the file is not a ``cells.csv`` (no ``name`` column, a row without one, bad ``values``).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DamagedFileError(f"Cell table {path} cannot be read ({exc}); restore it from the repository.") from None
+    records = {}
+    for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        try:
+            records[row["name"]] = _record(row)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise DamagedFileError(
+                f"Cell table {path}, line {number}: not a row of detr-peg study ({exc!r}); restore it from the "
+                "repository."
+            ) from None
+    return records
+
+
+def _unflat(entry: dict[str, Any], name: str, value: Any) -> None:
+    if name in STAT_NAMES:
+        entry.setdefault("metrics", {})[name] = value
+    else:
+        entry[name] = value
+
+
+def _record(row: dict[str, str]) -> dict[str, Any]:
+    record: dict[str, Any] = {key: row.get(key) or None for key in _RECORD_TEXT}
+    record["seed"] = int(row["seed"])
+    record["values"] = json.loads(row["values"])
+    metrics: dict[str, Any] = {}
+    scales: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in _SCALE_KINDS}
+    padding: dict[str, Any] = {}
+    cost: dict[str, Any] = {}
+    for column, text in row.items():
+        if column in (*_RECORD_TEXT, "seed", "values", "curve") or text in ("", None):
+            continue
+        value, words = _number(text), column.split(" ")
+        if words[0] in _SCALE_KINDS:
+            entry = scales[words[0]].setdefault(words[1], {"scale": _number(words[1][1:])})
+            _unflat(entry, words[2], value)
+        elif words[0] == "padding" and len(words) == 3:
+            _unflat(padding.setdefault("modes", {}).setdefault(words[1], {}), words[2], value)
+        elif words[0] == "padding":
+            padding[words[1]] = value
+        elif words[0] == "cost":
+            cost[words[1]] = value
+        else:
+            metrics[column] = value
+    pairs = [p.split(":") for p in row["curve"].split(";")] if row.get("curve") else []
+    return {  # the key order of collect_cell's records, so study.json is the same either way
+        **{key: record[key] for key in ("name", "setting", "seed", "config", "values", "status", "error")},
+        "metrics": metrics or None,
+        "curve": [(int(it), float(value)) for it, value in pairs],
+        "cost": cost or None,
+        **{kind: list(entries.values()) for kind, entries in scales.items()},
+        "padding": padding or None,
+    }

@@ -45,3 +45,32 @@ def write_done_cell(study: Path, cell: Cell, ap: dict[tuple[str, object], float]
     if modes:
         record = {"modes": {m: {"batch_size": 4, "metrics": coco_stats(v), "seconds": 1.0} for m, v in modes.items()}}
         (paths.eval / "padding.json").write_text(json.dumps(record))
+
+
+def write_cells_from_table(study: Path) -> None:
+    """The files of every done cell of a shipped study (``cells.csv``), as ``detr-peg study`` wrote them.
+
+    The evaluation files and ``cell.json`` are written back from the table's records (the AP-against-iteration
+    points as the ``eval`` records of ``run/metrics.jsonl``); what the cells cost is not.
+    """
+    from detr_peg.study.grid import StudyDefinition, expand_cells
+    from detr_peg.study.stored_files import CELLS_CSV, read_cells_csv, read_plan
+
+    records = read_cells_csv(study / CELLS_CSV)
+    for cell in expand_cells(StudyDefinition.from_dict(read_plan(study)["definition"])):
+        record = records.get(cell.name)
+        if record is None or record["status"] != "done":
+            continue
+        paths = cell_paths(study, cell)
+        paths.eval.mkdir(parents=True, exist_ok=True)
+        paths.run.mkdir(parents=True, exist_ok=True)
+        write_state(paths, {**new_state(cell, {}), "status": "done", "stages": {"train": "done", "eval": "done"}})
+        (paths.eval / "metrics.json").write_text(json.dumps({"bbox": record["metrics"], "unit": "percent"}))
+        for kind in ("resized", "canvas"):
+            if record[kind]:
+                data = {"kind": kind, "unit": "percent", "results": record[kind]}
+                (paths.eval / f"scales_{kind}.json").write_text(json.dumps(data))
+        if record["padding"]:
+            (paths.eval / "padding.json").write_text(json.dumps(record["padding"]))
+        curve = [{"type": "eval", "iteration": it, "AP": ap, "unit": "percent"} for it, ap in record["curve"]]
+        (paths.run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))

@@ -1,10 +1,9 @@
-"""The studies shipped in ``docs/results/`` are what their cells' files say.
+"""The studies shipped in ``docs/results/`` are what their cell tables say.
 
-Each committed study folder (``plan.json`` with its cells' metrics and logs,
-checkpoints left out) is read back exactly as ``detr-peg plot`` reads it, and
-its committed ``study.md`` and ``study.csv`` must be the ones written from
-those files: a table edited by hand, or cells changed without redrawing the
-report, fails here. (The figures are drawn from the same results; their
+Each committed study folder (``plan.json``, ``cells.csv`` with one row per cell,
+``study.md``, ``plots/``) is read back exactly as ``detr-peg plot`` reads it, and
+its committed ``study.md`` must be the one written from ``cells.csv`` alone: a
+table edited by hand, or cells changed without redrawing the report, fails here. (The figures are drawn from the same results; their
 pixels depend on the Matplotlib version and are not compared.) The prose
 that quotes a study's paired differences is held to the same files: every
 "mean [low, high]" in a section of the Results page, or in the README's
@@ -16,19 +15,17 @@ words (`AP padding mixed - single`) must be one of its rows'.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import re
 from pathlib import Path
 
 import pytest
 
+from detr_peg.study.cell import CELLS_DIR
 from detr_peg.study.comparisons import ComparisonOptions, row_title
 from detr_peg.study.grid import StudyDefinition, expand_cells
-from detr_peg.study.results import RESULTS_CSV, RESULTS_MD, collect, csv_text, markdown
+from detr_peg.study.results import RESULTS_MD, collect, markdown
 from detr_peg.study.seed_rule import SeedRule
-from detr_peg.study.stored_files import read_plan
+from detr_peg.study.stored_files import CELLS_CSV, read_cells_csv, read_plan
 from tests.conftest import REPO_ROOT
 
 RESULTS = REPO_ROOT / "docs" / "results"
@@ -55,24 +52,26 @@ def test_the_results_page_ships_studies() -> None:
     assert {"proxy_curves", "v0.1.0/proxy_synthetic", "v0.1.0/proxy_multiscale"} <= shipped
 
 
-@pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.relative_to(RESULTS).as_posix())
-def test_a_shipped_report_is_the_one_its_cells_files_give(folder: Path) -> None:
+def _results(folder: Path) -> dict:
+    """The study's results as ``detr-peg plot`` reads them back."""
     plan = read_plan(folder)
     definition = StudyDefinition.from_dict(plan["definition"])
-    cells = expand_cells(definition)
-    results = collect(
+    return collect(
         folder,
         definition,
-        cells,
+        expand_cells(definition),
         ComparisonOptions.from_dict(plan.get("comparison")),
         SeedRule.from_dict(plan.get("seeds_auto")),
     )
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=lambda p: p.relative_to(RESULTS).as_posix())
+def test_a_shipped_report_is_the_one_its_cell_table_gives(folder: Path) -> None:
+    results = _results(folder)
     assert sum(c["status"] == "done" for c in results["cells"]) > 0
+    assert not (folder / CELLS_DIR).exists()  # the report comes from cells.csv alone
     assert markdown(results) == (folder / RESULTS_MD).read_text(encoding="utf-8")
-    with open(folder / RESULTS_CSV, newline="", encoding="utf-8") as f:
-        shipped = list(csv.DictReader(f))
-    rebuilt = list(csv.DictReader(io.StringIO(csv_text(results))))
-    assert shipped == rebuilt
+    assert read_cells_csv(folder / CELLS_CSV) == {c["name"]: c for c in results["cells"]}
 
 
 def _quoted_intervals(text: str) -> list[tuple[str, str, str]]:
@@ -80,10 +79,10 @@ def _quoted_intervals(text: str) -> list[tuple[str, str, str]]:
 
 
 def _rows(folders: list[Path]) -> list[dict]:
-    """Every comparison row with an interval in the studies' ``study.json``."""
+    """Every comparison row with an interval in the studies' reports."""
     rows = []
     for folder in folders:
-        for row in json.loads((folder / "study.json").read_text(encoding="utf-8"))["comparisons"]["rows"]:
+        for row in _results(folder)["comparisons"]["rows"]:
             if row["mean"] is not None and row["ci"] and None not in row["ci"]:
                 rows.append(row)
     return rows

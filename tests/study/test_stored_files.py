@@ -4,7 +4,8 @@ The study's ``plan.json``, a cell's ``cell.json`` and its evaluation files
 are read through one reader with declared shapes
 (:mod:`detr_peg.study.stored_files`). Each kind of damage below is applied to
 each kind of file of a copy of a shipped study (real files), and ``detr-peg
-plot`` must refuse it with one sentence, leaving every file as it was.
+plot`` must refuse it with one sentence, leaving every file as it was. (The shipped study
+keeps one table of its cells; the copy gets its cells' files written back from it.)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from detr_peg.cli.main import main
 from tests.conftest import REPO_ROOT
 from tests.reliability.conftest import assert_outputs_kept, snapshot
+from tests.study.study_cells import write_cells_from_table
 
 SHIPPED = REPO_ROOT / "docs" / "results" / "proxy_synthetic"
 CELL = "cells/deformable_small_position.name=peg_seed1"
@@ -92,6 +94,8 @@ def lambda_named(name: str, loss: Callable[[Path], None]) -> Callable[[Path], No
 def study(tmp_path: Path) -> Path:
     folder = tmp_path / "study"
     shutil.copytree(SHIPPED, folder)
+    write_cells_from_table(folder)
+    assert main(["plot", str(folder)]) == 0  # the report and the folder's records, as a finished study has them
     return folder
 
 
@@ -154,6 +158,7 @@ def test_the_intact_copy_is_drawn(study: Path, capsys) -> None:
 def test_a_redraw_never_drops_cells_the_report_has_done(study: Path, loss, capsys) -> None:
     reported = json.loads((study / "study.json").read_text())["cells"]
     done_before = sum(cell["status"] == "done" for cell in reported)
+    (study / "cells.csv").unlink()  # with the table, a deleted cell folder is drawn from its row
     loss(study)
     before = snapshot(study)
     assert main(["plot", str(study)]) == 2
@@ -181,3 +186,13 @@ def test_a_baseline_in_the_plan_that_names_no_setting_is_named_in_the_plan(study
     assert main(["plot", str(study), "--baseline", "nope=2"]) == 2
     assert capsys.readouterr().err.strip() == f"detr-peg plot: error: --baseline nope=2: {said}"
     assert_outputs_kept(before, study)
+
+
+def test_the_cell_table_alone_draws_the_same_report(study: Path) -> None:
+    """What a shipped study keeps (plan.json, cells.csv) redraws the report its cells' files gave."""
+    drawn = {name: (study / name).read_bytes() for name in ("study.md", "study.json", "study.csv", "cells.csv")}
+    shutil.rmtree(study / "cells")
+    for name in ("study.json", "study.csv"):
+        (study / name).unlink()
+    assert main(["plot", str(study)]) == 0
+    assert {name: (study / name).read_bytes() for name in drawn} == drawn
