@@ -375,7 +375,7 @@ def _serve() -> None:
     # What commands import on first use, once here rather than in every child (0.5 to 2 s each): the
     # matcher's scipy.optimize (every training), the Detector with its Hub support (eval, predict), and
     # the study's tables and figures (scipy.stats; matplotlib, whose backend plots.py sets to Agg).
-    for module in ("scipy.optimize", "detr_peg.detector", "detr_peg.study.runner", "detr_peg.study.plots"):
+    for module in ("scipy.optimize", "detr_peg.detector", "detr_peg.lab.study.runner", "detr_peg.lab.study.plots"):
         __import__(module)
 
     # ``python -m`` runs the module's code as ``__main__`` without importing it under its own name first.

@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 import torch
 
-from detr_peg.benchmark.measure import synchronize
-from detr_peg.benchmark.timing import time_runs
+from detr_peg.lab.benchmark.measure import synchronize
+from detr_peg.lab.benchmark.timing import time_runs
 from detr_peg.models.deformable.ms_deform_attn_function import CUDA_IMPLEMENTATIONS, IMPLEMENTATIONS, ms_deform_attn
 from detr_peg.models.deformable.ms_deform_attn_official import ms_deform_attn_core_pytorch
 

@@ -1,7 +1,7 @@
 """Write the copy-paste composite proxy (real COCO objects on real backgrounds) and print its statistics.
 
 Splits ``train``, ``tune``, ``val`` and ``test``, each from its own source images
-(:mod:`detr_peg.study.composite_data`); the statistics (objects per image, COCO
+(:mod:`detr_peg.lab.study.composite_data`); the statistics (objects per image, COCO
 size classes, aspect ratios, touching or overlapping objects, token grids) are
 also in ``OUTPUT/summary.json``.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from detr_peg.study.composite_data import SPLITS, CompositeOptions, generate_composites  # noqa: E402
+from detr_peg.lab.study.composite_data import SPLITS, CompositeOptions, generate_composites  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

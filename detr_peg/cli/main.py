@@ -63,9 +63,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("detr_peg.cli.predict", "detect objects in images, write JSON and pictures"),
     "demo": ("detr_peg.cli.demo", "generate a synthetic dataset, train, evaluate and predict on the CPU"),
     "convert": ("detr_peg.cli.convert", "convert an official DETR/Deformable-DETR checkpoint"),
-    "bench": ("detr_peg.cli.bench", "measure latency, training-step time, memory and FLOPs"),
-    "study": ("detr_peg.cli.study", "run a grid of trainings over configs, values and seeds; tables and plots"),
-    "plot": ("detr_peg.cli.plot", "redraw the figures of a study or of a training run"),
+    "bench": ("detr_peg.lab.benchmark.command", "measure latency, training-step time, memory and FLOPs"),
+    "study": ("detr_peg.lab.study.command", "run a grid of trainings over configs, values and seeds; tables and plots"),
+    "plot": ("detr_peg.lab.study.plot_command", "redraw the figures of a study or of a training run"),
     "export": ("detr_peg.cli.export", "export a checkpoint to ONNX (any batch and image size)"),
     "configs": ("detr_peg.cli.configs", "list the shipped configs, or copy one out for editing"),
 }

@@ -140,7 +140,7 @@ def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> IO:
     """``plot STUDY --publish DEST``: the study folder in; the copy out, its report and figures drawn there.
 
     A ``DEST`` that already holds a ``plan.json`` is a copy published before
-    (:func:`~detr_peg.study.publish.publish_study` checks it is the same
+    (:func:`~detr_peg.lab.study.publish.publish_study` checks it is the same
     study's), so it is adopted, as ``detr-peg study`` adopts its own folder.
     """
     out = Path(dest)

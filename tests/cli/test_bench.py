@@ -152,8 +152,8 @@ def test_deformable_flops_are_those_of_the_dense_formulation():
     """The embedding_bag backward's sparse products would count as dense ones; FLOPs are counted without them."""
     import torch
 
-    from detr_peg.benchmark.measure import count_flops
     from detr_peg.config import load_config
+    from detr_peg.lab.benchmark.measure import count_flops
     from detr_peg.models import build_model
     from detr_peg.models.deformable.ms_deform_attn import MSDeformAttn
 
@@ -174,8 +174,8 @@ def test_deformable_flops_are_those_of_the_dense_formulation():
 
 
 def _dense(model, fn) -> int:
-    from detr_peg.benchmark.measure import count_flops
-    from detr_peg.benchmark.worker import dense_attention
+    from detr_peg.lab.benchmark.measure import count_flops
+    from detr_peg.lab.benchmark.worker import dense_attention
 
     with dense_attention(model):
         return count_flops(fn)

@@ -8,7 +8,7 @@ import pytest
 
 import detr_peg
 from detr_peg.config.shipped import portable_text, resolve_config, shipped_config, shipped_names
-from detr_peg.study.study_file import load_study_file
+from detr_peg.lab.study.study_file import load_study_file
 from tests.conftest import REPO_ROOT
 
 CONFIGS = REPO_ROOT / "configs"

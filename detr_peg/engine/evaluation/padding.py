@@ -1,54 +1,21 @@
-"""Padding sensitivity: the same validation set evaluated with and without batch padding.
+"""Padding sensitivity: the validation set evaluated three ways, written as ``padding.json``.
 
-A batch of images of different sizes is padded to its largest image, rounded
-up to a multiple of the model's coarsest stride
-(:func:`~detr_peg.data.padding.pad_images`; the mask is True on padding).
-Two things make a padded image's outputs differ from the image alone:
-
-* **Per-level masks** (the large effect, now removed by default). Each
-  level's mask is derived from the padded canvas. With the official
-  ``nearest`` rule, a canvas that is not a multiple of a level's stride gives
-  the image more valid cells than it has alone (a 96 px image on a 120 px
-  canvas: 7 rows instead of 6 at stride 16, 4 instead of 3 at stride 32), so
-  Deformable-DETR's valid ratios and reference points are wrong and the
-  predicted boxes shrink toward the top-left corner. A small Deformable-DETR
-  lost three quarters of its AP that way. Every batch is therefore padded to
-  a multiple of ``model.size_divisibility``, where both mask rules agree with
-  the geometry; ``model.mask_rule=stride`` makes the masks right on any canvas
-  (see :mod:`detr_peg.models.masking`).
-* **The backbone** (small): from the second convolution on, the features
-  next to an image's right and bottom border see the (non-zero) features
-  computed over the padded zeros, where an image alone sees the convolution's
-  own zero padding.
-
-How much padding still changes is measured here, for three runs over the
-validation set:
-
-* ``single``: one image at a time (padded only up to the stride multiple;
-  the reference);
-* ``mixed``: ``eval.batch_size`` images in dataset order, padded to the
-  largest of each batch (``eval.padding_mode=mixed``, the default). When
-  every image of the set has the same size, padding would never happen, so
-  every batch is padded by :data:`EXTRA_PADDING` of its size on the right and
-  bottom (rounded up to the stride multiple), as a batch with a larger image
-  would be;
-* ``exact``: ``eval.batch_size`` images of equal size per batch
-  (``eval.padding_mode=exact``): no more padding than one image alone, so the
-  outputs equal ``single`` up to float rounding, at the cost of smaller
-  batches on data of many sizes.
+A batch is padded to its largest image, rounded up to a multiple of the model's coarsest
+stride (mask True on padding); next to the right and bottom border the backbone then sees
+features computed over the padded zeros. The modes: ``single`` (one image at a time, the
+reference), ``mixed`` (``eval.batch_size`` images in dataset order; on data of one size every
+batch gets :data:`EXTRA_PADDING` more, as a batch with a larger image would) and ``exact``
+(batches of equal size: the outputs equal ``single`` up to rounding). Why the masks are right
+on any such canvas: :mod:`detr_peg.models.masking`; the effect measured: docs/evaluation.md.
 
 ``padding.json``::
 
-    {"modes": {"mixed":  {"batch_size": 8, "metrics": {...}, "seconds": ...},
-               "single": {"batch_size": 1, "metrics": {...}, "seconds": ...},
-               "exact":  {"batch_size": 8, "metrics": {...}, "seconds": ...}},
-     "max_abs_logit_diff_mixed_vs_single": ..., "max_abs_box_diff_mixed_vs_single": ...,
-     "max_abs_logit_diff_exact_vs_single": ..., "max_abs_box_diff_exact_vs_single": ...,
-     "extra_padding": 0.0 or EXTRA_PADDING, "padded_fraction_mixed": ..., "default_mode": "mixed"}
+    {"modes": {"mixed" | "single" | "exact": {"batch_size", "metrics", "seconds"}},
+     "max_abs_logit_diff_<mode>_vs_single", "max_abs_box_diff_<mode>_vs_single",
+     "extra_padding", "padded_fraction_mixed", "default_mode"}
 
-Differences are over the raw outputs of every image (``pred_logits`` and the
-normalized ``pred_boxes`` of the last decoder layer); ``seconds`` is the wall
-time of the whole run, data loading included (after one untimed image).
+Differences are over the raw ``pred_logits`` and normalized ``pred_boxes`` of every image;
+``seconds`` is the wall time of the run, data loading included.
 """
 
 from __future__ import annotations

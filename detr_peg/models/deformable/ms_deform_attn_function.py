@@ -1,87 +1,20 @@
-"""Multi-scale deformable attention core in pure PyTorch (no compiled extension).
+"""Multi-scale deformable attention core in pure PyTorch: :func:`ms_deform_attn`.
 
-:func:`ms_deform_attn` computes the same thing as the official
-``ms_deform_attn_core_pytorch`` / ``MSDeformAttnFunction``: for every query,
-head, level and point it bilinearly samples the value map of that level at a
-normalized location, with ``F.grid_sample(mode="bilinear",
-padding_mode="zeros", align_corners=False)`` semantics, and sums the samples
-weighted by the attention weights.
+For every query, head, level and point it bilinearly samples the value map of
+that level at a normalized location (``F.grid_sample(mode="bilinear",
+padding_mode="zeros", align_corners=False)`` semantics) and sums the samples
+weighted by the attention weights, as the official ``ms_deform_attn_core_pytorch``.
+``sampling_locations[..., 0]`` is x (along W), ``[..., 1]`` is y; 0 and 1 are
+the outer borders of the map (pixel ``j`` is centred at ``(j + 0.5) / W``);
+corners outside their level read zeros.
 
-These implementations are kept, chosen by ``impl=``:
-
-``"embedding_bag"`` (default)
-    A custom autograd function. The forward turns every sample into its four
-    bilinear corners: a row index into the flattened value table
-    ``[B * S * n_heads, head_dim]`` and a weight (bilinear weight x attention
-    weight, zero for corners outside their level). One
-    ``F.embedding_bag(mode="sum", per_sample_weights=...)`` then gathers and
-    sums the ``n_levels * n_points * 4`` rows of every (query, head) bag, so
-    the sampled values are never materialised. The backward recomputes the
-    corners (nothing but the inputs is saved), gets the per-corner dot products
-    ``<grad_out, value_row>`` with one sampled dense-dense product
-    (:func:`torch.sparse.sampled_addmm`), from which the gradients of the
-    attention weights and sampling locations follow in closed form, and
-    scatters the value gradient with one sparse (CSR, corners sorted by value
-    row) times dense product. No host sync
-    and no Python loop over levels or batch items; on CPU the queries are
-    processed in blocks of about 2**18 samples so that the temporaries stay in
-    cache (on GPUs in one go).
-``"grid_sample"``
-    One ``F.grid_sample`` per level, as the official code does, with the
-    weighting over points fused into a batched matrix product and no stacking
-    of the levels (:mod:`~detr_peg.models.deformable.ms_deform_attn_grid_sample`).
-    Plain autograd. It is kept as the reference-semantics path and for
-    ``torch.compile(fullgraph=True)``, which it supports when the spatial
-    shapes are a list of ``(H, W)`` (``MSDeformAttn`` passes them); given a
-    tensor it reads them on the host (a sync on GPUs). The default path also
-    runs under ``torch.compile``, with a graph break around it.
-``"grid_sample_sum"``
-    The same per-level ``F.grid_sample`` with the points weighted by an
-    elementwise product and a sum (same module): the path the ONNX export
-    uses, where it becomes ``GridSample``, ``Mul`` and ``ReduceSum``, operators
-    ONNX Runtime and TensorRT run natively. Plain autograd.
-``"gather"``
-    Gather-multiply-sum in plain tensor ops
-    (:mod:`~detr_peg.models.deformable.ms_deform_attn_gather`), where
-    ``embedding_bag`` with per-sample weights would become a loop over every
-    bag in ONNX: an export path without ``GridSample`` (the previous default
-    of the export; slower in ONNX Runtime, as it materialises four corners of
-    every sample). Plain autograd.
-``"triton"`` (CUDA tensors only)
-    Triton kernels for the forward and the backward, in
-    :mod:`detr_peg.models.deformable.ms_deform_attn_triton`; needs the
-    ``triton`` package. Listed in :data:`CUDA_IMPLEMENTATIONS`, not in
-    :data:`IMPLEMENTATIONS` (the implementations that run on every device).
-
-Timings (``tools/bench_ms_deform_attn.py --impl embedding_bag grid_sample
-official --threads N --repeats 3``: Deformable-DETR-R50 at 800x1066, S =
-17,821 tokens, 8 heads, head_dim 32, 4 levels, 4 points; encoder Lq = 17,821,
-decoder Lq = 300; batch 1, float32, CPU, torch 2.14; a 2-core Intel Xeon VM
-with AMX; median of 3 runs; milliseconds, forward / forward+backward):
-
-=================  ==================  ==================  ===============  ===============
-implementation     encoder, 1 thread   encoder, 2 threads  decoder, 1 thr.  decoder, 2 thr.
-=================  ==================  ==================  ===============  ===============
-official core      650 / 2156          424 / 1260          5.0 / 33         3.2 / 19
-embedding_bag      105 / 797           51 / 417            2.1 / 13         1.4 / 10
-grid_sample        658 / 1875          357 / 1139          5.2 / 28         3.0 / 17
-=================  ==================  ==================  ===============  ===============
-
-The value gradient is scattered with a CSR matrix whose corners are sorted by
-value row (one stable sort of 32-bit keys); the COO product used before
-was coalesced by PyTorch with a 64-bit sort and multiplied on one thread
-(encoder forward+backward on 2 threads, medians of 5 in consecutive runs:
-476 ms before, 396 ms after). Two other formulations were measured on an
-earlier 2-core machine and dropped: one ``grid_sample`` over an "atlas"
-canvas holding all levels (630 / 1910; decoder 32 / 99, as building the canvas
-costs more than the per-level calls it saves) and ``embedding_bag`` under plain
-autograd (463 / 2114; its backward sorts all 9 million corner indices).
-
-Coordinates follow the official convention: ``sampling_locations[..., 0]`` is
-x (along W) and ``[..., 1]`` is y (along H), normalized so that 0 and 1 are the
-outer borders of the feature map (``align_corners=False``): pixel ``j`` has its
-center at ``(j + 0.5) / W``. Locations outside ``[0, 1]`` are allowed; corners
-that fall outside their level read zeros.
+``impl`` chooses how: ``embedding_bag`` (default; one ``F.embedding_bag`` over the
+four bilinear corners of every sample, so the samples are never materialised,
+with a closed-form backward), ``grid_sample`` (one ``F.grid_sample`` per level, the
+reference semantics; ``torch.compile(fullgraph=True)`` with list shapes),
+``grid_sample_sum`` (the ONNX export's: ``GridSample``, ``Mul``, ``ReduceSum``),
+``gather`` (plain gathers, an export path without ``GridSample``) and ``triton``
+(CUDA tensors only). Their timings: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,248 @@
+"""One cell of a study: its folder, its two commands, its state, and running it.
+
+A cell's folder ``STUDY/cells/<name>/`` holds
+
+* ``run/``: an ordinary training run (``detr-peg train --output run``), with
+  ``checkpoint.pth``, ``config.yaml``, ``metrics.jsonl`` (the learning curve
+  is its ``eval`` records) and ``metrics.json`` (the last evaluation, at the
+  configured validation size);
+* ``eval/``: ``detr-peg eval`` of the final checkpoint when the study asks for
+  more than the configured size: ``metrics.json``, ``scales_resized.json``,
+  ``scales_canvas.json``, ``padding.json``;
+* ``cell.json``: the cell's definition, its resolved config (to refuse a
+  changed cell), which stages are done, its status (``running``, ``done``,
+  ``failed``, ``interrupted``; a report shows ``stopped`` for a ``running``
+  one whose process is gone, see :func:`reported_status`) and the error
+  line of a failure;
+* ``cell.log``: everything the commands printed.
+
+The commands are the ordinary command line: :func:`run_cell` is given the
+function that runs one (``detr-peg study`` passes one that calls the
+command line's ``main`` in this process, output appended to ``cell.log``), so
+a cell does exactly what the printed commands (``detr-peg study --plan``) do. Training always runs with
+``--resume``: a fresh cell starts from scratch, an interrupted one continues
+from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
+from detr_peg.config.schema import Config
+from detr_peg.errors import UserError
+from detr_peg.fileio.atomic import write_json
+from detr_peg.guards.folder_lock import holder_alive
+from detr_peg.lab.study.grid import Cell, EvalPlan
+from detr_peg.lab.study.records import record
+from detr_peg.lab.study.stored_files import read_cell_state
+
+CELLS_DIR = "cells"
+STATE_FILE = "cell.json"
+LOG_FILE = "cell.log"
+#: Config fields that name where a cell lives rather than what it computes (not compared on resume).
+PLACE_KEYS = ("train.output_dir", "train.resume")
+#: Exit statuses of a command stopped by SIGINT / SIGTERM.
+STOP_CODES = (130, 143)
+
+#: Runs ``detr-peg ARGV`` with its output appended to a log file; returns the exit status and, when it is
+#: not 0, the command's one-line error.
+CommandRunner = Callable[[list[str], Path], tuple[int, str | None]]
+
+
+@dataclass(frozen=True)
+class CellPaths:
+    """The files of one cell (see the module docstring)."""
+
+    root: Path
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def state(self) -> Path:
+        return self.root / STATE_FILE
+
+    @property
+    def log(self) -> Path:
+        return self.root / LOG_FILE
+
+
+@dataclass
+class CellOutcome:
+    """What happened to a cell in this invocation.
+
+    Attributes:
+        status: ``done`` (ran to the end now), ``skipped`` (already done),
+            ``failed`` or ``interrupted`` (stopped by a signal; resumable).
+        error: the one-line error of a failed cell.
+        exit_code: the failing command's exit status (0 otherwise).
+        seconds: time spent on the cell now.
+    """
+
+    name: str
+    status: str
+    error: str | None = None
+    exit_code: int = 0
+    seconds: float = 0.0
+
+
+def cell_paths(study_dir: str | Path, cell: Cell) -> CellPaths:
+    return CellPaths(Path(study_dir) / CELLS_DIR / cell.name)
+
+
+def train_argv(cell: Cell, paths: CellPaths) -> list[str]:
+    """``detr-peg train`` arguments of the cell (always ``--resume``: a missing checkpoint starts afresh)."""
+    return ["train", "--config", cell.config, "--output", str(paths.run), "--resume", *cell.overrides]
+
+
+def eval_argv(paths: CellPaths, plan: EvalPlan) -> list[str] | None:
+    """``detr-peg eval`` arguments of the cell, or None when the training's last evaluation is all the study needs."""
+    if not plan.needed:
+        return None
+    argv = ["eval", "--checkpoint", str(paths.run / "checkpoint.pth"), "--output", str(paths.eval)]
+    if plan.scales:
+        argv += ["--scales", ",".join(f"{s:g}" for s in plan.scales)]
+    if plan.canvas_scales:
+        argv += ["--canvas-scales", ",".join(f"{s:g}" for s in plan.canvas_scales)]
+    if plan.padding:
+        argv.append("--padding")
+    return argv
+
+
+def cell_config(cell: Cell) -> Config:
+    """The cell's config: its base config file with its overrides.
+
+    Raises:
+        ConfigError: the base config or an override is invalid; a grid value is named where it was given
+            (``--grid`` or the study file's grid).
+    """
+    return load_config(cell.config, cell.overrides, sources=dict(cell.sources))
+
+
+def resolved_config(cell: Cell) -> dict[str, Any]:
+    """The cell's resolved config as nested dicts, without the fields that only say where it lives.
+
+    Raises:
+        ConfigError: the base config or an override is invalid.
+    """
+    return _without_place(config_to_dict(cell_config(cell)))
+
+
+def stored_config(state: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config a ``cell.json`` recorded, read by this version's config schema.
+
+    A field added to the schema after the cell started takes its default here, so a study started by an earlier
+    version resumes, and its cells count as changed only when a field they recorded changed (or a new field's
+    default is not what the cell's config now says). A record the schema cannot read is returned as it is.
+    """
+    recorded = state["config_resolved"]
+    try:
+        return _without_place(config_to_dict(config_from_dict(recorded, "cell.json")))
+    except UserError:
+        return recorded
+
+
+def _without_place(data: dict[str, Any]) -> dict[str, Any]:
+    for key in PLACE_KEYS:
+        section, name = key.split(".")
+        data.get(section, {}).pop(name, None)
+    return data
+
+
+def first_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> str | None:
+    """``"key: old -> new"`` for the first dotted key whose value differs, or None when equal."""
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = first_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: {a!r} -> {b!r}"
+    return None
+
+
+def read_state(paths: CellPaths) -> dict[str, Any] | None:
+    """The cell's ``cell.json``, its shape checked, or None before its first start.
+
+    Raises:
+        DamagedFileError: the file is there but damaged (one sentence naming it, the field and the value).
+    """
+    return read_cell_state(paths.state)
+
+
+def reported_status(state: dict[str, Any], paths: CellPaths, study_dir: Path) -> str:
+    """The status a report shows: the recorded one (``not started`` before the first start), except ``stopped``.
+
+    A cell recorded as ``running`` that no live process holds (neither its
+    ``run/`` or ``eval/`` nor, between the two, a ``detr-peg study`` the
+    study's folder; see :func:`~detr_peg.guards.folder_lock.holder_alive`)
+    is ``stopped``: its process ended without a word (killed, the machine
+    turned off), and the next ``detr-peg study`` continues it.
+    """
+    status = state.get("status", "not started")
+    if status != "running":
+        return status
+    held = holder_alive(study_dir, "study") or holder_alive(paths.run) or holder_alive(paths.eval)
+    return "running" if held else "stopped"
+
+
+def write_state(paths: CellPaths, state: dict[str, Any]) -> None:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    write_json(paths.state, state)
+
+
+def new_state(cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
+    """A new ``cell.json``: the cell (without ``sources``, which only words messages) and its resolved config."""
+    return {**record(cell), "config_resolved": config, "stages": {}, "status": "new", "error": None}
+
+
+def run_cell(
+    cell: Cell, paths: CellPaths, plan: EvalPlan, run_command: CommandRunner, *, is_main: bool = True
+) -> CellOutcome:
+    """Train and evaluate one cell, skipping what is already done.
+
+    Every process of a multi-process cell calls this; only the main one
+    (``is_main``) writes ``cell.json``. A failing command is recorded with its
+    error line and reported as ``failed``; a command stopped by a signal as
+    ``interrupted``, and so is a ``KeyboardInterrupt`` between the commands (recorded, then raised again).
+    """
+    start = time.monotonic()
+    state = read_state(paths) or new_state(cell, resolved_config(cell))
+    if state.get("status") == "done":
+        return CellOutcome(cell.name, "skipped")
+
+    def save(**changes: Any) -> None:
+        state.update(changes)
+        if is_main:
+            write_state(paths, state)
+
+    save(status="running", error=None)
+    try:
+        for stage, argv in (("train", train_argv(cell, paths)), ("eval", eval_argv(paths, plan))):
+            if argv is None or state["stages"].get(stage) == "done":
+                continue
+            code, error = run_command(argv, paths.log)
+            if code != 0:
+                status = "interrupted" if code in STOP_CODES else "failed"
+                save(status=status, error=error)
+                return CellOutcome(cell.name, status, error, code, time.monotonic() - start)
+            state["stages"][stage] = "done"
+            save()
+    except KeyboardInterrupt:
+        # A stop signal no command took over (between the commands, or before one installed its handlers):
+        # the cell is stopped, not "running", whatever stops the process next.
+        save(status="interrupted", error="stopped by a signal")
+        raise
+    save(status="done")
+    return CellOutcome(cell.name, "done", seconds=time.monotonic() - start)

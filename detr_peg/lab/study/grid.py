@@ -1,0 +1,348 @@
+"""A study's definition and its cells: base configs x grid axes x seeds.
+
+A study is defined by
+
+* one or more **base configs** (YAML files), themselves an axis of the grid,
+  so one study can span architectures (``configs/detr_r50_sine.yaml`` and
+  ``configs/deformable_detr_r50_peg.yaml``);
+* zero or more **grid axes** ``KEY=V1,V2,...``: each value is parsed as the
+  value of a ``key=value`` override (YAML), and commas inside brackets or
+  quotes belong to the value, so ``model.position.peg_layers=[0],[0,1,2]`` is
+  two values, ``[0]`` and ``[0,1,2]``;
+* the number of **seeds** (``train.seed`` = 0, 1, ..., N-1);
+* **overrides** applied to every cell (``key=value``);
+* the **evaluation** beyond the configured validation size: test-scale
+  multipliers of two kinds (``scales``: the same images resized;
+  ``canvas_scales``: synthetic images on a larger canvas with objects of the
+  training size) and the batch-padding comparison (``padding``).
+
+A **cell** is one point of the product: a base config, one value per axis and
+a seed; its **setting** is the cell without its seed (the seeds of a setting
+are averaged in the tables).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from detr_peg.errors import ConfigError
+from detr_peg.lab.study.records import message_only, record
+from detr_peg.messages import shortened
+
+#: Characters kept in cell folder names; anything else becomes "-".
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9.=_+-]+")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One grid axis: a dotted config key and the raw text of each value (as typed: ``[0,1,2]``).
+
+    ``source`` says where it was given, for messages (``--grid``, ``s.yaml: grid``); it is not part of the
+    study's definition.
+    """
+
+    key: str
+    values: tuple[str, ...]
+    source: str = message_only("--grid")
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """What each cell is evaluated on beyond the configured validation size.
+
+    Attributes:
+        scales: multipliers of the validation size, same images resized (``detr-peg eval --scales``).
+        canvas_scales: multipliers of the training canvas, objects of training size (``--canvas-scales``).
+        padding: compare mixed-size batches with one image at a time (``--padding``).
+    """
+
+    scales: tuple[float, ...] = ()
+    canvas_scales: tuple[float, ...] = ()
+    padding: bool = False
+
+    @property
+    def needed(self) -> bool:
+        """Whether a separate evaluation step runs (the training's own last evaluation covers the plain size)."""
+        return bool(self.scales or self.canvas_scales or self.padding)
+
+
+@dataclass(frozen=True)
+class StudyDefinition:
+    """Everything that decides a study's cells (recorded in ``plan.json``).
+
+    Attributes:
+        configs: base config files (at least one).
+        axes: grid axes, in the order given.
+        seeds: number of seeds per setting.
+        overrides: ``key=value`` applied to every cell, after the axis values.
+        eval: the evaluation plan.
+    """
+
+    configs: tuple[str, ...]
+    axes: tuple[Axis, ...] = ()
+    seeds: int = 1
+    overrides: tuple[str, ...] = ()
+    eval: EvalPlan = field(default_factory=EvalPlan)
+
+    def to_dict(self) -> dict[str, Any]:
+        return record(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StudyDefinition:
+        ev = data.get("eval") or {}
+        return cls(
+            configs=tuple(data["configs"]),
+            axes=tuple(Axis(a["key"], tuple(a["values"])) for a in data.get("axes", [])),
+            seeds=int(data.get("seeds", 1)),
+            overrides=tuple(data.get("overrides", [])),
+            eval=EvalPlan(
+                scales=tuple(ev.get("scales", ())),
+                canvas_scales=tuple(ev.get("canvas_scales", ())),
+                padding=bool(ev.get("padding", False)),
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run of the study.
+
+    Attributes:
+        name: folder name under ``STUDY/cells`` (readable, unique in the study).
+        setting: ``name`` without the seed: the cells averaged together.
+        config: the base config file.
+        values: ``(key, raw value)`` of each axis, in axis order.
+        seed: ``train.seed``.
+        overrides: every ``key=value`` of the cell: axis values, the study's
+            overrides, then the seed.
+        sources: ``(key, where it was given)`` of each axis, for messages (``s.yaml: grid``); not compared.
+    """
+
+    name: str
+    setting: str
+    config: str
+    values: tuple[tuple[str, str], ...]
+    seed: int
+    overrides: tuple[str, ...]
+    sources: tuple[tuple[str, str], ...] = message_only(())
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def split_values(text: str) -> list[str]:
+    """Split ``text`` on the commas outside brackets, braces and quotes.
+
+    ``"[0],[0,1,2]"`` gives ``["[0]", "[0,1,2]"]``; ``"sine,peg"`` gives
+    ``["sine", "peg"]``; ``"'a,b',c"`` gives ``["'a,b'", "c"]``.
+
+    Raises:
+        ConfigError: unbalanced brackets or quotes, or an empty value.
+    """
+    values, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"grid values {text!r}: a closing bracket at position {i + 1} has no opening one.")
+        elif ch == "," and depth == 0:
+            values.append(text[start:i].strip())
+            start = i + 1
+    if depth or quote:
+        raise ConfigError(f"grid values {text!r}: a bracket or quote is not closed.")
+    values.append(text[start:].strip())
+    if any(v == "" for v in values):
+        raise ConfigError(f"grid values {text!r}: an empty value (two commas in a row, or one at an end).")
+    return values
+
+
+def parse_axis(text: str, source: str = "--grid") -> Axis:
+    """``"KEY=V1,V2,..."`` as an :class:`Axis`.
+
+    Args:
+        text: the axis as the command line writes it.
+        source: where it was given, for messages (``--grid``, or a study file's ``grid``).
+
+    Raises:
+        ConfigError: no ``=``, an empty key, a repeated value or a value that is not valid YAML.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or not raw.strip():
+        raise ConfigError(
+            f"{source} {text!r} is not of the form KEY=V1,V2,... (for example model.position.name=sine,peg)."
+        )
+    values = split_values(raw)
+    parsed = [_parse_value(key, v, source) for v in values]
+    for i, value in enumerate(parsed):
+        if value in parsed[:i]:
+            raise ConfigError(f"{source} {key}: the value {values[i]!r} is given twice.")
+    return Axis(key, tuple(values), source)
+
+
+#: The most cells a study may have (each one is a training run; the plan lists them all).
+MAX_CELLS = 10_000
+
+
+def parse_seeds(text: str) -> int:
+    try:
+        seeds = int(text)
+    except ValueError:
+        seeds = 0
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be a whole number of at least 1, got {text!r}.")
+    return seeds
+
+
+def check_distinct_axes(axes: Sequence[Axis]) -> None:
+    """Refuse two axes of one key (``--grid`` given twice for a key).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    seen: set[str] = set()
+    for axis in axes:
+        if axis.key in seen:
+            raise ConfigError(f"{axis.source} {axis.key} is given twice; list all its values in one {axis.source}.")
+        seen.add(axis.key)
+
+
+def _parse_value(key: str, raw: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"{source} {key}: the value {raw!r} is not valid YAML.") from None
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def expand_cells(definition: StudyDefinition) -> list[Cell]:
+    """Every cell of the study: base configs x axis values x seeds, in that nesting order.
+
+    Names are made of the base config's file stem (when there are several), each
+    axis's key without its section (the whole key when two axes would read
+    alike) with its value, and the seed: ``detr_r50_peg_position.peg_layers=0-1-2_seed1``.
+
+    Raises:
+        ConfigError: two axes with the same key, an axis that is also one of the study's overrides, or two
+            cells that would share a folder (:func:`check_cell_folders`).
+    """
+    check_distinct_axes(definition.axes)
+    keys = [a.key for a in definition.axes]
+    fixed = {o.partition("=")[0].strip() for o in definition.overrides}
+    for key in keys:
+        if key in fixed:
+            raise ConfigError(f"{key} is both a grid axis and a fixed override; keep one of them.")
+    if "train.seed" in keys or "train.seed" in fixed:
+        raise ConfigError("train.seed is set by --seeds (seeds 0..N-1); do not set it as an override or axis.")
+
+    total = len(definition.configs) * math.prod(len(a.values) for a in definition.axes) * definition.seeds
+    if total > MAX_CELLS:
+        raise ConfigError(
+            f"The study has {total:,} cells ({len(definition.configs)} configs x "
+            f"{' x '.join(str(len(a.values)) for a in definition.axes) or '1'} settings x {definition.seeds} seeds), "
+            f"more than the {MAX_CELLS:,} accepted; each cell is a training run."
+        )
+    labels = _axis_labels(keys)
+    stems = _config_labels(definition.configs)
+    cells = []
+    for config, stem in zip(definition.configs, stems):
+        for combo in itertools.product(*(a.values for a in definition.axes)):
+            values = tuple(zip(keys, combo))
+            parts = ([stem] if len(definition.configs) > 1 else []) + [
+                f"{label}={_safe(v)}" for label, v in zip(labels, combo)
+            ]
+            setting = "_".join(parts) or Path(config).stem
+            for seed in range(definition.seeds):
+                overrides = (*(f"{k}={v}" for k, v in values), *definition.overrides, f"train.seed={seed}")
+                cells.append(
+                    Cell(
+                        name=f"{setting}_seed{seed}",
+                        setting=setting,
+                        config=config,
+                        values=values,
+                        seed=seed,
+                        overrides=overrides,
+                        sources=tuple((a.key, a.source) for a in definition.axes),
+                    )
+                )
+    check_cell_folders(cells)
+    return cells
+
+
+def run_order(cells: Sequence[Cell]) -> list[Cell]:
+    """The order a study runs its cells in: seed by seed (every setting's seed 0, then every setting's seed 1, ...).
+
+    Within a seed the cells keep the plan's order. A paired comparison counts
+    only the seeds both settings have, so a study stopped partway (a round of
+    ``--seeds auto`` cut off, a machine taken back) holds whole seeds rather
+    than many seeds of one setting and none of the others.
+    """
+    return sorted(cells, key=lambda cell: cell.seed)
+
+
+#: The longest name of a folder on the common file systems (ext4, xfs, btrfs, tmpfs, APFS, NTFS), in bytes.
+MAX_NAME_BYTES = 255
+
+
+def check_cell_folders(cells: Sequence[Cell]) -> None:
+    """Every cell has a folder of its own, whose name the file system accepts.
+
+    Raises:
+        ConfigError: two cells whose names read alike (the same config twice, values that differ only in
+            characters a folder name leaves out, ``x/y`` and ``x y``), or a name longer than
+            :data:`MAX_NAME_BYTES`.
+    """
+
+    def described(cell: Cell) -> str:
+        values = ", ".join(f"{k}={shortened(v, 40)}" for k, v in cell.values)
+        return f"{cell.config}" + (f" with {values}" if values else "")
+
+    first: dict[str, Cell] = {}
+    for cell in cells:
+        size = len(cell.name.encode("utf-8"))
+        if size > MAX_NAME_BYTES:
+            raise ConfigError(
+                f"The cell {described(cell)} would be the folder {shortened(cell.name)} ({size} bytes), longer than "
+                f"the {MAX_NAME_BYTES} bytes a folder name may have; use shorter grid values (a config file "
+                "per long value, say)."
+            )
+        if cell.name in first:
+            raise ConfigError(
+                f"Two cells would share the folder {cell.name}: {described(first[cell.name])} and "
+                f"{described(cell)}; give each config once and grid values that differ in letters or digits."
+            )
+        first[cell.name] = cell
+
+
+def _axis_labels(keys: Sequence[str]) -> list[str]:
+    """Each key without its section (``model.position.name`` -> ``position.name``, ``train.lr`` -> ``lr``)."""
+    short = [k.split(".", 1)[-1] for k in keys]
+    return [s if short.count(s) == 1 else k for s, k in zip(short, keys)]
+
+
+def _config_labels(configs: Sequence[str]) -> list[str]:
+    stems = [Path(c).stem for c in configs]
+    if len(set(stems)) == len(stems):
+        return stems
+    return [_safe(str(Path(c).with_suffix(""))) for c in configs]
+
+
+def _safe(text: str) -> str:
+    return _NAME_UNSAFE.sub("-", text).strip("-") or "empty"

@@ -1,0 +1,107 @@
+"""Redraw the figures of a study or of a single training run from the files they wrote.
+
+For a study folder (it holds plan.json): the results are read back from the
+cells' files, study.md / study.csv / study.json are rewritten and the figures
+drawn into STUDY/plots/ (AP against test scale per kind, learning curves, the
+main table as bars), with the paired comparisons against the reference setting
+the study was run with (--baseline and --equal-within choose others). For a training run folder (it holds metrics.jsonl): its
+learning curve (AP and AP50 against iteration, and the training loss) goes to
+RUN/plots/learning_curve.pdf and .png. --publish DEST copies a study's done
+cells into DEST without their checkpoints, detections and locks (absolute paths
+under the current folder made relative) and draws the report there: a copy
+small enough to share that redraws every table and figure.
+
+Examples:
+  detr-peg plot studies/demo
+  detr-peg plot studies/demo --baseline model.position.name=peg --equal-within 0.5
+  detr-peg plot outputs/demo/run
+  detr-peg plot studies/demo --publish docs/results/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from pathlib import Path
+
+from detr_peg.lab.study.command import add_comparison_arguments, comparison_options
+
+#: Reads JSON and draws figures: neither torch nor the models are imported.
+NEEDS_MODELS = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("path", metavar="RUN_OR_STUDY", help="a study folder or a training run folder")
+    add_comparison_arguments(parser, recorded=True)  # a study's; by default those it was run with (plan.json)
+    parser.add_argument(
+        "--publish",
+        metavar="DEST",
+        help="copy the study's done cells without checkpoints, detections and locks into DEST and draw the "
+        "report there (publishing again adds the cells done since)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.errors import UserError
+        from detr_peg.guards.declared_io import plot_io
+        from detr_peg.guards.output_guard import guard_outputs
+        from detr_peg.lab.study.plots import plot_run, plot_study
+
+        path = Path(args.path)
+        if not path.is_dir():
+            problem = "is a file, not a folder" if path.exists() else "does not exist"
+            raise UserError(f"RUN_OR_STUDY {path} {problem}; give a study folder or a training run folder.")
+        study = os.path.lexists(path / "plan.json")  # a plan.json that cannot be read is named by its reader
+        published = []
+        if args.publish is not None:
+            from detr_peg.guards.declared_io import publish_io
+            from detr_peg.guards.output_guard import check_no_overlap
+            from detr_peg.lab.study.publish import plan_copy, write_copy
+
+            if not args.publish.strip():
+                raise UserError("--publish is empty; give the folder for the study's copy.")
+            if not study:
+                raise UserError(f"--publish copies a study: {path} is not a study folder (no plan.json).")
+            io = publish_io(path, args.publish)
+            check_no_overlap("plot", *io)  # STUDY itself, or a folder inside it, is refused as such
+            copy = plan_copy(path, args.publish)  # every refusal comes before anything is written into DEST
+            claims.enter_context(guard_outputs("plot", *io))
+            write_copy(copy, args.publish)
+            left = f"; {len(copy.left_out)} not done, left out" if copy.left_out else ""
+            kept = f"; {len(copy.kept)} kept from the earlier copy though not done in {path}" if copy.kept else ""
+            published = [
+                f"Published {len(copy.copied)} done cells of {path} to {args.publish} ({len(copy.new)} new{left}{kept})."
+            ]
+            path = Path(args.publish)
+        elif study or (path / "metrics.jsonl").is_file():
+            claims.enter_context(guard_outputs("plot", *plot_io(path, study)))
+        if study:
+            from detr_peg.lab.study.grid import StudyDefinition, expand_cells
+            from detr_peg.lab.study.results import cells_lost, collect, progress_line, write_results
+            from detr_peg.lab.study.seed_rule import SeedRule
+            from detr_peg.lab.study.stored_files import read_plan
+
+            plan = read_plan(path)
+            definition = StudyDefinition.from_dict(plan["definition"])
+            options = comparison_options(args, plan.get("comparison"), f"{path / 'plan.json'}: comparison.baseline")
+            rule = SeedRule.from_dict(plan.get("seeds_auto"))
+            results = collect(path, definition, expand_cells(definition), options, rule)
+            lost = [] if published else cells_lost(path, results)  # a copy's report is of what was copied
+            if lost:
+                more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
+                raise UserError(
+                    f"{path / 'study.json'} reports cells done whose files no longer say so ({lost[0]}{more}: "
+                    f"{path / 'cells' / lost[0] / 'cell.json'}); restore them, or delete {path / 'study.json'} "
+                    "to draw the report from the cells that are there."
+                )
+            files = [*write_results(path, results), *plot_study(path, results)]
+            footer = [f"Study {path}: {progress_line(results)}."]
+        elif (path / "metrics.jsonl").is_file():
+            files, footer = plot_run(path), []
+        else:
+            raise UserError(f"{path} is neither a study folder (plan.json) nor a training run folder (metrics.jsonl).")
+        print("\n".join([*published, *(f"Wrote {f}" for f in files), *footer]))
+        return 0

@@ -1,0 +1,249 @@
+"""The files a study writes and reads back, with their declared shapes (see :mod:`detr_peg.fileio.json_shape`).
+
+A study reads its own ``plan.json``, each cell's ``cell.json`` and the
+evaluation files of its cells (``metrics.json``, ``scales_resized.json``,
+``scales_canvas.json``, ``padding.json``) whenever it resumes or ``detr-peg
+plot`` redraws its report. A file that was edited, cut short or replaced is
+one sentence naming it, the field and the value, and what to do (exit status
+2); a file that is not there is None (a cell not started, an evaluation not
+asked for).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from detr_peg.engine.evaluation.metric_units import STAT_NAMES
+from detr_peg.errors import DamagedFileError
+from detr_peg.fileio.atomic import atomic_write_text
+from detr_peg.fileio.json_shape import (
+    Anything,
+    Fields,
+    Flag,
+    Integer,
+    ListOf,
+    MapOf,
+    Nullable,
+    Number,
+    Shape,
+    Text,
+    read_json_file,
+)
+from detr_peg.lab.study.grid import MAX_CELLS
+
+#: A study folder's plan: its definition, cells and report options (written by ``detr-peg study``).
+PLAN_FILE = "plan.json"
+
+#: COCO metrics in a file: name -> number (COCO's -1 for "no such objects" included).
+METRICS = MapOf(Number())
+#: ``percent`` in current files; older files (fractions) have no unit.
+UNIT = Text(("percent",))
+#: The statuses a cell records (a report adds ``not started`` and ``stopped``).
+STATUSES = ("new", "running", "done", "failed", "interrupted")
+
+PLAN = Fields(
+    required={
+        "definition": Fields(
+            required={"configs": ListOf(Text(), min_length=1)},
+            optional={
+                "axes": ListOf(Fields({"key": Text(), "values": ListOf(Text(), min_length=1)})),
+                "seeds": Integer(1, MAX_CELLS),
+                "overrides": ListOf(Text()),
+                "eval": Fields(
+                    optional={
+                        "scales": ListOf(Number(above=0)),
+                        "canvas_scales": ListOf(Number(above=0)),
+                        "padding": Flag(),
+                    }
+                ),
+            },
+        )
+    },
+    optional={
+        "comparison": Nullable(Fields(optional={"baseline": Nullable(Text()), "equal_within": Number(above=0)})),
+        "seeds_auto": Nullable(
+            Fields(
+                {"target_ci": Number(above=0), "max_seeds": Integer(2, MAX_CELLS)},
+                optional={"first_round": Integer(1, MAX_CELLS)},
+            )
+        ),
+        "cells": Anything(),
+    },
+)
+CELL_STATE = Fields(
+    required={"status": Text(STATUSES), "stages": MapOf(Text()), "config_resolved": MapOf(Anything())},
+    optional={"error": Nullable(Text())},
+)
+EVAL_METRICS = Fields({"bbox": METRICS}, optional={"unit": UNIT})
+SCALES = Fields(
+    {"results": ListOf(Fields({"scale": Number(above=0), "metrics": METRICS}))},
+    optional={"unit": UNIT, "kind": Text(("resized", "canvas"))},
+)
+PADDING = Fields({"modes": MapOf(Fields({"metrics": METRICS}))}, optional={"unit": UNIT})
+
+#: What a redraw reads back of the report it replaces (``study.json``): its cells' names and statuses.
+REPORT = Fields({"cells": ListOf(Fields({"name": Text(), "status": Text()}))})
+
+_RERUN_CELL = "delete the cell's folder to run the cell again"
+
+
+def read_plan_file(path: Path) -> dict[str, Any] | None:
+    """A study's ``plan.json`` (None when there is none)."""
+    advice = "it is written by detr-peg study: restore it, or run the study in a new folder."
+    return _read(path, PLAN, "Study plan", advice)
+
+
+def read_plan(study_dir: str | Path) -> dict[str, Any] | None:
+    """``plan.json`` of a study folder (:data:`PLAN_FILE`), its shape checked, or None when there is none."""
+    return read_plan_file(Path(study_dir) / PLAN_FILE)
+
+
+def read_cell_state(path: Path) -> dict[str, Any] | None:
+    """A cell's ``cell.json`` (None before the cell's first start)."""
+    return _read(path, CELL_STATE, "Cell state", f"it is written by detr-peg study: restore it, or {_RERUN_CELL}.")
+
+
+def read_eval_file(path: Path, shape: Shape) -> dict[str, Any] | None:
+    """One of a cell's evaluation files (``metrics.json``, ``scales_*.json``, ``padding.json``), or None."""
+    writer = "train" if path.parent.name == "run" else "eval"
+    advice = f"it is written by detr-peg {writer}: restore it, or {_RERUN_CELL}."
+    return _read(path, shape, "Evaluation file", advice)
+
+
+def read_report_cells(path: Path) -> list[dict[str, Any]] | None:
+    """The cells of a study's ``study.json`` (name and status), or None when there is none."""
+    data = _read(path, REPORT, "Study report", "it is written by detr-peg study and plot: delete it to redraw.")
+    return None if data is None else data["cells"]
+
+
+def _read(path: Path, shape: Shape, what: str, advice: str) -> dict[str, Any] | None:
+    return read_json_file(path, shape, what, advice, DamagedFileError)
+
+
+#: One row per cell: what every table, comparison and figure of the report is drawn from.
+CELLS_CSV = "cells.csv"
+_RECORD_TEXT = ("name", "setting", "config", "status", "error")
+_SCALE_KINDS = ("resized", "canvas")
+
+
+def cell_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A cell's record (:func:`detr_peg.lab.study.results.collect_cell`) as one flat ``cells.csv`` row.
+
+    Columns: ``name setting seed config values status error``, the COCO numbers (``AP``, ...), then
+    ``resized x<scale> <field>``, ``canvas x<scale> <field>``, ``padding <mode> <field>``, ``padding <key>``,
+    ``cost <key>`` and ``curve`` (``iteration:AP`` pairs joined by ``;``). Numbers keep every digit.
+    """
+    row: dict[str, Any] = {key: record.get(key) for key in ("name", "setting", "seed", "config")}
+    row["values"] = json.dumps(record.get("values") or {}, sort_keys=True)
+    row.update(status=record.get("status"), error=record.get("error"))
+    row.update(record.get("metrics") or {})
+    for kind in _SCALE_KINDS:
+        for entry in record.get(kind) or []:
+            row.update(_flat(f"{kind} x{entry['scale']!r}", {k: v for k, v in entry.items() if k != "scale"}))
+    for key, value in (record.get("padding") or {}).items():  # in the file's order, its modes in place
+        for mode, result in value.items() if key == "modes" else []:
+            row.update(_flat(f"padding {mode}", result))
+        if key != "modes":
+            row[f"padding {key}"] = value
+    row.update({f"cost {k}": v for k, v in (record.get("cost") or {}).items()})
+    row["curve"] = ";".join(f"{it}:{value!r}" for it, value in record.get("curve") or [])
+    return {k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in row.items()}
+
+
+def _flat(prefix: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry``'s fields as ``<prefix> <field>`` columns, its ``metrics`` spread in place (the order kept)."""
+    flat = {}
+    for key, value in entry.items():
+        for name, number in value.items() if key == "metrics" else [(key, value)]:
+            flat[f"{prefix} {name}"] = number
+    return flat
+
+
+def write_cells_csv(path: Path, records: list[dict[str, Any]]) -> Path:
+    """Write ``cells.csv`` (:func:`cell_row` of every record; columns in order of first appearance)."""
+    rows = [cell_row(r) for r in records]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, out.getvalue())
+    return path
+
+
+def _number(text: str) -> Any:
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_cells_csv(path: Path) -> dict[str, dict[str, Any]]:
+    """The records of ``cells.csv`` by cell name (the inverse of :func:`cell_row`); empty without the file.
+
+    Raises:
+        DamagedFileError: the file is not a ``cells.csv`` (no ``name`` column, a row without one, bad ``values``).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DamagedFileError(f"Cell table {path} cannot be read ({exc}); restore it from the repository.") from None
+    records = {}
+    for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        try:
+            records[row["name"]] = _record(row)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise DamagedFileError(
+                f"Cell table {path}, line {number}: not a row of detr-peg study ({exc!r}); restore it from the "
+                "repository."
+            ) from None
+    return records
+
+
+def _unflat(entry: dict[str, Any], name: str, value: Any) -> None:
+    if name in STAT_NAMES:
+        entry.setdefault("metrics", {})[name] = value
+    else:
+        entry[name] = value
+
+
+def _record(row: dict[str, str]) -> dict[str, Any]:
+    record: dict[str, Any] = {key: row.get(key) or None for key in _RECORD_TEXT}
+    record["seed"] = int(row["seed"])
+    record["values"] = json.loads(row["values"])
+    metrics: dict[str, Any] = {}
+    scales: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in _SCALE_KINDS}
+    padding: dict[str, Any] = {}
+    cost: dict[str, Any] = {}
+    for column, text in row.items():
+        if column in (*_RECORD_TEXT, "seed", "values", "curve") or text in ("", None):
+            continue
+        value, words = _number(text), column.split(" ")
+        if words[0] in _SCALE_KINDS:
+            entry = scales[words[0]].setdefault(words[1], {"scale": _number(words[1][1:])})
+            _unflat(entry, words[2], value)
+        elif words[0] == "padding" and len(words) == 3:
+            _unflat(padding.setdefault("modes", {}).setdefault(words[1], {}), words[2], value)
+        elif words[0] == "padding":
+            padding[words[1]] = value
+        elif words[0] == "cost":
+            cost[words[1]] = value
+        else:
+            metrics[column] = value
+    pairs = [p.split(":") for p in row["curve"].split(";")] if row.get("curve") else []
+    return {  # the key order of collect_cell's records, so study.json is the same either way
+        **{key: record[key] for key in ("name", "setting", "seed", "config", "values", "status", "error")},
+        "metrics": metrics or None,
+        "curve": [(int(it), float(value)) for it, value in pairs],
+        "cost": cost or None,
+        **{kind: list(entries.values()) for kind, entries in scales.items()},
+        "padding": padding or None,
+    }
