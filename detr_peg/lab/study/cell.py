@@ -26,6 +26,8 @@ from its checkpoint.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from detr_peg.fileio.atomic import write_json
 from detr_peg.guards.folder_lock import holder_alive
 from detr_peg.lab.study.grid import Cell, EvalPlan
 from detr_peg.lab.study.records import record
-from detr_peg.lab.study.stored_files import read_cell_state
+from detr_peg.lab.study.stored_files import CELLS_CSV, read_cell_state, read_cells_csv
 
 CELLS_DIR = "cells"
 STATE_FILE = "cell.json"
@@ -179,6 +181,32 @@ def read_state(paths: CellPaths) -> dict[str, Any] | None:
         DamagedFileError: the file is there but damaged (one sentence naming it, the field and the value).
     """
     return read_cell_state(paths.state)
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """A short digest of a cell's resolved config: what ``cells.csv`` keeps to tell a changed config."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def table_row(study_dir: str | Path, cell: Cell) -> dict[str, Any] | None:
+    """The cell's published row of the study's ``cells.csv`` when the cell has no folder, else None.
+
+    A row is published when its cell's files were left out of a shipped copy of the study (its ``published``
+    column); the row of a cell whose folder was deleted to run it again is not.
+    """
+    if cell_paths(study_dir, cell).root.exists():
+        return None
+    row = read_cells_csv(Path(study_dir) / CELLS_CSV).get(cell.name)
+    return row if row is not None and row.get("published") else None
+
+
+def is_done(study_dir: str | Path, cell: Cell) -> bool:
+    """Whether the cell finished: its ``cell.json`` says so, or, without a folder, its row of ``cells.csv``."""
+    state = read_state(cell_paths(study_dir, cell))
+    if state is not None:
+        return state.get("status") == "done"
+    row = table_row(study_dir, cell)
+    return row is not None and row["status"] == "done"
 
 
 def reported_status(state: dict[str, Any], paths: CellPaths, study_dir: Path) -> str:

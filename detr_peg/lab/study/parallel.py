@@ -39,7 +39,7 @@ from types import FrameType
 
 from tqdm import tqdm
 
-from detr_peg.lab.study.cell import CellOutcome, CellPaths, CommandRunner, cell_paths, read_state, run_cell
+from detr_peg.lab.study.cell import CellOutcome, CellPaths, CommandRunner, cell_paths, is_done, run_cell
 from detr_peg.lab.study.grid import Cell, EvalPlan
 
 #: How often (seconds) the study looks at its cells when none has ended.
@@ -157,7 +157,7 @@ def run_parallel(
     study_dir = Path(study_dir)
     context = _cell_context()
     threads = threads_per_job(jobs)
-    done = {c.name for c in cells if (read_state(cell_paths(study_dir, c)) or {}).get("status") == "done"}
+    done = {c.name for c in cells if is_done(study_dir, c)}
     todo = [cell for cell in cells if cell.name not in done]
     outcomes = [CellOutcome(cell.name, "skipped") for cell in cells if cell.name in done]
     bar = tqdm(total=len(cells), initial=len(outcomes), unit="cell", desc="study", disable=not sys.stderr.isatty())

@@ -24,7 +24,7 @@ from typing import Any
 from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
 from detr_peg.errors import UserError
 from detr_peg.fileio.atomic import atomic_write_text, write_json
-from detr_peg.lab.study.cell import cell_paths, read_state, reported_status
+from detr_peg.lab.study.cell import cell_paths, config_digest, read_state, reported_status, table_row
 from detr_peg.lab.study.comparisons import (
     ALPHA,
     PADDING_CHANGE,
@@ -45,7 +45,6 @@ from detr_peg.lab.study.stored_files import (
     EVAL_METRICS,
     PADDING,
     SCALES,
-    read_cells_csv,
     read_eval_file,
     read_report_cells,
     write_cells_csv,
@@ -161,6 +160,8 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         "values": dict(cell.values),
         "status": reported_status(state, paths, study_dir),
         "error": state.get("error"),
+        "config_digest": config_digest(state["config_resolved"]) if "config_resolved" in state else None,
+        "published": False,
         "metrics": read_metrics(main) if main and state.get("status") == "done" else None,
         "curve": learning_curve(log),
         "cost": training_cost(log),
@@ -279,12 +280,7 @@ def collect(
         and ``"seeds_auto"`` (the rule and the sentence saying what ended the study) with a rule.
     """
     study_dir = Path(study_dir)
-    stored = read_cells_csv(study_dir / CELLS_CSV)  # a published study keeps only this table of its cells
-    records = [
-        stored[cell.name] if cell.name in stored and not cell_paths(study_dir, cell).root.is_dir()
-        else collect_cell(study_dir, cell)
-        for cell in cells
-    ]  # fmt: skip
+    records = [table_row(study_dir, cell) or collect_cell(study_dir, cell) for cell in cells]
     results = {"definition": definition.to_dict(), "unit": UNIT, "cells": records, "settings": summarize(records)}
     results["comparisons"] = compare(results, options or ComparisonOptions())
     if rule is not None:

@@ -40,12 +40,15 @@ from detr_peg.lab.study.cell import (
     CommandRunner,
     cell_config,
     cell_paths,
+    config_digest,
     eval_argv,
     first_difference,
+    is_done,
     read_state,
     resolved_config,
     run_cell,
     stored_config,
+    table_row,
     train_argv,
 )
 from detr_peg.lab.study.comparisons import ComparisonOptions
@@ -53,7 +56,7 @@ from detr_peg.lab.study.grid import Cell, EvalPlan, StudyDefinition, expand_cell
 from detr_peg.lab.study.parallel import run_parallel
 from detr_peg.lab.study.results import collect
 from detr_peg.lab.study.seed_rule import SeedRule, next_seeds, stop_reason
-from detr_peg.lab.study.stored_files import PLAN_FILE, read_plan
+from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, read_plan
 from detr_peg.messages import listed
 
 #: Exit status of a study in which some cells failed (the others finished).
@@ -104,6 +107,11 @@ def prepare(
             change = first_difference(stored_config(state), configs[cell.name])
             if change:
                 changed.append(f"{cell.name} ({change})")
+        elif (row := table_row(study_dir, cell)) and row.get("config_digest") not in (
+            None,
+            config_digest(configs[cell.name]),
+        ):
+            changed.append(f"{cell.name} (its row of {CELLS_CSV} records another config)")
     if changed:
         more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
         raise ConfigError(
@@ -245,11 +253,6 @@ def make_canvas_sets(cells: Sequence[Cell], scales: Sequence[float]) -> None:
         seen.add(data.val_annotations)
         for scale in scales:
             canvas_data(data, scale)
-
-
-def is_done(study_dir: Path, cell: Cell) -> bool:
-    state = read_state(cell_paths(study_dir, cell))
-    return state is not None and state.get("status") == "done"
 
 
 def run_here(

@@ -126,20 +126,21 @@ def _read(path: Path, shape: Shape, what: str, advice: str) -> dict[str, Any] | 
 
 #: One row per cell: what every table, comparison and figure of the report is drawn from.
 CELLS_CSV = "cells.csv"
-_RECORD_TEXT = ("name", "setting", "config", "status", "error")
+_RECORD_TEXT = ("name", "setting", "config", "status", "error", "config_digest")
 _SCALE_KINDS = ("resized", "canvas")
 
 
 def cell_row(record: dict[str, Any]) -> dict[str, Any]:
     """A cell's record (:func:`detr_peg.lab.study.results.collect_cell`) as one flat ``cells.csv`` row.
 
-    Columns: ``name setting seed config values status error``, the COCO numbers (``AP``, ...), then
+    Columns: ``name setting seed config values status error config_digest published``, the COCO numbers (``AP``, ...), then
     ``resized x<scale> <field>``, ``canvas x<scale> <field>``, ``padding <mode> <field>``, ``padding <key>``,
     ``cost <key>`` and ``curve`` (``iteration:AP`` pairs joined by ``;``). Numbers keep every digit.
     """
     row: dict[str, Any] = {key: record.get(key) for key in ("name", "setting", "seed", "config")}
     row["values"] = json.dumps(record.get("values") or {}, sort_keys=True)
-    row.update(status=record.get("status"), error=record.get("error"))
+    row.update(status=record.get("status"), error=record.get("error"), config_digest=record.get("config_digest"))
+    row["published"] = "yes" if record.get("published") else ""
     row.update(record.get("metrics") or {})
     for kind in _SCALE_KINDS:
         for entry in record.get(kind) or []:
@@ -173,6 +174,14 @@ def write_cells_csv(path: Path, records: list[dict[str, Any]]) -> Path:
     writer.writerows(rows)
     atomic_write_text(path, out.getvalue())
     return path
+
+
+def publish_table(path: Path) -> int:
+    """Mark every row of ``cells.csv`` published: the report and a later run take a cell without a folder from its
+    row (done cells are not run again), so the cells' folders can be left out of a shipped copy. Returns the rows."""
+    records = [{**r, "published": True} for r in read_cells_csv(path).values()]
+    write_cells_csv(path, records)
+    return sum(r["published"] for r in records)
 
 
 def _number(text: str) -> Any:
@@ -224,7 +233,7 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
     padding: dict[str, Any] = {}
     cost: dict[str, Any] = {}
     for column, text in row.items():
-        if column in (*_RECORD_TEXT, "seed", "values", "curve") or text in ("", None):
+        if column in (*_RECORD_TEXT, "seed", "values", "curve", "published") or text in ("", None):
             continue
         value, words = _number(text), column.split(" ")
         if words[0] in _SCALE_KINDS:
@@ -241,6 +250,8 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
     pairs = [p.split(":") for p in row["curve"].split(";")] if row.get("curve") else []
     return {  # the key order of collect_cell's records, so study.json is the same either way
         **{key: record[key] for key in ("name", "setting", "seed", "config", "values", "status", "error")},
+        "config_digest": record["config_digest"],
+        "published": row.get("published") == "yes",
         "metrics": metrics or None,
         "curve": [(int(it), float(value)) for it, value in pairs],
         "cost": cost or None,

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from detr_peg.errors import ConfigError
-from detr_peg.lab.study.cell import cell_paths, new_state, resolved_config, run_cell, write_state
+from detr_peg.lab.study.cell import cell_paths, is_done, new_state, resolved_config, run_cell, write_state
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, parse_axis
+from detr_peg.lab.study.results import collect, write_results
 from detr_peg.lab.study.runner import prepare
-from detr_peg.lab.study.stored_files import PLAN_FILE
+from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, publish_table
+from tests.lab.study.study_cells import write_done_cell
 
 
 @pytest.fixture
@@ -144,3 +147,36 @@ def test_a_signal_no_command_took_over_records_the_cell_as_interrupted(
     assert ran == ["train", "eval"][: ran.index(stage) + 1] and state["status"] == "interrupted"
     assert state["error"] == "stopped by a signal"
     assert state["stages"] == ({} if stage == "train" else {"train": "done"})
+
+
+def test_a_study_kept_as_its_cell_table_resumes_with_its_done_cells_and_refuses_a_changed_config(
+    tmp_path: Path, base_config: Path, definition: StudyDefinition
+) -> None:
+    """What a shipped study keeps (plan.json and cells.csv) is enough to continue it on another machine: the
+    cells done in the table are not run again, and a config that changed since they ran is refused."""
+    study = tmp_path / "s"
+    cells = prepare(study, definition)
+    for cell in cells[:2]:
+        write_done_cell(study, cell, {("val", None): 0.4}, config=resolved_config(cell))
+    write_results(study, collect(study, definition, cells))
+    assert publish_table(study / CELLS_CSV) == 4
+    shutil.rmtree(study / "cells")  # the published form: no cell folders
+    assert [is_done(study, c) for c in cells] == [True, True, False, False]
+    assert prepare(study, definition) == cells
+    assert collect(study, definition, cells)["cells"][0]["metrics"]["AP"] == pytest.approx(40.0)
+
+    base_config.write_text(base_config.read_text() + "eval:\n  extra_padding: 0.5\n")
+    with pytest.raises(ConfigError, match=r"its row of cells.csv records another config"):
+        prepare(study, definition)
+
+
+def test_a_deleted_cell_folder_runs_again_unless_its_row_was_published(
+    tmp_path: Path, definition: StudyDefinition
+) -> None:
+    study = tmp_path / "s"
+    cells = prepare(study, definition)
+    write_done_cell(study, cells[0], {("val", None): 0.4}, config=resolved_config(cells[0]))
+    write_results(study, collect(study, definition, cells))
+    shutil.rmtree(cell_paths(study, cells[0]).root)  # deleted to run it again
+    assert not is_done(study, cells[0])
+    assert collect(study, definition, cells)["cells"][0]["status"] == "not started"
