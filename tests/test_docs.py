@@ -52,13 +52,14 @@ socket.socket.connect = _refuse
 socket.create_connection = _refuse
 """
 
-#: The README and the documentation's pages (below docs/results/ only its index: the rest is written by tools).
+#: The README and the documentation's pages (below docs/results/ only the pages written by hand: the reports are
+#: written by tools).
 PAGES = [
     REPO_ROOT / "README.md",
     *sorted(
         p for p in (REPO_ROOT / "docs").rglob("*.md") if "results" not in p.parent.relative_to(REPO_ROOT / "docs").parts
     ),
-    REPO_ROOT / "docs" / "results" / "index.md",
+    *(REPO_ROOT / "docs" / "results" / name for name in ("index.md", "notebook.md", "composite.md")),
 ]
 
 

@@ -43,8 +43,9 @@ SENTENCE_END = re.compile(r"\.\s")
 #: A comparison's metric as the prose names it, in the report's words: ``AP padding mixed - single``,
 #: ``AP (= resized x1, padding exact)``.
 QUOTED_LABEL = re.compile(r"`(AP\w* [^`]+)`")
-#: Where a section of the Results page includes a study's report: ``--8<-- "docs/results/NAME/study.md:part"``.
-INCLUDED_STUDY = re.compile(r'--8<-- "docs/results/([^"]+)/study\.md:\w+"')
+#: Where a section of a results page includes or links a study's report: ``--8<-- "docs/results/NAME/study.md:part"``
+#: or ``[report](NAME/study.md)``.
+INCLUDED_STUDY = re.compile(r'(?:--8<-- "docs/results/|\]\()([^"()]+)/study\.md')
 
 
 def test_the_results_page_ships_studies() -> None:
@@ -159,7 +160,8 @@ def _readme_results() -> str:
 
 RESULTS_SECTIONS = [
     section
-    for section in _sections((RESULTS / "index.md").read_text(encoding="utf-8"))
+    for page in ("index.md", "notebook.md")
+    for section in _sections((RESULTS / page).read_text(encoding="utf-8"))
     if INCLUDED_STUDY.search(section) and _quoted_intervals(section)
 ]
 
