@@ -260,13 +260,31 @@ def _without_problems(data: dict, problems: list[SampleProblem]) -> dict:
     return out
 
 
-def _fill_missing_areas(data: dict, path: Path) -> None:
-    """Give annotations without ``area`` their box area (COCO evaluation needs one)."""
-    missing = [ann for ann in data["annotations"] if "area" not in ann]
-    for ann in missing:
-        ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])
-    if missing:
-        logger.info("%s: %d annotations have no 'area'; using box width x height.", path, len(missing))
+def _normalise_for_pycocotools(data: dict, path: Path) -> None:
+    """Fill what pycocotools' evaluation needs and cannot mistake, by the COCO rules, in place.
+
+    ``area`` (when absent: the box's width x height), ``iscrowd`` (when absent: 0), and annotation ids:
+    ``COCOeval`` stores the id of a matched ground-truth box and reads 0 as "unmatched", so a file whose ids
+    start at 0 would score its first object as missed; such ids are renumbered 1..N (they name nothing else).
+    """
+    annotations = data["annotations"]
+    filled = {"area": 0, "iscrowd": 0}
+    for ann in annotations:
+        if "area" not in ann:
+            ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])
+            filled["area"] += 1
+        if "iscrowd" not in ann:
+            ann["iscrowd"] = 0
+            filled["iscrowd"] += 1
+    if any(ann["id"] == 0 for ann in annotations):
+        for number, ann in enumerate(annotations, start=1):
+            ann["id"] = number
+        logger.info("%s: annotation ids include 0, which COCO evaluation reads as 'no match'; renumbered 1..%d.",
+                    path, len(annotations))  # fmt: skip
+    for key, count in filled.items():
+        if count:
+            rule = "box width x height" if key == "area" else "0 (not a crowd)"
+            logger.info("%s: %d annotations have no '%s'; using %s.", path, count, key, rule)
 
 
 def build_coco_index(data: dict) -> COCO:
@@ -312,5 +330,5 @@ def read_coco_file(path: str | Path, *, on_bad_sample: OnBadSample = "error") ->
         data = _without_problems(data, problems)
         if not data["images"]:
             raise DataError(f"Annotation file {path} has no valid image left after skipping {len(problems)} problems.")
-    _fill_missing_areas(data, path)
+    _normalise_for_pycocotools(data, path)
     return CocoFile(path=path, data=data, coco=build_coco_index(data), problems=problems)

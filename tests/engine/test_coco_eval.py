@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 from pycocotools.coco import COCO
 
+from detr_peg.data.coco_file import read_coco_file
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.evaluation.coco_metrics import STAT_NAMES, detections_to_coco, evaluate_coco, format_metrics_table
 from detr_peg.engine.evaluation.evaluate import merge_shards
@@ -89,3 +93,39 @@ def test_shards_are_merged_once_per_image() -> None:
     merged, count = merge_shards([a, b])
     assert count == 3
     assert merged == [{"image_id": 1, "score": 0.1}, {"image_id": 2, "score": 0.2}]
+
+
+def _variant(name: str) -> dict:
+    """GT as a file might hold it: ids from 1 (as written), from 0, without ``iscrowd`` or ``area``."""
+    data = {k: [dict(v) for v in vs] for k, vs in GT.items()}
+    for index, ann in enumerate(data["annotations"]):
+        if name == "ids from 0":
+            ann["id"] = index
+        elif name == "ids from 0, reversed":
+            ann["id"] = len(data["annotations"]) - 1 - index
+        elif name == "no iscrowd":
+            del ann["iscrowd"]
+        elif name == "no area":
+            del ann["area"]
+    return data
+
+
+#: Detections of GT: one box exact, one shifted (IoU about 0.6), one missing, one false positive.
+DETECTIONS = [
+    {"image_id": 1, "category_id": 3, "bbox": [10, 10, 50, 40], "score": 0.9},
+    {"image_id": 1, "category_id": 7, "bbox": [110, 30, 60, 70], "score": 0.8},
+    {"image_id": 5, "category_id": 3, "bbox": [0, 0, 50, 50], "score": 0.7},
+]
+
+
+@pytest.mark.parametrize("variant", ["ids from 0", "ids from 0, reversed", "no iscrowd", "no area"])
+def test_the_same_ground_truth_gives_the_same_metrics_however_the_file_writes_it(tmp_path, variant: str) -> None:
+    """Rule: annotations are normalised where they are read (ids pycocotools cannot take for "no match",
+    ``iscrowd`` and ``area`` by the COCO rules), so AP does not depend on how the file numbers or omits them."""
+    reference = tmp_path / "reference.json"
+    reference.write_text(json.dumps(_variant("as written")))
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(_variant(variant)))
+    expected = evaluate_coco(read_coco_file(reference).coco, [dict(d) for d in DETECTIONS])
+    assert 0 < expected["AP"] < 100 and 0 < expected["AR100"] < 100  # a score that a lost match would change
+    assert evaluate_coco(read_coco_file(changed).coco, [dict(d) for d in DETECTIONS]) == expected
