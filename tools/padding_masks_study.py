@@ -120,8 +120,7 @@ def outputs_vs_single(run: Path, checkpoint: Path, coco128: Path) -> None:
     import torch
     from torchvision import tv_tensors
 
-    from detr_peg.data.image_file import load_rgb_image
-    from detr_peg.data.image_input import as_rgb_tensor
+    from detr_peg.data.image_input import as_rgb_tensor, load_rgb_image
     from detr_peg.data.padding import pad_images
     from detr_peg.data.transforms import build_eval_transforms
     from detr_peg.models.loading import load_model

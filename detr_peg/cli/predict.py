@@ -101,7 +101,7 @@ def predict_files(detector, images: list[Path], *, threshold: float, batch_size:
     Files are decoded in chunks of :data:`CHUNK`; each chunk goes through
     :meth:`detr_peg.Detector.predict`.
     """
-    from detr_peg.data.image_file import load_rgb_image
+    from detr_peg.data.image_input import load_rgb_image
 
     for start in range(0, len(images), CHUNK):
         paths = images[start : start + CHUNK]

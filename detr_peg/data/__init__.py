@@ -20,7 +20,7 @@ _EXPORTS = {
     "SampleProblem": "detr_peg.data.coco_file",
     "read_coco_file": "detr_peg.data.coco_file",
     "collate_detection": "detr_peg.data.collate",
-    "load_rgb_image": "detr_peg.data.image_file",
+    "load_rgb_image": "detr_peg.data.image_input",
     "LabelMap": "detr_peg.data.label_map",
     "pad_images": "detr_peg.data.padding",
     "SHAPES": "detr_peg.data.synthetic",

@@ -2,7 +2,7 @@
 
 The annotation file is validated when the dataset is built (see
 :mod:`detr_peg.data.coco_file`); images are decoded when a sample is read (see
-:mod:`detr_peg.data.image_file`). Ground truth for COCO evaluation is the
+:mod:`detr_peg.data.image_input`). Ground truth for COCO evaluation is the
 pycocotools index ``dataset.coco``, crowd regions included; training targets
 leave crowd regions out.
 """
@@ -22,7 +22,7 @@ from torchvision.transforms.v2 import functional as F
 
 from detr_peg.config.schema import DataConfig
 from detr_peg.data.coco_file import OnBadSample, read_coco_file
-from detr_peg.data.image_file import load_rgb_image
+from detr_peg.data.image_input import load_rgb_image
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.transforms import build_eval_transforms, build_train_transforms
 from detr_peg.errors import ConfigError, DataError

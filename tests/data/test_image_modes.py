@@ -1,9 +1,9 @@
 """Every Pillow pixel mode is either decoded into the colours it holds or refused in one sentence.
 
-The rule is :func:`detr_peg.data.image_file.to_rgb`'s: a mode is converted
+The rule is :func:`detr_peg.data.image_input.to_rgb`'s: a mode is converted
 where its values say what colour they are, and refused otherwise. Each mode
 that Pillow writes to a file is written, read back by
-:func:`~detr_peg.data.image_file.load_rgb_image`, and compared with a
+:func:`~detr_peg.data.image_input.load_rgb_image`, and compared with a
 conversion computed here from the stored values (palette lookup, the CMYK,
 YCbCr and HSV formulas, 16-bit scaling); the modes that exist only in memory
 go through :func:`~detr_peg.data.image_input.as_rgb_tensor`. A test over
@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from detr_peg.data.image_file import load_rgb_image
-from detr_peg.data.image_input import as_rgb_tensor
+from detr_peg.data.image_input import as_rgb_tensor, load_rgb_image
 from detr_peg.errors import DataError
 
 W, H = 9, 5

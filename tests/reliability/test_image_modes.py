@@ -1,6 +1,6 @@
 """Images whose pixel mode has no defined conversion to RGB are refused by every command, not decoded into black.
 
-The rule is :func:`detr_peg.data.image_file.to_rgb`'s (see
+The rule is :func:`detr_peg.data.image_input.to_rgb`'s (see
 ``tests/data/test_image_modes.py`` for the pixel values of every mode it
 accepts): a float TIFF, a CIE L*a*b* TIFF or 32-bit integers outside
 ``0..65535`` are one line naming the image file and its mode, exit status 2,

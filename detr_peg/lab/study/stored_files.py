@@ -201,7 +201,7 @@ def read_cells_csv(path: Path) -> dict[str, dict[str, Any]]:
     """
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no table; a study folder that is not one is named elsewhere
         return {}
     except (OSError, UnicodeDecodeError) as exc:
         raise DamagedFileError(f"Cell table {path} cannot be read ({exc}); restore it from the repository.") from None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from detr_peg.data.image_file import load_rgb_image
+from detr_peg.data.image_input import load_rgb_image
 from detr_peg.errors import DataError
 from tests.data.conftest import assert_one_sentence
 
