@@ -29,7 +29,7 @@ DEMO_NAMES = ("data", "run", "predictions")
 PLAN_NAME = "plan.json"
 STUDY_NAMES = (PLAN_NAME, "cells", "jobs", "plots", "study.json", "study.csv", "study.md")
 #: What ``plot`` writes: a study's tables and figures, or a training run's learning curve.
-STUDY_TABLE_NAMES = ("study.json", "study.csv", "study.md", "plots")
+STUDY_TABLE_NAMES = ("study.json", "study.csv", "cells.csv", "study.md", "plots")
 STUDY_PLOT_NAMES = tuple(
     f"{name}.{fmt}"
     for name in ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
@@ -140,7 +140,7 @@ def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> IO:
     """``plot STUDY --publish DEST``: the study folder in; the copy out, its report and figures drawn there.
 
     A ``DEST`` that already holds a ``plan.json`` is a copy published before
-    (:func:`~detr_peg.lab.study.publish.publish_study` checks it is the same
+    (:func:`~detr_peg.lab.study.publish.plan_copy` checks it is the same
     study's), so it is adopted, as ``detr-peg study`` adopts its own folder.
     """
     out = Path(dest)

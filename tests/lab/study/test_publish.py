@@ -1,20 +1,18 @@
-"""``detr-peg plot STUDY --publish DEST``: the done cells' small files, paths made relative, the same report."""
+"""``detr-peg plot STUDY --publish DEST``: plan.json and the cell table, paths made relative, the same report."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from detr_peg.cli.main import main
 from detr_peg.guards.output_guard import OWNERSHIP_FILE
-from detr_peg.lab.study import publish
 from detr_peg.lab.study.cell import cell_paths, new_state, write_state
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.lab.study.runner import plan_record
-from detr_peg.lab.study.stored_files import PLAN_FILE
+from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, read_cells_csv
 from tests.lab.study.study_cells import write_done_cell
 
 #: A cell's log: a path under the current folder, and two that only contain its name (they stay as they are).
@@ -71,17 +69,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _published(relative: str) -> bool:
-    """The rule, restated: no checkpoints or detections, no hidden files but the ownership records."""
-    name = Path(relative).name
-    return (
-        (not name.startswith(".") or name == OWNERSHIP_FILE)
-        and name != "detections.json"
-        and (not name.endswith(".pth"))
-    )
-
-
-def test_a_copy_holds_the_done_cells_small_files_with_relative_paths_and_draws_the_same_report(
+def test_a_copy_holds_the_plan_and_the_cell_table_with_relative_paths_and_draws_the_same_report(
     study, tmp_path: Path, capsys
 ) -> None:
     src, definition, cells = study
@@ -90,40 +78,33 @@ def test_a_copy_holds_the_done_cells_small_files_with_relative_paths_and_draws_t
     assert main(["plot", "src", "--publish", "dst"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "Published 4 done cells of src to dst (4 new; 2 not done, left out)."
-    assert out[-1] == "Study dst: 4 of 6 cells done; 2 not started."  # the copy holds no unfinished cell
+    assert out[-1] == "Study dst: 4 of 6 cells done; 2 not started."
 
     dst = tmp_path / "dst"
     here = f"{tmp_path}/"
-    done = [c.name for c in cells if not c.name.endswith("seed2")]
-    expected = {  # the fixture's paths come after a space or a quote
-        f"cells/{name}/{relative}": data.replace(b" " + here.encode(), b" ").replace(b'"' + here.encode(), b'"')
-        for name in done
-        for relative, data in _files(src / "cells" / name).items()
-        if _published(relative)
-    }
-    copied = {k: v for k, v in _files(dst).items() if k.startswith("cells/")}
-    assert copied == expected
-    assert b"\x80weights" not in b"".join(copied.values()) and b"half" not in b"".join(copied.values())
-    assert copied["cells/position.name=sine_seed0/run/curve.bin"] == bytes(range(256))
-    assert copied["cells/position.name=sine_seed0/cell.log"].decode() == (
-        f"$ detr-peg train --config configs/base.yaml\nAP 0.3\nkept: /mnt{tmp_path}/z https://host{tmp_path}/q\n"
-    )
+    assert not (dst / "cells").exists()  # no cell's files: the table holds what the report needs
+    assert b"weights" not in b"".join(_files(dst).values())
     plan = json.loads((dst / PLAN_FILE).read_text())
     assert plan == json.loads((src / PLAN_FILE).read_text().replace(here, ""))
     assert plan["definition"]["configs"] == ["configs/base.yaml"]
+    rows = read_cells_csv(dst / CELLS_CSV)
+    assert [n for n, row in rows.items() if row["published"]] == [
+        n for n, row in rows.items() if row["status"] == "done"
+    ]
+    assert len([n for n, row in rows.items() if row["published"]]) == 4 and here not in (dst / CELLS_CSV).read_text()
 
     # The copy's report is the source's (its config paths relative): the same settings, per-seed values and
     # comparisons.
     ours = json.loads((src / "study.json").read_text().replace(here, ""))
     theirs = json.loads((dst / "study.json").read_text())
     assert theirs["settings"] == ours["settings"] and theirs["comparisons"] == ours["comparisons"]
-    assert (dst / "plots" / "comparisons.pdf").is_file() and (dst / "study.md").is_file()
+    assert (dst / "plots" / "comparisons.pdf").is_file()
 
 
 def test_publishing_again_adds_the_cells_done_since_and_keeps_the_rest(study, tmp_path: Path, capsys) -> None:
     src, definition, cells = study
     assert main(["plot", "src", "--publish", "dst"]) == 0
-    before = _files(tmp_path / "dst" / "cells")
+    before = read_cells_csv(tmp_path / "dst" / CELLS_CSV)
     late = next(c for c in cells if c.name.endswith("sine_seed2"))
     _finish(src, late, tmp_path)
     capsys.readouterr()
@@ -131,9 +112,11 @@ def test_publishing_again_adds_the_cells_done_since_and_keeps_the_rest(study, tm
     assert capsys.readouterr().out.splitlines()[0] == (
         "Published 5 done cells of src to dst (1 new; 1 not done, left out)."
     )
-    after = _files(tmp_path / "dst" / "cells")
-    assert {k: v for k, v in after.items() if k in before} == before
-    assert sorted({k.split("/")[0] for k in after} - {k.split("/")[0] for k in before}) == [late.name]
+    after = read_cells_csv(tmp_path / "dst" / CELLS_CSV)
+    assert {k: v for k, v in after.items() if before[k]["status"] == "done"} == {
+        k: v for k, v in before.items() if v["status"] == "done"
+    }
+    assert after[late.name]["status"] == "done" and before[late.name]["status"] == "not started"
     report = json.loads((tmp_path / "dst" / "study.json").read_text())
     sine = next(s for s in report["settings"] if s["setting"].endswith("sine"))
     assert sine["main"]["AP"]["n"] == 3
@@ -144,11 +127,10 @@ def test_publishing_again_adds_the_cells_done_since_and_keeps_the_rest(study, tm
     [
         ("inside", "--publish src/copy is inside RUN_OR_STUDY src, a folder it reads"),
         ("another", "dst/plan.json is the copy of another study (definition configs: ['other.yaml'] ->"),
-        ("user-files", "dst/cells exists and was not written by detr-peg"),
+        ("user-files", "dst/study.md exists and was not written by detr-peg"),
         ("not-a-study", "--publish copies a study: run is not a study folder (no plan.json)."),
         ("empty", "--publish is empty; give the folder for the study's copy."),
         ("study-itself", "--publish src is RUN_OR_STUDY src"),
-        ("linked-cell", "is a symbolic link; --publish writes only into folders of its own"),
         ("damaged-cell", "Cell state src/cells/position.name=peg_seed1/cell.json"),
     ],
 )
@@ -164,18 +146,14 @@ def test_a_copy_that_would_mix_or_overwrite_is_refused_in_one_line(
         dst.mkdir()
         (dst / PLAN_FILE).write_text(json.dumps(plan_record(dst, other, expand_cells(other))))
     elif case == "user-files":
-        (dst / "cells").mkdir(parents=True)
-        (dst / "cells" / "mine.txt").write_text("mine")
+        dst.mkdir()
+        (dst / "study.md").write_text("mine")
     elif case == "not-a-study":
         source = "run"
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / "metrics.jsonl").write_text("")
     elif case == "study-itself":
         dst = src
-    elif case == "linked-cell":  # an earlier copy whose cell folder links back into the study
-        assert main(["plot", "src", "--publish", "dst"]) == 0
-        shutil.rmtree(dst / "cells" / "position.name=sine_seed0")
-        (dst / "cells" / "position.name=sine_seed0").symlink_to(src / "cells" / "position.name=sine_seed0")
     elif case == "damaged-cell":
         (src / "cells" / "position.name=peg_seed1" / "cell.json").write_text('{"status": "bogus"}')
     capsys.readouterr()
@@ -200,15 +178,3 @@ def test_a_cell_done_only_in_the_earlier_copy_is_kept_and_said_so(study, tmp_pat
         "not done in src)."
     )
     assert out[-1] == "Study dst: 4 of 6 cells done; 2 not started."
-
-
-def test_a_large_file_is_copied_as_it_is(study, tmp_path: Path, monkeypatch) -> None:
-    src = study[0]
-    monkeypatch.setattr(publish, "TEXT_LIMIT", 400)  # config.yaml is under it
-    big = f"{tmp_path}/data/val ".encode() * 10  # text, but over the limit: its paths stay absolute
-    (src / "cells" / "position.name=peg_seed0" / "run" / "big.txt").write_bytes(big)
-    assert main(["plot", "src", "--publish", "dst"]) == 0
-    assert (tmp_path / "dst" / "cells" / "position.name=peg_seed0" / "run" / "big.txt").read_bytes() == big
-    assert (tmp_path / "dst" / "cells" / "position.name=peg_seed0" / "run" / "config.yaml").read_text() == (
-        "data:\n  val_images: data/val\n"
-    )
