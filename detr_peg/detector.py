@@ -52,7 +52,7 @@ from detr_peg.engine.evaluation.scales import run_scale_evaluation
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.errors import ConfigError
-from detr_peg.guards.output_guard import Input
+from detr_peg.guards.output_guard import Input, Output, guard_outputs
 from detr_peg.hub import HubFolders
 from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
 
@@ -393,12 +393,19 @@ class Detector(HubFolders):
     def export_onnx(self, path: str | os.PathLike, **options: Any) -> Path:
         """Export the model to an ONNX file; see :func:`detr_peg.export.onnx_export.export_onnx` for ``options``.
 
+        The file is written under the rules of ``detr-peg export``: never over a file detr_peg did not write
+        as an export (a training checkpoint, a user's file), never into a folder a running command holds.
+
         Returns:
             The file written.
+
+        Raises:
+            OutputError: ``path`` is a folder, or a file that is not an earlier export (it is left as it was).
         """
         from detr_peg.export.onnx_export import export_onnx
 
-        return export_onnx(self.loaded, path, **options)
+        with guard_outputs("export", [], [Output(Path(path), "path")]):
+            return export_onnx(self.loaded, path, **options)
 
     def __repr__(self) -> str:
         m = self.config.model

@@ -266,3 +266,23 @@ def test_override_errors_name_where_the_overrides_came_from(coco128_checkpoint, 
         "-m", "detr_peg.cli.main", "predict", "--checkpoint", str(coco128_checkpoint), image, "eval.num_selec=5"
     )
     assert proc.returncode == 2 and proc.stderr.startswith("detr-peg predict: error: command line: unknown key")
+
+
+@pytest.mark.parametrize("target", ["training checkpoint", "user's file", "folder"])
+def test_export_onnx_never_replaces_what_it_did_not_write(detector, coco128_checkpoint, tmp_path, target) -> None:
+    """Rule: the Python API writes under the command line's output rules; the file is left byte for byte."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(coco128_checkpoint.parent, run)  # the run with its ownership record: checkpoint.pth is train's
+    path = {"training checkpoint": run / "checkpoint.pth", "user's file": tmp_path / "mine.onnx",
+            "folder": tmp_path / "folder"}[target]  # fmt: skip
+    if target == "user's file":
+        path.write_bytes(b"mine")
+    elif target == "folder":
+        path.mkdir()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(detr_peg.errors.UserError) as refused:
+        detector.export_onnx(path)
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
