@@ -286,3 +286,20 @@ def test_export_onnx_never_replaces_what_it_did_not_write(detector, coco128_chec
         detector.export_onnx(path)
     assert str(path) in str(refused.value) and "\n" not in str(refused.value)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_detections_clip_boxes_to_the_image() -> None:
+    """Boxes a user gets end at the picture's border; the scores, labels and order are the post-processor's."""
+    from detr_peg.engine.detections import Detections
+
+    raw = {
+        "scores": torch.tensor([0.2, 0.9, 0.5]),
+        "labels": torch.tensor([1, 2, 3]),
+        "boxes": torch.tensor([[-17.2, 280.8, 62.2, 341.7], [10.0, 20.0, 30.0, 40.0], [600.0, -5.0, 700.5, 480.0]]),
+    }
+    detections = Detections.from_postprocessed(raw, threshold=0.3, label_map=None, image_size=(427, 640))
+    torch.testing.assert_close(detections.scores, torch.tensor([0.9, 0.5]))
+    torch.testing.assert_close(detections.labels, torch.tensor([2, 3]))
+    torch.testing.assert_close(detections.boxes, torch.tensor([[10.0, 20.0, 30.0, 40.0], [600.0, 0.0, 640.0, 427.0]]))
+    kept = Detections.from_postprocessed(raw, threshold=0.0, label_map=None, image_size=(427, 640))
+    torch.testing.assert_close(kept.boxes[2], torch.tensor([0.0, 280.8, 62.2, 341.7]))

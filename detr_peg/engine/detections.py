@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from torch import Tensor
+from torchvision.ops import clip_boxes_to_image
 
 from detr_peg.data.label_map import LabelMap
 
@@ -51,6 +52,9 @@ class Detections:
     ) -> Detections:
         """Keep the post-processor's detections scoring at least ``threshold``, best first, on the CPU.
 
+        Boxes are clipped to the image (a box predicted past the border ends at it); COCO evaluation scores
+        the post-processor's boxes unclipped, as the official code does.
+
         Args:
             detection: one image's ``{"scores", "labels", "boxes"}`` from a
                 :class:`~detr_peg.models.postprocess.Postprocessor`.
@@ -64,7 +68,7 @@ class Detections:
         order = scores.argsort(descending=True, stable=True)
         scores = scores[order]
         labels = detection["labels"][keep].cpu()[order]
-        boxes = detection["boxes"][keep].float().cpu()[order]
+        boxes = clip_boxes_to_image(detection["boxes"][keep].float().cpu()[order], image_size)
         names = [category_of(label_map, int(label)) for label in labels.tolist()]
         return cls(
             boxes=boxes,
