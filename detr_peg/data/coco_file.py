@@ -29,6 +29,7 @@ import contextlib
 import io
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
@@ -195,6 +196,15 @@ def check_structure(data: Any, path: Path) -> None:
             raise DataError(
                 f"Annotation file {path} has category id {cat['id']} with 'name' {cat.get('name')!r}; "
                 "names must be strings."
+            )
+    first_of: dict[Any, int] = {}
+    for img in images:
+        name = img.get("file_name")
+        key = os.path.normpath(name) if isinstance(name, str) and name else None  # ./a.png is a.png
+        if key is not None and first_of.setdefault(key, img["id"]) != img["id"]:
+            raise DataError(
+                f"Annotation file {path} lists file_name {name!r} twice (image ids {first_of[key]} and "
+                f"{img['id']}); one picture must be one image record, with all its annotations."
             )
     for index, img in enumerate(images):
         for key in ("width", "height"):

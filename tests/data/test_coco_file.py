@@ -68,6 +68,18 @@ BAD_FILES = [
     ("file-name-nested-parent", _set(["images", 1, "file_name"], "sub/../../b.png"), ["image id 2", "leaves"]),
     ("file-name-empty", _set(["images", 0, "file_name"], ""), ["image id 1", "not a non-empty string"]),
     ("file-name-missing", lambda d: d["images"][0].pop("file_name"), ["image id 1", "file_name None"]),
+    # One picture listed twice would count as two images with different annotations.
+    (
+        "file-name-twice",
+        lambda d: d["images"][1].update(file_name=d["images"][0]["file_name"]),
+        ["lists file_name", "twice (image ids 1 and 2)"],
+    ),
+    ("file-name-twice-spelled-otherwise", _set(["images", 1, "file_name"], "./a.png"), ["'./a.png' twice"]),
+    (
+        "file-name-twice-same-size",
+        lambda d: d["images"][1].update({k: d["images"][0][k] for k in ("file_name", "width", "height")}),
+        ["twice (image ids 1 and 2)"],
+    ),
 ]
 
 

@@ -1,37 +1,19 @@
 """Multi-resolution evaluation: one checkpoint at several test sizes, of two kinds kept apart.
 
-* **resized** (``scales``): the validation images themselves, resized to
-  ``s`` times the configured size (``data.val_scale`` and
-  ``data.val_max_size`` both multiplied by ``s``). The token grid grows with
-  ``s``, and so do the objects: what is measured mixes sequence length with
-  object scale.
-* **canvas** (``canvas_scales``, synthetic data only): a validation set drawn
-  by :func:`~detr_peg.data.synthetic.larger_canvas` on a canvas ``s`` times
-  the original one, whose objects keep the original size distribution in
-  pixels and the same density. The images go through the same resize factor
-  as the original set (``val_scale`` and ``val_max_size`` times ``s``), so
-  the objects reach the model at their training size and only the token grid
-  grows. The sets are generated once, deterministically, from the
-  ``manifest.json`` of the dataset, into ``<dataset>/canvas_<side>/``.
+* **resized** (``scales``): the validation images resized to ``s`` times ``data.val_scale`` and
+  ``data.val_max_size``; the token grid and the objects grow together.
+* **canvas** (``canvas_scales``, synthetic data only): a set drawn by
+  :func:`~detr_peg.data.synthetic.larger_canvas` on a canvas ``s`` times larger, objects at their
+  training size and density, resized by the same factor: only the token grid grows. Generated once
+  into ``<dataset>/canvas_<side>/``.
 
-Files written into the output folder (main process), numbers as plain floats::
+``scales_resized.json`` / ``scales_canvas.json`` (main process)::
 
-    scales_resized.json / scales_canvas.json
-        {"kind": "resized" | "canvas", "base_size": <data.val_scale>,
-         "results": [{"scale": 1.5, "size": 192, "num_images": 100,
-                      "metrics": {"AP": ..., "AP50": ..., ...}}, ...]}
+    {"kind": "resized" | "canvas", "base_size": <data.val_scale>,
+     "results": [{"scale": 1.5, "size": 192, "num_images": 100, "metrics": {"AP": ..., ...}}, ...]}
 
-``size`` is the short side asked for (``val_scale`` times ``s``; an image whose
-long side would pass ``val_max_size`` times ``s`` ends up smaller); ``metrics`` holds the
-twelve :data:`~detr_peg.engine.evaluation.coco_metrics.STAT_NAMES`. ``padding.json`` is
-described in :mod:`detr_peg.engine.evaluation.padding`. A resized scale of
-1.0 is the ordinary evaluation (``metrics.json``), number for number.
-
-Beyond the trained range: ``sine`` normalises positions by the image's own
-size and PEG and ``none`` have no size at all, so they run at any size; the
-``learned`` table has ``model.position.num_embeddings`` rows and a larger
-feature map is refused with a message naming that field and the size needed
-(rows beyond the trained size were never trained, which the documentation notes).
+``size`` is the short side asked for; a resized scale of 1.0 is the ordinary evaluation, number for
+number. A ``learned`` encoding refuses a feature map larger than ``model.position.num_embeddings``.
 """
 
 from __future__ import annotations
