@@ -27,7 +27,7 @@ PREDICTIONS_NAME = "predictions.json"
 DEMO_NAMES = ("data", "run", "predictions")
 #: What ``study --output DIR`` writes into ``DIR`` (each cell is a training run and an evaluation inside ``cells/``).
 PLAN_NAME = "plan.json"
-STUDY_NAMES = (PLAN_NAME, "cells", "jobs", "plots", "study.json", "study.csv", "study.md")
+STUDY_NAMES = (PLAN_NAME, "cells", "jobs", "plots", "study.json", "study.csv", "cells.csv", "study.md")
 #: What ``plot`` writes: a study's tables and figures, or a training run's learning curve.
 STUDY_TABLE_NAMES = ("study.json", "study.csv", "cells.csv", "study.md", "plots")
 STUDY_PLOT_NAMES = tuple(
