@@ -167,6 +167,18 @@ def _tiny_train_args(tmp: Path, root: Path) -> list[str]:
             *[f"data.{k}={v}" for k, v in data.data_overrides().items()]]  # fmt: skip
 
 
+def _traced(profile, main, args: list[str]) -> None:
+    """Run ``main(args)`` under ``profile`` until the profile stops it; a run that ends first failed to get there."""
+    sys.setprofile(profile)
+    try:
+        status = main(args)
+    except _Reached:
+        return
+    finally:
+        sys.setprofile(None)
+    raise SystemExit(f"layout_figures: the traced run ended (status {status}) before the point it measures to.")
+
+
 def traced_figures(root: Path) -> dict:
     sys.path.insert(0, str(root))
     from detr_peg import Detector
@@ -187,14 +199,9 @@ def traced_figures(root: Path) -> dict:
                 elif rel.startswith("detr_peg/models/") and _training_forward(frame):
                     raise _Reached
 
-        sys.setprofile(on_train)
-        try:
-            main(args)
-        except _Reached:
-            pass
-        finally:
-            sys.setprofile(None)
-        main([*args[:2], str(tmp / "ckpt"), *args[3:]])  # the checkpoint that the predict path loads
+        _traced(on_train, main, args)
+        if main([*args[:2], str(tmp / "ckpt"), *args[3:]]) != 0:  # the checkpoint that the predict path loads
+            raise SystemExit("layout_figures: the tiny training run failed; the traced figures would be partial.")
         config_files: set[str] = set()
 
         def on_config(frame, event, arg):
@@ -208,13 +215,7 @@ def traced_figures(root: Path) -> dict:
                     config_files.add(Path(code.co_filename).relative_to(root).as_posix())
 
         run_args = [*args[:2], str(tmp / "run_lr"), *args[3:], f"train.lr={LR}"]
-        sys.setprofile(on_config)
-        try:
-            main(run_args)
-        except _Reached:
-            pass
-        finally:
-            sys.setprofile(None)
+        _traced(on_config, main, run_args)
 
         detector = Detector.from_checkpoint(tmp / "ckpt" / "checkpoint.pth", device="cpu")
         image = next((tmp / "data" / "val").glob("*.png"))

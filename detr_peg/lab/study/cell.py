@@ -26,8 +26,6 @@ from its checkpoint.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,11 +179,6 @@ def read_state(paths: CellPaths) -> dict[str, Any] | None:
         DamagedFileError: the file is there but damaged (one sentence naming it, the field and the value).
     """
     return read_cell_state(paths.state)
-
-
-def config_digest(config: dict[str, Any]) -> str:
-    """A short digest of a cell's resolved config: what ``cells.csv`` keeps to tell a changed config."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def table_row(study_dir: str | Path, cell: Cell) -> dict[str, Any] | None:

@@ -1,15 +1,15 @@
 """Redraw the figures of a study or of a single training run from the files they wrote.
 
 For a study folder (it holds plan.json): the results are read back from the
-cells' files, study.md / study.csv / study.json are rewritten and the figures
+cells' files (or their rows of cells.csv), the tables are rewritten and the figures
 drawn into STUDY/plots/ (AP against test scale per kind, learning curves, the
 main table as bars), with the paired comparisons against the reference setting
 the study was run with (--baseline and --equal-within choose others). For a training run folder (it holds metrics.jsonl): its
 learning curve (AP and AP50 against iteration, and the training loss) goes to
-RUN/plots/learning_curve.pdf and .png. --publish DEST copies a study's done
-cells into DEST without their checkpoints, detections and locks (absolute paths
-under the current folder made relative) and draws the report there: a copy
-small enough to share that redraws every table and figure.
+RUN/plots/learning_curve.pdf and .png. --publish DEST writes the study's
+plan.json and one row per done cell (cells.csv; absolute paths under the current
+folder made relative) into DEST and draws the report there: a copy small enough
+to share that redraws every table and figure, and that detr-peg study resumes.
 
 Examples:
   detr-peg plot studies/demo
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--publish",
         metavar="DEST",
-        help="copy the study's done cells without checkpoints, detections and locks into DEST and draw the "
+        help="write the study's plan.json and the rows of its done cells (cells.csv) into DEST and draw the "
         "report there (publishing again adds the cells done since)",
     )
 

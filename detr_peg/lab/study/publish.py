@@ -91,7 +91,7 @@ def plan_copy(source: str | Path, dest: str | Path, relative_to: str | Path = ".
                 continue  # the copy holds no unfinished cell
             kept.append(name)
             record = there
-        text = relative_text(json.dumps(record), relative_to)
+        text = relative_text(json.dumps(record, ensure_ascii=False), relative_to)
         records.append({**json.loads(text), "published": True})
     return CopyPlan(plan_text, records, copied, new, left_out, kept)
 

@@ -24,7 +24,7 @@ from typing import Any
 from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
 from detr_peg.errors import UserError
 from detr_peg.fileio.atomic import atomic_write_text, write_json
-from detr_peg.lab.study.cell import cell_paths, config_digest, read_state, reported_status, table_row
+from detr_peg.lab.study.cell import cell_paths, read_state, reported_status, table_row
 from detr_peg.lab.study.comparisons import (
     ALPHA,
     PADDING_CHANGE,
@@ -160,7 +160,7 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         "values": dict(cell.values),
         "status": reported_status(state, paths, study_dir),
         "error": state.get("error"),
-        "config_digest": config_digest(state["config_resolved"]) if "config_resolved" in state else None,
+        "config_resolved": state.get("config_resolved"),
         "published": False,
         "metrics": read_metrics(main) if main and state.get("status") == "done" else None,
         "curve": learning_curve(log),
@@ -169,9 +169,8 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
     for kind, name in KINDS.items():
         data = read_eval_file(paths.eval / name, SCALES)
         unit = data.get("unit") if data else None
-        record[kind] = (
-            [{**row, "metrics": percent_metrics(row["metrics"], unit)} for row in data["results"]] if data else []
-        )
+        rows = sorted(data["results"], key=lambda row: float(row["scale"])) if data else []
+        record[kind] = [{**row, "metrics": percent_metrics(row["metrics"], unit)} for row in rows]
     padding = read_eval_file(paths.eval / "padding.json", PADDING)
     if padding:
         modes = padding.get("modes", {})
@@ -180,6 +179,12 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
         }
     record["padding"] = padding
     return record
+
+
+def _from_table(row: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """A published row as this study names its cell (settings pair by config and values, as for cells read from
+    their folders)."""
+    return {**row, "setting": cell.setting, "seed": cell.seed, "config": cell.config, "values": dict(cell.values)}
 
 
 def aggregate(values: Sequence[float], signed: bool = False) -> dict[str, Any]:
@@ -280,7 +285,8 @@ def collect(
         and ``"seeds_auto"`` (the rule and the sentence saying what ended the study) with a rule.
     """
     study_dir = Path(study_dir)
-    records = [table_row(study_dir, cell) or collect_cell(study_dir, cell) for cell in cells]
+    records = [_from_table(row, cell) if (row := table_row(study_dir, cell)) else collect_cell(study_dir, cell)
+               for cell in cells]  # fmt: skip
     results = {"definition": definition.to_dict(), "unit": UNIT, "cells": records, "settings": summarize(records)}
     results["comparisons"] = compare(results, options or ComparisonOptions())
     if rule is not None:

@@ -40,7 +40,6 @@ from detr_peg.lab.study.cell import (
     CommandRunner,
     cell_config,
     cell_paths,
-    config_digest,
     eval_argv,
     first_difference,
     is_done,
@@ -100,24 +99,22 @@ def prepare(
                 f"{study_dir} holds a study with another definition ({change}); use another --output, "
                 "or run it with its own options (see its plan.json)."
             )
-    changed = []
+    changed, published = [], []
     for cell in cells:
         state = read_state(cell_paths(study_dir, cell))
-        if state is not None:
-            change = first_difference(stored_config(state), configs[cell.name])
+        row = table_row(study_dir, cell) if state is None else None
+        recorded = state if state is not None else row if row and row.get("config_resolved") else None
+        if recorded is not None:
+            change = first_difference(stored_config(recorded), configs[cell.name])
             if change:
-                changed.append(f"{cell.name} ({change})")
-        elif (row := table_row(study_dir, cell)) and row.get("config_digest") not in (
-            None,
-            config_digest(configs[cell.name]),
-        ):
-            changed.append(f"{cell.name} (its row of {CELLS_CSV} records another config)")
-    if changed:
-        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
-        raise ConfigError(
-            f"The config of cell {changed[0]}{more} changed since it was started; restore the base config, "
-            "or delete those cell folders to run them again."
-        )
+                (changed if state is not None else published).append(f"{cell.name} ({change})")
+    for found, advice in ((changed, "delete those cell folders"), (published, f"remove their rows from {CELLS_CSV}")):
+        if found:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            raise ConfigError(
+                f"The config of cell {found[0]}{more} changed since it was started; restore the base config, "
+                f"or {advice} to run them again."
+            )
     if write:
         study_dir.mkdir(parents=True, exist_ok=True)
         write_json(study_dir / PLAN_FILE, {**plan_record(study_dir, definition, cells), **(report or {})})

@@ -36,6 +36,7 @@ from detr_peg.lab.study.cell import (
     CommandRunner,
     cell_paths,
     eval_argv,
+    is_done,
     read_state,
     run_cell,
     train_argv,
@@ -212,7 +213,7 @@ def plan_lines(study_dir: Path, cells: Sequence[Cell], plan: EvalPlan, options: 
         )
     for cell in cells:
         paths = cell_paths(study_dir, cell)
-        done = (read_state(paths) or {}).get("status") == "done"
+        done = is_done(study_dir, cell)
         lines.append(f"# cell {cell.name}" + (" (done: the study skips it)" if done else ""))
         for argv in (train_argv(cell, paths), eval_argv(paths, plan)):
             if argv is not None:

@@ -126,21 +126,24 @@ def _read(path: Path, shape: Shape, what: str, advice: str) -> dict[str, Any] | 
 
 #: One row per cell: what every table, comparison and figure of the report is drawn from.
 CELLS_CSV = "cells.csv"
-_RECORD_TEXT = ("name", "setting", "config", "status", "error", "config_digest")
+_RECORD_TEXT = ("name", "setting", "config", "status", "error")
 _SCALE_KINDS = ("resized", "canvas")
 
 
 def cell_row(record: dict[str, Any]) -> dict[str, Any]:
     """A cell's record (:func:`detr_peg.lab.study.results.collect_cell`) as one flat ``cells.csv`` row.
 
-    Columns: ``name setting seed config values status error config_digest published``, the COCO numbers (``AP``, ...), then
-    ``resized x<scale> <field>``, ``canvas x<scale> <field>``, ``padding <mode> <field>``, ``padding <key>``,
-    ``cost <key>`` and ``curve`` (``iteration:AP`` pairs joined by ``;``). Numbers keep every digit.
+    Columns: ``name setting seed config values status error published config_resolved`` (the last two JSON), the
+    COCO numbers (``AP``, ...), then ``resized x<scale> <field>``, ``canvas x<scale> <field>``, ``padding <mode>
+    <field>``, ``padding <key>`` (``null`` for None), ``cost <key>`` and ``curve`` (``iteration:AP`` pairs joined
+    by ``;``). Numbers keep every digit.
     """
     row: dict[str, Any] = {key: record.get(key) for key in ("name", "setting", "seed", "config")}
-    row["values"] = json.dumps(record.get("values") or {}, sort_keys=True)
-    row.update(status=record.get("status"), error=record.get("error"), config_digest=record.get("config_digest"))
+    row["values"] = json.dumps(record.get("values") or {})
+    row.update(status=record.get("status"), error=record.get("error"))
     row["published"] = "yes" if record.get("published") else ""
+    config = record.get("config_resolved")
+    row["config_resolved"] = json.dumps(config, sort_keys=True, separators=(",", ":")) if config else None
     row.update(record.get("metrics") or {})
     for kind in _SCALE_KINDS:
         for entry in record.get(kind) or []:
@@ -149,7 +152,7 @@ def cell_row(record: dict[str, Any]) -> dict[str, Any]:
         for mode, result in value.items() if key == "modes" else []:
             row.update(_flat(f"padding {mode}", result))
         if key != "modes":
-            row[f"padding {key}"] = value
+            row[f"padding {key}"] = "null" if value is None else value
     row.update({f"cost {k}": v for k, v in (record.get("cost") or {}).items()})
     row["curve"] = ";".join(f"{it}:{value!r}" for it, value in record.get("curve") or [])
     return {k: ("" if v is None else repr(v) if isinstance(v, float) else v) for k, v in row.items()}
@@ -228,14 +231,21 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
     record: dict[str, Any] = {key: row.get(key) or None for key in _RECORD_TEXT}
     record["seed"] = int(row["seed"])
     record["values"] = json.loads(row["values"])
+    config = json.loads(row["config_resolved"]) if row.get("config_resolved") else None
+    if not isinstance(record["values"], dict) or not isinstance(config, (dict, type(None))):
+        raise ValueError("values and config_resolved must be JSON objects")
     metrics: dict[str, Any] = {}
     scales: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in _SCALE_KINDS}
     padding: dict[str, Any] = {}
     cost: dict[str, Any] = {}
     for column, text in row.items():
-        if column in (*_RECORD_TEXT, "seed", "values", "curve", "published") or text in ("", None):
+        if column in (*_RECORD_TEXT, "seed", "values", "curve", "published", "config_resolved") or text in ("", None):
             continue
-        value, words = _number(text), column.split(" ")
+        value, words = (None if text == "null" else _number(text)), column.split(" ")
+        if words[0] in (*_SCALE_KINDS, "padding", "cost") and len(words) not in (2, 3):
+            raise ValueError(f"column {column!r}")
+        if words[0] in _SCALE_KINDS and (len(words) != 3 or not words[1].startswith("x")):
+            raise ValueError(f"column {column!r}")
         if words[0] in _SCALE_KINDS:
             entry = scales[words[0]].setdefault(words[1], {"scale": _number(words[1][1:])})
             _unflat(entry, words[2], value)
@@ -250,11 +260,11 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
     pairs = [p.split(":") for p in row["curve"].split(";")] if row.get("curve") else []
     return {  # the key order of collect_cell's records, so study.json is the same either way
         **{key: record[key] for key in ("name", "setting", "seed", "config", "values", "status", "error")},
-        "config_digest": record["config_digest"],
+        "config_resolved": config,
         "published": row.get("published") == "yes",
         "metrics": metrics or None,
         "curve": [(int(it), float(value)) for it, value in pairs],
         "cost": cost or None,
-        **{kind: list(entries.values()) for kind, entries in scales.items()},
+        **{kind: sorted(entries.values(), key=lambda e: float(e["scale"])) for kind, entries in scales.items()},
         "padding": padding or None,
     }

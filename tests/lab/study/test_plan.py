@@ -166,7 +166,8 @@ def test_a_study_kept_as_its_cell_table_resumes_with_its_done_cells_and_refuses_
     assert collect(study, definition, cells)["cells"][0]["metrics"]["AP"] == pytest.approx(40.0)
 
     base_config.write_text(base_config.read_text() + "eval:\n  extra_padding: 0.5\n")
-    with pytest.raises(ConfigError, match=r"its row of cells.csv records another config"):
+    with pytest.raises(ConfigError, match=r"\(eval.extra_padding: 0.0 -> 0.5\) and 1 more changed since it was started; restore "
+                       r"the base config, or remove their rows from cells.csv"):  # fmt: skip
         prepare(study, definition)
 
 

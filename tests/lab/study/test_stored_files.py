@@ -198,3 +198,27 @@ def test_the_cell_table_alone_draws_the_same_report(study: Path) -> None:
         (study / name).unlink()
     assert main(["plot", str(study)]) == 0
     assert {name: (study / name).read_bytes() for name in drawn} == drawn
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda text: text.replace("resized x1.0 AP,", "resized x1.0,", 1),
+        lambda text: text.replace("cost iterations,", "cost,", 1),
+        lambda text: text.replace('"{""model.position.name"": ""peg""}"', "[]", 1),
+        lambda text: text.replace(",done,", ",done,,,[1],", 1),
+    ],
+    ids=["scale-column-without-field", "bare-cost-column", "values-not-an-object", "shifted-row"],
+)
+def test_a_damaged_cell_table_is_one_line(tmp_path: Path, edit, capsys) -> None:
+    study = tmp_path / "study"
+    shutil.copytree(SHIPPED, study)
+    assert main(["plot", str(study)]) == 0  # the folder's records, as a drawn study has them
+    capsys.readouterr()
+    path = study / "cells.csv"
+    path.write_text(edit(path.read_text()))
+    before = snapshot(study)
+    assert main(["plot", str(study)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"detr-peg plot: error: Cell table {path}, line"), err
+    assert_outputs_kept(before, study)
