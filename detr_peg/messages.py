@@ -26,3 +26,24 @@ def listed(items: Iterable[object], limit: int = 3) -> str:
     """The first ``limit`` items joined by commas, ``, ...`` after them when there are more; empty for none."""
     items = [str(item) for item in items]
     return ", ".join(items[:limit]) + (", ..." if len(items) > limit else "")
+
+
+#: The optional extras of detr_peg and the PyPI packages each installs (pyproject.toml's optional-dependencies).
+EXTRAS = {
+    "study": ("matplotlib", "submitit"),
+    "onnx": ("onnx", "onnxscript", "onnxruntime"),
+    "tensorboard": ("tensorboard",),
+    "triton": ("triton",),
+    "supervision": ("supervision",),
+}
+
+
+def install_hint(module: str) -> str:
+    """How to install the optional ``module``: its extra's packages by name, which works from a wheel or a
+    checkout alike (``detr_peg[extra]`` resolves only where detr_peg itself is on an index)."""
+    if module == "detectron2":  # not on PyPI
+        return "pip install 'git+https://github.com/facebookresearch/detectron2.git' (it is not on PyPI)"
+    extra = next((name for name, packages in EXTRAS.items() if module in packages), None)
+    if extra is None:
+        return f"pip install {module}"
+    return f"pip install {' '.join(EXTRAS[extra])} (the {extra!r} extra of detr_peg)"

@@ -1,4 +1,4 @@
-"""Export a checkpoint to ONNX: one graph for any batch size and image size, checked in ONNX Runtime.
+r"""Export a checkpoint to ONNX: one graph for any batch size and image size, checked in ONNX Runtime.
 
 The graph takes the padded, normalised image batch "images" float32[B, 3, H, W]
 and its padding mask "mask" bool[B, H, W] (True = padding), and returns
@@ -11,7 +11,7 @@ the file, so `detr-peg predict --onnx FILE` needs nothing else. Unless
 --no-check, the written graph is run once in ONNX Runtime on a padded batch of
 another size than the one traced and compared with PyTorch.
 
-Needs the optional packages: pip install 'detr_peg[onnx]'.
+Needs the optional packages: pip install onnx onnxscript onnxruntime (the onnx extra of detr_peg).
 
 Examples:
   detr-peg export --checkpoint runs/peg/checkpoint.pth --output model.onnx

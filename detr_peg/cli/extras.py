@@ -12,19 +12,7 @@ import importlib.util
 import sys
 from typing import NoReturn
 
-#: Import name -> how to install it.
-INSTALL = {
-    "matplotlib": 'pip install "detr_peg[study]"',
-    "submitit": 'pip install "detr_peg[study]"',
-    "onnx": 'pip install "detr_peg[onnx]"',
-    "onnxscript": 'pip install "detr_peg[onnx]"',
-    "onnxruntime": 'pip install "detr_peg[onnx]"',
-    "tensorboard": 'pip install "detr_peg[tensorboard]"',
-    "triton": 'pip install "detr_peg[triton]"',
-    "supervision": 'pip install "detr_peg[supervision]"',
-    # Not on PyPI: built from source (https://detectron2.readthedocs.io/en/latest/tutorials/install.html).
-    "detectron2": "pip install 'git+https://github.com/facebookresearch/detectron2.git' (it is not on PyPI)",
-}
+from detr_peg.messages import install_hint
 
 
 def missing(*modules: str) -> list[str]:
@@ -45,7 +33,7 @@ def require(program: str, *modules: str) -> None:
     """
     absent = missing(*modules)
     if absent:
-        how = INSTALL.get(absent[0], f"pip install {absent[0]}")
+        how = install_hint(absent[0])
         _exit(f"{program}: error: {absent[0]} is not installed; install it with {how}.")
 
 

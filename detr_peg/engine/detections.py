@@ -16,6 +16,7 @@ from torch import Tensor
 from torchvision.ops import clip_boxes_to_image
 
 from detr_peg.data.label_map import LabelMap
+from detr_peg.messages import install_hint
 
 
 @dataclass(repr=False)
@@ -127,7 +128,7 @@ class Detections:
             import supervision
         except ImportError as exc:
             raise ImportError(
-                "Detections.to_supervision needs the supervision package: pip install supervision"
+                f"Detections.to_supervision needs the supervision package: {install_hint('supervision')}"
             ) from exc
         return supervision.Detections(
             xyxy=self.boxes.numpy().astype(np.float32).reshape(-1, 4),

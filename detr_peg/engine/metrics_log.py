@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from detr_peg.errors import ConfigError, TrainingError
 from detr_peg.fileio.os_errors import write_error
+from detr_peg.messages import install_hint
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -105,7 +106,7 @@ class MetricsLog:
             except ImportError:
                 self.close()
                 raise ConfigError(
-                    "train.tensorboard=true needs the tensorboard package: pip install tensorboard."
+                    f"train.tensorboard=true needs the tensorboard package: {install_hint('tensorboard')}."
                 ) from None
             self._writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
 

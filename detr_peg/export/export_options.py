@@ -13,6 +13,7 @@ import os
 from detr_peg.config.ranges import MAX_TEST_SIDE, format_bytes, machine_memory
 from detr_peg.errors import ConfigError, UserError
 from detr_peg.export import DEFAULT_OPSET
+from detr_peg.messages import install_hint
 
 
 def require_onnx() -> None:
@@ -23,7 +24,7 @@ def require_onnx() -> None:
     if missing:
         raise UserError(
             f"ONNX export and inference need the optional packages {', '.join(missing)}: "
-            "install them with `pip install 'detr_peg[onnx]'`."
+            f"install them with {install_hint('onnx')}."
         )
 
 

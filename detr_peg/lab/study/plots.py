@@ -39,11 +39,12 @@ from scipy import stats as scipy_stats
 from detr_peg.errors import ConfigError, DataError
 from detr_peg.fileio.atomic import save_figure
 from detr_peg.fileio.os_errors import make_folder, writing
+from detr_peg.messages import install_hint
 
 try:
     import matplotlib
 except ImportError:
-    raise ConfigError("Plots need matplotlib: pip install 'detr_peg[study]' (or pip install matplotlib).") from None
+    raise ConfigError(f"Plots need matplotlib: {install_hint('matplotlib')}.") from None
 
 matplotlib.use("Agg")  # files only: no display, safe in jobs and tests
 import matplotlib.pyplot as plt  # after choosing the backend

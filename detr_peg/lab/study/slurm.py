@@ -44,6 +44,7 @@ from detr_peg.lab.study.cell import (
 )
 from detr_peg.lab.study.grid import Cell, EvalPlan
 from detr_peg.lab.study.runner import describe
+from detr_peg.messages import install_hint
 
 JOBS_DIR = "jobs"
 
@@ -107,7 +108,7 @@ def make_executor(study_dir: Path, options: ClusterOptions):
     try:
         import submitit
     except ImportError:
-        raise ConfigError("--slurm and --submitit-local need submitit: pip install 'detr_peg[study]'.") from None
+        raise ConfigError(f"--slurm and --submitit-local need submitit: {install_hint('submitit')}.") from None
 
     folder = Path(study_dir) / JOBS_DIR / "%j"
     timeout = parse_time(options.time)
