@@ -57,7 +57,7 @@ def scale_list(text: str) -> list[float]:
     """
     valid = "comma-separated positive numbers such as 1,1.5,2"
     try:
-        values = [float(part) for part in text.split(",") if part.strip()]
+        values = [float(part) for part in text.split(",")]  # an empty part (1,,2 or 1,2,) is no number either
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {valid}, got {text!r}") from None
     if not values or not all(v > 0 and math.isfinite(v) for v in values):

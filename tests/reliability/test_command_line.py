@@ -202,3 +202,12 @@ def test_every_typed_option_refuses_non_numbers_and_out_of_range_values(text: st
         assert str(refused.value).startswith("must be ") and repr(text) in str(refused.value)
         checked.append(f"{name} {action.option_strings[0]}")
     assert len(checked) >= 15, checked
+
+
+@pytest.mark.parametrize("text", ["1,,2", ",1", "1,2,", " , "])
+def test_a_scale_list_with_an_empty_part_is_refused(text: str) -> None:
+    """``--scales 1,,2`` is a typo, not two scales: refused with the accepted form, as any other malformed list."""
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        option_types.scale_list(text)
+    assert str(refused.value) == f"must be comma-separated positive numbers such as 1,1.5,2, got {text!r}"
+    assert option_types.scale_list(" 1, 1.5 ,2") == [1.0, 1.5, 2.0]
