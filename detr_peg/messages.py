@@ -7,6 +7,7 @@ names of 300 cells. Imports nothing from detr_peg.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -28,22 +29,32 @@ def listed(items: Iterable[object], limit: int = 3) -> str:
     return ", ".join(items[:limit]) + (", ..." if len(items) > limit else "")
 
 
-#: The optional extras of detr_peg and the PyPI packages each installs (pyproject.toml's optional-dependencies).
-EXTRAS = {
-    "study": ("matplotlib", "submitit"),
-    "onnx": ("onnx", "onnxscript", "onnxruntime"),
-    "tensorboard": ("tensorboard",),
-    "triton": ("triton",),
-    "supervision": ("supervision",),
-}
+def extras() -> dict[str, tuple[str, ...]]:
+    """The optional extras of the installed detr_peg and the packages each brings (its metadata, as
+    ``pyproject.toml`` declares them; empty when detr_peg is not installed)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    try:
+        requirements = [Requirement(text) for text in requires("detr_peg") or []]
+    except PackageNotFoundError:
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for requirement in requirements:
+        for extra in re.findall(r'extra == "([^"]+)"', str(requirement.marker or "")):
+            found[extra] = (*found.get(extra, ()), requirement.name)
+    return found
 
 
 def install_hint(module: str) -> str:
-    """How to install the optional ``module``: its extra's packages by name, which works from a wheel or a
-    checkout alike (``detr_peg[extra]`` resolves only where detr_peg itself is on an index)."""
+    """How to install the optional ``module``: the packages of the smallest extra that has it, by name, which
+    works from a wheel or a checkout alike (``detr_peg[extra]`` resolves only where detr_peg is on an index)."""
     if module == "detectron2":  # not on PyPI
         return "pip install 'git+https://github.com/facebookresearch/detectron2.git' (it is not on PyPI)"
-    extra = next((name for name, packages in EXTRAS.items() if module in packages), None)
-    if extra is None:
+    declared = extras()
+    having = sorted((len(packages), name) for name, packages in declared.items() if module in packages)
+    if not having:
         return f"pip install {module}"
-    return f"pip install {' '.join(EXTRAS[extra])} (the {extra!r} extra of detr_peg)"
+    extra = having[0][1]
+    return f"pip install {' '.join(declared[extra])} (the {extra!r} extra of detr_peg)"

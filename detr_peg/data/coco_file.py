@@ -278,23 +278,21 @@ def _normalise_for_pycocotools(data: dict, path: Path) -> None:
     start at 0 would score its first object as missed; such ids are renumbered 1..N (they name nothing else).
     """
     annotations = data["annotations"]
-    filled = {"area": 0, "iscrowd": 0}
-    for ann in annotations:
-        if "area" not in ann:
-            ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])
-            filled["area"] += 1
-        if "iscrowd" not in ann:
-            ann["iscrowd"] = 0
-            filled["iscrowd"] += 1
+    no_area = [ann for ann in annotations if "area" not in ann]
+    no_crowd = [ann for ann in annotations if "iscrowd" not in ann]
+    for ann in no_area:
+        ann["area"] = float(ann["bbox"][2]) * float(ann["bbox"][3])
+    for ann in no_crowd:
+        ann["iscrowd"] = 0
+    if no_area:
+        logger.info("%s: %d annotations have no 'area'; using box width x height.", path, len(no_area))
+    if no_crowd:
+        logger.info("%s: %d annotations have no 'iscrowd'; using 0 (not a crowd).", path, len(no_crowd))
     if any(ann["id"] == 0 for ann in annotations):
         for number, ann in enumerate(annotations, start=1):
             ann["id"] = number
         logger.info("%s: annotation ids include 0, which COCO evaluation reads as 'no match'; renumbered 1..%d.",
                     path, len(annotations))  # fmt: skip
-    for key, count in filled.items():
-        if count:
-            rule = "box width x height" if key == "area" else "0 (not a crowd)"
-            logger.info("%s: %d annotations have no '%s'; using %s.", path, count, key, rule)
 
 
 def build_coco_index(data: dict) -> COCO:

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
 from detr_peg.checkpoint.weights_check import check_outputs
 from detr_peg.engine.loader import iterate_batches
@@ -78,9 +77,7 @@ def run_inference(
         UserError: non-finite outputs, or a bad sample the loader reports.
     """
     loaded.model.eval()
-    # A DataLoader's worker errors carry the worker's traceback (iterate_batches makes them one line again);
-    # a list of batches has no workers.
-    iterator = iterate_batches(batches) if isinstance(batches, DataLoader) else (batch for batch in batches)
+    iterator = iterate_batches(batches)
     try:
         for images, mask, items in iterator:
             if pad is not None:

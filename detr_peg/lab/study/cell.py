@@ -26,6 +26,7 @@ from its checkpoint.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -189,8 +190,19 @@ def table_row(study_dir: str | Path, cell: Cell) -> dict[str, Any] | None:
     """
     if cell_paths(study_dir, cell).root.exists():
         return None
-    row = read_cells_csv(Path(study_dir) / CELLS_CSV).get(cell.name)
-    return row if row is not None and row.get("published") else None
+    table = Path(study_dir) / CELLS_CSV
+    try:
+        stamp = table.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    row = _published_rows(table, stamp.st_mtime_ns, stamp.st_size).get(cell.name)
+    return None if row is None else dict(row)
+
+
+@functools.lru_cache(maxsize=4)
+def _published_rows(table: Path, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
+    """The published rows of ``table``, read once per version of the file (studies ask for every cell)."""
+    return {name: row for name, row in read_cells_csv(table).items() if row["published"]}
 
 
 def is_done(study_dir: str | Path, cell: Cell) -> bool:

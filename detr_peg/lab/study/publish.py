@@ -19,9 +19,10 @@ from typing import Any
 
 from detr_peg.errors import ConfigError, OutputError
 from detr_peg.fileio.atomic import atomic_write_text
+from detr_peg.fileio.os_errors import make_folder
 from detr_peg.lab.study.cell import first_difference
 from detr_peg.lab.study.grid import StudyDefinition, expand_cells
-from detr_peg.lab.study.results import collect
+from detr_peg.lab.study.results import cell_records
 from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, read_cells_csv, read_plan, write_cells_csv
 
 
@@ -77,7 +78,7 @@ def plan_copy(source: str | Path, dest: str | Path, relative_to: str | Path = ".
     definition = StudyDefinition.from_dict(plan["definition"])
     earlier = read_cells_csv(dest / CELLS_CSV)
     records, copied, new, left_out, kept = [], [], [], [], []
-    for record in collect(source, definition, expand_cells(definition))["cells"]:
+    for record in cell_records(source, expand_cells(definition)):
         name, done = record["name"], record["status"] == "done"
         there = earlier.get(name)
         there_done = there is not None and there["status"] == "done"
@@ -96,13 +97,10 @@ def plan_copy(source: str | Path, dest: str | Path, relative_to: str | Path = ".
     return CopyPlan(plan_text, records, copied, new, left_out, kept)
 
 
-def write_copy(plan: CopyPlan, dest: str | Path, relative_to: str | Path = ".") -> None:
+def write_copy(plan: CopyPlan, dest: str | Path) -> None:
     """Write ``cells.csv`` and then ``plan.json`` of ``plan`` into ``dest``, each atomically."""
     dest = Path(dest)
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"Could not create {dest}: {exc.strerror or exc}.") from None
+    make_folder(dest)
     write_cells_csv(dest / CELLS_CSV, plan.records)
     atomic_write_text(dest / PLAN_FILE, plan.plan_text)
 

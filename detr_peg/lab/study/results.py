@@ -181,10 +181,15 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
     return record
 
 
-def _from_table(row: dict[str, Any], cell: Cell) -> dict[str, Any]:
-    """A published row as this study names its cell (settings pair by config and values, as for cells read from
-    their folders)."""
-    return {**row, "setting": cell.setting, "seed": cell.seed, "config": cell.config, "values": dict(cell.values)}
+def cell_records(study_dir: Path, cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """Every cell's record: from its folder (:func:`collect_cell`), or, without one, its published row of
+    ``cells.csv`` as this study names the cell (settings pair by config and values)."""
+    records = []
+    for cell in cells:
+        row = table_row(study_dir, cell)
+        identity = {"setting": cell.setting, "seed": cell.seed, "config": cell.config, "values": dict(cell.values)}
+        records.append({**row, **identity} if row else collect_cell(study_dir, cell))
+    return records
 
 
 def aggregate(values: Sequence[float], signed: bool = False) -> dict[str, Any]:
@@ -285,8 +290,7 @@ def collect(
         and ``"seeds_auto"`` (the rule and the sentence saying what ended the study) with a rule.
     """
     study_dir = Path(study_dir)
-    records = [_from_table(row, cell) if (row := table_row(study_dir, cell)) else collect_cell(study_dir, cell)
-               for cell in cells]  # fmt: skip
+    records = cell_records(study_dir, cells)
     results = {"definition": definition.to_dict(), "unit": UNIT, "cells": records, "settings": summarize(records)}
     results["comparisons"] = compare(results, options or ComparisonOptions())
     if rule is not None:

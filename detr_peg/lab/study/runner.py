@@ -102,9 +102,8 @@ def prepare(
     changed, published = [], []
     for cell in cells:
         state = read_state(cell_paths(study_dir, cell))
-        row = table_row(study_dir, cell) if state is None else None
-        recorded = state if state is not None else row if row and row.get("config_resolved") else None
-        if recorded is not None:
+        recorded = state or table_row(study_dir, cell)  # a cell.json, or a published row: both hold the config
+        if recorded and recorded.get("config_resolved"):
             change = first_difference(stored_config(recorded), configs[cell.name])
             if change:
                 (changed if state is not None else published).append(f"{cell.name} ({change})")

@@ -126,8 +126,11 @@ def _read(path: Path, shape: Shape, what: str, advice: str) -> dict[str, Any] | 
 
 #: One row per cell: what every table, comparison and figure of the report is drawn from.
 CELLS_CSV = "cells.csv"
-_RECORD_TEXT = ("name", "setting", "config", "status", "error")
+_HEADER_COLUMNS = ("name", "setting", "seed", "config", "values", "status", "error", "published", "config_resolved",
+                   "curve")  # fmt: skip
 _SCALE_KINDS = ("resized", "canvas")
+#: How many words a column's name has, by its first word (a COCO number's column is one word).
+_COLUMN_WORDS = {"resized": (3,), "canvas": (3,), "padding": (2, 3), "cost": (2,)}
 
 
 def cell_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -179,14 +182,6 @@ def write_cells_csv(path: Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
-def publish_table(path: Path) -> int:
-    """Mark every row of ``cells.csv`` published: the report and a later run take a cell without a folder from its
-    row (done cells are not run again), so the cells' folders can be left out of a shipped copy. Returns the rows."""
-    records = [{**r, "published": True} for r in read_cells_csv(path).values()]
-    write_cells_csv(path, records)
-    return sum(r["published"] for r in records)
-
-
 def _number(text: str) -> Any:
     for parse in (int, float):
         try:
@@ -228,23 +223,21 @@ def _unflat(entry: dict[str, Any], name: str, value: Any) -> None:
 
 
 def _record(row: dict[str, str]) -> dict[str, Any]:
-    record: dict[str, Any] = {key: row.get(key) or None for key in _RECORD_TEXT}
-    record["seed"] = int(row["seed"])
-    record["values"] = json.loads(row["values"])
+    values = json.loads(row["values"])
     config = json.loads(row["config_resolved"]) if row.get("config_resolved") else None
-    if not isinstance(record["values"], dict) or not isinstance(config, (dict, type(None))):
+    if not isinstance(values, dict) or not isinstance(config, (dict, type(None))):
         raise ValueError("values and config_resolved must be JSON objects")
     metrics: dict[str, Any] = {}
     scales: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in _SCALE_KINDS}
     padding: dict[str, Any] = {}
     cost: dict[str, Any] = {}
     for column, text in row.items():
-        if column in (*_RECORD_TEXT, "seed", "values", "curve", "published", "config_resolved") or text in ("", None):
+        if column in _HEADER_COLUMNS or text in ("", None):
             continue
         value, words = (None if text == "null" else _number(text)), column.split(" ")
-        if words[0] in (*_SCALE_KINDS, "padding", "cost") and len(words) not in (2, 3):
-            raise ValueError(f"column {column!r}")
-        if words[0] in _SCALE_KINDS and (len(words) != 3 or not words[1].startswith("x")):
+        if len(words) not in _COLUMN_WORDS.get(words[0], (1,)) or (
+            words[0] in _SCALE_KINDS and not words[1].startswith("x")
+        ):
             raise ValueError(f"column {column!r}")
         if words[0] in _SCALE_KINDS:
             entry = scales[words[0]].setdefault(words[1], {"scale": _number(words[1][1:])})
@@ -259,12 +252,12 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
             metrics[column] = value
     pairs = [p.split(":") for p in row["curve"].split(";")] if row.get("curve") else []
     return {  # the key order of collect_cell's records, so study.json is the same either way
-        **{key: record[key] for key in ("name", "setting", "seed", "config", "values", "status", "error")},
-        "config_resolved": config,
-        "published": row.get("published") == "yes",
+        "name": row["name"], "setting": row.get("setting") or None, "seed": int(row["seed"]),
+        "config": row.get("config") or None, "values": values, "status": row.get("status") or None,
+        "error": row.get("error") or None, "config_resolved": config, "published": row.get("published") == "yes",
         "metrics": metrics or None,
         "curve": [(int(it), float(value)) for it, value in pairs],
         "cost": cost or None,
         **{kind: sorted(entries.values(), key=lambda e: float(e["scale"])) for kind, entries in scales.items()},
         "padding": padding or None,
-    }
+    }  # fmt: skip

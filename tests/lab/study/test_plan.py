@@ -12,9 +12,10 @@ import pytest
 from detr_peg.errors import ConfigError
 from detr_peg.lab.study.cell import cell_paths, is_done, new_state, resolved_config, run_cell, write_state
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, parse_axis
+from detr_peg.lab.study.publish import plan_copy, write_copy
 from detr_peg.lab.study.results import collect, write_results
 from detr_peg.lab.study.runner import prepare
-from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, publish_table
+from detr_peg.lab.study.stored_files import PLAN_FILE
 from tests.lab.study.study_cells import write_done_cell
 
 
@@ -154,13 +155,13 @@ def test_a_study_kept_as_its_cell_table_resumes_with_its_done_cells_and_refuses_
 ) -> None:
     """What a shipped study keeps (plan.json and cells.csv) is enough to continue it on another machine: the
     cells done in the table are not run again, and a config that changed since they ran is refused."""
-    study = tmp_path / "s"
-    cells = prepare(study, definition)
+    source, study = tmp_path / "s", tmp_path / "copy"
+    cells = prepare(source, definition)
     for cell in cells[:2]:
-        write_done_cell(study, cell, {("val", None): 0.4}, config=resolved_config(cell))
-    write_results(study, collect(study, definition, cells))
-    assert publish_table(study / CELLS_CSV) == 4
-    shutil.rmtree(study / "cells")  # the published form: no cell folders
+        write_done_cell(source, cell, {("val", None): 0.4}, config=resolved_config(cell))
+    copy = plan_copy(source, study)  # the published form: plan.json and the done cells' rows, no cell folders
+    write_copy(copy, study)
+    assert copy.copied == [cells[0].name, cells[1].name] and not (study / "cells").exists()
     assert [is_done(study, c) for c in cells] == [True, True, False, False]
     assert prepare(study, definition) == cells
     assert collect(study, definition, cells)["cells"][0]["metrics"]["AP"] == pytest.approx(40.0)

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from detr_peg.cli.main import main
-from detr_peg.lab.study.stored_files import publish_table
 from tests.conftest import REPO_ROOT
 from tests.lab.study.study_cells import write_cells_from_table
 from tests.reliability.conftest import assert_outputs_kept, snapshot
@@ -189,15 +188,15 @@ def test_a_baseline_in_the_plan_that_names_no_setting_is_named_in_the_plan(study
     assert_outputs_kept(before, study)
 
 
-def test_the_cell_table_alone_draws_the_same_report(study: Path) -> None:
+def test_the_cell_table_alone_draws_the_same_report(study: Path, tmp_path: Path) -> None:
     """What a shipped study keeps (plan.json, cells.csv) redraws the report its cells' files gave."""
-    publish_table(study / "cells.csv")  # the last step before the cells' folders are left out
-    drawn = {name: (study / name).read_bytes() for name in ("study.md", "study.csv", "cells.csv")}
-    shutil.rmtree(study / "cells")
-    for name in ("study.json", "study.csv"):
-        (study / name).unlink()
-    assert main(["plot", str(study)]) == 0
-    assert {name: (study / name).read_bytes() for name in drawn} == drawn
+    shipped = tmp_path / "shipped"
+    assert main(["plot", str(study), "--publish", str(shipped)]) == 0
+    assert not (shipped / "cells").exists()
+    for name in ("study.md", "study.csv"):
+        assert (shipped / name).read_bytes() == (study / name).read_bytes(), name
+    assert main(["plot", str(shipped)]) == 0  # and again from the table alone
+    assert (shipped / "study.md").read_bytes() == (study / "study.md").read_bytes()
 
 
 @pytest.mark.parametrize(
