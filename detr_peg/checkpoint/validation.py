@@ -1,25 +1,6 @@
-"""A checkpoint is checked as a whole, field by field, before any of it is used.
-
-:func:`check_checkpoint_fields` runs on every checkpoint read
-(:func:`detr_peg.checkpoint.format.read_checkpoint`), before a model is
-built, weights are loaded or anything is written. Every field a detr_peg
-checkpoint may hold has one rule here; a field that breaks it is one
-:class:`~detr_peg.errors.CheckpointError` sentence naming the file, the field
-and what it holds:
-
-* ``model``: names (``str``) to dense tensors (strided layout; no sparse,
-  quantized or meta tensors); dtypes and finiteness are checked against the
-  model when the weights are loaded (:mod:`detr_peg.checkpoint.weights_check`);
-  ``train_weights`` (the stepped weights of a run with a weight average) by the same rule;
-* ``label_map``: ``None`` or a mapping (its content is parsed, and checked
-  against the classifier, by :func:`detr_peg.models.loading.checkpoint_label_map`);
-* ``epoch``, ``iteration``, ``epoch_batches_done``, ``train_images``, ``ema_updates``:
-  integers of at least 0 (``bool`` is not an integer here);
-* ``skipped_image_ids``: a list of integers;
-* ``optimizer``, ``lr_scheduler``, ``grad_scaler``: mappings (state dicts);
-* ``rng``: a list with one entry per process, each restorable: its states are
-  tried on throw-away generators of torch, Python and NumPy (the libraries'
-  own checks), never on the global ones.
+"""A checkpoint is checked as a whole, field by field, when read and before any of it is used (Rule 6 of
+docs/guarantees.md). Weight dtypes and finiteness are checked against the model later, in
+:mod:`~detr_peg.checkpoint.weights_check`.
 """
 
 from __future__ import annotations
@@ -51,15 +32,7 @@ def _kind(value: Any) -> str:
 
 
 def check_checkpoint_fields(obj: Mapping[str, Any], spec: str) -> None:
-    """Check every field of a checkpoint dict (see the module docstring).
-
-    Args:
-        obj: the dict stored in the file (``format`` and ``config`` already checked).
-        spec: the file, for messages.
-
-    Raises:
-        CheckpointError: the first field that breaks its rule.
-    """
+    """Check every field of a checkpoint dict from file ``spec``; raises CheckpointError for the first bad one."""
     check_state_dict(obj.get("model"), spec)
     if "train_weights" in obj:  # a run with a weight average: the weights the optimizer steps
         check_state_dict(obj["train_weights"], spec, "train_weights")
@@ -95,7 +68,7 @@ def check_state_dict(state: Any, spec: str, field: str = "model") -> None:
 
 
 def _check_rng(rng: Any, spec: str) -> None:
-    """Each process's generator states, tried on throw-away generators."""
+    """Each process's generator states, tried on throw-away generators (never the global ones)."""
     if not isinstance(rng, (list, tuple)):
         raise CheckpointError(f"{spec}: 'rng' holds {_kind(rng)}; it must be a list with one entry per process.")
     for rank, state in enumerate(rng):

@@ -1,19 +1,5 @@
-"""Sound weights and sound outputs: nothing is reported from numbers that are not finite.
-
-Three checks, one per moment a broken number can enter a result:
-
-* :func:`check_loaded_weights` when a state dict is loaded into a model
-  (``eval``, ``predict``, ``train --resume``, ``train.init_from``, the Python
-  API): every tensor the model holds as floating point must arrive as
-  floating point (an integer tensor would be cast silently, losing what it
-  meant) and every value must be finite;
-* :func:`check_saved_weights` before a training checkpoint replaces the
-  previous one: an update that made a weight non-finite (``train.lr`` too
-  large, an overflow) stops the run and the last good checkpoint is kept;
-* :func:`check_outputs` on every batch of model outputs before detections
-  are post-processed: a non-finite score or box stops the evaluation before
-  any metric is computed, printed or written, so an earlier ``metrics.json``
-  is never replaced by numbers made from NaN.
+"""Nothing is reported from numbers that are not finite (Rule 2 of docs/guarantees.md): weights when loaded and
+before a checkpoint is replaced, model outputs before post-processing.
 """
 
 from __future__ import annotations
@@ -40,15 +26,9 @@ def _first_non_finite(state: Mapping[str, Tensor]) -> tuple[str, int, str] | Non
 
 
 def check_loaded_weights(state: Mapping[str, Tensor], own: Mapping[str, Tensor], source: str) -> None:
-    """Refuse weights whose dtype kind differs from the model's or that hold non-finite values.
+    """Refuse weights whose dtype kind differs from the model's ``own`` (no silent int cast) or that are not finite.
 
-    Args:
-        state: the weights to load (key -> tensor), shapes already checked.
-        own: the model's own state dict (its dtypes are what the model expects).
-        source: how messages name the weights ("Checkpoint out/checkpoint.pth").
-
-    Raises:
-        CheckpointError: one sentence naming the source, the key and the problem.
+    Raises CheckpointError naming ``source``, the key and the problem.
     """
     for key, mine in own.items():
         value = state.get(key)
@@ -72,12 +52,7 @@ def check_loaded_weights(state: Mapping[str, Tensor], own: Mapping[str, Tensor],
 
 
 def check_saved_weights(state: Mapping[str, Tensor], iteration: int, checkpoint: Any) -> None:
-    """Refuse to replace a checkpoint with weights that hold non-finite values.
-
-    Raises:
-        TrainingError: naming the iteration and the first bad key; the
-            previous checkpoint is untouched.
-    """
+    """Refuse to replace a checkpoint with non-finite weights; raises TrainingError (the previous one is kept)."""
     bad = _first_non_finite(state)
     if bad is not None:
         key, count, example = bad
@@ -89,12 +64,7 @@ def check_saved_weights(state: Mapping[str, Tensor], iteration: int, checkpoint:
 
 
 def check_outputs(outputs: Mapping[str, Any], what: str = "The model") -> None:
-    """Refuse model outputs (``pred_logits [B, Q, C]``, ``pred_boxes [B, Q, 4]``, ...) that are not finite.
-
-    Raises:
-        UserError: naming the output and the count; raised before any
-            metric or detection is computed from it.
-    """
+    """Refuse non-finite model outputs before anything is computed from them; raises UserError naming the output."""
     tensors = {key: value for key, value in outputs.items() if isinstance(value, Tensor)}
     bad = _first_non_finite(tensors)
     if bad is not None:

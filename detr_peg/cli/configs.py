@@ -1,10 +1,9 @@
 """List the configs shipped with the package, or copy one out for editing.
 
-Every command that takes --config accepts a shipped config's name as well as
-a file (``--config detr_r50_peg``, ``--study study/proxy_synthetic``), from
-any folder. A copy names the shipped files it builds on (its ``_base_``
-parents, a study's ``configs``) by their shipped names, so it works wherever
-it is written; an existing file is never overwritten.
+Every --config (and --study) accepts a shipped config's name as well as a file
+(--config detr_r50_peg, --study study/proxy_synthetic). A copy refers to the
+shipped files it builds on by their shipped names, so it works wherever it is
+written; an existing file is never overwritten.
 
 Examples:
   detr-peg configs list

@@ -3,15 +3,13 @@
 SRC is an official checkpoint file (.pth, or .safetensors), a folder of a
 Transformers DetrForObjectDetection or DeformableDetrForObjectDetection
 (config.json and model.safetensors or pytorch_model.bin), or the Hugging Face
-Hub name of one (owner/name, fetched with huggingface_hub; offline, pass a
-local folder). The architecture is read from the weights and config.json;
-the label map of a Transformers model from its id2label. What they do not
-determine (the attention heads of an official checkpoint, dilation, ...)
-comes from the ``args`` stored by the official training script when present,
-then from --config and key=value overrides, as for training. A Transformers
-setting detr_peg cannot represent is refused, naming the config.json field. Use model.position.name=peg to start a
-PEG model from the weights: every shared weight is kept and only the PEG is
-initialised.
+Hub name of one (owner/name; offline, pass a local folder). The architecture is
+read from the weights and config.json, a Transformers label map from id2label.
+What they do not determine (an official checkpoint's attention heads, dilation,
+...) comes from the official script's stored ``args`` when present, then from
+--config and key=value overrides. A Transformers setting detr_peg cannot
+represent is refused, naming the config.json field. model.position.name=peg
+starts a PEG model from the weights: only the PEG is initialised.
 
 Example:
   detr-peg convert detr-r50-e632da11.pth detr_r50.pth

@@ -1,20 +1,16 @@
 """Generate a synthetic shapes dataset, train a small Deformable-DETR with PEG on the CPU, evaluate it, draw predictions.
 
 Everything goes into the output folder (default outputs/demo):
-  data/          the synthetic COCO-format dataset (train/, val/, annotations_*.json);
-                 reused when it was generated with the same parameters
-  run/           checkpoint.pth, config.yaml, metrics.jsonl, metrics.json (COCO
-                 metrics of the validation split), detections.json
-  predictions/   the first --pictures validation images with the detected
-                 boxes drawn (enlarged), and predictions.json
+  data/          the synthetic COCO-format dataset (train/, val/, annotations_*.json),
+                 reused when generated with the same parameters
+  run/           checkpoint.pth, config.yaml, metrics.jsonl, metrics.json, detections.json
+  predictions/   the first --pictures validation images with the boxes drawn (enlarged), and predictions.json
 
-Every demo trains from scratch: a previous demo run in <output>/run is
-replaced. --resume continues an interrupted run from its checkpoint instead.
-The model and recipe are the shipped config demo (configs/demo.yaml); the budget is
-train.max_iters iterations, so a run does the same work on any machine.
-
---data-only generates (or checks) the dataset and stops: the proxy configs of
-configs/proxy/ and the studies of configs/study/ train on it.
+Every demo trains from scratch, replacing <output>/run; --resume continues an
+interrupted run instead. The model and recipe are the shipped config demo; the
+budget is train.max_iters iterations, the same work on any machine.
+--data-only generates (or checks) the dataset and stops (configs/proxy/ and
+configs/study/ train on it).
 
 Examples:
   detr-peg demo
@@ -66,7 +62,7 @@ DRAW_MIN_SIDE = 384
 
 
 def default_config() -> Path:
-    """The shipped demo config (``configs/demo.yaml``; ``detr-peg configs copy demo`` copies it out for editing)."""
+    """The shipped demo config (``configs/demo.yaml``)."""
     from detr_peg.config.shipped import require_shipped
 
     return require_shipped("demo")
@@ -137,7 +133,7 @@ def _config_file(args: argparse.Namespace) -> Path:
 
 
 def is_run_file(path: Path) -> bool:
-    """Whether a training run writes ``path`` into its folder (hidden names: temporaries of interrupted writes)."""
+    """Whether a training run writes ``path`` into its folder (hidden names are temporaries)."""
     return path.name in RUN_FILES or path.name.startswith(".")
 
 
@@ -147,11 +143,7 @@ def is_picture_file(path: Path) -> bool:
 
 
 def clear_folder(folder: Path, ours: Callable[[Path], bool]) -> None:
-    """Remove what a previous demo wrote into ``folder``; refuse when it holds anything else.
-
-    Raises:
-        UserError: ``folder`` holds a file or folder for which ``ours`` is false.
-    """
+    """Remove what a previous demo wrote into ``folder``; raises UserError when it holds anything else."""
     from detr_peg.errors import UserError
     from detr_peg.guards.output_guard import OWNERSHIP_FILE
 
@@ -173,11 +165,7 @@ def clear_folder(folder: Path, ours: Callable[[Path], bool]) -> None:
 
 
 def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_threshold: float) -> int:
-    """Detect objects in ``images`` with the trained model and save one picture per image into ``out``.
-
-    Returns:
-        The number of detections drawn.
-    """
+    """Save a picture per image and ``predictions.json`` into ``out``; return the detections drawn."""
     from PIL import Image
     from tqdm import tqdm
 

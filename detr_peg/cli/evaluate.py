@@ -1,11 +1,11 @@
 """Evaluate a checkpoint with COCO bbox mAP on a COCO-format validation set.
 
-The config is the one stored in the checkpoint, then --config (if given),
-then key=value overrides; the images and annotations are data.val_images and
-data.val_annotations. The metrics table is printed; <output>/metrics.json
-holds the twelve COCO numbers (AP, AP50, AP75, APs, APm, APl, AR1, AR10,
-AR100, ARs, ARm, ARl) in percent and <output>/detections.json every detection in the
-COCO results format, with the dataset's original category ids.
+The config is the checkpoint's own, then --config (if given), then key=value
+overrides; the data are data.val_images and data.val_annotations. The metrics
+table is printed; <output>/metrics.json holds the twelve COCO numbers (AP,
+AP50, AP75, APs, APm, APl, AR1, AR10, AR100, ARs, ARm, ARl) in percent and
+<output>/detections.json every detection in the COCO results format, with the
+dataset's original category ids.
 
 Multi-resolution evaluation (files next to metrics.json; see the documentation, "Evaluation"):
   --scales 1,1.5,2        the validation images resized to these multiples of data.val_scale and
@@ -79,11 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_over_checkpoint(checkpoint, config_file: str | None, overrides: list[str]):
-    """The config of a :class:`~detr_peg.checkpoint.format.Checkpoint`, then ``config_file``, then ``overrides``.
-
-    The device is chosen afresh (``train.device=auto``) unless the file or an
-    override sets it, so a GPU-trained checkpoint evaluates on a CPU machine.
-    """
+    """The checkpoint's config, then ``config_file``, then ``overrides``; ``train.device`` is auto unless set."""
     from detr_peg.config.loader import config_to_dict, load_config
 
     stored = config_to_dict(checkpoint.config)

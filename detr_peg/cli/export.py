@@ -1,17 +1,15 @@
 r"""Export a checkpoint to ONNX: one graph for any batch size and image size, checked in ONNX Runtime.
 
-The graph takes the padded, normalised image batch "images" float32[B, 3, H, W]
-and its padding mask "mask" bool[B, H, W] (True = padding), and returns
-"pred_logits" and "pred_boxes" (normalised cx, cy, w, h relative to each
-unpadded image). With --postprocess it also takes "orig_sizes" int64[B, 2]
-(h, w) and returns "scores", "labels" and "boxes" (x0, y0, x1, y1 pixels), as
-the PyTorch post-processing does. Batch, height and width are dynamic unless
---batch-size / --image-size fix them. The config and label map are stored in
-the file, so `detr-peg predict --onnx FILE` needs nothing else. Unless
---no-check, the written graph is run once in ONNX Runtime on a padded batch of
-another size than the one traced and compared with PyTorch.
+Inputs: "images" float32[B, 3, H, W] (padded, normalised) and "mask" bool[B, H, W]
+(True = padding); outputs "pred_logits" and "pred_boxes" (normalised cx, cy, w, h
+of each unpadded image). --postprocess adds the input "orig_sizes" int64[B, 2]
+(h, w) and the outputs "scores", "labels", "boxes" (x0, y0, x1, y1 pixels).
+Batch, height and width are dynamic unless --batch-size / --image-size fix them.
+The config and label map are stored in the file (`detr-peg predict --onnx FILE`
+needs nothing else). Unless --no-check, the graph is run in ONNX Runtime on a
+batch of another size than the traced one and compared with PyTorch.
 
-Needs the optional packages: pip install onnx onnxscript onnxruntime (the onnx extra of detr_peg).
+Needs the onnx extra: pip install onnx onnxscript onnxruntime.
 
 Examples:
   detr-peg export --checkpoint runs/peg/checkpoint.pth --output model.onnx

@@ -1,10 +1,4 @@
-"""Optional dependencies: which ``detr_peg[extra]`` brings a missing package, said in one line.
-
-The scripts of ``tools/`` call :func:`require` before importing an optional
-package, so that running one without it (``--help`` included) prints one line
-naming what to install and exits with status 2, as the command line does for
-every user error.
-"""
+"""Optional dependencies: which ``detr_peg[extra]`` brings a missing package, said in one line (:func:`require`)."""
 
 from __future__ import annotations
 
@@ -25,12 +19,7 @@ def missing(*modules: str) -> list[str]:
 
 
 def require(program: str, *modules: str) -> None:
-    """Return when every module of ``modules`` is installed; else print one line and exit with status 2.
-
-    Args:
-        program: how the user ran it, for the message (``tools/train_detectron2.py``).
-        modules: import names of the optional packages ``program`` needs.
-    """
+    """Return when every module of ``modules`` is installed; else print one line naming what to install and exit 2."""
     absent = missing(*modules)
     if absent:
         how = install_hint(absent[0])

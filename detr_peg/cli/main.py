@@ -1,37 +1,5 @@
-"""The ``detr-peg`` command line: ``detr-peg <command> [options] [key=value ...]``.
-
-Each command lives in its own module of :mod:`detr_peg.cli` exposing
-``add_arguments(parser)`` and ``run(args) -> int``; only the module of the
-command given is imported, so ``detr-peg --help`` and ``detr-peg COMMAND
---help`` load neither torch nor the models; the models (and torch) are
-imported when a registry is first read
-(:func:`detr_peg.registry.fill_on_first_read`), so an error found before that,
-such as a config file that is not there, is reported at once. Four rules
-hold for every command:
-
-* **each option once**: an option that takes a value given twice
-  (``--config a.yaml --config b.yaml``) is a usage error, not a silent
-  choice of the last (:class:`OneLineParser`);
-* **one line per error**: a usage error is ``detr-peg <command>: error:
-  <message> (see detr-peg <command> --help)`` with exit status 2, like every
-  other user error (:class:`~detr_peg.errors.UserError`, printed without a
-  traceback; a training run stopped by SIGINT/SIGTERM after writing its
-  checkpoint exits with 128 + the signal number); anything else is a bug and
-  keeps its traceback, except an ``OSError`` that names a file (a folder
-  without permission, a name too long, a full disk), which is the same one
-  line (:func:`~detr_peg.fileio.os_errors.describe_os_error`);
-* **``key=value`` anywhere**: config overrides (and, for ``predict``, image
-  paths) may come before, between and after options; the words argparse
-  leaves over join the command's positional list (its ``POSITIONAL_DEST``,
-  ``overrides`` by default);
-* **the option the user typed**: a command maps its options to the config
-  keys they set (``OPTION_KEYS``, e.g. ``{"--device": "train.device"}``);
-  an error about such a key names the option instead, when the user gave the
-  option and not the key.
-
-Messages of the library go through :mod:`logging` (logger ``detr_peg``); the
-command line shows them on the terminal as plain lines
-(:func:`show_messages`).
+"""The ``detr-peg`` command line. Each command is a module with ``add_arguments(parser)`` and ``run(args) -> int``,
+imported only when chosen (``--help`` loads no torch); its rules: Rule 12 of docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -80,7 +48,7 @@ def _shown(value: object) -> str:
 
 
 class _StoreOnce(argparse._StoreAction):
-    """``store``, except that an option given a second time is an error instead of silently replacing the first."""
+    """``store``, except that an option given a second time is a usage error."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
         if option_string is not None:
@@ -97,12 +65,7 @@ class _StoreOnce(argparse._StoreAction):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr (exit status 2).
-
-    Every option that takes a value may be given once: a second
-    ``--config b.yaml`` would otherwise replace the first without a word
-    (options meant to be repeated say so with ``action="append"``).
-    """
+    """An ``ArgumentParser`` whose errors are one line on stderr (exit 2) and whose options may be given once."""
 
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - argparse's signature
         super().__init__(*args, **kwargs)
@@ -152,7 +115,7 @@ def command_parser(name: str) -> tuple[OneLineParser, ModuleType]:
 
 
 def parse_command(parser: argparse.ArgumentParser, module: ModuleType, words: Sequence[str]) -> argparse.Namespace:
-    """Parse a command's words; leftover words join its positional list (see the module docstring)."""
+    """Parse a command's words; leftover words join its ``POSITIONAL_DEST`` list (``overrides`` by default)."""
     args, extra = parser.parse_known_args(list(words))
     if extra:
         dest = getattr(module, "POSITIONAL_DEST", "overrides")
@@ -164,7 +127,7 @@ def parse_command(parser: argparse.ArgumentParser, module: ModuleType, words: Se
 
 
 def in_users_words(message: str, module: object, argv: Sequence[str]) -> str:
-    """``message`` with config keys replaced by the options that set them, where the user typed the option."""
+    """``message`` with config keys replaced by the ``OPTION_KEYS`` options the user typed."""
     typed = {word.split("=", 1)[0] for word in argv if word.startswith("--")}
     given_keys = {word.split("=", 1)[0] for word in argv if "=" in word and not word.startswith("-")}
     for option, key in getattr(module, "OPTION_KEYS", {}).items():
@@ -194,13 +157,7 @@ def show_messages() -> logging.Handler:
 
 
 class Terminated(BaseException):
-    """SIGTERM outside a training loop (start-up, evaluation, prediction): the command stops where it is.
-
-    A ``BaseException``, like ``KeyboardInterrupt``, so that no ``except
-    Exception`` on the way catches it; the atomic writer removes its temporary
-    file on the way out. Training installs its own handlers (a checkpoint
-    first, see :class:`detr_peg.engine.hooks.StopRequest`) while it runs.
-    """
+    """SIGTERM outside a training loop; a ``BaseException`` so that no ``except Exception`` catches it."""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -221,13 +178,7 @@ def _terminate_on_sigterm() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status.
-
-    SIGTERM raises :class:`Terminated` from the first line on (parsing and
-    start-up included), so a stop at any moment after the interpreter has
-    started is one line and exit status 143; before that, the signal's default
-    action ends a process that has written nothing.
-    """
+    """Run the command line and return the exit status; SIGTERM from the first line on exits 143 with one line."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         with _terminate_on_sigterm():

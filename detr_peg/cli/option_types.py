@@ -1,12 +1,5 @@
-"""Types of command-line options: one parser per kind of value, shared by every command.
-
-Each function returns an ``argparse`` ``type=`` callable that turns the
-text into a value or raises ``argparse.ArgumentTypeError`` with a message
-stating the valid range; argparse prefixes it with the option
-(``argument --score-threshold: ...``), so the error names the option the
-user typed. Non-finite numbers (``nan``, ``inf``) are refused everywhere:
-Python's ``float("nan")`` accepts them, and a NaN threshold compares false
-with every score.
+"""Types of command-line options: one ``argparse`` ``type=`` parser per kind of value, shared by every command.
+Errors state the valid range; ``nan`` and ``inf`` are refused everywhere.
 """
 
 from __future__ import annotations
@@ -51,10 +44,7 @@ def number(low: float, high: float) -> Callable[[str], float]:
 
 
 def scale_list(text: str) -> list[float]:
-    """Comma-separated positive finite numbers, each once: ``"1,1.5,2"`` -> ``[1.0, 1.5, 2.0]``.
-
-    ``1,1.0`` and ``0.1,1e-1`` name one scale twice and are refused (each scale is one evaluation).
-    """
+    """Comma-separated positive finite numbers, each once: ``"1,1.5,2"`` -> ``[1.0, 1.5, 2.0]``."""
     valid = "comma-separated positive numbers such as 1,1.5,2"
     try:
         values = [float(part) for part in text.split(",")]  # an empty part (1,,2 or 1,2,) is no number either
@@ -77,12 +67,7 @@ def device(text: str) -> str:
 
 
 def config_file(text: str) -> str:
-    """A config file, or the name of a shipped config (``detr_r50_peg``, ``study/proxy_synthetic``).
-
-    Returns the path of the file it names (see
-    :func:`detr_peg.config.shipped.resolve_config`); a name that is neither is
-    returned as given, and the command reports it as missing.
-    """
+    """The path of a config file or shipped config name; a name that is neither is returned as given."""
     # Imported here so that `detr-peg COMMAND --help` does not load the config machinery.
     from detr_peg.config.shipped import resolve_config
 

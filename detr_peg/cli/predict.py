@@ -9,10 +9,8 @@ predictions.json is a list of COCO-style results with the file name added:
 "score"}, in pixels of the original image, for detections scoring at least
 --score-threshold (default: eval.score_threshold of the checkpoint's config).
 Category ids and names come from the dataset the model was trained on.
-The pictures are written into a temporary folder inside the output folder
-and moved into place with predictions.json only once every image is done, so
-a run that fails (an unreadable image, a full disk) leaves the files of an
-earlier run as they were.
+Pictures and predictions.json are published only once every image is done, so
+a failed run leaves the files of an earlier run as they were.
 
 Examples:
   detr-peg predict --checkpoint runs/peg/checkpoint.pth photos/ --output predictions
@@ -96,11 +94,7 @@ def unique_png_name(path: Path, used: set[str]) -> str:
 
 
 def predict_files(detector, images: list[Path], *, threshold: float, batch_size: int, progress=None):
-    """Yield ``(image_id, path, picture, detections)`` for each file, in order (``image_id`` 1-based).
-
-    Files are decoded in chunks of :data:`CHUNK`; each chunk goes through
-    :meth:`detr_peg.Detector.predict`.
-    """
+    """Yield ``(image_id, path, picture, detections)`` per file, in order, decoding :data:`CHUNK` at a time."""
     from detr_peg.data.image_input import load_rgb_image
 
     for start in range(0, len(images), CHUNK):
@@ -115,12 +109,9 @@ def predict_files(detector, images: list[Path], *, threshold: float, batch_size:
 
 
 def checked_inputs(args: argparse.Namespace) -> tuple[list[str], list[str], list[Path]]:
-    """The command's image inputs, its overrides and the image files they name, with the model file checked.
+    """The image inputs, overrides and image files, with the model file checked, before torch is imported.
 
-    Runs before torch and the models are imported, so an input that is not there is reported at once.
-
-    Raises:
-        UserError: no image input, an input or the model file that is not there (one sentence naming it).
+    Raises UserError: no image input, or an input or the model file that is not there.
     """
     from detr_peg.data.image_paths import collect_images
     from detr_peg.errors import ConfigError

@@ -1,16 +1,5 @@
-"""Atomic file writing: a crash, a signal or a full disk never leaves a half-written file under the final name.
-
-Every file detr_peg writes (checkpoints, configs, metrics, detections,
-benchmark reports) goes through :func:`atomic_write`: the content is written
-into a temporary file in the same folder, flushed and ``fsync``-ed, renamed
-over the target with ``os.replace`` (atomic on POSIX and Windows), and the
-folder is ``fsync``-ed so the rename itself survives a power cut. The
-temporary file is ``.NAME.tmp-PID``; one left by a writer that was killed
-mid-write is removed by the next write of the same file, once that process is
-gone.
-``torch.save`` goes through it in
-:func:`detr_peg.fileio.checkpoint_files.atomic_torch_save`. This module needs
-no torch, so the config layer stays light to import.
+"""Atomic file writing: ``.NAME.tmp-PID`` in the same folder, fsync, ``os.replace``, fsync of the folder ("Atomic
+files" in docs/guarantees.md). Torch-free, so the config layer stays light to import.
 """
 
 from __future__ import annotations
@@ -31,22 +20,9 @@ from detr_peg.fileio.os_errors import write_error
 def atomic_write(
     path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, error: type[UserError] | None = OutputError
 ) -> Path:
-    """Write a file atomically: ``write(handle)`` into a temporary file, fsync, rename over ``path``.
+    """Write ``path`` atomically with ``write(handle)``; temporaries of killed writers are removed afterwards.
 
-    Args:
-        path: the final file.
-        write: writes the content into the binary file object it is given.
-        error: on an ``OSError`` (unwritable folder, full disk, a name too
-            long), raise this error class with the one-sentence message of
-            :func:`~detr_peg.fileio.os_errors.write_error` (the path, the
-            reason, what to do); ``None`` re-raises the ``OSError`` itself.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        OSError or ``error``: the write failed; the previous file at ``path``
-            (if any) is left untouched and the temporary file is removed.
+    Raises ``error`` (None: the OSError) with the :func:`write_error` sentence; the previous file is untouched.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -124,11 +100,7 @@ def _remove_stale_temporaries(path: Path) -> None:
 
 
 def remove_stale_folders(folder: str | os.PathLike, prefix: str) -> list[Path]:
-    """Remove the folders ``folder/PREFIX<pid>`` of processes that no longer exist (a killed command's staging).
-
-    Returns:
-        The folders removed.
-    """
+    """Remove the folders ``folder/PREFIX<pid>`` of processes that no longer exist; return them."""
     if os.name != "posix":
         return []
     removed = []
@@ -170,12 +142,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def write_json(path: str | Path, data: Any, *, indent: int | None = 1) -> Path:
-    """Write ``data`` as JSON atomically (see :func:`~detr_peg.fileio.atomic_write`); ``indent=None`` writes it
-    compactly.
-
-    Raises:
-        OutputError: the folder is not writable, the name too long or the disk full.
-    """
+    """Write ``data`` as JSON atomically (``indent=None``: compactly); raises OutputError."""
     separators = None if indent is not None else (",", ":")
     text = json.dumps(data, indent=indent, separators=separators) + "\n"
     return atomic_write_text(path, text)
@@ -188,10 +155,8 @@ def save_image(path: str | os.PathLike, image: Any, **options: Any) -> Path:
 
 
 def save_figure(path: str | os.PathLike, figure: Any, **options: Any) -> Path:
-    """Save a Matplotlib figure atomically, in the format its suffix names (``.png``, ``.pdf``, ``.svg``).
-
-    A PDF gets no creation date (unless ``metadata`` says otherwise), so redrawing the same figure writes the
-    same bytes (as PNG does) and committed figures change only when what they show does.
+    """Save a Matplotlib figure atomically, in the format its suffix names; a PDF gets no creation date, so
+    redrawing writes the same bytes.
     """
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
     if fmt == "pdf":

@@ -1,24 +1,5 @@
-"""Bounded reading: every file detr_peg reads is checked before it is parsed, and its data before it is used.
-
-One layer under every reader (config YAML, COCO JSON, checkpoints, images):
-
-* :func:`check_regular_file` says precisely what is wrong with a path: it does
-  not exist, is a dangling or looping symbolic link, is a folder, a FIFO, a
-  socket or a device, has a name longer than the file system allows, cannot
-  be read, or is larger than the limit for its kind. "does not exist" is said
-  only when nothing is there. Opening a FIFO would block forever and reading
-  ``/dev/zero`` would never end, so the kind is checked before the file is
-  opened, and at most ``limit + 1`` bytes are ever read.
-* :func:`read_bounded_bytes` reads a checked file, never more than its limit.
-* :func:`check_tree` walks parsed data (YAML or JSON) once and refuses data
-  that is nested deeper than ``max_depth``, expands to more than
-  ``max_nodes`` values (YAML aliases that refer to each other multiply: the
-  "billion laughs" file is a few hundred bytes), or holds integers outside
-  the signed 64-bit range (ids that no tensor or database can hold).
-* :func:`load_yaml_text` parses YAML with the safe loader, refuses a key given
-  twice in one mapping, and bounds the result.
-
-Limits are module constants (:data:`LIMITS`), generous for real files.
+"""Bounded reading: every file is checked before it is parsed, and its data before it is used (Rule 3 of
+docs/guarantees.md). Limits per kind of file: :data:`LIMITS`.
 """
 
 from __future__ import annotations
@@ -42,13 +23,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds for one kind of file.
-
-    Attributes:
-        max_bytes: the largest file accepted.
-        max_depth: deepest nesting of lists and mappings (parsed data only).
-        max_nodes: most values in the parsed data, aliases expanded.
-    """
+    """Bounds for one kind of file: bytes, and for parsed data nesting depth and values (aliases expanded)."""
 
     max_bytes: int
     max_depth: int = 64
@@ -76,19 +51,9 @@ def _size(n: int) -> str:
 
 
 def check_regular_file(path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> int:
-    """Make sure ``path`` is a readable regular file within the size limit of ``kind``.
+    """Check ``path`` is a readable regular file within ``kind``'s limit, before opening it (a FIFO would block).
 
-    Args:
-        path: the file.
-        what: how messages name it ("Annotation file", "Config file", ...).
-        kind: a key of :data:`LIMITS`.
-        error: builds the exception to raise from a message.
-
-    Returns:
-        The file's size in bytes.
-
-    Raises:
-        UserError: built by ``error``, one sentence naming the path and what is wrong.
+    Returns its size; raises the ``error`` built from one sentence naming the path and what is wrong.
     """
     name = os.fspath(path)
     shown = name or "''"  # an empty name is shown as such
@@ -135,12 +100,7 @@ def _special_kind(mode: int) -> str:
 
 
 def read_bounded_bytes(path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> bytes:
-    """The bytes of a file checked by :func:`check_regular_file`; never more than its limit are read.
-
-    Raises:
-        UserError: see :func:`check_regular_file`; also a read error, or a
-            file that grew past the limit while it was read.
-    """
+    """The bytes of a file checked by :func:`check_regular_file`, reading at most ``limit + 1``; raises ``error``."""
     check_regular_file(path, what, kind, error)
     limit = LIMITS[kind].max_bytes
     name = os.fspath(path)
@@ -166,17 +126,7 @@ def decode_utf8(
 
 
 def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError]) -> Any:
-    """Refuse parsed data that is too deep, too large once aliases are expanded, or holds huge integers.
-
-    The walk is iterative and stops at the first value over a limit, so a
-    hostile file costs at most ``max_nodes`` steps.
-
-    Returns:
-        ``data`` itself.
-
-    Raises:
-        UserError: built by ``error``, naming the file and the limit.
-    """
+    """Return ``data`` unless too deep, too large with aliases expanded, or holding non-int64 ints (``error``)."""
     limits = LIMITS[kind]
     name = os.fspath(path)
     stack: list[tuple[Any, int]] = [(data, 0)]
@@ -208,20 +158,7 @@ def check_tree(data: Any, path: str | os.PathLike, what: str, kind: str, error: 
 def parse_json(
     raw: bytes, path: str | os.PathLike, what: str, kind: str, error: Callable[[str], UserError], advice: str = ""
 ) -> Any:
-    """``raw`` parsed as JSON and checked by :func:`check_tree`.
-
-    Args:
-        raw: the file's bytes (from :func:`read_bounded_bytes`).
-        path: the file, as messages name it.
-        what: how a message names the file (``Annotation file``, ``Study plan``).
-        kind: the key of its :data:`LIMITS`.
-        error: the exception class of a file that cannot be used.
-        advice: what to do about it, after the problem (``it is written by detr-peg study: ...``); none by default.
-
-    Raises:
-        UserError (``error``): not UTF-8, not JSON (the line and column named), nested too deeply, a number
-            Python cannot convert, or over a limit of ``kind``; one sentence naming the file.
-    """
+    """``raw`` parsed as JSON and bounded; raises ``error``: not UTF-8, not JSON (line and column), or over a limit."""
     name = os.fspath(path)
     end = f"; {advice}" if advice else "."
     refuse = f"; {advice}" if advice else "; refusing to use it."
@@ -241,16 +178,7 @@ def parse_json(
 
 @dataclass(frozen=True)
 class ScalarText:
-    """A plain YAML scalar that YAML reads as another type than a string, with the text as written.
-
-    ``2001-12-14`` is a date, ``yes`` a bool and ``1e3`` a string to YAML 1.1;
-    a reader that expects a string (a folder name, a choice) takes ``text``
-    instead of YAML's guess (see ``keep_text`` of :func:`load_yaml_text`).
-
-    Attributes:
-        value: what YAML made of it (``datetime.date``, ``bool``, ``int``, ``float``, ``None``).
-        text: the scalar exactly as written.
-    """
+    """A plain YAML scalar that YAML reads as a non-string (``2001-12-14``, ``yes``), with its text as written."""
 
     value: Any
     text: str
@@ -272,14 +200,7 @@ class _DuplicateKey(yaml.YAMLError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """The safe loader with a bounded number of alias uses (each may expand a whole subtree) and unique keys.
-
-    A key given twice in one mapping (at any depth) is an error: YAML keeps
-    the last silently, so the file would say two things and mean one. Keys
-    brought in by a ``<<`` merge may be overridden, as YAML intends. With
-    ``keep_text``, plain scalar values that YAML reads as another type than a
-    string come back as :class:`ScalarText`.
-    """
+    """The safe loader with bounded alias uses and unique keys at every depth (``<<`` merged keys may be overridden)."""
 
     max_aliases = 1000
 
@@ -334,21 +255,9 @@ def load_yaml_text(
     *,
     keep_text: bool = False,
 ) -> Any:
-    """Parse YAML safely and bound the result (see :func:`check_tree`).
+    """Parse YAML safely and bound it; with ``keep_text``, non-string plain scalars come back as :class:`ScalarText`.
 
-    Args:
-        text: the YAML.
-        path: where it comes from (a file, or an override's key), for messages.
-        what: how messages name it ("Config file").
-        kind: a key of :data:`LIMITS`.
-        error: builds the exception to raise from a message.
-        keep_text: plain scalar values that YAML reads as a date, number,
-            bool or null come back as :class:`ScalarText` (value and text).
-
-    Raises:
-        yaml.YAMLError: invalid YAML (the caller words it with the line);
-        UserError: a key given twice in one mapping (naming the key and both
-            lines), too many aliases, too deep, too many values, huge integers.
+    Raises yaml.YAMLError (invalid YAML), or ``error``: a key given twice in a mapping, too many aliases, over a limit.
     """
     loader = _BoundedLoader(text, keep_text)
     try:

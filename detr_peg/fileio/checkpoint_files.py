@@ -1,10 +1,5 @@
-"""Checkpoint and weight files: safe reading (local paths or URLs) and atomic ``torch.save``.
-
-Reading never unpickles arbitrary objects: ``torch.load`` runs with
-``weights_only=True`` (tensors, plain containers and numbers only; the
-``argparse.Namespace`` that the official training scripts store under
-``args`` is the one class allowed besides). ``.safetensors`` files are read
-with safetensors. Writing goes through :func:`detr_peg.fileio.atomic.atomic_write`.
+"""Checkpoint and weight files: safe reading (local paths or URLs) and atomic ``torch.save``. ``torch.load`` runs with
+``weights_only=True`` (plus ``argparse.Namespace``, which the official scripts store under ``args``).
 """
 
 from __future__ import annotations
@@ -43,19 +38,9 @@ def fetch_url(url: str) -> Path:
 
 
 def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -> Any:
-    """Load a ``.pth``/``.pt`` file safely, or a ``.safetensors`` file.
+    """Load a ``.pth``/``.pt`` file safely, or a ``.safetensors`` one as ``{"state_dict": ..., "metadata": ...}``.
 
-    Args:
-        path: local file path or ``http(s)://`` URL.
-        what: what the file is, in words, for error messages.
-
-    Returns:
-        The stored object (a dict for every file detr_peg reads). For
-        safetensors files: ``{"state_dict": tensors, "metadata": dict[str, str]}``.
-
-    Raises:
-        CheckpointError: missing, unreadable, truncated or corrupt file, or a
-            file that holds pickled Python objects other than plain data.
+    Raises CheckpointError: missing, unreadable, truncated or corrupt, or holding pickled objects.
     """
     spec = str(path)
     local = fetch_url(spec) if is_url(spec) else Path(spec)
@@ -88,11 +73,7 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
 
 
 def _unsafe_global(text: str) -> str | None:
-    """The module-qualified name the weights-only unpickler refused, or None if it refused no name.
-
-    torch words it "Unsupported global: GLOBAL os.system ..." or "unsupported GLOBAL posix.system whose
-    module posix is blocked", depending on the version and the name.
-    """
+    """The module-qualified name the weights-only unpickler refused, or None (wording varies by torch version)."""
     match = re.search(r"GLOBAL ([\w.]+)", text)
     return match.group(1) if match else None
 
@@ -117,11 +98,5 @@ def _read_safetensors(path: Path, what: str) -> dict[str, Any]:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike, *, error: type[UserError] | None = CheckpointError) -> Path:
-    """``torch.save`` to ``path`` atomically (see :func:`~detr_peg.fileio.atomic.atomic_write`).
-
-    Raises:
-        CheckpointError (or ``error``; ``None``: the ``OSError``): the folder
-            is not writable or the disk is full; the previous file at ``path``
-            (if any) is left untouched.
-    """
+    """``torch.save`` atomically; raises ``error`` (None: the OSError) on failure, the previous file untouched."""
     return atomic_write(path, lambda handle: torch.save(obj, handle), error=error)

@@ -1,10 +1,4 @@
-"""Where a file the user names is (a URL or a local path), and the check of a local checkpoint path.
-
-Torch-free, so that the command line refuses a checkpoint path that is not
-there before it imports torch and the models (a few seconds): the same
-sentence as :func:`~detr_peg.fileio.checkpoint_files.read_checkpoint_file`
-gives when it reads the file.
-"""
+"""Whether a file spec is a URL, and the torch-free check of a local checkpoint path (refused before torch loads)."""
 
 from __future__ import annotations
 
@@ -20,19 +14,7 @@ def is_url(spec: str) -> bool:
 
 
 def check_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> int:
-    """Make sure the local file ``path`` is a readable regular file within the checkpoint size limit.
-
-    Args:
-        path: a local path.
-        what: what the file is, in words (``"official checkpoint"``), for the message.
-
-    Returns:
-        The file's size in bytes.
-
-    Raises:
-        CheckpointError: ``The <what> file <path> does not exist.`` (or is a folder, special file,
-            unreadable, too large).
-    """
+    """Check that ``path`` is a readable regular file within the checkpoint limit; return its size (CheckpointError)."""
     return check_regular_file(path, f"The {what} file", "checkpoint", CheckpointError)
 
 

@@ -1,14 +1,5 @@
-"""Files of a model folder: a local folder, or a repository of the Hugging Face Hub fetched with ``huggingface_hub``.
-
-A model folder (a Transformers checkpoint, or a folder that
-:meth:`detr_peg.Detector.save_pretrained` wrote) is named either by its local
-path or by its Hub name (``owner/name``, optionally ``owner/name@revision``).
-A local folder is read as it is; a Hub name is fetched file by file with
-:func:`huggingface_hub.hf_hub_download` into the Hugging Face cache (and read
-from there on later calls, also offline). Every failure of the Hub is reported
-as one :class:`~detr_peg.errors.CheckpointError` sentence: offline or
-unreachable (pass a local folder instead), no such repository, no such
-revision.
+"""Files of a model folder: a local folder, or a Hugging Face Hub repository (``owner/name[@revision]``) fetched
+into the Hugging Face cache. Every Hub failure is one :class:`~detr_peg.errors.CheckpointError` sentence.
 """
 
 from __future__ import annotations
@@ -38,14 +29,7 @@ HUB_NAME = re.compile(r"(?P<repo>(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*)(?:@
 
 @dataclass(frozen=True)
 class ModelFolder:
-    """Where a model folder's files come from.
-
-    Attributes:
-        spec: what the user wrote (a path or a Hub name), for messages.
-        local: the local folder, or ``None`` for a Hub repository.
-        repo_id: the Hub repository (``owner/name``) when not local.
-        revision: the Hub revision (branch, tag or commit), ``None`` for the default branch.
-    """
+    """Where a model folder's files come from: ``local``, or ``repo_id`` at ``revision`` (None: default branch)."""
 
     spec: str
     local: Path | None
@@ -53,16 +37,9 @@ class ModelFolder:
     revision: str | None = None
 
     def file(self, name: str, **download: Any) -> Path | None:
-        """The local path of the folder's file ``name``, fetched from the Hub if needed; ``None`` when absent.
+        """The local path of the folder's file ``name`` (None when absent); ``download`` goes to ``hf_hub_download``.
 
-        Args:
-            name: the file name inside the folder (``config.json``).
-            download: further arguments of :func:`huggingface_hub.hf_hub_download`
-                (``cache_dir``, ``token``, ``force_download``, ``local_files_only``).
-
-        Raises:
-            CheckpointError: the Hub cannot be reached and the file is not
-                cached, or the repository or revision does not exist.
+        Raises CheckpointError: Hub unreachable and not cached, or no such repository or revision.
         """
         if self.local is not None:
             path = self.local / name
@@ -76,11 +53,7 @@ class ModelFolder:
                 return None
 
     def first_file(self, names: Sequence[str], what: str, **download: Any) -> Path:
-        """The first of ``names`` that the folder holds.
-
-        Raises:
-            CheckpointError: none of them is there (``what`` says what was looked for).
-        """
+        """The first of ``names`` that the folder holds; raises CheckpointError when none is."""
         for name in names:
             path = self.file(name, **download)
             if path is not None:
@@ -104,11 +77,7 @@ def is_hub_name(spec: str) -> bool:
 
 
 def model_folder(spec: str | os.PathLike) -> ModelFolder:
-    """The :class:`ModelFolder` that ``spec`` (a local folder or a Hub name) names.
-
-    Raises:
-        CheckpointError: ``spec`` is neither a folder nor a Hub name.
-    """
+    """The :class:`ModelFolder` that ``spec`` names; raises CheckpointError when neither a folder nor a Hub name."""
     text = str(spec)
     if os.path.isdir(text):
         return ModelFolder(text, Path(text))

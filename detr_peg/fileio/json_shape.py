@@ -1,17 +1,5 @@
-"""The shape of a JSON file detr_peg wrote, declared once and checked when the file is read back.
-
-A file that detr_peg wrote and reads again later (a study's ``plan.json``, a
-cell's ``cell.json``, an evaluation's ``metrics.json``) may have been edited,
-cut short or replaced since. :func:`read_json_file` reads it bounded (see
-:mod:`detr_peg.fileio.bounded_read`), parses it, and checks it against a
-declared shape, so that any damage is one sentence naming the file, the
-field and the value, never a ``KeyError`` deep in the code that uses it.
-
-Shapes are small objects: :class:`Number` (finite, optionally bounded),
-:class:`Integer`, :class:`Text` (optionally one of some choices),
-:class:`Flag`, :class:`ListOf`, :class:`MapOf` (any keys), :class:`Fields`
-(named keys, required and optional; others are allowed) and
-:class:`Nullable`.
+"""The shape of a JSON file detr_peg wrote, checked when read back, so damage is one sentence naming the file,
+field and value, never a ``KeyError`` deep in the code.
 """
 
 from __future__ import annotations
@@ -185,20 +173,9 @@ def read_json_file(
     error: Callable[[str], UserError] = UserError,
     kind: str = KIND,
 ) -> Any | None:
-    """The parsed content of ``path`` checked against ``shape``; None when nothing is there.
+    """The content of ``path`` (None when absent), bounded by ``kind`` and checked against ``shape``.
 
-    Args:
-        path: the file.
-        shape: its declared shape.
-        what: how a message names the file (``Study plan``, ``Cell state``).
-        advice: what to do about a damaged file, after the problem (``it is written by detr-peg study: ...``).
-        error: the exception class of a damaged file.
-        kind: its limits (a key of :data:`~detr_peg.fileio.bounded_read.LIMITS`).
-
-    Raises:
-        UserError (``error``): the file is there but cannot be read (a folder, a FIFO, too large, not UTF-8,
-            not JSON, nested too deeply) or does not have its shape; one sentence naming the file, the field
-            and the value.
+    Raises ``error`` naming ``what``, the field and the value, then ``advice``.
     """
     if not os.path.lexists(path):
         return None

@@ -1,12 +1,4 @@
-"""Operating-system errors as one sentence: which path, what went wrong, what to do.
-
-Every file detr_peg writes goes through :func:`detr_peg.fileio.atomic.atomic_write`
-or :func:`writing`, and the command line turns any other ``OSError`` that names
-a file into the same kind of sentence (:func:`describe_os_error`), so a folder
-without write permission, a name too long for the file system, a full disk
-or a file where a folder should be is one line and exit status 2, never a
-traceback.
-"""
+"""Operating-system errors as one sentence: which path, what went wrong, what to do (Rule 5 of docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -40,13 +32,7 @@ _PATH_ERRNOS = {errno.ENOTDIR, errno.ENOENT, errno.EEXIST}
 
 
 def path_obstacle(path: str | os.PathLike) -> str | None:
-    """What stands in the way of writing ``path``, naming the part of it that does.
-
-    The first part of the path, from the top, that is a symbolic link to
-    nothing (``outputs is a symbolic link to /mnt/gone, which does not
-    exist``) or a file where a folder must be (``afile is a file, not a
-    folder``); None when neither is there (or the path cannot be inspected).
-    """
+    """What stands in the way of writing ``path``: its first part that is a dangling link or a file; else None."""
     path = Path(os.fsdecode(path))
     parts = [*reversed(path.parents), path]
     for index, part in enumerate(parts):
@@ -61,11 +47,7 @@ def path_obstacle(path: str | os.PathLike) -> str | None:
 
 
 def os_error_reason(exc: OSError, path: str | os.PathLike | None = None) -> str:
-    """The system's reason (``strerror``) followed by what to do, e.g. ``File name too long; choose a shorter name``.
-
-    Where the refusal comes from a part of ``path`` (default: the file the
-    error names), that part is named instead (:func:`path_obstacle`).
-    """
+    """The system's reason then what to do (``File name too long; choose a shorter name``), naming a part at fault."""
     path = path if path is not None else exc.filename
     if exc.errno in _PATH_ERRNOS and isinstance(path, (str, bytes, os.PathLike)):
         obstacle = path_obstacle(path)

@@ -1,14 +1,5 @@
 """What each command reads and writes, declared in one place for :func:`~detr_peg.guards.output_guard.guard_outputs`.
-
-Each function returns ``(inputs, outputs)`` for one command; the command
-passes them to ``guard_outputs`` before it writes anything. A new command,
-or a new file written by an existing one, is declared here.
-
-Names written into a training run's folder: ``checkpoint.pth``,
-``config.yaml``, ``metrics.jsonl``, ``metrics.json``, ``detections.json``
-(and ``tensorboard/`` with ``train.tensorboard``); into an evaluation
-folder: ``metrics.json`` and ``detections.json``; into a predictions folder:
-``predictions.json`` and one ``<stem>.png`` per image.
+A new command, or a new file written by an existing one, is declared here.
 """
 
 from __future__ import annotations
@@ -84,7 +75,7 @@ def predict_io(
     png_names: Sequence[str],
     model_option: str = "--checkpoint",
 ) -> IO:
-    """Prediction: images, folders and the model (checkpoint or ONNX graph) in; ``predictions.json`` and the PNGs out."""
+    """Prediction: images, folders and the model (checkpoint or ONNX graph) in; ``predictions.json`` and PNGs out."""
     inputs = _inputs([(p, "INPUT") for p in paths] + [(model_file, model_option)])
     return inputs, [Output(Path(output_dir), "--output", (PREDICTIONS_NAME, *png_names))]
 
@@ -120,13 +111,7 @@ def export_io(checkpoint: str | os.PathLike, output_file: str | os.PathLike) -> 
 def study_io(
     study_dir: str | os.PathLike, config_files: Sequence[str | os.PathLike], study_file: str | os.PathLike | None
 ) -> IO:
-    """A study: its study file and base configs in; the study folder out.
-
-    A folder that already holds the study's ``plan.json`` is the study's own
-    (resuming is the normal way to finish a study), so it is adopted. The
-    figures in ``plots/`` are recorded as the study's, so ``plot`` (of the
-    same kind) may redraw them.
-    """
+    """A study: its study file and base configs in; the study folder out (adopted when it holds ``plan.json``)."""
     out = Path(study_dir)
     inputs = _inputs([(study_file, "--study"), *((c, "--config") for c in config_files)])
     ours = (out / PLAN_NAME).is_file()
@@ -137,12 +122,7 @@ def study_io(
 
 
 def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> IO:
-    """``plot STUDY --publish DEST``: the study folder in; the copy out, its report and figures drawn there.
-
-    A ``DEST`` that already holds a ``plan.json`` is a copy published before
-    (:func:`~detr_peg.lab.study.publish.plan_copy` checks it is the same
-    study's), so it is adopted, as ``detr-peg study`` adopts its own folder.
-    """
+    """``plot STUDY --publish DEST``: the study in; the copy out (adopted when it holds ``plan.json``)."""
     out = Path(dest)
     ours = (out / PLAN_NAME).is_file()
     return _inputs([(study_dir, "RUN_OR_STUDY")]), [
@@ -152,12 +132,9 @@ def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> IO:
 
 
 def plot_io(folder: str | os.PathLike, study: bool) -> IO:
-    """Figures: the tables and ``plots/`` of a study folder, or ``plots/`` of a training run folder.
+    """Figures: the tables and ``plots/`` of a study folder, or ``plots/`` of a run folder.
 
-    The folder was recognised as a study (``plan.json``) or a run
-    (``metrics.jsonl``) before. One written before ownership was recorded
-    (no ownership file) is adopted with its ``plots/``; otherwise ``plots/``
-    is ours only if the folder's ownership file says so.
+    A folder without an ownership file (written before ownership was recorded) is adopted.
     """
     root = Path(folder)
     kind = "study" if study else "train"

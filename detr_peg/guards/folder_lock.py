@@ -1,27 +1,6 @@
-"""One command per output folder: an exclusive lock on every folder a command writes into.
+"""One command per output folder: a ``filelock`` (``flock``) on ``.detr-peg.lock`` in each folder a command writes.
 
-:func:`~detr_peg.guards.output_guard.guard_outputs` takes the lock of every
-output folder (the folder of a file output) before it checks or claims
-anything, and the claims object releases them when the command ends, well or
-not. A second command writing into the same folder (two ``train`` into one
-``--output``, a ``--resume`` of a run that still runs, a study cell resumed
-while its job is alive) stops at once with one line naming the process that
-holds the folder, before it reads or writes anything there.
-
-The lock is ``filelock``'s: an operating-system lock (``flock``) on the
-hidden file ``.detr-peg.lock`` in the folder, so it goes with its process:
-a process that was killed holds nothing, and the next command proceeds.
-``.detr-peg.lock.json`` beside it says who holds the lock (process, machine,
-command, start time), for the message. Both files go when the command ends
-(the lock file while still held, so no other process can hold a lock on a
-file that is gone), so a folder is left as the command left it; a killed
-process leaves them behind, harmless. Within one process the lock is
-re-entrant (the demo's run folder is locked by the demo and again by the
-training it starts). On file systems shared between machines the lock is as
-good as their ``flock`` support: NFS since Linux 2.6.12 maps it to POSIX
-locks, which work across clients with a lock daemon; some FUSE and older
-network file systems accept the lock without sharing it, where two machines
-could still both write.
+``.detr-peg.lock.json`` names the holder for messages; both files go on release. Re-entrant within one process.
 """
 
 from __future__ import annotations
@@ -50,8 +29,7 @@ HOLDER_SHAPE = Fields(
 
 
 def _read_holder(folder: Path) -> dict | None:
-    """The holder described in ``folder``'s ``.detr-peg.lock.json``; None when there is none or it is damaged
-    (the description is for messages only: bounded, shaped, never an error of its own)."""
+    """The holder described in ``folder``'s ``.detr-peg.lock.json``; None when absent or damaged."""
     try:
         return read_json_file(Path(folder) / HOLDER_FILE, HOLDER_SHAPE, "Lock holder file", "", kind="lock")
     except UserError:
@@ -59,15 +37,9 @@ def _read_holder(folder: Path) -> dict | None:
 
 
 def holder_alive(folder: Path, command: str | None = None) -> bool | None:
-    """Whether the process described as holding ``folder``'s lock still runs, as far as this machine can tell.
+    """Whether the holder described in ``.detr-peg.lock.json`` still runs (the lock itself is not tried).
 
-    Read from ``.detr-peg.lock.json`` alone (the lock itself is not tried, so
-    a command starting there is never disturbed): None when no holder is
-    described (no command holds the folder, or one ended cleanly), or when
-    ``command`` is given and the holder is another command; False when the
-    holder was a process of this machine that is gone (killed without
-    releasing); True when it runs, or runs on another machine, where it
-    cannot be told.
+    None: no holder, or another ``command``'s; False: a gone process of this machine; True: running, or elsewhere.
     """
     holder = _read_holder(folder)
     if holder is None or (command is not None and holder["command"] != command):
@@ -89,14 +61,7 @@ class FolderInUse(UserError):
 
 
 class FolderLock:
-    """The exclusive lock of one output folder.
-
-    Args:
-        folder: the folder (created when missing; removed again on release
-            if it was created for the lock and nothing else was written there).
-        command: the command taking it, for the holder's description.
-        option: how the user named the folder (``--output``), for the message.
-    """
+    """The exclusive lock of one output folder (created when missing, removed on release if still empty)."""
 
     def __init__(self, folder: Path, command: str, option: str) -> None:
         self.folder, self.command, self.option = folder, command, option
@@ -105,14 +70,7 @@ class FolderLock:
         self._new_file = False
 
     def acquire(self) -> None:
-        """Take the lock, or raise :class:`FolderInUse` naming the holder.
-
-        Raises:
-            FolderInUse: another process holds the folder.
-            OutputError: the folder cannot be created or written (one
-                sentence naming it, the reason and what to do), before the
-                command has written anything.
-        """
+        """Take the lock; raises FolderInUse naming the holder, or OutputError when the folder cannot be written."""
         try:
             self._created = not self.folder.exists()
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -131,7 +89,7 @@ class FolderLock:
             self._write_holder()
 
     def release(self) -> None:
-        """Release the lock (the folder goes again if it was created for it and holds nothing else)."""
+        """Release the lock; its files go, and the folder too if it was created for the lock and is empty."""
         lock, self._lock = self._lock, None
         if lock is None:
             return
@@ -140,7 +98,7 @@ class FolderLock:
             try:
                 (self.folder / HOLDER_FILE).unlink(missing_ok=True)
                 if self._new_file:
-                    (self.folder / LOCK_FILE).unlink(missing_ok=True)  # while held: see the module docstring
+                    (self.folder / LOCK_FILE).unlink(missing_ok=True)  # while held: no one can lock a gone file
             except OSError:
                 pass
         lock.release()

@@ -1,31 +1,7 @@
-"""Outputs never overlap inputs, and a command only replaces files that detr_peg wrote.
+"""Outputs never overlap inputs, and a command only replaces files that detr_peg wrote (Rule 1 of docs/guarantees.md).
 
-Every command declares, before it reads or writes anything large, what it
-reads (:class:`Input`: files and folders, with the option that named them)
-and what it writes (:class:`Output`: a file, or a folder and the names it
-writes into it). :func:`guard_outputs` then refuses, with one line naming both
-options:
-
-* an output that is one of the inputs: the same path, a symbolic link to it,
-  or a hard link (compared with ``os.path.samefile``, so every alias counts);
-* an output folder that is an input folder or lies inside one (``predict
-  --output photos/out`` on ``photos/`` would read its own pictures back);
-* an output file that would be written over a file detr_peg did not write.
-
-Every folder a command writes into is locked for the command's duration
-(:mod:`detr_peg.guards.folder_lock`): a second command writing there stops
-at once, naming the first. Ownership is recorded in the folder a command writes into: the hidden file
-``.detr-peg-outputs.json`` maps each name detr_peg has written there (in this
-or an earlier run) to the kind of command that wrote it. A name that already
-exists in the folder is replaced only by the same kind of command (and
-``eval`` may replace the evaluation files of a training run, see
-:data:`MAY_REPLACE`); anything else belongs to the user or to another kind of
-command, and the command stops before touching anything (``demo --output``
-on a folder holding one's own ``data/annotations_train.json``; ``convert``
-onto a training run's ``checkpoint.pth``). A folder without the file is taken
-to hold the user's files only, with one exception: ``--resume`` says the
-folder is the run's own, so a run folder written before the ownership file
-existed is adopted (:attr:`Output.adopt`).
+Ownership is recorded per output folder in ``.detr-peg-outputs.json`` (name -> kind of command); a folder
+without it holds only the user's files unless :attr:`Output.adopt` says it is the command's own.
 """
 
 from __future__ import annotations
@@ -51,12 +27,7 @@ MAY_REPLACE: dict[str, tuple[str, ...]] = {"eval": ("train",)}
 
 @dataclass(frozen=True)
 class Input:
-    """Something a command reads.
-
-    Attributes:
-        path: the file or folder.
-        option: how the user named it (``--checkpoint``, ``data.train_images``, ``SRC``).
-    """
+    """Something a command reads; ``option`` is how the user named it (``--checkpoint``, ``SRC``)."""
 
     path: Path
     option: str
@@ -64,18 +35,9 @@ class Input:
 
 @dataclass(frozen=True)
 class Output:
-    """Something a command writes.
+    """Something a command writes: a file, or a folder and the ``names`` written into it.
 
-    Attributes:
-        path: the file, or the folder written into.
-        option: how the user named it (``--output``, ``train.output_dir``, ``DST``).
-        names: for a folder, the names of the files and subfolders written
-            into it; empty for a file output.
-        kind: the kind of command that owns what it writes (default: the
-            command; the demo's run folder is a training run's).
-        adopt: the user said the folder is this command's own (``--resume``):
-            its existing names that the ownership file does not list (all of
-            them when it has none) count as owned.
+    ``kind``: who owns it (default: the command); ``adopt``: unlisted existing names count as owned (``--resume``).
     """
 
     path: Path
@@ -111,11 +73,7 @@ def _refuse(command: str, message: str) -> UserError:
 
 
 def check_no_overlap(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> None:
-    """Refuse outputs that are, alias, or lie inside one of the inputs (see the module docstring).
-
-    Raises:
-        UserError: naming the output option and path and the input option and path.
-    """
+    """Refuse outputs that are, alias or lie inside an input; raises UserError naming both options and paths."""
     for output in outputs:
         for item in inputs:
             if output.is_folder and os.path.isdir(item.path) and _inside(output.path, item.path):
@@ -160,11 +118,7 @@ def _split(output: Output, command: str) -> tuple[Path, tuple[str, ...], str]:
 
 
 def check_ownership(command: str, outputs: Sequence[Output]) -> None:
-    """Refuse to write over an existing file that detr_peg did not write (see the module docstring).
-
-    Raises:
-        UserError: naming the file and the option that chose its folder.
-    """
+    """Refuse to replace a file the same kind of command (or :data:`MAY_REPLACE`) did not write; raises UserError."""
     for output in outputs:
         folder, names, kind = _split(output, command)
         if output.is_folder and os.path.exists(output.path) and not os.path.isdir(output.path):
@@ -199,18 +153,8 @@ class _Claim:
 
 
 def record_ownership(command: str, outputs: Sequence[Output]) -> list[_Claim]:
-    """Add the names of ``outputs`` to the ownership file of their folders (created when missing).
-
-    The names are recorded before anything is written, so a run killed
-    half-way still owns what it wrote; :meth:`OutputClaims.settle` takes back the
-    names a run did not write. The file is rewritten only when it gains a
-    name, so a run that adds nothing leaves its folder byte-identical.
-
-    A folder that cannot be created or written is left to the command, whose
-    own check reports it.
-
-    Returns:
-        The claims made, for :class:`OutputClaims` to settle.
+    """Add the names of ``outputs`` to their folders' ownership files before anything is written, so a killed run still
+    owns what it wrote. A folder that cannot be created or written is skipped (the command's own check reports it).
     """
     claims: list[_Claim] = []
     for output in outputs:
@@ -245,14 +189,9 @@ def _write_bytes(path: Path, data: bytes) -> None:
 
 
 class OutputClaims:
-    """The names a command claimed in its output folders; leaving the ``with`` block settles them.
+    """The names a command claimed and its folder locks; leaving the ``with`` block settles them.
 
-    Settling takes back the claimed names the command did not write (it
-    ended, well or not): when none was written, the ownership file gets its
-    earlier bytes back (or goes, with the folder if the claim created it and
-    it is empty), so a command that fails leaves its output folders exactly as
-    they were. Claims live in this object, not in the process: a command run
-    inside another (each cell of a study) settles its own on leaving its block.
+    Names not written are taken back, so a failed command leaves its folders as they were.
     """
 
     def __init__(self, claims: list[_Claim], locks: list[FolderLock] | None = None) -> None:
@@ -270,12 +209,7 @@ class OutputClaims:
         self.settle()
 
     def settle(self) -> None:
-        """Take back the names not written and release the folders' locks, deepest folder first (idempotent).
-
-        A folder's lock goes right after its claim is settled, so a subfolder
-        that only its lock created is gone before its parent's claim is
-        settled, and the parent takes back its name too.
-        """
+        """Take back the names not written and release the locks, deepest folder first (idempotent)."""
 
         def depth(folder: Path) -> int:
             return -len(Path(os.path.abspath(folder)).parts)
@@ -312,19 +246,9 @@ def _settle(claim: _Claim) -> None:
 
 
 def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> OutputClaims:
-    """Check that ``outputs`` overlap no input and replace only detr_peg's own files, then claim them.
+    """Check, lock and claim ``outputs`` for ``command``; call once before writing and write inside the returned block.
 
-    Call it once per command, after its inputs are known and before it
-    writes, and write inside the ``with`` block of what it returns::
-
-        with guard_outputs("predict", inputs, outputs):
-            ...  # write
-
-    Returns:
-        The claims, settled when the block is left (see :class:`OutputClaims`).
-
-    Raises:
-        UserError: one sentence naming the options at fault.
+    Raises UserError (FolderInUse: a locked folder) naming the options at fault, or OutputError: an unwritable output.
     """
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
@@ -343,16 +267,9 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
 
 
 def check_writable(command: str, outputs: Sequence[Output]) -> None:
-    """Refuse, before anything is computed, an output that the atomic writer could not write.
+    """Refuse an output the atomic writer could not write, by probing ``.NAME.tmp-PID`` as it would, before any work.
 
-    Each file a command will write is written there as the writer would
-    (``.NAME.tmp-PID``, created and removed at once), so a folder without
-    permission, a read-only disk or a name too long for the file system is
-    one sentence now rather than a failure after the work; a folder standing
-    where a file output goes is refused too.
-
-    Raises:
-        OutputError: naming the option, the path, the reason and what to do.
+    Raises OutputError naming the option, the path, the reason and what to do.
     """
     for output in outputs:
         folder, names, _ = _split(output, command)
@@ -376,11 +293,7 @@ def check_writable(command: str, outputs: Sequence[Output]) -> None:
 
 
 def lock_folders(command: str, outputs: Sequence[Output]) -> list[FolderLock]:
-    """Take the lock of every folder ``outputs`` write into (see :mod:`detr_peg.guards.folder_lock`).
-
-    Raises:
-        FolderInUse: another process holds one of them (the ones taken are released).
-    """
+    """Lock every folder ``outputs`` write into; raises FolderInUse (releasing those taken) when one is held."""
     locks: list[FolderLock] = []
     seen: set[str] = set()
     try:

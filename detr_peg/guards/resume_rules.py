@@ -1,36 +1,5 @@
-"""Settings changed between a checkpoint and the run that resumes it: one table decides, never a silent skip.
-
-A checkpoint written in the middle of an epoch stores its position as
-``epoch_batches_done``: batches of ``train.batch_size`` images that each of
-the run's processes has taken from its share of the epoch's shuffled order.
-That order is drawn from ``train.seed``, the epoch, the number of processes
-and the number of training images. A setting that changes the meaning of the
-position cannot be applied to it as it is: re-read in another unit it would
-skip images (or repeat them) without a word.
-
-:data:`RULES` says, per setting, what a resumed run does when the value
-differs from the checkpoint's:
-
-* ``convert``: ``train.batch_size``. The order does not depend on the batch
-  size, so the position is converted to images done and back into batches of
-  the new size; when the new size does not divide it, the run refuses.
-* ``refuse_mid_epoch``: the number of processes, ``train.seed`` and the
-  number of training images draw another order; resuming mid-epoch is
-  refused with one line saying which value to use. At an epoch's end
-  (``epoch_batches_done == 0``) nothing is lost and the new value applies
-  from the next epoch.
-* ``refuse``: settings that the restored optimizer and schedule states
-  carry themselves (``train.lr``, ``train.lr_backbone``,
-  ``train.weight_decay``, ``train.lr_drop``, ``train.lr_gamma``): loading the
-  states would put the checkpoint's values back and the new one would be
-  ignored without a word, so a changed value is refused (start a new run
-  with ``train.init_from`` to train on with other values).
-* ``continue``: settings that do not touch the position (``train.epochs``,
-  ``train.max_iters``, ``train.eval_every``, ...) apply from the first
-  iteration after the resume; the run's log notes model, loss and data
-  differences.
-
-A new setting that affects the order gets a row here.
+"""Settings changed between a checkpoint and the run that resumes it: one table, :data:`RULES`, decides (Rule 4 of
+docs/guarantees.md). A new setting that affects the epoch's order gets a row here.
 """
 
 from __future__ import annotations
@@ -47,13 +16,7 @@ Policy = Literal["convert", "refuse_mid_epoch", "refuse", "continue"]
 
 @dataclass(frozen=True)
 class RunShape:
-    """What a run looks like, for comparing with a checkpoint.
-
-    Attributes:
-        config: the resolved config.
-        world_size: processes of the run.
-        train_images: images in the training set (None when unknown).
-    """
+    """What a run looks like, for comparing with a checkpoint (``train_images`` None when unknown)."""
 
     config: Config
     world_size: int
@@ -62,14 +25,7 @@ class RunShape:
 
 @dataclass(frozen=True)
 class ResumeRule:
-    """What to do when one setting differs on resume.
-
-    Attributes:
-        setting: how messages name it.
-        value: reads the setting from a :class:`RunShape`.
-        policy: see the module docstring.
-        why: the reason, for messages.
-    """
+    """What to do when one setting differs on resume (``policy``: see Rule 4); ``why`` is quoted in messages."""
 
     setting: str
     value: Callable[[RunShape], Any]
@@ -114,21 +70,9 @@ RULES: tuple[ResumeRule, ...] = (
 def resume_position(
     checkpoint: str, stored: RunShape, current: RunShape, epoch: int, batches_done: int
 ) -> tuple[int, list[str]]:
-    """The batches of epoch ``epoch`` done, in this run's units, and notes for the log.
+    """The batches of epoch ``epoch`` done, in this run's units, and notes for the log (None values are not compared).
 
-    Args:
-        checkpoint: the checkpoint's path, for messages.
-        stored: the run that wrote the checkpoint (values it did not store are None).
-        current: this run.
-        epoch: the epoch in progress in the checkpoint.
-        batches_done: its ``epoch_batches_done``.
-
-    Returns:
-        ``(batches_done, notes)``.
-
-    Raises:
-        ConfigError: a changed setting that would skip or repeat images (one
-            sentence naming the setting, both values and what to do).
+    Raises ConfigError for a change that would skip or repeat images, or that the restored optimizer would override.
     """
     notes: list[str] = []
     for rule in RULES:

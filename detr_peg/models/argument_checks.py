@@ -1,20 +1,5 @@
-"""Arguments of the public model API, checked before any computation.
-
-The detectors, the post-processors, the criteria and the builders are the
-Python API people call directly. Each checks what it is given here, with one
-function per kind of argument, and raises ``TypeError`` (wrong kind of
-object) or ``ValueError`` (right kind, unusable value) with one sentence
-naming the argument, what it got and what it needs, instead of failing deep
-inside torch or, worse, returning results for the wrong images:
-
-* :func:`check_images`: a padded batch ``Tensor[B, 3, H, W]`` of a floating
-  dtype, ``B, H, W >= 1``, finite values (checked eagerly; skipped while
-  ``torch.compile`` or an export traces the model, where the value is not known);
-* :func:`check_same_batch`: per-image arguments (target sizes, targets) that
-  must count as many images as the outputs;
-* :func:`check_targets`: training targets, ``labels`` ``Tensor[N]`` of an
-  integer dtype and ``boxes`` ``Tensor[N, 4]`` floating;
-* :func:`check_config`: a :class:`~detr_peg.config.schema.Config`.
+"""Arguments of the public model API, checked before any computation (Rule 7 of docs/guarantees.md): ``TypeError``
+or ``ValueError`` naming the argument; value checks are skipped while ``torch.compile`` or an export traces.
 """
 
 from __future__ import annotations
@@ -39,12 +24,7 @@ def _describe(value: Any) -> str:
 
 
 def check_images(images: Tensor, name: str = "images") -> None:
-    """A batch the detectors can take, or one ``TypeError``/``ValueError`` naming ``name``.
-
-    Args:
-        images: ``Tensor[B, 3, H, W]``, floating (normalised pixels, as the
-            transforms give them: uint8 pixels must be converted first).
-    """
+    """``images`` is a finite floating ``Tensor[B, 3, H, W]`` (not float64), ``B, H, W >= 1``; errors name ``name``."""
     if not isinstance(images, Tensor):
         raise TypeError(f"{name} must be a Tensor[B, 3, H, W] or a list of Tensor[3, H, W], got {_describe(images)}")
     if images.dim() != 4 or images.shape[1] != 3:
