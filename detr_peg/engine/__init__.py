@@ -1,27 +1,6 @@
 """Training and evaluation over a model, its criterion and data.
 
-Entry points (imported lazily)::
-
-    from detr_peg.engine import run_training, run_evaluation
-
-    result = run_training(cfg)          # TrainResult: checkpoint, metrics, iterations, ...
-    result = run_evaluation(cfg, "runs/peg/checkpoint.pth", "runs/peg/eval")
-
-Files, by job:
-
-* training: :mod:`~detr_peg.engine.training` (``run_training``, a run built from a config),
-  :mod:`~detr_peg.engine.trainer` (the :class:`~detr_peg.engine.trainer.Trainer` loop,
-  its hook interface and one ``train_step``),
-  :mod:`~detr_peg.engine.hooks` (checkpoints, evaluation, the learning-rate
-  schedule, stop signals, the iteration budget), :mod:`~detr_peg.engine.checkpointing`,
-  :mod:`~detr_peg.engine.optimizer` (AdamW, its parameter groups and its
-  schedule), :mod:`~detr_peg.engine.mixed_precision`, :mod:`~detr_peg.engine.loader`,
-  :mod:`~detr_peg.engine.metrics_log`;
-* evaluation: the :mod:`~detr_peg.engine.evaluation` package;
-* inference: :mod:`~detr_peg.engine.inference` (the one inference loop),
-  :mod:`~detr_peg.engine.detections` and :mod:`~detr_peg.engine.drawing`;
-* processes: :mod:`~detr_peg.engine.distributed` (``process_group``, the one
-  set-up every command uses), :mod:`~detr_peg.engine.memory_allocator`.
+Entry points (imported lazily): ``run_training(cfg)`` and ``run_evaluation(cfg, checkpoint, output_dir)``.
 """
 
 from __future__ import annotations

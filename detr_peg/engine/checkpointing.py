@@ -1,28 +1,6 @@
-"""Training checkpoints: what is saved, how a run resumes, and where it may write.
+"""Training checkpoints (``<output_dir>/checkpoint.pth``): writing, resuming, starting from other weights, seeds.
 
-``<output_dir>/checkpoint.pth`` is a detr_peg checkpoint (see
-:mod:`detr_peg.checkpoint.format`: config, model, label map, so ``eval``,
-``predict`` and :func:`detr_peg.load_model` read it alone) plus the training
-state::
-
-    "optimizer", "lr_scheduler", "grad_scaler" (fp16 only)   state dicts
-    "epoch"                 epochs completed
-    "epoch_batches_done"    batches done in the epoch after those (mid-epoch stop)
-    "iteration"             optimizer steps done in total
-    "rng"                   list over processes of their generator states
-    "world_size"            processes of the run that wrote it
-    "skipped_image_ids"     unreadable images left out so far
-    "train_images"          images in the training set (to refuse a mid-epoch resume on other data)
-
-The ``rng`` entry is the model half of exact resume: dropout and other
-model-side randomness use the process's global generators, seeded once with
-``seed + rank`` (:func:`seed_everything`) and saved here
-(:func:`capture_rng_state` / :func:`restore_rng_state`); the data half is
-:mod:`detr_peg.data.epoch_samples`.
-
-It is replaced atomically (temporary file, then rename) after every epoch,
-every ``train.checkpoint_every`` iterations, at the iteration budget and on a
-stop request, so the file on disk is always a complete checkpoint.
+A detr_peg checkpoint (:mod:`detr_peg.checkpoint.format`) plus the training state, replaced atomically.
 """
 
 from __future__ import annotations
@@ -66,14 +44,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Progress:
-    """Where training stands (saved in and restored from checkpoints).
-
-    Attributes:
-        epoch: epochs completed (the index of the epoch in progress).
-        epoch_batches_done: batches done in epoch ``epoch``.
-        iteration: optimizer steps done in total.
-        skipped_image_ids: unreadable images left out so far (all processes).
-    """
+    """Where training stands; ``epoch_batches_done``: batches of epoch ``epoch``; ``skipped_image_ids``: all ranks'."""
 
     epoch: int = 0
     epoch_batches_done: int = 0
@@ -94,16 +65,7 @@ def estimate_checkpoint_bytes(model: nn.Module) -> int:
 
 
 def check_output_dir(output_dir: str | Path, needed_bytes: int) -> Path:
-    """Make sure the run can write its files before training starts.
-
-    The folder is created if needed, a test file is written and removed, and
-    the free space is compared with one more checkpoint than exists (the new
-    file is complete before the old one is replaced).
-
-    Raises:
-        TrainingError: the folder cannot be created or written, or the disk
-            has too little free space.
-    """
+    """Create ``output_dir``, test-write it, check room for one more checkpoint; TrainingError if any of it fails."""
     folder = Path(output_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -145,10 +107,7 @@ def check_output_dir(output_dir: str | Path, needed_bytes: int) -> Path:
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete temporary files a killed run left next to its outputs (``.checkpoint.pth.tmp-<pid>``...).
-
-    They are never read: the file under the final name is always complete.
-    """
+    """Delete temporaries a killed run left (``.checkpoint.pth.tmp-<pid>``, ...); they are never read."""
     removed = []
     for name in (CHECKPOINT_NAME, "metrics.json", "detections.json", "config.yaml"):
         # ``config.yaml.tmp``: the name earlier releases used for the config's temporary file.
@@ -176,14 +135,11 @@ def save_training_checkpoint(
     train_images: int | None = None,
     weight_average: WeightAverage | None = None,
 ) -> None:
-    """Write the training checkpoint atomically (main process only).
+    """Write the training checkpoint atomically (main process); on failure, TrainingError and the previous file intact.
 
-    With a ``weight_average``, the checkpoint's ``model`` is the average (what the run evaluates and what
-    ``eval``, ``predict`` and ``train.init_from`` load) and the stepped weights go to ``train_weights``.
-
-    Raises:
-        TrainingError: the file cannot be written (full disk, permissions);
-            the previous checkpoint is left intact.
+    Training state: ``optimizer``, ``lr_scheduler``, ``grad_scaler`` (fp16), ``epoch``, ``epoch_batches_done``,
+    ``iteration``, ``rng`` (per process), ``world_size``, ``skipped_image_ids``, ``train_images``. With a
+    ``weight_average``, ``model`` holds the average and the stepped weights go to ``train_weights``.
     """
     weights = model.state_dict()
     check_saved_weights(weights, progress.iteration, path)
@@ -225,15 +181,7 @@ def restore_training_state(
     device: torch.device,
     weight_average: WeightAverage | None = None,
 ) -> Progress:
-    """Load model, optimizer, schedule, scaler, weight average and this process's RNG state from ``ckpt``.
-
-    A run with a weight average continues it from the checkpoint's ``model`` when the checkpoint holds
-    one (``train_weights``); otherwise (``train.ema_decay`` set on resume) the average starts from the model.
-
-    Raises:
-        CheckpointError: the checkpoint lacks training state or does not fit
-            the model or its parameter groups.
-    """
+    """Restore model, optimizer, schedule, scaler, average and RNG from ``ckpt``; CheckpointError if they do not fit."""
     extra = ckpt.extra
     for key in ("optimizer", "lr_scheduler", "epoch", "iteration"):
         if key not in extra:
@@ -286,22 +234,9 @@ def load_initial_weights(
     reset_classifier: bool,
     position: str | None = None,
 ) -> Checkpoint:
-    """Start a new run from the weights of another run (``train.init_from``).
+    """Load another run's weights into a new run (``train.init_from``; official checkpoints need ``detr-peg convert``).
 
-    Args:
-        model: the freshly built detector.
-        path: a detr_peg checkpoint; official checkpoints must be converted
-            first (``detr-peg convert``; the error says so).
-        num_classes: the classes of this run.
-        label_map: this run's label map (compared with the stored one).
-        reset_classifier: keep the new model's class heads instead of loading
-            them; required when the number of classes differs.
-        position: this run's ``model.position.name``; when the checkpoint has
-            another encoding, see :func:`with_own_position_weights`.
-
-    Raises:
-        CheckpointError: a different number of classes without
-            ``reset_classifier``, or weights that do not fit otherwise.
+    ``reset_classifier`` keeps the new class heads, required for another number of classes (else CheckpointError).
     """
     ckpt = read_checkpoint(path)
     stored_classes = ckpt.config.model.num_classes
@@ -331,22 +266,9 @@ def load_initial_weights(
 def with_own_position_weights(
     state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], source: str
 ) -> dict[str, torch.Tensor]:
-    """``state`` of a model with another positional encoding, given the run's own encoding weights.
+    """``state`` with its ``transformer.position.*`` weights replaced by ``own``'s, for a model of another encoding.
 
-    Only the encoding's module (``transformer.position.*``) depends on which
-    encoding a model has: the sine encoding and ``none`` have no weights,
-    ``learned`` its two tables, ``peg`` its convolutions and BatchNorm. Every
-    other weight (backbone, input projections, attention, feed-forward
-    blocks, norms, queries, heads) has the same shape and role under any
-    encoding, so it loads. The run's encoding weights keep their fresh
-    initialisation (from ``train.seed``), since the checkpoint has none to
-    give, and the checkpoint's own (learned tables) are left out: a PEG run
-    started from a sine DETR loads everything but its PEG.
-
-    Args:
-        state: the checkpoint's state dict.
-        own: the state dict of the run's freshly built model.
-        source: where ``state`` comes from, for the log.
+    Every other weight has the same shape under any encoding; ``source`` names ``state`` in the log.
     """
     fresh = sorted(k for k in own if k.startswith(POSITION_PREFIX))
     dropped = sorted(k for k in state if k.startswith(POSITION_PREFIX))
@@ -409,11 +331,7 @@ def _numpy_state_from_plain(state: list) -> tuple:
 
 
 def write_config(cfg: Config, out: Path) -> None:
-    """Write the resolved config to ``out/config.yaml``.
-
-    Raises:
-        TrainingError: the file cannot be written.
-    """
+    """Write ``out/config.yaml``; TrainingError when it cannot."""
     try:
         save_config(cfg, out / "config.yaml")
     except OSError as exc:

@@ -1,10 +1,4 @@
-"""The detections of one image, as :class:`detr_peg.Detector` returns them.
-
-Boxes are absolute ``(x0, y0, x1, y1)`` pixels of the image as it was given
-(before any resize); labels are the model's class indices, mapped to the
-category ids and names of the dataset the model was trained on by its label
-map (without one, the label itself and the name ``class <label>``).
-"""
+"""The detections of one image, as :class:`detr_peg.Detector` returns them."""
 
 from __future__ import annotations
 
@@ -51,18 +45,9 @@ class Detections:
         image_size: tuple[int, int],
         source: str | None = None,
     ) -> Detections:
-        """Keep the post-processor's detections scoring at least ``threshold``, best first, on the CPU.
+        """Detections scoring at least ``threshold``, best first, on the CPU, boxes clipped to ``image_size`` (h, w).
 
-        Boxes are clipped to the image (a box predicted past the border ends at it); COCO evaluation scores
-        the post-processor's boxes unclipped, as the official code does.
-
-        Args:
-            detection: one image's ``{"scores", "labels", "boxes"}`` from a
-                :class:`~detr_peg.models.postprocess.Postprocessor`.
-            threshold: the smallest score kept.
-            label_map: maps labels to category ids and names, or None.
-            image_size: ``(height, width)`` of the original image.
-            source: the image file, if any.
+        COCO evaluation scores the unclipped boxes, as the official code does.
         """
         keep = detection["scores"] >= threshold
         scores = detection["scores"][keep].float().cpu()
@@ -117,9 +102,7 @@ class Detections:
         return out
 
     def to_supervision(self) -> Any:
-        """The same detections as ``supervision.Detections`` (needs ``pip install supervision``).
-
-        ``class_id`` holds the dataset category ids and ``data["class_name"]`` the names.
+        """The same detections as ``supervision.Detections`` (``class_id``: category ids, ``data["class_name"]``).
 
         Raises:
             ImportError: with the install command, when ``supervision`` is missing.

@@ -1,10 +1,6 @@
-"""Processes and devices: ``torch.distributed`` set-up, reductions and gathers.
+"""Processes and devices: the ``torchrun`` process group (NCCL on CUDA, gloo on the CPU), reductions and gathers.
 
-A run is distributed when it is started by ``torchrun`` (the environment has
-``WORLD_SIZE`` > 1). The process group is initialised from the environment
-with NCCL when the process uses a CUDA device and gloo otherwise. Every helper
-here also works in a single process, where it returns its input unchanged, so
-the engine has one code path.
+Every helper also works in a single process, where it returns its input unchanged.
 """
 
 from __future__ import annotations
@@ -25,14 +21,7 @@ from detr_peg.errors import ConfigError, TrainingError, UserError
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process stands.
-
-    Attributes:
-        rank: global process index (0 in a single process).
-        world_size: number of processes.
-        local_rank: process index on this machine (selects the GPU).
-        device: the device this process computes on.
-    """
+    """Where this process stands (``local_rank`` selects the GPU)."""
 
     rank: int = 0
     world_size: int = 1
@@ -64,16 +53,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """The device of a ``train.device`` value.
-
-    Args:
-        spec: ``auto`` (the process's GPU if CUDA is available, else CPU),
-            ``cpu``, ``cuda`` (GPU ``local_rank``) or ``cuda:N``.
-        local_rank: this process's index on the machine.
-
-    Raises:
-        ConfigError: an unknown value, or CUDA asked for but not available.
-    """
+    """The device of ``train.device`` (``auto``, ``cpu``, ``cuda``: GPU ``local_rank``, ``cuda:N``) or ConfigError."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cpu":
@@ -89,14 +69,7 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
 
 
 def init_distributed(device_spec: str = "auto") -> DistEnv:
-    """Join the process group started by ``torchrun``, or describe the single process.
-
-    Safe to call when a group already exists (it is reused). The backend is
-    NCCL for CUDA devices and gloo for the CPU.
-
-    Args:
-        device_spec: ``train.device``.
-    """
+    """Join the ``torchrun`` process group (reused if it exists), or describe the single process."""
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -113,19 +86,7 @@ def init_distributed(device_spec: str = "auto") -> DistEnv:
 
 @contextlib.contextmanager
 def process_group(device_spec: str = "auto") -> Iterator[DistEnv]:
-    """The process group of a command, from its start to its end: every command enters it once.
-
-    Joins the group ``torchrun`` started (or describes the single process),
-    and leaves it on exit if it joined it here; a group the caller had
-    already joined is reused and left to the caller. Nested use reuses the
-    outer group.
-
-    Args:
-        device_spec: ``train.device``.
-
-    Yields:
-        This process's :class:`DistEnv`.
-    """
+    """A command's process group; left on exit only if joined here (a caller's or an outer one is reused)."""
     owns_group = not (dist.is_available() and dist.is_initialized())
     env = init_distributed(device_spec)
     try:
@@ -153,10 +114,7 @@ def barrier() -> None:
 
 
 def reduce_mean(values: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Average 0-dim tensors over processes (detached; the input in a single process).
-
-    Non-finite values stay non-finite, so every process sees the same NaN.
-    """
+    """Average 0-dim tensors over processes (detached); non-finite values stay non-finite in every process."""
     detached = {k: v.detach() for k, v in values.items()}
     if not is_distributed() or not detached:
         return detached
@@ -195,14 +153,9 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 
 def on_main(env: DistEnv, step: Callable[[], T]) -> T | None:
-    """Run ``step`` in the main process; if it raises a user error, raise it in every process.
+    """``step()``'s value in the main process, None elsewhere; a user error it raises is raised in every process.
 
-    Without this, a failure of the main process (an unwritable folder, a
-    full disk) would leave the other processes waiting in their next
-    collective operation.
-
-    Returns:
-        ``step()``'s value in the main process, None elsewhere.
+    Otherwise the other processes would wait forever in their next collective operation.
     """
     result: T | None = None
     message: str | None = None

@@ -28,13 +28,7 @@ _LABEL_STYLE = (
 
 
 def draw_detections(picture: Image.Image, detections: Detections, width: int | None = None) -> Image.Image:
-    """``picture`` (RGB) with each detection's box, category name and score drawn.
-
-    Args:
-        picture: the image the detections were made on, at its original size.
-        detections: its detections.
-        width: line width in pixels (default: about 1/320 of the longer side, at least 2).
-    """
+    """``picture`` (RGB, original size) with each box, name and score; ``width`` defaults to the longer side / 320."""
     picture = picture if picture.mode == "RGB" else picture.convert("RGB")
     if len(detections) == 0:
         return picture.copy()

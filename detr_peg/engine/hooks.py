@@ -1,12 +1,4 @@
-"""The training hooks: everything around the optimizer step that :class:`~detr_peg.engine.trainer.Trainer` does not.
-
-The default hooks, in order (:func:`default_hooks`): the learning-rate schedule
-(warm-up per iteration, drop per completed epoch, stepped before the checkpoint
-that stores it), the weight average, the iteration budget, the checkpoint, the
-epoch log record, stop signals (checkpoint, then :class:`TrainingInterrupted`,
-exit status 128 + signal), and COCO evaluation. A run's own hooks go in
-``run_training(cfg, hooks=[...])``.
-"""
+"""The default training hooks (:func:`default_hooks`): schedule, average, budget, checkpoint, log, signals, eval."""
 
 from __future__ import annotations
 
@@ -34,11 +26,7 @@ class LrScheduleHook(HookBase):
 
 
 class TrainingInterrupted(TrainingError):
-    """Training stopped on a signal after writing a checkpoint.
-
-    Attributes:
-        exit_code: ``128 + signal number``, the shell convention.
-    """
+    """Training stopped on a signal after writing a checkpoint; ``exit_code`` is ``128 + signal number``."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
@@ -51,14 +39,7 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
 class StopRequest:
-    """Context manager that turns the first SIGINT/SIGTERM into a stop request; a second one interrupts at once.
-
-    Outside the main thread (where Python cannot install handlers) it does
-    nothing and signals keep their usual effect.
-
-    Attributes:
-        signum: the signal received, or None.
-    """
+    """The first SIGINT/SIGTERM becomes a stop request (``signum``), a second interrupts; no-op off the main thread."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -90,8 +71,7 @@ class StopRequest:
 
 
 class StopSignalHook(HookBase):
-    """A stop request in any process ends the epoch after the current iteration; at the epoch's end (after
-    :class:`CheckpointHook` wrote the checkpoint) the run raises :class:`TrainingInterrupted`."""
+    """A stop request in any process ends the epoch; after its checkpoint, :class:`TrainingInterrupted` is raised."""
 
     def __init__(self) -> None:
         self.stop = StopRequest()
@@ -103,11 +83,7 @@ class StopSignalHook(HookBase):
         return any_process(self.stop.requested, trainer.env.device)
 
     def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
-        """Raise :class:`TrainingInterrupted` when a process was asked to stop (every process asks, so they agree).
-
-        Raises:
-            TrainingInterrupted: naming the signal, the iteration and the checkpoint written.
-        """
+        """Raise :class:`TrainingInterrupted` when any process was asked to stop."""
         if any_process(self.stop.requested, trainer.env.device):
             raise TrainingInterrupted(
                 f"Stopped by {self.stop.name or 'a signal in another process'} at iteration "
@@ -118,8 +94,7 @@ class StopSignalHook(HookBase):
 
 
 class WeightAverageHook(HookBase):
-    """``train.ema_decay``: one update of the weight average after every optimizer step, before the checkpoint
-    and the evaluation of that step (:mod:`detr_peg.engine.weight_average`)."""
+    """``train.ema_decay``: update the weight average after every step, before that step's checkpoint and evaluation."""
 
     def after_step(self, trainer: Trainer) -> None:
         if trainer.weight_average is not None:
@@ -138,11 +113,7 @@ class BudgetHook(HookBase):
 
 
 class CheckpointHook(HookBase):
-    """The checkpoint after every epoch (or its part trained) and every ``train.checkpoint_every`` iterations.
-
-    A mid-epoch checkpoint is skipped when the epoch is halting or ending
-    anyway (its end writes one).
-    """
+    """Checkpoint after every epoch (or part) and every ``train.checkpoint_every`` steps, unless the epoch ends now."""
 
     def after_step(self, trainer: Trainer) -> None:
         every = trainer.cfg.train.checkpoint_every
@@ -184,12 +155,7 @@ class EpochLogHook(HookBase):
 
 
 class EvalHook(HookBase):
-    """COCO evaluation on the validation set: every ``train.eval_every`` completed epochs (not the last),
-    every ``train.eval_every_iters`` iterations, and at the end; never twice for one iteration.
-
-    Attributes:
-        last: the latest :class:`~detr_peg.engine.evaluation.run.EvalResult`, or None.
-    """
+    """COCO evaluation every ``eval_every`` epochs (not the last), every ``eval_every_iters`` steps, and at the end."""
 
     def __init__(self) -> None:
         self.last: EvalResult | None = None

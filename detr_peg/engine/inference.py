@@ -1,11 +1,6 @@
 """The one inference loop: padded batches in, float32 outputs and post-processed detections out.
 
-Every caller that runs a trained model over images uses :func:`run_inference`:
-COCO evaluation, multi-resolution evaluation, the padding comparison,
-:class:`detr_peg.Detector` (and so ``detr-peg predict`` and the demo). It
-puts the model in eval mode, runs each batch under the run's autocast,
-checks the outputs are finite (a clear error naming the fix, not NaN boxes),
-casts them to float32 and post-processes them with each image's original size.
+Evaluation, the padding comparison and :class:`detr_peg.Detector` all use :func:`run_inference`.
 """
 
 from __future__ import annotations
@@ -25,19 +20,10 @@ from detr_peg.models.loading import LoadedModel
 
 @dataclass
 class BatchResult:
-    """What the model made of one batch.
+    """One batch: its ``items`` (targets with ``orig_size`` (h, w)), the float32 ``outputs`` and the ``detections``.
 
-    Attributes:
-        items: the batch's per-image items, as the batches gave them (targets
-            with at least ``orig_size`` ``Tensor[2]`` (h, w)).
-        outputs: the model's output dict in float32 on the model's device
-            (``pred_logits`` ``Tensor[B, Q, C]``, ``pred_boxes`` ``Tensor[B, Q, 4]``
-            normalised cx, cy, w, h relative to each unpadded image, ...).
-        detections: per image ``{"scores": Tensor[N], "labels": Tensor[N],
-            "boxes": Tensor[N, 4]}``, boxes in absolute (x0, y0, x1, y1) pixels
-            of the original image.
-        padded_pixels: how many pixels of the batch were padding.
-        total_pixels: all pixels of the batch.
+    ``outputs["pred_boxes"]`` is ``[B, Q, 4]`` cxcywh normalised to each unpadded image; ``detections`` per image
+    ``{"scores" [N], "labels" [N], "boxes" [N, 4]}``, boxes xyxy in pixels of the original image.
     """
 
     items: list[dict[str, Any]]
@@ -60,18 +46,10 @@ def run_inference(
     pad: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[BatchResult]:
-    """Run ``loaded`` over ``batches`` and yield each batch's outputs and detections, in order.
+    """Run ``loaded`` in eval mode over ``batches``, yielding each batch's :class:`BatchResult` in order.
 
-    Args:
-        loaded: the model and its post-processor.
-        batches: ``(images Tensor[B, 3, H, W], mask Tensor[B, H, W] bool (True =
-            padding), items)``, e.g. an evaluation loader; each item has
-            ``orig_size`` (h, w).
-        device: where the model is.
-        amp: the resolved autocast (``none``, ``bf16`` or ``fp16``).
-        pad: changes each batch before the forward pass (the padding
-            comparison grows batches with it), or None.
-        on_batch: called with the number of images after each batch (progress).
+    ``batches`` yield ``(images [B, 3, H, W], mask [B, H, W] bool True = padding, items)``; ``amp`` is resolved;
+    ``pad`` changes a batch before the forward pass; ``on_batch`` gets each batch's image count.
 
     Raises:
         UserError: non-finite outputs, or a bad sample the loader reports.

@@ -1,19 +1,7 @@
-"""Data loaders for training and evaluation, sharded over processes.
+"""Data loaders for training and evaluation, sharded over processes, batches padded to ``model.size_divisibility``.
 
-Training order: every epoch, a permutation drawn from a generator seeded with
-``seed + epoch`` (``DistributedSampler``'s ``set_epoch`` rule), padded to a
-multiple of the number of processes and dealt out round-robin, so process
-``r`` of ``N`` gets positions ``r, r + N, ...``. With one process of batch
-``N * B`` or ``N`` processes of batch ``B``, iteration ``i`` covers the same
-images. Batches are whole (``drop_last``), as in the official code.
-
-Resuming mid-epoch skips the batches already done without reading them.
-
-Every batch is padded to a multiple of ``size_divisibility``, the model's
-coarsest feature stride (``model.size_divisibility``), so each level's
-padding mask gives an image the valid extent it has alone (see
-:mod:`detr_peg.models.masking`). This is a difference from the official data
-pipelines, which pad to the largest image only.
+Process ``r`` of ``N`` gets positions ``r, r + N, ...`` of each epoch's permutation, so ``N`` processes of batch
+``B`` see the images of one process of batch ``N * B``; training batches are whole (``drop_last``).
 """
 
 from __future__ import annotations
@@ -37,22 +25,11 @@ T = TypeVar("T")
 
 
 class EpochBatchSampler(Sampler[list[tuple[int, ...]]]):
-    """Batches of ``(epoch, index)`` keys for :class:`EpochSampleDataset`, or ``(epoch, index, short_side)``.
+    """Batches of ``(epoch, index)`` keys of :class:`EpochSampleDataset`, ``(epoch, index, short_side)`` with ``sizes``.
 
-    With ``sizes``, each batch also carries one short side drawn from them,
-    a function of ``(seed, epoch, batch number)`` only: every process of a
-    distributed run draws the same size for the same step, and a resumed
-    epoch draws the sizes of the uninterrupted one.
-
-    Args:
-        num_samples: size of the dataset.
-        batch_size: samples per batch in this process.
-        epoch: the epoch whose order is drawn.
-        seed: the run's seed.
-        rank: this process.
-        world_size: number of processes.
-        start_batch: batches of the epoch to skip (resuming mid-epoch).
-        sizes: short sides to draw one of per batch (``data.train_size_per=batch``); empty: none.
+    The order is ``DistributedSampler``'s for ``seed`` and ``epoch``; ``start_batch`` skips batches done before a
+    resume. A batch's short side depends on ``(seed, epoch, batch number)`` only, so every process and a resumed
+    epoch draw the same sizes.
     """
 
     def __init__(
@@ -102,11 +79,7 @@ def batches_per_epoch(num_samples: int, batch_size: int, world_size: int) -> int
 
 
 def check_train_size(num_samples: int, cfg: Config, world_size: int) -> int:
-    """Iterations per epoch; a clear error when the data cannot fill one batch.
-
-    Raises:
-        ConfigError: fewer training images than ``batch_size * processes``.
-    """
+    """Iterations per epoch; ConfigError when the images cannot fill one batch in every process."""
     batch = cfg.train.batch_size
     if batch < 1:
         raise ConfigError(f"train.batch_size must be at least 1, got {batch}.")
@@ -120,13 +93,7 @@ def check_train_size(num_samples: int, cfg: Config, world_size: int) -> int:
 
 
 def iterate_batches(loader: Iterable[T]) -> Iterator[T]:
-    """Iterate ``loader``, re-raising a user error from a worker process with its own one-line message.
-
-    ``DataLoader`` re-raises a worker's exception with the worker's whole
-    traceback in the message; a :class:`~detr_peg.errors.UserError` (an
-    unreadable image with ``data.on_bad_sample=error``) is meant to be one
-    sentence, so the original message is recovered from the last line.
-    """
+    """Iterate ``loader``, re-raising a worker's :class:`~detr_peg.errors.UserError` with its one-line message only."""
     iterator = iter(loader)
     try:
         while True:
@@ -151,31 +118,17 @@ def iterate_batches(loader: Iterable[T]) -> Iterator[T]:
 
 
 def _ignore_interrupts(worker_id: int) -> None:
-    """Workers leave Ctrl-C (sent to the whole process group) to the main process, which stops cleanly.
-
-    SIGTERM keeps its default: the loader and Python's exit handlers stop
-    workers with it.
-    """
+    """Workers ignore SIGINT (sent to the whole group) so the main process stops cleanly; SIGTERM keeps its default."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def build_train_loader(
     dataset: Dataset, cfg: Config, env: DistEnv, *, epoch: int, size_divisibility: int, start_batch: int = 0
 ) -> DataLoader:
-    """The training loader of one epoch.
+    """The training loader of ``epoch`` from batch ``start_batch``, batches padded to ``size_divisibility``.
 
-    Args:
-        dataset: the training dataset (plain, indexed by int).
-        cfg: uses ``train.batch_size``, ``train.seed`` and ``data.num_workers``.
-        env: this process.
-        epoch: the epoch (selects the order and the augmentation seeds).
-        size_divisibility: pad batches to a multiple of it (``model.size_divisibility``).
-        start_batch: batches already done in this epoch.
-
-    Returns:
-        A loader yielding ``(images, mask, targets)`` from
-        :func:`~detr_peg.data.collate.collate_detection`; each target also has
-        ``skipped_image_ids``.
+    Yields :func:`~detr_peg.data.collate.collate_detection`'s ``(images, mask, targets)``; each target also has
+    ``skipped_image_ids``.
     """
     sampler = EpochBatchSampler(
         num_samples=len(dataset),
@@ -200,21 +153,12 @@ def build_train_loader(
 
 
 def _private_generator(seed: int, epoch: int) -> torch.Generator:
-    """A generator for the loader's own draws (worker base seeds).
-
-    Without it, creating a loader iterator draws from the global generator,
-    which also drives dropout, so resuming mid-epoch would shift the model's
-    random numbers.
-    """
+    """The loader's own generator: creating an iterator must not draw from the global one, which drives dropout."""
     return torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
 
 
 def image_sizes(dataset: Dataset) -> list[tuple[int, int]]:
-    """The stored ``(height, width)`` of every image of a :class:`~detr_peg.data.coco_dataset.CocoDetection`.
-
-    Taken from the annotation file; an image it gives no size for is measured
-    from its file header.
-    """
+    """Stored ``(height, width)`` of every image of a CocoDetection (from the annotations, else the file header)."""
     from PIL import Image
 
     sizes = []
@@ -229,17 +173,7 @@ def image_sizes(dataset: Dataset) -> list[tuple[int, int]]:
 
 
 class SizeGroupedBatchSampler(Sampler[list[int]]):
-    """Batches of indices whose images have the same stored size, so no batch needs padding.
-
-    The evaluation resize is deterministic, so images of equal stored size
-    have equal model-input size. Groups keep the order of their first image;
-    each group is cut into batches of at most ``batch_size``.
-
-    Args:
-        indices: this process's dataset indices, in order.
-        sizes: the stored size of every dataset index.
-        batch_size: most images per batch.
-    """
+    """Batches of at most ``batch_size`` indices of one stored image size (so no padding), in first-image order."""
 
     def __init__(self, indices: Iterable[int], sizes: list[tuple[int, int]], batch_size: int) -> None:
         groups: dict[tuple[int, int], list[int]] = {}
@@ -270,13 +204,9 @@ def build_eval_loader(
     size_divisibility: int,
     padding_mode: str = "mixed",
 ) -> DataLoader:
-    """The evaluation loader: this process's shard in dataset order, batches padded to ``size_divisibility``.
+    """This process's shard in dataset order, padded to ``size_divisibility``; ``exact`` batches equal sizes only.
 
-    ``DistributedSampler`` pads the shards to equal length by repeating
-    images; the evaluation removes the repeats by image id. With
-    ``padding_mode="exact"`` the shard is batched by equal image size
-    (:class:`SizeGroupedBatchSampler`; needs a
-    :class:`~detr_peg.data.coco_dataset.CocoDetection`).
+    ``DistributedSampler`` repeats images to even out the shards; the evaluation drops repeats by image id.
     """
     if batch_size < 1:
         raise ConfigError(f"eval.batch_size must be at least 1, got {batch_size}.")

@@ -1,24 +1,7 @@
-"""Keep freed CPU memory in the process instead of returning it to the kernel after every tensor.
+"""Keep freed CPU memory in the process: glibc's ``mallopt`` so that blocks of 32 MiB or more are reused, not unmapped.
 
-glibc's ``malloc`` serves every block of 32 MiB or more with its own ``mmap``
-and gives it back with ``munmap`` when the block is freed. A detection model
-on the CPU allocates such blocks in every layer and every iteration (one
-feed-forward hidden map of Deformable-DETR-R50 at 800 x 1066 is 17,821 x 1,024
-float32 values, 73 MB), so each of them is mapped afresh and its pages are
-faulted in and zeroed by the kernel on first touch: time spent neither in
-arithmetic nor in memory traffic the computation needs. :func:`retain_freed_memory`
-turns that off with ``mallopt`` (``M_MMAP_MAX = 0``: large blocks come from the
-heap, which reuses them; ``M_TRIM_THRESHOLD`` at its maximum: freed heap
-memory stays mapped), what jemalloc and tcmalloc, which the PyTorch CPU
-tuning guides recommend preloading, do by design. The process's resident
-memory then stays at its high-water mark instead of going down between
-iterations; the peak is the same.
-
-The ``detr-peg`` command and the bench's measuring processes call it at
-start. It does nothing on other C libraries than glibc, when another
-allocator is preloaded (``LD_PRELOAD`` names a ``malloc`` library), when the
-user set glibc's own ``MALLOC_MMAP_MAX_``/``MALLOC_TRIM_THRESHOLD_``, or with
-``DETR_PEG_MALLOC=system``.
+Resident memory then stays at its peak. Off with ``DETR_PEG_MALLOC=system``; left alone on other C libraries, with
+a preloaded allocator or glibc's ``MALLOC_*`` set (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -73,11 +56,7 @@ def left_alone_because(environ: dict[str, str] | None = None) -> str | None:
 
 
 def retain_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse (see the module docstring).
-
-    Returns:
-        Whether the allocator's settings were changed.
-    """
+    """Make glibc keep freed memory (``M_MMAP_MAX = 0``, largest trim threshold); returns whether settings changed."""
     libc = _glibc()
     if libc is None or left_alone_because() is not None:
         return False

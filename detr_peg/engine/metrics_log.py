@@ -1,27 +1,6 @@
-"""What a run reports: a JSON-lines metrics file, console lines, progress bars, TensorBoard.
+"""What a run reports: ``metrics.jsonl`` (one JSON record per line), console lines, progress bars, TensorBoard.
 
-``metrics.jsonl`` in the output folder gets one JSON object per line with a
-``type``:
-
-* ``"start"``: the run's set-up (processes, total batch, iterations per epoch,
-  where it resumed);
-* ``"iter"``: every ``train.log_every`` iterations and the first one: ``epoch``,
-  ``iteration`` (global, 1-based), ``batch`` (within the epoch), ``loss`` (the
-  weighted total averaged over processes), the unweighted final-layer terms
-  ``loss_ce``, ``loss_bbox``, ``loss_giou``, ``class_error``,
-  ``cardinality_error``, ``grad_norm`` (before clipping), one ``lr_<group>``
-  per parameter group, ``data_time`` and ``iter_time`` in seconds;
-* ``"epoch"``: the epoch's means and ``skipped_images`` (running total);
-* ``"eval"``: the COCO metrics (``AP``, ``AP50``, ... in percent, with
-  ``"unit": "percent"``; see :mod:`detr_peg.engine.evaluation.metric_units`);
-* ``"end"``: the summary of :class:`~detr_peg.engine.training.TrainResult`.
-
-Every record also has ``time`` (seconds since the epoch). A resumed run
-appends to the same file. With ``train.tensorboard`` the numeric values are
-also written as TensorBoard scalars (``<type>/<key>`` over the iteration).
-
-Progress bars (tqdm) are shown when stderr is a terminal; otherwise a plain
-line is printed every ``train.log_every`` iterations.
+Records have a ``type`` (``start``, ``iter``, ``epoch``, ``eval``, ``end``) and ``time``; a resumed run appends.
 """
 
 from __future__ import annotations
@@ -65,18 +44,10 @@ logger = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    """The reporting of the main process.
-
-    Args:
-        output_dir: folder of ``metrics.jsonl`` (and of TensorBoard events).
-        tensorboard: also write TensorBoard scalars.
-        progress_bars: show tqdm bars; ``None``: when stderr is a terminal.
-        jsonl: write ``metrics.jsonl`` (off for console-only use).
-        append: add to an existing ``metrics.jsonl`` (a resumed run) instead of
-            starting it afresh.
+    """The main process's reporting into ``<output_dir>/metrics.jsonl`` and ``<output_dir>/tensorboard``.
 
     Raises:
-        ConfigError: ``tensorboard`` is asked for but not installed.
+        ConfigError: ``tensorboard`` asked for but not installed.
         TrainingError: ``metrics.jsonl`` cannot be opened.
     """
 

@@ -1,10 +1,6 @@
-"""Mixed precision: what ``train.amp`` means on a device, the autocast context, the fp16 gradient scaler.
+"""``train.amp`` (``none``, ``auto``, ``bf16``, ``fp16``) on a device, the autocast context, the fp16 gradient scaler.
 
-``train.amp`` is ``none``, ``auto`` (bfloat16 where the device computes it
-natively, float32 elsewhere), ``bf16`` or ``fp16`` (CUDA only). Values a
-device cannot run faster than float32 are refused rather than silently
-emulated. The loss and the post-processing always run in float32
-(:func:`outputs_to_float`).
+Values a device cannot run faster than float32 are refused; the loss and post-processing run in float32.
 """
 
 from __future__ import annotations
@@ -21,12 +17,7 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bfloat16 natively (faster than float32).
-
-    A CUDA GPU with bfloat16 support, or a CPU with AMX or AVX512-BF16
-    instructions (oneDNN then runs convolutions and matrix products in
-    bfloat16; without them it emulates bfloat16, slower than float32).
-    """
+    """Whether ``device`` computes bfloat16 natively: a CUDA GPU with bf16, or a CPU with AMX or AVX512-BF16."""
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
@@ -38,25 +29,17 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def resolve_amp(amp: str, device: torch.device) -> str:
-    """The autocast dtype that ``train.amp`` means on ``device``: ``none``, ``bf16`` or ``fp16``.
-
-    ``auto`` is ``bf16`` where :func:`native_bf16` holds and ``none`` elsewhere;
-    other values are returned as they are (see :func:`check_amp`).
-    """
+    """``none``, ``bf16`` or ``fp16`` for ``amp`` on ``device``; ``auto`` is ``bf16`` where :func:`native_bf16`."""
     if amp == "auto":
         return "bf16" if native_bf16(device) else "none"
     return amp
 
 
 def evaluation_amp(train_amp: str, device: torch.device) -> str:
-    """The resolved autocast for evaluating a checkpoint trained with ``train_amp`` on ``device``.
-
-    Mixed precision only where it exists: a checkpoint trained with ``bf16`` or
-    ``fp16`` on a GPU evaluates on the CPU in float32; ``auto`` resolves on the
-    evaluating device (bf16 on a CPU with native bfloat16, as in training there).
+    """The resolved autocast for evaluating a ``train_amp`` checkpoint on ``device`` (float32 on a CPU unless ``auto``).
 
     Raises:
-        ConfigError: as :func:`check_amp`, for the value used on ``device``.
+        ConfigError: as :func:`check_amp`.
     """
     amp = train_amp if device.type == "cuda" or train_amp == "auto" else "none"
     check_amp(amp, device)
@@ -64,13 +47,10 @@ def evaluation_amp(train_amp: str, device: torch.device) -> str:
 
 
 def check_amp(amp: str, device: torch.device) -> None:
-    """Refuse a ``train.amp`` that ``device`` cannot run faster than float32.
+    """Refuse a ``train.amp`` that ``device`` would only emulate (slower than float32 and less precise).
 
     Raises:
-        ConfigError: an unknown value; ``fp16`` on a CPU; ``bf16`` on a CPU
-            without AMX or AVX512-BF16 or on a GPU without bfloat16 (it would be
-            emulated: slower and less precise, so it is refused rather than
-            silently run); mixed precision on another device type.
+        ConfigError: an unknown value; ``fp16`` on a CPU; ``bf16`` without native bfloat16; another device type.
     """
     if amp in ("none", "auto"):
         return
@@ -92,11 +72,7 @@ def check_amp(amp: str, device: torch.device) -> None:
 
 
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The forward-pass context for ``train.amp`` (a no-op for ``none``, and for ``auto`` without native bf16).
-
-    Runs call it with the value :func:`resolve_amp` gave once at their start, so
-    no per-batch call asks the device for its capabilities.
-    """
+    """The forward-pass context for ``amp`` (a no-op for ``none``, and for ``auto`` without native bf16)."""
     resolved = resolve_amp(amp, device)
     if resolved == "none":
         return contextlib.nullcontext()
@@ -104,11 +80,7 @@ def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManage
 
 
 def outputs_to_float(outputs: Any) -> Any:
-    """Model outputs (nested dicts and lists of tensors) with floating tensors in float32.
-
-    The loss and the post-processing run in float32 after an autocast forward:
-    matching costs and GIoU are sensitive to half precision.
-    """
+    """Model outputs (nested dicts, lists, tuples) with floating tensors in float32 (matching and GIoU need it)."""
     if isinstance(outputs, Tensor):
         return outputs.float() if outputs.is_floating_point() else outputs
     if isinstance(outputs, dict):

@@ -1,30 +1,4 @@
-"""The optimizer: AdamW over named parameter groups with the official per-part learning rates, and its
-learning-rate schedule.
-
-Three groups, as in the official DETR and Deformable-DETR training scripts:
-
-* ``backbone``: parameters under ``backbone.``, at ``train.lr_backbone``;
-* ``linear_proj``: parameters whose name contains any of
-  ``train.lr_linear_proj_names`` (by default the deformable attention's
-  ``sampling_offsets`` and the ``reference_points`` map), at
-  ``train.lr * train.lr_linear_proj_mult``; DETR has no such parameters;
-* ``transformer``: everything else (transformer, heads, input projections,
-  positional encoding), at ``train.lr``.
-
-A backbone parameter stays in ``backbone`` even if its name also matches a
-linear-projection name, so no parameter is in two groups (the official script
-would put it in both). Shared modules count once.
-
-Every group gets ``train.weight_decay``; the fused AdamW implementation is
-used when every parameter is on the CPU or a CUDA device (one pass over the
-parameters instead of a dozen, four times faster for DETR-R50 on the CPU).
-
-The schedule (:class:`LrSchedule`): an optional linear warm-up per iteration
-over the first ``train.warmup_iters`` iterations, then StepLR, which
-multiplies every learning rate by ``train.lr_gamma`` every ``train.lr_drop``
-epochs. In training, :class:`~detr_peg.engine.hooks.LrScheduleHook` steps
-both, the only place that does.
-"""
+"""AdamW over named parameter groups (``transformer``, ``backbone``, ``linear_proj``) and its learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -41,13 +15,10 @@ FUSED_DEVICES = {"cpu", "cuda"}
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over the named parameter groups of ``model`` (the bare detector), fused where available.
-
-    Build it after moving ``model`` to its device.
+    """AdamW over :func:`build_param_groups`, fused on CPU and CUDA; build it after moving ``model`` to its device.
 
     Raises:
-        ConfigError: a negative learning rate or weight decay, or no trainable
-            parameter at all.
+        ConfigError: a negative learning rate or weight decay, or no trainable parameter.
     """
     for key in ("lr", "lr_backbone", "lr_linear_proj_mult", "weight_decay"):
         if getattr(cfg, key) < 0:
@@ -60,18 +31,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def build_param_groups(model: nn.Module, train_cfg: TrainConfig) -> list[dict]:
-    """AdamW parameter groups for ``model``.
+    """Non-empty groups ``{"name", "params", "lr"}`` of the trainable parameters of the bare detector (not a wrapper).
 
-    Args:
-        model: the detector itself (not a DDP or compile wrapper), so that
-            parameter names start with ``backbone.``, ``transformer.``, ...
-        train_cfg: ``lr``, ``lr_backbone``, ``lr_linear_proj_mult`` and
-            ``lr_linear_proj_names`` are read.
-
-    Returns:
-        Non-empty groups in the order ``transformer``, ``backbone``,
-        ``linear_proj``, each ``{"name": str, "params": [Parameter, ...],
-        "lr": float}``; only parameters with ``requires_grad``.
+    ``transformer`` (the rest) at ``lr``; ``backbone`` (``backbone.*``) at ``lr_backbone``; ``linear_proj`` (names
+    containing one of ``lr_linear_proj_names``) at ``lr * lr_linear_proj_mult``. No parameter is in two groups.
     """
     names = tuple(train_cfg.lr_linear_proj_names)
     groups: dict[str, list[nn.Parameter]] = {"transformer": [], "backbone": [], "linear_proj": []}
@@ -99,16 +62,8 @@ WARMUP_START_FACTOR = 0.001
 class LrSchedule:
     """Linear warm-up per iteration, then a step drop per epoch; one state dict for checkpoints.
 
-    Both parts are torch schedulers in their chainable form (each multiplies
-    the current learning rate), so a drop that falls inside the warm-up still
-    applies.
-
-    Args:
-        optimizer: the optimizer whose group learning rates are scheduled.
-        lr_drop: epochs between drops.
-        lr_gamma: factor of each drop.
-        warmup_iters: iterations over which every learning rate rises linearly
-            from ``WARMUP_START_FACTOR`` times its value to its value (0: none).
+    Both are chainable torch schedulers, so a drop inside the warm-up still applies; the warm-up rises from
+    ``WARMUP_START_FACTOR`` times each rate over ``warmup_iters`` (0: none).
     """
 
     def __init__(
@@ -134,7 +89,7 @@ class LrSchedule:
         return {"drop": self.drop.state_dict(), "warmup": self.warmup.state_dict() if self.warmup is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict` (or a bare StepLR state of older checkpoints)."""
+        """Restore a :meth:`state_dict` (or the bare StepLR state of older checkpoints)."""
         if "drop" not in state:
             self.drop.load_state_dict(state)
             return
@@ -144,11 +99,7 @@ class LrSchedule:
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LrSchedule:
-    """The schedule of ``train.warmup_iters``, ``train.lr_drop`` and ``train.lr_gamma``.
-
-    Raises:
-        ConfigError: ``lr_drop`` is not positive or ``warmup_iters`` is negative.
-    """
+    """The schedule of ``train.warmup_iters``, ``lr_drop``, ``lr_gamma``; ConfigError for invalid values."""
     if cfg.lr_drop < 1:
         raise ConfigError(f"train.lr_drop must be a positive number of epochs, got {cfg.lr_drop}.")
     if cfg.warmup_iters < 0:

@@ -1,14 +1,4 @@
-"""Why a run found little, and what to change: the notes printed after short trainings and empty predictions.
-
-A DETR-style detector trained from scratch predicts boxes nowhere near the
-objects for its first thousands of iterations: the matching loss first learns
-the class balance, then rough positions, and only then objects (the demo's
-800 iterations on its small synthetic shapes are the least that draws sensible
-boxes; COCO takes the paper's 50 epochs). A first run that stops early, or a
-score threshold above what a barely trained model scores, therefore shows
-nothing or wrong boxes. These notes say so where it shows: after training,
-in the demo's summary, and after ``detr-peg predict``.
-"""
+"""Notes printed after short trainings and empty predictions: why a barely trained detector finds little."""
 
 from __future__ import annotations
 
@@ -23,12 +13,7 @@ _LONGER = "train longer (train.max_iters, or train.epochs with train.max_iters=n
 
 
 def low_ap_note(ap: float | None, iterations: int) -> str | None:
-    """The note for an AP (percent) near zero after ``iterations``; None for a higher AP.
-
-    Returns:
-        One sentence: why a near-zero AP is expected after a short training
-        and what to change.
-    """
+    """The note for an AP (percent) below :data:`NEAR_ZERO_AP` after ``iterations``; None otherwise."""
     if ap is None or ap < 0 or ap >= NEAR_ZERO_AP:
         return None
     return (

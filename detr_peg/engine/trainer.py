@@ -1,11 +1,6 @@
-"""The training loop: :class:`Trainer` runs epochs of :func:`train_step` and asks its hooks around each step.
+"""The training loop: :class:`Trainer` runs epochs of :func:`train_step` and asks its :class:`HookBase` hooks.
 
-The loop knows the hook interface (:class:`HookBase`), never which hooks exist:
-:mod:`detr_peg.engine.hooks` holds them and imports this module, and
-:func:`~detr_peg.engine.training.run_training` builds both. Losses are checked
-before the backward pass and the gradient norm before the optimizer step, on
-values averaged over processes, so every process stops at the same iteration
-(:class:`NonFiniteError`; the weights are not updated).
+Losses and the gradient norm are checked on values averaged over processes, so every process stops together.
 """
 
 from __future__ import annotations
@@ -45,14 +40,7 @@ LOGGED_TERMS = ("loss_ce", "loss_bbox", "loss_giou", "class_error", "cardinality
 
 
 class NonFiniteError(TrainingError):
-    """A loss term or the gradient norm became NaN or infinite.
-
-    Attributes:
-        iteration: the global iteration (1-based) that produced it.
-        epoch: its epoch (0-based).
-        term: the loss term, or ``"gradient norm"``.
-        value: the offending value.
-    """
+    """A loss term or the gradient norm became NaN or infinite (``iteration`` 1-based, ``epoch`` 0-based)."""
 
     def __init__(self, iteration: int, epoch: int, term: str, value: float) -> None:
         self.iteration, self.epoch, self.term, self.value = iteration, epoch, term, value
@@ -61,17 +49,9 @@ class NonFiniteError(TrainingError):
 
 @dataclass
 class EpochStats:
-    """What one call of :meth:`Trainer.train_epoch` did.
+    """What one :meth:`Trainer.train_epoch` call did.
 
-    Attributes:
-        epoch: the epoch (0-based).
-        batches_done: batches of the epoch finished after the call, including
-            those done before a mid-epoch resume.
-        completed: every batch of the epoch was trained.
-        means: averages over the iterations of this call (``loss``, the
-            logged terms, ``grad_norm``).
-        skipped_image_ids: unreadable images left out (``data.on_bad_sample=skip``)
-            in this process.
+    ``batches_done`` includes those before a resume; ``means`` average this call; ``skipped_image_ids``: this rank's.
     """
 
     epoch: int
@@ -84,7 +64,7 @@ class EpochStats:
 class HookBase:
     """A training hook; override the points it needs. The trainer asks every hook, in its order::
 
-        context(trainer)            a context manager entered for the whole run (stop signals)
+        context(trainer)            a context manager entered for the whole run
         stop_training(trainer)      before each epoch: True ends the run
         halt_epoch(trainer)         after each optimizer step, first: True ends the epoch after this step
         after_step(trainer)         then, after each optimizer step (``trainer.halt``: the epoch ends)
@@ -114,20 +94,10 @@ class HookBase:
 
 
 class Trainer:
-    """The training loop: epochs of :func:`train_step`, with hooks around it.
+    """The training loop, built by :func:`~detr_peg.engine.training.run_training`; every argument is an attribute.
 
-    Built by :func:`run_training` from
-    :func:`~detr_peg.engine.training.build_training`; every argument is
-    kept as an attribute of the same name. ``model`` is the bare detector
-    (checkpoints, evaluation); ``train_model`` is what the optimizer steps
-    through (``model`` itself, or wrapped in DistributedDataParallel and/or
-    ``torch.compile``). ``log`` is None outside the main process.
-
-    Attributes:
-        hooks: the hooks, in the order they are asked.
-        weight_average: the exponential moving average of the weights (``train.ema_decay``), or None.
-        halt: the current epoch ends after this step (set from the hooks'
-            :meth:`~detr_peg.engine.hooks.HookBase.halt_epoch`).
+    ``model`` is the bare detector (checkpoints, evaluation); ``train_model`` is what is stepped (``model``, maybe in
+    DDP and/or ``torch.compile``); ``log`` is None outside the main process; ``halt``: the epoch ends after this step.
     """
 
     def __init__(
@@ -179,11 +149,7 @@ class Trainer:
         return any([hook.stop_training(self) for hook in self.hooks])
 
     def train(self) -> dict[str, float]:
-        """Train until ``train.epochs`` or a hook ends the run, then run the hooks' ``after_train``.
-
-        Returns:
-            the mean losses of the last epoch (or part of it) trained.
-        """
+        """Train until ``train.epochs`` or a hook ends the run; returns the last epoch's mean losses."""
         losses: dict[str, float] = {}
         with contextlib.ExitStack() as stack:
             for hook in self.hooks:
@@ -199,11 +165,7 @@ class Trainer:
         return losses
 
     def train_epoch(self, epoch: int) -> EpochStats:
-        """Train the rest of ``epoch`` (from ``progress.epoch_batches_done``) until it ends or a hook halts it.
-
-        Raises:
-            TrainingError: a non-finite loss or gradient (the last good checkpoint is kept).
-        """
+        """Train the rest of ``epoch`` until it ends or a hook halts it; TrainingError on a non-finite loss or grad."""
         t, progress = self.cfg.train, self.progress
         start = progress.epoch_batches_done
         loader = build_train_loader(
@@ -344,14 +306,9 @@ def train_step(
     iteration: int,
     epoch: int,
 ) -> dict[str, float]:
-    """One iteration on ``batch`` = ``(images, mask, targets)`` as the loader yields it.
+    """One iteration on ``batch`` = ``(images, mask, targets)``; NonFiniteError on a non-finite loss or gradient norm.
 
-    Returns:
-        ``loss`` (the weighted total averaged over processes), the logged
-        terms and ``grad_norm``.
-
-    Raises:
-        NonFiniteError: a loss term or the gradient norm is not finite.
+    Returns ``loss`` (the weighted total averaged over processes), the logged terms and ``grad_norm``.
     """
     images, mask, targets = batch
     images = images.to(device, non_blocking=True)
@@ -379,15 +336,7 @@ def _forward_loss(
     iteration: int,
     epoch: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The forward pass and the set loss of one batch.
-
-    Returns:
-        ``(loss, reduced)``: the weighted total of this process (for the
-        backward pass) and the loss terms averaged over processes.
-
-    Raises:
-        NonFiniteError: a weighted loss term is not finite in some process.
-    """
+    """``(this process's weighted loss, terms averaged over processes)``; NonFiniteError on a non-finite term."""
     weight_dict = criterion.weight_dict
     with autocast(amp, device):
         outputs = model(images, mask)
@@ -412,12 +361,7 @@ def _backward_step(
     iteration: int,
     epoch: int,
 ) -> float:
-    """Backward, gradient clipping and the optimizer step; returns the gradient norm before clipping.
-
-    Raises:
-        NonFiniteError: the gradient norm is not finite without fp16 loss
-            scaling (the weights are not updated).
-    """
+    """Backward, clipping, step; returns the norm before clipping (NonFiniteError if not finite, without fp16)."""
     optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.scale(loss).backward()
@@ -449,15 +393,7 @@ def _log_iteration(
     times: dict[str, float],
     eta: float,
 ) -> None:
-    """Advance the progress bar; every ``log_every`` iterations (and the first) write an ``iter`` record and a line.
-
-    Args:
-        record: ``loss`` (the weighted total), the logged terms and ``grad_norm``.
-        lrs: the learning rate of each parameter group.
-        batch: ``(batches done in the epoch, batches per epoch)``.
-        times: ``data_time`` and ``iter_time`` in seconds.
-        eta: seconds left in the epoch.
-    """
+    """Advance the bar; on the first and every ``log_every``-th iteration write an ``iter`` record and a line."""
     lr = next(iter(lrs.values()))
     log.step(bar, loss=record["loss"], lr=lr)
     if iteration == 1 or iteration % max(log_every, 1) == 0:

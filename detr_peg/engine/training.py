@@ -1,18 +1,4 @@
-"""A training run: :func:`run_training` from a resolved config to a trained checkpoint.
-
-The command line (``detr-peg train``), the demo and ``Detector.fine_tune`` call it;
-under ``torchrun`` every process does. Order of a run:
-
-1. join the process group and pick the device, claim the output folder;
-2. :func:`build_training`: read the resume checkpoint (``train.resume``) and the
-   datasets (the label map comes from the checkpoint when resuming, else from
-   the training annotations, and gives ``model.num_classes`` when unset); build
-   the model with the same seed in every process, load ``train.init_from``,
-   check the output folder, write ``config.yaml`` (a resumed run replaces it
-   after its first checkpoint, so a resume that fails early leaves the folder as it was);
-3. :meth:`~detr_peg.engine.trainer.Trainer.train` with the hooks
-   (:func:`~detr_peg.engine.hooks.default_hooks` unless given), then the ``end`` record.
-"""
+"""A training run: :func:`run_training` from a resolved config to a trained checkpoint (in every process)."""
 
 from __future__ import annotations
 
@@ -64,17 +50,9 @@ from detr_peg.models.position.peg import PEG
 
 @dataclass
 class TrainResult:
-    """What :func:`run_training` produced.
+    """What :func:`run_training` produced; ``metrics`` (percent) is the last evaluation, None without validation data.
 
-    Attributes:
-        output_dir: the run's folder; ``checkpoint`` (``checkpoint.pth``), ``config_file``
-            (``config.yaml``) and ``metrics_log`` (``metrics.jsonl``) are in it.
-        metrics: the last COCO evaluation (``AP``, ``AP50``, ... in percent), or None without validation data;
-            ``metrics_file`` and ``detections_file`` are its files.
-        epochs_completed, iterations: whole epochs and optimizer steps done in total.
-        skipped_images: unreadable training images left out (``data.on_bad_sample=skip``), all processes.
-        losses: the means of the last epoch (or part of it) trained.
-        num_classes: the model's number of classes.
+    ``epochs_completed`` and ``iterations`` are totals; ``losses`` are the means of the last epoch (or part) trained.
     """
 
     output_dir: Path
@@ -94,19 +72,14 @@ class TrainResult:
 def run_training(
     cfg: Config, *, progress_bars: bool | None = None, hooks: Sequence[HookBase] | None = None
 ) -> TrainResult:
-    """Train (or resume training) as ``cfg`` says.
+    """Train (or resume training) as ``cfg`` says; returns the :class:`TrainResult` in every process.
 
-    Args:
-        cfg: the resolved config (``load_config``).
-        progress_bars: show tqdm bars (main process); ``None``: when stderr is a terminal.
-        hooks: the run's hooks (default :func:`~detr_peg.engine.hooks.default_hooks`).
-
-    Returns:
-        :class:`TrainResult`, in every process (files are written by the main process).
+    ``progress_bars=None`` shows bars when stderr is a terminal; ``hooks`` defaults to
+    :func:`~detr_peg.engine.hooks.default_hooks`.
 
     Raises:
-        UserError: bad config, data or checkpoint, an unwritable output folder, a full disk, a non-finite
-            loss or gradient, or a stop request (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
+        UserError: bad config, data or checkpoint, an unwritable or full output folder, a non-finite loss,
+            or a stop request (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
     """
     with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
         check_training_ranges(cfg, env.device)
@@ -150,18 +123,9 @@ def _result(trainer: Trainer, losses: dict[str, float]) -> TrainResult:
 
 
 def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dict[str, Any]:
-    """Everything a :class:`~detr_peg.engine.trainer.Trainer` of ``cfg`` needs, as its keyword arguments.
+    """Keyword arguments of ``cfg``'s :class:`~detr_peg.engine.trainer.Trainer` (their ``cfg`` has ``num_classes``).
 
-    Args:
-        cfg: the resolved config; ``model.num_classes`` is filled in from the
-            data when unset (the returned ``cfg`` holds the result).
-        env: this process.
-        progress_bars: show tqdm bars (main process); ``None``: when stderr is
-            a terminal.
-
-    Raises:
-        UserError: bad data or checkpoint, an output folder that already holds a
-            run's checkpoint (without ``train.resume``), an unwritable or full output folder.
+    A resumed run rewrites ``config.yaml`` only at its first checkpoint: an early failure leaves the folder as it was.
     """
     t, device = cfg.train, env.device
     out = Path(t.output_dir)
@@ -216,10 +180,7 @@ def _resume(
     scaler,
     weight_average: WeightAverage | None,
 ) -> tuple[Progress, list[str]]:
-    """Restore the training state of ``ckpt``; returns where training stands and notes for the log.
-
-    Settings that change what the saved position means are converted, or refused.
-    """
+    """Restore ``ckpt``'s state: ``(progress, notes for the log)``; settings that move the position are converted."""
     out = Path(cfg.train.output_dir)
     start_batches, notes = resume_position(
         str(checkpoint_path(out)), stored_shape(ckpt.config, ckpt.extra),
@@ -251,11 +212,7 @@ def check_training_ranges(cfg: Config, device: torch.device) -> None:
 
 @contextlib.contextmanager
 def determinism(cfg: Config, device: torch.device) -> Iterator[None]:
-    """``train.deterministic``: deterministic kernels (a warning where none exists), no cuDNN autotuning.
-
-    The process-wide settings are restored on exit, so a run called from
-    Python leaves the caller's settings as they were.
-    """
+    """``train.deterministic``: deterministic kernels (warn where none exists), no cuDNN autotuning; undone on exit."""
     if not cfg.train.deterministic:
         yield
         return
@@ -277,13 +234,10 @@ def determinism(cfg: Config, device: torch.device) -> Iterator[None]:
 
 
 def wrap_sync_batchnorm(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
-    """Convert BatchNorm layers to ``SyncBatchNorm`` when ``model.backbone.norm=sync_bn`` runs on several processes.
+    """BatchNorm to ``SyncBatchNorm`` for ``model.backbone.norm=sync_bn`` on several processes, except the PEG's.
 
-    The PEG's BatchNorm is left as it is: the PEG computes its statistics over
-    valid (unpadded) tokens only with its own masked update
-    (:func:`~detr_peg.models.position.peg.masked_batch_norm`), which
-    ``SyncBatchNorm`` would not follow, so each process keeps the statistics
-    of its own batch there (as with ``model.backbone.norm=bn``).
+    The PEG's masked statistics over unpadded tokens (:func:`~detr_peg.models.position.peg.masked_batch_norm`)
+    are not what ``SyncBatchNorm`` computes, so they stay per process.
     """
     if cfg.model.backbone.norm == "sync_bn" and env.distributed:
         return _convert_except_peg(model)
@@ -303,10 +257,7 @@ def _convert_except_peg(module: nn.Module) -> nn.Module:
 
 
 def config_differences(cfg: Config, stored: Config, sections: tuple[str, ...] = ("model", "loss", "data")) -> list[str]:
-    """Dotted keys whose values differ between two configs, within ``sections``.
-
-    ``model.backbone.weights`` is ignored (a checkpoint holds the weights).
-    """
+    """Dotted keys within ``sections`` whose values differ, ignoring ``model.backbone.weights``."""
     a, b = config_to_dict(cfg), config_to_dict(stored)
     out: list[str] = []
 
@@ -323,11 +274,7 @@ def config_differences(cfg: Config, stored: Config, sections: tuple[str, ...] = 
 
 
 def _resume_checkpoint(out: Path, resume: bool) -> Checkpoint | None:
-    """The checkpoint in ``out`` to continue, or None for a new run.
-
-    Raises:
-        TrainingError: ``out`` holds a checkpoint but ``train.resume`` is false.
-    """
+    """The checkpoint in ``out`` to continue, or None; TrainingError for one without ``train.resume``, or a non-file."""
     path = checkpoint_path(out)
     if os.path.lexists(path) and not path.is_file():
         raise TrainingError(

@@ -1,26 +1,6 @@
-"""An exponential moving average (EMA) of the model's weights (kept by :class:`~detr_peg.engine.hooks.WeightAverageHook`).
+"""An exponential moving average (EMA) of the model's weights, which the run evaluates and stores as ``model``.
 
-RT-DETR, D-FINE and RF-DETR evaluate such an average rather than the weights
-of the last step: it smooths the noise of the last few hundred steps, which
-narrows the spread between seeds of a short run. With ``train.ema_decay``
-``d > 0``, after every optimizer step every floating-point parameter and
-buffer (BatchNorm running statistics included) of the average moves towards
-the model's::
-
-    average = decay_n * average + (1 - decay_n) * model,
-    decay_n = d * (1 - exp(-n / train.ema_warmup_iters))
-
-where ``n`` counts the updates made so far (RT-DETR's ramp: early averages
-follow the fast-changing model closely; ``ema_warmup_iters = 0`` uses ``d``
-from the first update). Integer buffers (BatchNorm's batch counters) are
-copied. The first update copies the model.
-
-The average is what the run evaluates and what its checkpoint stores as
-``model`` (so ``eval``, ``predict``, ``export`` and ``train.init_from`` use
-it with no option); the weights the optimizer steps are stored as
-``train_weights`` and the update count as ``ema_updates``, so ``--resume``
-continues both exactly. The averaging itself is
-:class:`torch.optim.swa_utils.AveragedModel`.
+The stepped weights are stored as ``train_weights`` and the update count as ``ema_updates``, so ``--resume`` is exact.
 """
 
 from __future__ import annotations
@@ -38,22 +18,16 @@ EMA_UPDATES = "ema_updates"
 
 
 def ema_decay(decay: float, warmup_iters: int, updates: int) -> float:
-    """The decay of update number ``updates + 1`` (``updates`` made before it; see the module docstring)."""
+    """The decay of update ``updates + 1``: ``decay * (1 - exp(-updates / warmup_iters))``; ``decay`` if no warm-up."""
     if warmup_iters <= 0:
         return decay
     return decay * (1.0 - math.exp(-updates / warmup_iters))
 
 
 class WeightAverage:
-    """The exponential moving average of a model's parameters and buffers.
+    """EMA of ``model``'s floating parameters and buffers (integer buffers copied; the first update copies the model).
 
-    Args:
-        model: the bare detector being trained (not wrapped in DDP or ``torch.compile``).
-        decay: the target decay ``d`` (0 < d < 1).
-        warmup_iters: the ramp of the decay, in updates (0: none).
-
-    Attributes:
-        module: the averaged copy of ``model`` (same class, same state-dict keys), in evaluation mode.
+    ``model`` is the bare detector; ``module`` is the averaged copy (same state-dict keys) in eval mode.
     """
 
     def __init__(self, model: nn.Module, *, decay: float, warmup_iters: int) -> None:

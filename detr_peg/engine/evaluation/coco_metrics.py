@@ -1,18 +1,4 @@
-"""COCO bbox evaluation with pycocotools, and detections in the COCO results format.
-
-Detections are written as the list that ``COCO.loadRes`` and the COCO
-evaluation server read::
-
-    [{"image_id": int, "category_id": int, "bbox": [x, y, w, h], "score": float}, ...]
-
-with boxes in pixels of the stored image and ``category_id`` the dataset's
-own category id (model labels are mapped back through the label map stored
-with the model). Labels that are not a category of the map (with raw COCO
-labels, the unused ids of the 91 logits) cannot be right and are left out.
-
-The twelve standard numbers of ``COCOeval.summarize()`` are returned under
-the names of :data:`STAT_NAMES`, in percent (see :mod:`detr_peg.engine.evaluation.metric_units`).
-"""
+"""COCO bbox evaluation with pycocotools, and detections in the COCO results format."""
 
 from __future__ import annotations
 
@@ -51,18 +37,10 @@ _DESCRIPTIONS = {
 def detections_to_coco(
     image_ids: Sequence[int], detections: Sequence[dict[str, Tensor]], label_map: LabelMap
 ) -> list[dict]:
-    """Per-image post-processed detections as COCO result entries.
+    """Post-processed detections (``boxes`` xyxy pixels of the stored image) as COCO results of ``image_ids``.
 
-    Args:
-        image_ids: the COCO image id of each entry of ``detections``.
-        detections: ``{"scores": Tensor[N], "labels": Tensor[N], "boxes":
-            Tensor[N, 4]}`` with absolute ``(x0, y0, x1, y1)`` pixel boxes of
-            the stored image (the post-processor's output for ``orig_size``).
-        label_map: maps model labels to category ids.
-
-    Returns:
-        COCO result dicts (plain Python numbers), boxes as ``[x, y, w, h]``
-        rounded to 0.01 px and scores to 1e-5.
+    Each ``{"image_id", "category_id", "bbox": [x, y, w, h], "score"}`` with the dataset's category id, boxes
+    rounded to 0.01 px, scores to 1e-5; labels that are no category of ``label_map`` are left out.
     """
     results: list[dict] = []
     valid = torch.tensor(
@@ -91,18 +69,9 @@ def detections_to_coco(
 
 
 def evaluate_coco(coco_gt: COCO, results: list[dict], image_ids: Iterable[int] | None = None) -> dict[str, float]:
-    """Run ``COCOeval`` (bbox) and return the twelve summary numbers.
+    """``COCOeval`` (bbox) over ``image_ids`` (default: all): :data:`STAT_NAMES` in percent.
 
-    Args:
-        coco_gt: the ground truth (``CocoDetection.coco``).
-        results: COCO result dicts (see :func:`detections_to_coco`).
-        image_ids: images to evaluate (default: every image of ``coco_gt``);
-            images without detections count as misses.
-
-    Returns:
-        ``{name: value}`` for :data:`STAT_NAMES` in percent (0-100); ``-1``
-        where COCO defines no value (no ground truth of that size), ``0`` for
-        every number when there is no detection at all.
+    Images without detections count as misses; ``-1`` where COCO defines no value; all ``0`` without any detection.
     """
     ids = sorted(coco_gt.getImgIds() if image_ids is None else set(image_ids))
     if not results:

@@ -1,10 +1,4 @@
-"""COCO evaluation of a detector over a (possibly sharded) data loader.
-
-Every process runs the model on its shard and converts the detections to
-COCO results; the results are gathered to the main process, which removes
-the images ``DistributedSampler`` repeated to even out the shards (by image
-id), runs ``COCOeval`` and shares the metrics with every process.
-"""
+"""COCO evaluation over a sharded loader: results gathered to the main process, repeats dropped by image id."""
 
 from __future__ import annotations
 
@@ -28,15 +22,7 @@ from detr_peg.models.loading import LoadedModel
 
 @dataclass
 class EvalOutput:
-    """The result of :func:`evaluate`.
-
-    Attributes:
-        metrics: ``{"AP": ..., "AP50": ..., ...}`` (see
-            :data:`~detr_peg.engine.evaluation.coco_metrics.STAT_NAMES`), in every process.
-        detections: COCO result dicts of every image, in the main process
-            (empty elsewhere).
-        num_images: distinct images evaluated.
-    """
+    """What :func:`evaluate` returns: ``metrics`` (percent) in every process, ``detections`` in the main one only."""
 
     metrics: dict[str, float]
     detections: list[dict] = field(default_factory=list)
@@ -53,18 +39,9 @@ def predict_coco(
     log: MetricsLog | None = None,
     extra_padding: float = 0.0,
 ) -> list[tuple[int, list[dict]]]:
-    """This process's detections as ``(image_id, COCO results of that image)`` in loader order.
+    """This process's ``(image_id, COCO results of that image)`` in loader order.
 
-    Args:
-        loaded: the bare detector (not DDP-wrapped: evaluation needs no
-            gradient synchronisation) and its post-processor.
-        loader: yields ``(images, mask, targets)``; targets carry ``image_id``
-            and ``orig_size``.
-        device: where the model is.
-        label_map: model label -> category id.
-        amp: the resolved autocast of the forward pass.
-        log: progress display of the main process, or None.
-        extra_padding: grow every batch by this fraction of its size (:func:`~detr_peg.data.padding.pad_further`).
+    ``loaded`` is the bare detector (not DDP); ``extra_padding`` grows every batch by that fraction of its size.
     """
     out: list[tuple[int, list[dict]]] = []
     total = len(loader) if hasattr(loader, "__len__") else 0
@@ -88,11 +65,7 @@ def predict_coco(
 
 
 def merge_shards(shards: list[list[tuple[int, list[dict]]]]) -> tuple[list[dict], int]:
-    """Concatenate per-process results, keeping each image id once (the first occurrence).
-
-    Returns:
-        ``(results sorted by image id, number of distinct images)``.
-    """
+    """``(results sorted by image id, number of distinct images)``, keeping each image id's first occurrence."""
     per_image: dict[int, list[dict]] = {}
     for shard in shards:
         for image_id, results in shard:
@@ -113,22 +86,9 @@ def evaluate(
     log: MetricsLog | None = None,
     extra_padding: float = 0.0,
 ) -> EvalOutput:
-    """COCO bbox metrics of ``model`` on the images of ``loader`` (all processes together).
+    """COCO bbox metrics of ``loaded`` over every process's shard; the ``is_main`` process runs ``COCOeval``.
 
-    Args:
-        loaded: the bare detector and its post-processor.
-        loader: this process's shard (see :func:`~detr_peg.engine.loader.build_eval_loader`).
-        coco_gt: the ground truth of the whole evaluation set.
-        device: where the model is.
-        label_map: model label -> category id.
-        is_main: whether this is the main process (it runs ``COCOeval``).
-        amp: the resolved autocast.
-        log: progress display (main process).
-        extra_padding: grow every batch by this fraction of its size (``eval.extra_padding``).
-
-    Returns:
-        :class:`EvalOutput`; every image of ``coco_gt`` counts, so images
-        a skipped sample left out count as misses.
+    Every image of ``coco_gt`` counts, so images a skipped sample left out count as misses.
     """
     local: list[tuple[int, list[dict]]] = []
     error: UserError | None = None
@@ -160,19 +120,7 @@ def evaluate_dataset(
     amp: str,
     log: MetricsLog | None = None,
 ) -> EvalOutput:
-    """:func:`evaluate` on a validation set: this process's shard, batched as ``loaded.config.eval`` says.
-
-    Batches hold ``eval.batch_size`` images (``eval.padding_mode``), padded to
-    a multiple of the model's coarsest stride and grown by ``eval.extra_padding``;
-    ``data.num_workers`` read them.
-
-    Args:
-        loaded: the bare detector, its post-processor and config.
-        dataset: the validation set (its ``label_map`` maps labels back, its ``coco`` is the ground truth).
-        env: this process.
-        amp: the resolved autocast.
-        log: progress display (main process), or None.
-    """
+    """:func:`evaluate` on a validation set, batched as ``eval.batch_size``, ``padding_mode``, ``extra_padding`` say."""
     cfg = loaded.config
     loader = build_eval_loader(
         dataset,

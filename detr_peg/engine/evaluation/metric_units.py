@@ -1,15 +1,6 @@
-"""The unit of COCO metrics: percent (0-100), in every table, log line, file and report.
+"""COCO metrics are percent (0-100) everywhere after ``evaluate_coco``; ``-1`` stays ``-1`` (undefined).
 
-``COCOeval`` computes fractions (0..1); :func:`~detr_peg.engine.evaluation.coco_metrics.evaluate_coco`
-turns them into percent once, and everything after it (``metrics.json``,
-``metrics.jsonl``, the scale and padding files, ``Detector.evaluate``, the
-study's tables and plots) holds percent. The files say so with
-``"unit": "percent"``; ``-1`` stays ``-1`` (COCO defines no value, e.g. no
-object of that size).
-
-Files written before the unit was recorded hold fractions and have no
-``unit`` field. :func:`read_metrics` is the one way to read metrics from a
-file or a log record: it returns percent for both.
+Files say ``"unit": "percent"``; older files without ``unit`` hold fractions, which :func:`read_metrics` converts.
 """
 
 from __future__ import annotations
@@ -32,13 +23,7 @@ def to_percent(fraction: float) -> float:
 
 
 def percent_metrics(values: Mapping[str, Any], unit: str | None) -> dict[str, float]:
-    """The COCO metrics among ``values`` (other keys are left out), in percent.
-
-    Args:
-        values: ``{"AP": ..., "AP50": ..., ...}`` and possibly other entries.
-        unit: the unit they were written in: ``"percent"``, or ``None`` /
-            ``"fraction"`` for files from before the unit was recorded.
-    """
+    """The :data:`STAT_NAMES` entries of ``values`` in percent; ``unit`` None or ``"fraction"`` means values in 0..1."""
     scale = unit == UNIT
     return {
         name: float(values[name]) if scale else to_percent(values[name])
@@ -48,12 +33,7 @@ def percent_metrics(values: Mapping[str, Any], unit: str | None) -> dict[str, fl
 
 
 def read_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """The COCO metrics of a ``metrics.json`` payload or a ``metrics.jsonl`` ``eval`` record, in percent.
-
-    Both the current files (``"unit": "percent"``) and older ones (no unit,
-    fractions) are read; a payload's metrics are under ``"bbox"``, a log
-    record's at its top level.
-    """
+    """The COCO metrics (percent) of a ``metrics.json`` payload (under ``"bbox"``) or an ``eval`` log record."""
     values = record.get("bbox", record)
     return percent_metrics(values if isinstance(values, Mapping) else {}, record.get("unit"))
 

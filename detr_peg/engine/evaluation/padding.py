@@ -1,21 +1,6 @@
-"""Padding sensitivity: the validation set evaluated three ways, written as ``padding.json``.
+"""``eval --padding``: the validation set one image at a time (``single``), in ``mixed`` and in ``exact`` batches.
 
-A batch is padded to its largest image, rounded up to a multiple of the model's coarsest
-stride (mask True on padding); next to the right and bottom border the backbone then sees
-features computed over the padded zeros. The modes: ``single`` (one image at a time, the
-reference), ``mixed`` (``eval.batch_size`` images in dataset order; on data of one size every
-batch gets :data:`EXTRA_PADDING` more, as a batch with a larger image would) and ``exact``
-(batches of equal size: the outputs equal ``single`` up to rounding). Why the masks are right
-on any such canvas: :mod:`detr_peg.models.masking`; the effect measured: docs/evaluation.md.
-
-``padding.json``::
-
-    {"modes": {"mixed" | "single" | "exact": {"batch_size", "metrics", "seconds"}},
-     "max_abs_logit_diff_<mode>_vs_single", "max_abs_box_diff_<mode>_vs_single",
-     "extra_padding", "padded_fraction_mixed", "default_mode"}
-
-Differences are over the raw ``pred_logits`` and normalized ``pred_boxes`` of every image;
-``seconds`` is the wall time of the run, data loading included.
+The effect measured: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -48,19 +33,7 @@ EXTRA_PADDING = 0.25
 def predict_raw(
     loaded: LoadedModel, loader: Iterable, device: torch.device, amp: str = "none", extra_padding: float = 0.0
 ) -> tuple[list[tuple[int, list[dict]]], dict[int, tuple[Tensor, Tensor]], float]:
-    """Detections and raw outputs of every image of ``loader``.
-
-    Args:
-        loaded: the model.
-        loader: an evaluation loader.
-        device: where the model is.
-        amp: the resolved autocast.
-        extra_padding: grow every batch by this fraction (:func:`~detr_peg.data.padding.pad_further`).
-
-    Returns:
-        ``(COCO results per image id, {image_id: (pred_logits Tensor[Q, K], pred_boxes Tensor[Q, 4])}
-        on the CPU, fraction of the batch pixels that were padding)``.
-    """
+    """``(COCO results per image, {image_id: (pred_logits [Q, K], pred_boxes [Q, 4]) on the CPU}, padded fraction)``."""
     results: list[tuple[int, list[dict]]] = []
     raw: dict[int, tuple[Tensor, Tensor]] = {}
     padded = total = 0
@@ -90,17 +63,11 @@ def measure_padding(
     *,
     on_run: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``dataset`` one image at a time, in mixed batches and in exact batches; see the module docstring.
+    """Evaluate ``dataset`` in each of :data:`PADDING_RUNS`; returns the content of ``padding.json`` (every process).
 
-    Args:
-        loaded: the model.
-        dataset: the validation set.
-        env: this process (the images are sharded over processes).
-        amp: the resolved autocast.
-        on_run: called with the run's name after each run (progress).
-
-    Returns:
-        The content of ``padding.json`` (in every process).
+    Per mode ``batch_size``, ``metrics`` and ``seconds`` (wall time, data loading included); the largest
+    ``max_abs_{logit,box}_diff_<mode>_vs_single`` of raw ``pred_logits`` and normalised cxcywh ``pred_boxes``; on data
+    of one image size every ``mixed`` batch grows by ``extra_padding`` (:data:`EXTRA_PADDING`), as a larger image would.
     """
     cfg = loaded.config
     batch_size = cfg.eval.batch_size

@@ -1,17 +1,6 @@
-"""Evaluation runs: a checkpoint and a COCO-format validation set in, metrics and detections out.
+"""Evaluation runs: a checkpoint and a COCO validation set in, ``metrics.json`` and ``detections.json`` out.
 
-Files written into the output folder by the main process:
-
-* ``metrics.json``: ``{"bbox": {"AP": ..., "AP50": ..., ... "ARl": ...},
-  "unit": "percent", "num_images": int, "annotations": str, "checkpoint": str,
-  ...}``, values in percent (0-100), ``-1`` where COCO defines none (read
-  any metrics.json, older ones in fractions too, with
-  :func:`~detr_peg.engine.evaluation.metric_units.read_metrics`);
-* ``detections.json``: every detection in the COCO results format with the
-  dataset's original category ids (see :mod:`detr_peg.engine.evaluation.coco_metrics`).
-
-The table is printed as well. Under ``torchrun`` the images are split over the
-processes and gathered for ``COCOeval``.
+``metrics.json``: ``{"bbox": {"AP": ..., ...}, "unit": "percent", "num_images", "num_detections", "annotations", ...}``.
 """
 
 from __future__ import annotations
@@ -44,15 +33,7 @@ DETECTIONS_JSON = "detections.json"
 
 @dataclass
 class EvalResult:
-    """What an evaluation produced.
-
-    Attributes:
-        metrics: ``{"AP": ..., "AP50": ..., ...}`` (percent; every process).
-        metrics_file: ``metrics.json`` (None outside the main process).
-        detections_file: ``detections.json`` (None outside the main process).
-        num_images: images evaluated.
-        num_detections: detections written.
-    """
+    """What an evaluation produced: ``metrics`` (percent) in every process, the files in the main one (else None)."""
 
     metrics: dict[str, float]
     metrics_file: Path | None
@@ -71,17 +52,9 @@ def evaluate_and_write(
     amp: str,
     extra: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """Evaluate ``loaded`` on ``dataset``, print the table, write the two JSON files.
+    """Evaluate ``loaded`` on ``dataset``, log the table and an ``eval`` record, and write the two JSON files.
 
-    Args:
-        loaded: the bare detector, its post-processor and its config (``eval.batch_size``,
-            ``eval.padding_mode``, ``data.num_workers``).
-        dataset: the validation set (its ``label_map`` maps labels back).
-        env: this process.
-        output_dir: where the files go.
-        log: the main process's log (an ``eval`` record is appended), or None.
-        amp: the resolved autocast of the forward pass.
-        extra: more entries for ``metrics.json`` and the log record.
+    ``extra`` adds entries to ``metrics.json`` and to the record.
     """
     extra = dict(extra or {})
     out = evaluate_dataset(loaded, dataset, env, amp=amp, log=log)
@@ -125,24 +98,7 @@ def evaluate_and_write(
 def load_for_evaluation(
     cfg: Config, model: Checkpoint | LoadedModel, env: DistEnv
 ) -> tuple[LoadedModel, CocoDetection, str]:
-    """The model on ``env.device`` and the validation set of ``cfg``.
-
-    Args:
-        cfg: the config; its ``data`` section names the validation set.
-        model: a checkpoint (the model is built from ``cfg`` and given its
-            weights) or a model already loaded.
-        env: this process.
-
-    Returns:
-        ``(loaded, dataset, amp)``: the model (config with ``model.num_classes``
-        resolved; label map the model's, else the dataset's), the validation
-        set, and the forward pass's autocast resolved for the device (``none``
-        on the CPU unless ``train.amp`` is ``auto``).
-
-    Raises:
-        UserError: an unfitting checkpoint, bad data, a dataset with more
-            classes than the model has.
-    """
+    """``(model on env.device, validation set, resolved autocast)`` of ``cfg``; UserError if they do not fit."""
     if isinstance(model, LoadedModel):
         stored = model.label_map
     else:
@@ -166,23 +122,13 @@ def run_evaluation(
     progress_bars: bool | None = None,
     extra_inputs: Sequence[Input] = (),
 ) -> EvalResult:
-    """Evaluate a detr_peg checkpoint on ``cfg.data.val_images`` / ``val_annotations``.
+    """Evaluate a checkpoint (file, read or loaded model) on ``cfg.data.val_images`` / ``val_annotations``.
 
-    Args:
-        cfg: the config; its ``model`` section must describe the checkpoint's
-            model (the command line starts from the config stored in the
-            checkpoint).
-        checkpoint: a detr_peg checkpoint file (official ones need ``detr-peg
-            convert``), one already read, or a model already loaded
-            (:meth:`detr_peg.Detector.evaluate` passes its own).
-        output_dir: where ``metrics.json`` and ``detections.json`` go.
-        progress_bars: show a progress bar; ``None``: when stderr is a terminal.
-        extra_inputs: more files the caller read (``--config``), which the
-            outputs must not overlap.
+    ``cfg.model`` must describe the checkpoint's model; official checkpoints need ``detr-peg convert``.
+    ``extra_inputs`` are other files the caller read (``--config``), which the outputs must not overlap.
 
     Raises:
-        UserError: a missing or unfitting checkpoint, bad data, an unwritable
-            output folder.
+        UserError: a missing or unfitting checkpoint, bad data, an unwritable output folder.
     """
     with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
         path = _source(checkpoint)

@@ -1,19 +1,5 @@
-"""Multi-resolution evaluation: one checkpoint at several test sizes, of two kinds kept apart.
-
-* **resized** (``scales``): the validation images resized to ``s`` times ``data.val_scale`` and
-  ``data.val_max_size``; the token grid and the objects grow together.
-* **canvas** (``canvas_scales``, synthetic data only): a set drawn by
-  :func:`~detr_peg.data.synthetic.larger_canvas` on a canvas ``s`` times larger, objects at their
-  training size and density, resized by the same factor: only the token grid grows. Generated once
-  into ``<dataset>/canvas_<side>/``.
-
-``scales_resized.json`` / ``scales_canvas.json`` (main process)::
-
-    {"kind": "resized" | "canvas", "base_size": <data.val_scale>,
-     "results": [{"scale": 1.5, "size": 192, "num_images": 100, "metrics": {"AP": ..., ...}}, ...]}
-
-``size`` is the short side asked for; a resized scale of 1.0 is the ordinary evaluation, number for
-number. A ``learned`` encoding refuses a feature map larger than ``model.position.num_embeddings``.
+"""``eval --scales`` (validation images resized by ``s``) and ``--canvas-scales`` (synthetic sets drawn on an ``s``
+times larger canvas: objects keep their size, only the token grid grows); scale 1.0 is the ordinary evaluation.
 """
 
 from __future__ import annotations
@@ -61,11 +47,7 @@ def scaled_data(data: DataConfig, scale: float) -> DataConfig:
 
 
 def synthetic_params(data: DataConfig) -> tuple[Path, dict[str, Any]]:
-    """The folder and generator arguments of the synthetic dataset ``data.val_annotations`` belongs to.
-
-    Raises:
-        ConfigError: the validation set is not a complete synthetic dataset.
-    """
+    """Folder and generator arguments of the synthetic dataset of ``data.val_annotations``; ConfigError if none."""
     root = Path(data.val_annotations or ".").parent
     params = read_manifest(root)
     if params is None:
@@ -78,18 +60,7 @@ def synthetic_params(data: DataConfig) -> tuple[Path, dict[str, Any]]:
 
 
 def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Sequence[float]) -> None:
-    """Refuse test scales that are not positive and finite, given twice, or that size images beyond
-    :data:`MAX_TEST_SIDE` or below :data:`MIN_IMAGE_SIDE`.
-
-    Called before any evaluation and before anything is written, so a bad
-    scale costs nothing. An image far longer than wide is never resized to
-    nothing: its short side stays at least 1 pixel
-    (:func:`~detr_peg.data.transforms.resized_size`).
-
-    Args:
-        data: the data config (``val_scale``, ``val_max_size``).
-        scales: the ``--scales`` factors.
-        canvas_scales: the ``--canvas-scales`` factors.
+    """Refuse scales not positive and finite, repeated, or sizing images beyond ``MAX_TEST_SIDE``/``MIN_IMAGE_SIDE``.
 
     Raises:
         ConfigError: naming the option, the value and the range accepted.
@@ -118,11 +89,7 @@ def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Seque
 
 
 def canvas_side(params: dict[str, Any], scale: float) -> int:
-    """The canvas side (pixels) of ``scale`` for a synthetic dataset of generator ``params``.
-
-    Raises:
-        ConfigError: a canvas below 32 px or too small for the dataset's objects.
-    """
+    """The canvas side (pixels) of ``scale``; ConfigError below 32 px or the dataset's largest object."""
     side = round(params["image_size"] * scale)
     largest = object_sides(params["reference_size"])[1]
     if side < max(32, largest):
@@ -134,13 +101,7 @@ def canvas_side(params: dict[str, Any], scale: float) -> int:
 
 
 def canvas_data(data: DataConfig, scale: float) -> DataConfig:
-    """The data config of the larger-canvas validation set at ``scale`` (generated if missing).
-
-    Scale 1 is the dataset's own validation set.
-
-    Raises:
-        ConfigError: not a synthetic dataset, or a canvas too small for the objects.
-    """
+    """The data config of the larger-canvas set at ``scale``, generated into ``<dataset>/canvas_<side>/`` if missing."""
     root, params = synthetic_params(data)
     if scale == 1:
         return data
@@ -155,11 +116,7 @@ def canvas_data(data: DataConfig, scale: float) -> DataConfig:
 
 
 def evaluate_data(loaded: LoadedModel, data: DataConfig, env: DistEnv, amp: str) -> dict[str, Any]:
-    """COCO metrics of the loaded model on the validation set ``data`` describes, without writing files.
-
-    Returns:
-        ``{"size": short side, "num_images": int, "metrics": {...}}``.
-    """
+    """``{"size": short side, "num_images", "metrics"}`` of ``loaded`` on the validation set of ``data`` (no files)."""
     dataset = build_coco_dataset(data, "val", label_map=loaded.label_map)
     out = evaluate_dataset(loaded, dataset, env, amp=amp)
     return {"size": data.val_scale, "num_images": out.num_images, "metrics": out.metrics}
@@ -175,24 +132,14 @@ def run_scale_evaluation(
     padding: bool = False,
     progress_bars: bool | None = None,
 ) -> dict[str, Path]:
-    """Evaluate ``checkpoint`` at several sizes of both kinds and/or measure padding sensitivity.
+    """Evaluate ``checkpoint`` at ``scales`` and ``canvas_scales``, and measure padding sensitivity with ``padding``.
 
-    Args:
-        cfg: the config (as for :func:`~detr_peg.engine.evaluation.run.run_evaluation`).
-        checkpoint: a detr_peg checkpoint file, one already read, or a model already loaded.
-        output_dir: where the JSON files go.
-        scales: resized multipliers of the configured validation size.
-        canvas_scales: canvas multipliers (synthetic data only).
-        padding: also write ``padding.json``.
-        progress_bars: a bar over the evaluations; ``None``: when stderr is a terminal.
-
-    Returns:
-        The files written, by kind (``resized``, ``canvas``, ``padding``); empty outside the main process.
+    Writes ``scales_resized.json`` / ``scales_canvas.json`` (``{"kind", "base_size", "results": [{"scale", "size",
+    "num_images", "metrics"}]}``) and ``padding.json``; returns them by kind, empty outside the main process.
 
     Raises:
-        UserError: bad scales, a non-synthetic dataset with ``canvas_scales``,
-            a learned encoding asked for a feature map larger than its table,
-            an unwritable output folder.
+        UserError: bad scales, ``canvas_scales`` on non-synthetic data, a feature map larger than a learned
+            encoding's table, an unwritable output folder.
     """
     check_scales(cfg.data, scales, canvas_scales)
     with process_group(cfg.train.device) as env:
