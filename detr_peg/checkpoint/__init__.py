@@ -1,8 +1,5 @@
-"""The detr_peg checkpoint format (:mod:`detr_peg.checkpoint.format`).
-
-Safe reading and atomic writing of files live in :mod:`detr_peg.fileio`
-(re-exported here); rebuilding a model from a checkpoint is
-:func:`detr_peg.load_model` (:mod:`detr_peg.models.loading`), one layer up.
+"""The detr_peg checkpoint format (:mod:`detr_peg.checkpoint.format`), with :mod:`detr_peg.fileio`'s safe reads and
+atomic writes re-exported; rebuilding a model from a checkpoint is :func:`detr_peg.load_model`.
 """
 
 from detr_peg.checkpoint.format import (

@@ -1,22 +1,6 @@
-"""The detr_peg checkpoint format: writing, reading and validating it, and loading weights strictly.
-
-A checkpoint is a ``torch.save`` of a plain dict (loadable with
-``weights_only=True``)::
-
-    {
-        "format": "detr_peg",
-        "format_version": 1,
-        "config": {...},          # the resolved config, plain data
-        "model": {...},           # the model state dict
-        "label_map": {...} | None,  # contiguous label <-> dataset category id
-        # training state, present in checkpoints written by `train`:
-        "optimizer", "lr_scheduler", "epoch", "iteration", "rng", ...
-    }
-
-or a ``.safetensors`` file holding the model tensors, with ``format``,
-``config`` and ``label_map`` (JSON) in its metadata. The model is always
-rebuilt from the stored config, so a checkpoint is self-describing
-(:func:`detr_peg.models.loading.load_model` does that).
+"""The detr_peg checkpoint: a ``weights_only``-loadable ``torch.save`` dict (``format``, ``format_version``, ``config``,
+``model``, ``label_map``, plus training state from ``train``), or a ``.safetensors`` of the model tensors with
+``format``, ``config`` and ``label_map`` (JSON) in its metadata. The model is rebuilt from the stored config.
 """
 
 from __future__ import annotations
@@ -44,15 +28,7 @@ FORMAT_VERSION = 1
 
 @dataclass
 class Checkpoint:
-    """A checkpoint read from disk.
-
-    Attributes:
-        path: where it was read from.
-        config: the resolved config it stores.
-        model: the model state dict.
-        label_map: the dataset label map as plain data, or None.
-        extra: everything else (training state).
-    """
+    """A checkpoint read from disk: ``config``, ``model`` state dict, plain ``label_map``, ``extra`` training state."""
 
     path: str
     config: Config
@@ -78,12 +54,7 @@ def checkpoint_dict(
 def save_checkpoint(
     path: str | os.PathLike, cfg: Config, model_state: dict[str, Tensor], label_map: dict | None = None, **extra: Any
 ) -> None:
-    """Write a checkpoint atomically; ``.safetensors`` paths store the model only.
-
-    Raises:
-        CheckpointError: the file cannot be written (the previous file, if
-            any, is left intact).
-    """
+    """Write a checkpoint atomically (``.safetensors``: model only); ``CheckpointError`` leaves an old file intact."""
     path = Path(path)
     if path.suffix == ".safetensors":
         metadata = {
@@ -103,10 +74,8 @@ def save_checkpoint(
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and validate a detr_peg checkpoint (``.pth`` or ``.safetensors``).
 
-    Raises:
-        CheckpointError: missing, corrupt, unsafe, or not a detr_peg checkpoint
-            (official DETR/Deformable-DETR files are recognised and the
-            message says to run ``detr-peg convert``).
+    Raises ``CheckpointError`` if missing, corrupt, unsafe, of a newer format version, or not a detr_peg checkpoint
+    (an official DETR/Deformable-DETR file is recognised and pointed to ``detr-peg convert``).
     """
     spec = str(path)
     obj = read_checkpoint_file(spec)
@@ -155,12 +124,7 @@ def _config(data: dict, spec: str) -> Config:
 
 
 def load_weights(model: nn.Module, state: dict[str, Tensor], source: str) -> None:
-    """``load_state_dict(strict=True)`` with a one-sentence error on any mismatch.
-
-    Raises:
-        CheckpointError: missing or unexpected keys, or shapes that differ
-            (another architecture or another number of classes).
-    """
+    """``load_state_dict(strict=True)``; a one-sentence ``CheckpointError`` on missing, unexpected or reshaped keys."""
     own = model.state_dict()
     missing = sorted(k for k in own.keys() - state.keys() if not k.endswith("num_batches_tracked"))
     unexpected = sorted(state.keys() - own.keys())

@@ -1,20 +1,6 @@
-"""A detr_peg model as a Hugging Face Hub folder: ``config.json``, ``model.safetensors`` and a model card, no pickle.
-
-:meth:`detr_peg.Detector.save_pretrained` writes, and
-:meth:`detr_peg.Detector.from_pretrained` reads::
-
-    config.json        {"format": "detr_peg", "format_version": 1, "library_name": "detr_peg",
-                        "config": {...the resolved config...}, "label_map": {...} | null}
-    model.safetensors  the weights: a detr_peg ``.safetensors`` checkpoint (tensors only; the
-                       config and label map are in its metadata as well, so the file alone is a
-                       checkpoint for ``detr-peg eval/predict/export --checkpoint``)
-    README.md          the model card (:func:`model_card`): the model, its classes, the
-                       metrics and the training config
-
-The weights file is what is loaded (:func:`read_hub_folder`); ``config.json``
-says the folder is a detr_peg model (the Hub shows it, and a Transformers
-folder's ``config.json`` has a ``model_type`` instead) and must hold the same
-config as the weights' metadata.
+"""A detr_peg model as a Hugging Face Hub folder, no pickle: ``config.json`` (``format``, ``format_version``,
+``library_name``, ``config``, ``label_map``), ``model.safetensors`` (a complete detr_peg checkpoint by itself;
+the one loaded) and ``README.md`` (the model card). ``config.json`` must match the weights' metadata.
 """
 
 from __future__ import annotations
@@ -63,11 +49,7 @@ def is_detr_peg_config(data: Mapping[str, Any]) -> bool:
 
 
 def write_hub_folder(folder: str | os.PathLike, cfg: Config, state: dict[str, Tensor], label_map: dict | None) -> None:
-    """Write ``config.json`` and ``model.safetensors`` into ``folder`` (created if needed), each atomically.
-
-    Raises:
-        CheckpointError: a file cannot be written.
-    """
+    """Write ``config.json`` and ``model.safetensors`` into ``folder`` atomically; ``CheckpointError`` if it cannot."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_checkpoint(folder / WEIGHTS, cfg, state, label_map)
@@ -76,16 +58,9 @@ def write_hub_folder(folder: str | os.PathLike, cfg: Config, state: dict[str, Te
 
 
 def read_hub_folder(weights: Path, config: Mapping[str, Any] | None, spec: str) -> Checkpoint:
-    """The checkpoint of a detr_peg folder: its weights file, checked against its ``config.json``.
+    """The checkpoint of a detr_peg folder: its ``weights`` file, checked against its parsed ``config.json``.
 
-    Args:
-        weights: the folder's ``model.safetensors`` (local or fetched).
-        config: the folder's parsed ``config.json``.
-        spec: the folder or Hub name, for messages.
-
-    Raises:
-        CheckpointError: not a detr_peg folder, an unreadable weights file, or
-            a ``config.json`` whose config differs from the weights' metadata.
+    Raises ``CheckpointError`` for a folder that is not detr_peg's, unreadable weights, or a differing config.
     """
     if config is None or not is_detr_peg_config(config):
         raise CheckpointError(f"{spec} is not a detr_peg model folder (its {CONFIG_JSON} has no 'format': 'detr_peg').")
@@ -99,14 +74,7 @@ def read_hub_folder(weights: Path, config: Mapping[str, Any] | None, spec: str) 
 
 
 def model_card(cfg: Config, label_map: dict | None, metrics: Mapping[str, float] | None, name: str) -> ModelCard:
-    """The model card of a detr_peg folder: what the model is, how to load it, its metrics and training config.
-
-    Args:
-        cfg: the model's resolved config.
-        label_map: its label map (``LabelMap.to_dict()``), or None.
-        metrics: COCO metrics in percent (``{"AP": 41.9, ...}``), or None.
-        name: how ``from_pretrained`` reaches the folder, for the example.
-    """
+    """The model card of a detr_peg folder; ``metrics`` in COCO percent, ``name`` as ``from_pretrained`` takes it."""
     m = cfg.model
     arch = ARCHITECTURES.get(m.arch, m.arch)
     variant = [v for v, on in (("box refinement", "with_box_refine"), ("two-stage", "two_stage")) if getattr(m, on, 0)]

@@ -1,18 +1,7 @@
-"""Load, compose, override, validate and save configs.
+"""Load, compose (``_base_`` parents, then the file, then ``key=value`` overrides), validate and save configs.
 
-Composition: a YAML file may name one or more parent files under ``_base_``
-(paths relative to the file); parents are merged first, then the file itself,
-then ``key=value`` overrides from the command line. Under everything lie the
-dataclass defaults of :mod:`detr_peg.config.schema` and the defaults that the
-resolved ``model.arch`` registered (:mod:`detr_peg.config.options`).
-
-The config is built from the sections of the resolved ``model.arch`` and
-``model.position.name``, and every value is checked against the dataclass
-field it lands in, before anything is built. An unknown key, an option of
-another architecture or encoding, a value of the wrong type, out of its range
-or too large for the memory of the machine, or a malformed override is a
-:class:`~detr_peg.errors.ConfigError` naming the source (file or
-"command line"), the dotted key and the value.
+Every value is checked against its field before anything is built; a problem is a
+:class:`~detr_peg.errors.ConfigError` naming the source (file or "command line"), the dotted key and the value.
 """
 
 from __future__ import annotations
@@ -65,31 +54,21 @@ def load_config(
     sources: Mapping[str, str] | None = None,
     overrides_source: str = "command line",
 ) -> Config:
-    """Build a validated :class:`Config`.
+    """Build a validated :class:`Config` over the defaults of the resolved ``model.arch`` and encoding.
 
     Args:
-        path: YAML config file or the name of a shipped config (``detr_r50_peg``,
-            see :mod:`detr_peg.config.shipped`), or ``None`` for defaults only.
-        overrides: ``"dotted.key=value"`` strings; values are parsed as YAML
-            (``train.lr=2e-4``, ``model.position.peg_layers=[0,1]``).
-        base: a complete stored config (as :func:`config_to_dict` writes it,
-            for example the one in a checkpoint) applied under the file. Its
-            fields that the resolved architecture or encoding does not have
-            are left out, so a file or override may change ``model.arch`` or
-            ``model.position.name`` over it.
+        path: YAML config file or shipped config name (``detr_r50_peg``), or ``None`` for defaults only.
+        overrides: ``"dotted.key=value"`` strings, values parsed as YAML (``model.position.peg_layers=[0,1]``).
+        base: a stored config (:func:`config_to_dict`, as in a checkpoint) applied under the file; its fields the
+            resolved architecture or encoding lacks are left out, so ``model.arch`` may change over it.
         base_source: how ``base`` is named in error messages.
-        sources: where an override was given, by its key, for error messages (``{"train.lr": "s.yaml: grid"}``);
-            the others are ``overrides_source``'s (see :func:`parse_overrides`).
-        overrides_source: how messages name where the overrides came from (``"overrides"`` for a
-            Python caller's argument).
-
-    Returns:
-        The resolved config.
+        sources: per-key override sources for messages (``{"train.lr": "s.yaml: grid"}``).
+        overrides_source: how messages name the other overrides' source.
 
     Raises:
-        ConfigError: missing or unreadable file, invalid YAML, unknown key,
-            option of another architecture or encoding, wrong type, value out
-            of range, bad override syntax or unknown architecture or encoding.
+        ConfigError: missing or unreadable file, invalid YAML, unknown key, option of another architecture or
+            encoding, wrong type, value out of range or too large for this machine's memory, bad override syntax,
+            or unknown architecture or encoding.
     """
     layers: list[Layer] = [] if base is None else [_flatten(base, base_source)]
     if path is not None:
@@ -109,11 +88,7 @@ def dotted_layer(values: Mapping[str, Any], source: str) -> Layer:
 
 
 def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
-    """Validate a stored nested dict (as written by :func:`config_to_dict`) into a Config.
-
-    Fields that the stored architecture or encoding does not have are left out
-    (see ``base`` in :func:`load_config`).
-    """
+    """Validate a stored nested dict (:func:`config_to_dict`); fields its architecture or encoding lacks are dropped."""
     return build_config([_flatten(data, source)], lenient={0})
 
 
@@ -123,31 +98,18 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config as YAML atomically (see :func:`~detr_peg.fileio.atomic_write`).
-
-    Raises:
-        OSError: the folder is not writable or the disk is full (no partial
-            file is left behind).
-    """
+    """Write the resolved config as YAML atomically; ``OSError`` if unwritable or the disk is full (no partial file)."""
     atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def parse_overrides(
     overrides: Iterable[str], source: str = "command line", *, sources: Mapping[str, str] | None = None
 ) -> Layer:
-    """Parse ``key=value`` strings into a layer (values are YAML scalars or lists).
+    """Parse ``key=value`` strings into a layer; messages name ``sources[key]`` or else ``source``.
 
-    Messages name where each came from: ``source``, or ``sources[key]`` for the keys it holds (a study's grid
-    values, given in a study file or with ``--grid``).
-
-    A plain value that YAML reads as a date, number, bool or null is kept
-    with its text (:class:`~detr_peg.fileio.bounded_read.ScalarText`), so a
-    string field gets what the user wrote (``train.output_dir=2001-12-14``).
-
-    Raises:
-        ConfigError: a string instead of a list of them, an item without ``=``, a key with an empty part
-            (``model..arch``, ``.train.lr``, ``train.lr.``), or a value that
-            gives a YAML key twice.
+    A plain value YAML reads as a date, number, bool or null keeps its text (``ScalarText``), so a string field gets
+    what the user wrote. Raises ``ConfigError`` for a string instead of a list, an item without ``=``, a key with an
+    empty part, or a value giving a YAML key twice.
     """
     if isinstance(overrides, str):  # iterating it would give one override per character
         raise ConfigError(
@@ -188,14 +150,10 @@ def parse_overrides(
 
 
 def build_config(layers: list[Layer], *, lenient: Collection[int] = ()) -> Config:
-    """Merge flattened layers over the defaults of the resolved architecture and encoding.
+    """Merge flattened layers (later ones win) over the defaults of the resolved architecture and encoding.
 
-    Args:
-        layers: layers in order, later ones win.
-        lenient: indices of layers that hold a complete or derived config (a
-            stored config, values read from weights) rather than choices: their
-            keys that the resolved architecture or encoding does not have are
-            left out instead of refused.
+    Keys of ``lenient`` layers (stored or derived configs) that the resolved architecture or encoding lacks are
+    left out instead of refused.
     """
     merged: Layer = {}
     for layer in layers:
@@ -267,11 +225,7 @@ def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
 
 
 def check_config_file(path: str | os.PathLike) -> None:
-    """Refuse a config path that is not there (naming the shipped configs) or not a readable file of config size.
-
-    Raises:
-        ConfigError: one sentence naming the path.
-    """
+    """Raise ``ConfigError`` for a config path that is missing (naming shipped configs) or not a readable file."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         raise ConfigError(missing_config_message(path))
@@ -404,24 +358,14 @@ def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> No
 
 
 def memory_need(cfg: Config, key: str) -> float:
-    """Bytes that ``key``'s value alone forces a run of ``cfg`` to allocate, at least.
-
-    The estimate of the key's field (see :mod:`detr_peg.config.ranges`) with
-    every other resource-sized value at most its default, as the loader
-    checks each value; for sizes that come from elsewhere (``model.num_classes``
-    taken from the data).
-    """
+    """Least bytes ``key``'s value forces a run of ``cfg`` to allocate, other values capped at their defaults."""
     metadata = dict(_fields_with_memory(cfg))[key]
     others = at_most_defaults(cfg)
     return field_memory(metadata)(lambda other: _value(cfg, other) if other == key else others(other))
 
 
 def at_most_defaults(cfg: Config) -> Callable[[str], Any]:
-    """``get(key)``: each value of ``cfg`` at most its default (the config as a size from elsewhere is checked with).
-
-    A size that comes from the data is refused because of itself, not
-    because a config value is also large (see :mod:`detr_peg.config.ranges`).
-    """
+    """``get(key)``: each value of ``cfg`` capped at its default, so a size from the data is judged on its own."""
     arch, encoding = cfg.model.arch, cfg.model.position.name
     defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
     baseline = _defaults_config(arch, encoding, defaults)
@@ -490,11 +434,9 @@ def _type_name(hint: Any) -> str:
 
 
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
-    """``value`` as the type ``hint`` of its field, or a :class:`ConfigError` naming the key and value.
+    """``value`` as its field's type ``hint``, or a :class:`ConfigError` naming the key and value.
 
-    A plain YAML scalar read as another type (:class:`ScalarText`) gives a
-    string field (``str``, or a ``Literal`` of strings) the text the user
-    wrote: ``2001-12-14`` is a folder name there, not a date.
+    A :class:`ScalarText` gives a string field the text the user wrote (``2001-12-14`` is a folder, not a date).
     """
     raw = value
     text = value.text if isinstance(value, ScalarText) else None

@@ -1,26 +1,5 @@
-"""What each architecture and each positional encoding adds to the config.
-
-The shared sections of a config are the dataclasses of
-:mod:`detr_peg.config.schema`. Everything that belongs to one detector
-family or one positional encoding is registered here by the module that
-implements it, and the loader validates a config against the registrations
-of the ``model.arch`` and ``model.position.name`` it resolves to:
-
-* an **architecture** registers an :class:`ArchitectureSchema`: subclasses of
-  shared sections that add its own fields (Deformable-DETR adds
-  ``model.with_box_refine`` and ``model.transformer.num_feature_levels``, ...)
-  and the defaults where it differs from the dataclass defaults (the official
-  DETR values);
-* an **encoding** registers a subclass of
-  :class:`~detr_peg.config.schema.PositionConfig` holding its options
-  (``peg``: ``peg_layers``, ``peg_kernel``).
-
-A field of another architecture or encoding than the chosen one is an error
-that names the key and its owner. The config layer never imports the models:
-the registrations are made when the model modules are imported
-(``import detr_peg.models`` registers every built-in one; ``detr_peg.load_config``
-and everything that builds a model import it, and the command line has it
-imported on the first read of a registry, see :func:`detr_peg.registry.fill_on_first_read`).
+"""What each architecture (an :class:`ArchitectureSchema`) and positional encoding (a ``PositionConfig``
+subclass) adds to the config. The model modules register them on import; this layer never imports the models.
 """
 
 from __future__ import annotations
@@ -41,14 +20,9 @@ EXTENSIBLE_SECTIONS = ("model", "model.transformer", "model.backbone", "loss", "
 class ArchitectureSchema:
     """The config fields and defaults of one detector family.
 
-    Attributes:
-        sections: dotted section path (one of :data:`EXTENSIBLE_SECTIONS`) ->
-            a dataclass that subclasses the shared section there and adds the
-            family's own fields (with their defaults and valid ranges).
-        defaults: nested ``{section: {key: value}}`` of the shared fields whose
-            default differs for this family (``{"model": {"num_queries": 300}}``).
-            A default for a field the chosen encoding does not have (the sine
-            ``model.position.offset`` under ``peg``) is left out.
+    ``sections`` maps a dotted section path (in :data:`EXTENSIBLE_SECTIONS`) to a dataclass subclassing the shared
+    section with the family's own fields; ``defaults`` is nested ``{section: {key: value}}`` of shared fields
+    whose default differs (``{"model": {"num_queries": 300}}``).
     """
 
     sections: Mapping[str, type] = field(default_factory=dict)
@@ -94,10 +68,7 @@ def section_of(node: Any, path: str) -> Any:
 
 
 def new_config(arch: str, encoding: str) -> Config:
-    """A config of dataclass defaults whose sections are those of ``arch`` and ``encoding``.
-
-    Both names must be registered (the loader checks them first).
-    """
+    """A config of dataclass defaults with the sections of registered ``arch`` and ``encoding``."""
     cfg = Config()
     sections = dict(ARCHITECTURE_SCHEMAS.get(arch).sections)
     sections["model.position"] = ENCODING_OPTIONS.get(encoding)
@@ -111,11 +82,7 @@ def new_config(arch: str, encoding: str) -> Config:
 
 
 def own_options(cfg: Config) -> dict[str, Any]:
-    """The fields that ``cfg``'s architecture adds to the shared sections, by dotted key.
-
-    For example ``{"model.with_box_refine": False, "model.transformer.num_feature_levels": 4, ...}``
-    for Deformable-DETR.
-    """
+    """The fields ``cfg``'s architecture adds to the shared sections, by dotted key (``model.with_box_refine``)."""
     shared = Config()
     options = {}
     for path in ARCHITECTURE_SCHEMAS.get(cfg.model.arch).sections:
@@ -127,12 +94,7 @@ def own_options(cfg: Config) -> dict[str, Any]:
 
 
 def owners_of(key: str) -> list[str]:
-    """Which registered architectures or encodings have the dotted ``key`` as one of their own fields.
-
-    Returns:
-        Descriptions such as ``"model.arch 'deformable_detr'"``; empty when no
-        registration has the key (it is simply unknown).
-    """
+    """Registered owners of dotted ``key`` (``"model.arch 'deformable_detr'"``); empty if none has it."""
     section, _, name = key.rpartition(".")
     owners = []
     for arch in ARCHITECTURE_SCHEMAS.names():

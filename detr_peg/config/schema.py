@@ -1,18 +1,6 @@
-"""The typed configuration of detr_peg: one dataclass per section.
-
-A config is data. YAML files in ``configs/`` and ``key=value`` overrides are
-validated against these dataclasses by :mod:`detr_peg.config.loader`: unknown
-keys and values of the wrong type are errors that name the file and the key.
-The defaults here are the official DETR ones.
-
-These sections hold what every architecture and encoding shares. Fields of one
-detector family (Deformable-DETR's ``model.transformer.num_feature_levels``)
-or one positional encoding (``model.position.peg_kernel``) are declared by
-that family or encoding in subclasses of these sections and registered in
-:mod:`detr_peg.config.options`, with the family's own defaults.
-
-Every numeric field states its valid range (and, where its value sizes what
-a run allocates, a memory estimate) in its metadata (:mod:`detr_peg.config.ranges`).
+"""The typed configuration shared by every architecture and encoding: one dataclass per section, official
+DETR defaults. Family and encoding fields are subclasses registered in :mod:`detr_peg.config.options`;
+each numeric field's valid range (and memory estimate) is in its metadata (:mod:`detr_peg.config.ranges`).
 """
 
 from __future__ import annotations
@@ -46,30 +34,15 @@ class BackboneConfig:
     """The image backbone.
 
     Attributes:
-        source: backbone family, a name in ``detr_peg.models.backbones.BACKBONES``
-            (``torchvision`` ResNets, ``timm`` models).
-        name: model name within the source (``resnet50``, ``convnext_tiny``...).
-        weights: ``None`` (random init), a local file (``.pth``/``.safetensors``
-            state dict of the backbone body), an ``http(s)://`` URL, or
-            ``"pretrained"`` for the source's own ImageNet weights (needs network).
-        norm: ``frozen_bn`` (statistics and affine fixed, as the official models;
-            meant for pretrained weights), ``bn`` (trainable BatchNorm, for training
-            from scratch) or ``sync_bn`` (``bn`` synchronised across processes).
-        dilation: replace the stride of the last stage by dilation (DC5 models).
-        frozen_stages: the stem and the first ``frozen_stages`` stages get no
-            gradient; 1 is the official setting, 0 trains everything.
-        out_stages: stages whose features the detector uses, 1-based (stage ``s``
-            has stride ``2 ** (s + 1)``); ``None``: the architecture's default
-            (DETR ``[4]``, Deformable-DETR ``[2, 3, 4]``). Stages after the last
-            one listed are not built.
-        train: whether the backbone is trained at all (``lr_backbone > 0``).
-        memory_format: ``contiguous`` (NCHW, as the official models) or
-            ``channels_last`` (NHWC, set in the R50 configs): the backbone's
-            convolutions run about a third faster on the CPU (oneDNN) and suit
-            GPU tensor cores; results equal the NCHW ones up to float rounding,
-            not bit for bit (with the official R18 weights the features differ
-            by up to 5e-5, while outputs, losses and gradients still match the
-            official model at rtol 1e-4, atol 1e-5).
+        source: backbone family in ``detr_peg.models.backbones.BACKBONES`` (``torchvision``, ``timm``).
+        name: model name within the source (``resnet50``, ``convnext_tiny``).
+        weights: ``None`` (random), a ``.pth``/``.safetensors`` state dict, an ``http(s)://`` URL, or ``"pretrained"``.
+        norm: ``frozen_bn`` (fixed, for pretrained weights), ``bn`` (trainable) or ``sync_bn`` (across processes).
+        dilation: dilate instead of striding the last stage (DC5).
+        frozen_stages: the stem and this many first stages get no gradient (0: train all).
+        out_stages: 1-based stages the detector uses (stride ``2 ** (s + 1)``); ``None``: the architecture's.
+        train: whether the backbone is trained at all.
+        memory_format: ``contiguous`` (NCHW) or ``channels_last`` (NHWC; faster, equal up to float rounding).
     """
 
     source: str = "torchvision"
@@ -85,14 +58,9 @@ class BackboneConfig:
 
 @dataclass
 class PositionConfig:
-    """The positional encoding, chosen by name from ``POSITION_ENCODINGS``.
+    """The positional encoding, by name (``sine``, ``learned``, ``none``, ``peg``) from ``POSITION_ENCODINGS``.
 
-    Each encoding's options are fields of its own subclass of this section,
-    defined and registered in the encoding's module
-    (``detr_peg/models/position/<name>.py``).
-
-    Attributes:
-        name: ``sine``, ``learned``, ``none`` or ``peg``.
+    Each encoding's options are fields of its registered subclass (``detr_peg/models/position/<name>.py``).
     """
 
     name: str = "sine"
@@ -100,16 +68,8 @@ class PositionConfig:
 
 @dataclass
 class TransformerConfig:
-    """Transformer sizes shared by every architecture (each may add its own fields).
-
-    Attributes:
-        hidden_dim: token width ``d``.
-        nheads: attention heads.
-        enc_layers: encoder layers.
-        dec_layers: decoder layers.
-        dim_feedforward: hidden width of the feed-forward blocks.
-        dropout: dropout in attention and feed-forward blocks.
-        activation: feed-forward activation (``relu`` or ``gelu``).
+    """Transformer sizes shared by every architecture: width ``hidden_dim``, ``nheads``, ``enc_layers``,
+    ``dec_layers``, feed-forward width ``dim_feedforward``, ``dropout`` and ``activation`` (``relu``/``gelu``).
     """
 
     hidden_dim: int = field(default=256, metadata=valid(1, memory=transformer_width_memory))
@@ -123,23 +83,14 @@ class TransformerConfig:
 
 @dataclass
 class ModelConfig:
-    """The detector (each architecture may add its own fields).
+    """The detector.
 
     Attributes:
         arch: ``detr`` or ``deformable_detr`` (``MODELS`` registry).
-        num_classes: number of class logits without "no object". ``None``: taken
-            from the dataset (the largest category id + 1 for DETR-style
-            official checkpoints, or the number of categories with
-            ``data.contiguous_labels``).
+        num_classes: class logits without "no object"; ``None``: from the dataset's label map.
         num_queries: object queries.
         aux_loss: return and supervise every decoder layer's predictions.
-        mask_rule: how each feature level's padding mask is derived from the
-            image mask (:mod:`detr_peg.models.masking`): ``nearest``, the
-            official rule (nearest interpolation from the padded canvas), or
-            ``stride``, which follows the convolutions' geometry
-            (``ceil(size / stride)`` valid cells) on any canvas. They agree on
-            canvases that are multiples of the coarsest stride, which is how
-            every batch is padded.
+        mask_rule: level padding masks: ``nearest`` (official, interpolated) or ``stride`` (``ceil(size / stride)``).
     """
 
     arch: str = "detr"
@@ -154,16 +105,7 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    """Hungarian matching costs and loss coefficients.
-
-    Attributes:
-        set_cost_class: matcher class cost weight.
-        set_cost_bbox: matcher L1 box cost weight.
-        set_cost_giou: matcher GIoU cost weight.
-        ce_loss_coef: classification loss weight.
-        bbox_loss_coef: L1 box loss weight.
-        giou_loss_coef: GIoU loss weight.
-    """
+    """Matcher costs (``set_cost_*``) and loss weights (``*_loss_coef``) of the class, L1 box and GIoU terms."""
 
     set_cost_class: float = field(default=1.0, metadata=valid(0))
     set_cost_bbox: float = field(default=5.0, metadata=valid(0))
@@ -175,34 +117,25 @@ class LossConfig:
 
 @dataclass
 class DataConfig:
-    """Datasets and augmentation.
+    """Datasets and augmentation (sides in pixels).
 
     Attributes:
         train_images: folder of training images.
-        train_annotations: COCO-format annotation JSON for training.
+        train_annotations: COCO annotation JSON for training.
         val_images: folder of validation images.
-        val_annotations: COCO-format annotation JSON for validation.
-        contiguous_labels: map category ids to ``0..K-1`` (stored in the
-            checkpoint, mapped back in predictions). ``False`` keeps the raw
-            category ids as labels, as the official COCO models do.
-        train_scales: short-side sizes drawn at random for training.
+        val_annotations: COCO annotation JSON for validation.
+        contiguous_labels: map category ids to ``0..K-1``; ``False`` keeps raw ids (official COCO models).
+        train_scales: short sides drawn at random for training.
         train_max_size: longest side after resizing, training.
-        train_size_per: ``image`` draws a short side from ``train_scales``
-            for each training image, so a batch mixes sizes and is padded to
-            its largest image (DETR's recipe); ``batch`` draws one for the
-            whole batch, the same in every process (the batch-level
-            multi-scale of RT-DETR), so the padded batch, and with it the
-            token grid, changes from batch to batch.
-        crop_scales: short sides of the optional resize before the random crop.
+        train_size_per: draw a ``train_scales`` side per ``image`` (DETR) or per ``batch`` (same in every process).
+        crop_scales: short sides of the resize before the random crop.
         crop_size: ``[min, max]`` side of the random crop.
         crop_prob: probability of the resize-and-crop branch.
         hflip_prob: horizontal flip probability.
         val_scale: short side for evaluation.
         val_max_size: longest side for evaluation.
         num_workers: data loader worker processes per training process.
-        on_bad_sample: ``error`` stops at an unreadable image or invalid
-            annotation with a clear message; ``skip`` leaves the sample out,
-            counts it and reports the count.
+        on_bad_sample: ``error`` stops at a bad image or annotation; ``skip`` leaves it out and counts it.
     """
 
     train_images: str | None = None
@@ -235,51 +168,30 @@ class TrainConfig:
     Attributes:
         output_dir: folder for checkpoints, logs, metrics and the resolved config.
         epochs: training epochs.
-        max_iters: stop after this many iterations in total (``None``: run all
-            epochs); used by short runs such as the demo.
-        batch_size: images per process; the total batch is
-            ``batch_size * number of processes``.
-        total_batch_size: the total batch the recipe was tuned for; a run whose
-            total differs is reported at start (``None``: no check).
+        max_iters: stop after this many iterations in total (``None``: all epochs).
+        batch_size: images per process.
+        total_batch_size: the total batch the recipe was tuned for; a differing run is reported (``None``: no check).
         lr: AdamW learning rate of the transformer and heads.
         lr_backbone: learning rate of the backbone.
-        lr_linear_proj_mult: Deformable: factor on ``lr`` for parameters whose
-            name contains one of ``lr_linear_proj_names``.
-        lr_linear_proj_names: see ``lr_linear_proj_mult``.
+        lr_linear_proj_mult: Deformable: ``lr`` factor for parameters named by ``lr_linear_proj_names``.
+        lr_linear_proj_names: name fragments selecting those parameters.
         weight_decay: AdamW weight decay.
         lr_drop: StepLR step (epochs).
         lr_gamma: StepLR factor.
-        warmup_iters: linear learning-rate warm-up over this many first
-            iterations, from 0.001 times every learning rate to its value
-            (0: none; at least 0).
+        warmup_iters: linear warm-up from 0.001 times each learning rate over this many iterations (0: none).
         clip_max_norm: gradient clipping max norm (0 disables).
-        ema_decay: keep an exponential moving average of the weights with this
-            decay (0: off; RT-DETR uses 0.9999), evaluate it and store it as the
-            checkpoint's weights (:mod:`detr_peg.engine.weight_average`).
-        ema_warmup_iters: the average's decay ramps up as
-            ``ema_decay * (1 - exp(-updates / ema_warmup_iters))`` (0: no ramp).
-        amp: mixed precision of the forward pass: ``none``; ``bf16`` (a GPU
-            with bfloat16, or a CPU with AMX or AVX512-BF16); ``fp16`` (GPU,
-            with loss scaling); ``auto``: ``bf16`` where the device computes
-            it natively, else ``none``. The loss runs in float32 either way.
+        ema_decay: decay of an exponential moving average of the weights, evaluated and saved (0: off).
+        ema_warmup_iters: the decay ramps as ``ema_decay * (1 - exp(-updates / ema_warmup_iters))`` (0: no ramp).
+        amp: forward precision: ``none``, ``bf16``, ``fp16`` (GPU) or ``auto`` (native bf16); the loss stays float32.
         compile: wrap the model in ``torch.compile``.
         seed: random seed (offset by the process rank).
-        deterministic: use deterministic algorithms (for exact resume checks).
+        deterministic: use deterministic algorithms.
         resume: continue from the last checkpoint in ``output_dir``.
-        init_from: weights to start from (a detr_peg checkpoint), e.g. for
-            fine-tuning. A checkpoint with another positional encoding (a
-            converted sine DETR for a ``peg`` run) loads every weight but the
-            encoding's own, which start fresh.
-        reset_classifier: with ``init_from``: allow a different number of classes
-            by re-initialising the class head.
+        init_from: a detr_peg checkpoint to start from; another encoding's own weights start fresh.
+        reset_classifier: with ``init_from``: re-initialise the class head (another number of classes).
         eval_every: evaluate every this many epochs (0: only at the end).
-        eval_every_iters: also evaluate every this many iterations, within
-            epochs too (0: off); for learning curves of short runs. Each
-            evaluation appends an ``eval`` record with the iteration to
-            ``metrics.jsonl``.
-        checkpoint_every: also write the checkpoint every this many iterations
-            within an epoch, so ``resume`` continues mid-epoch (0: at the end
-            of each epoch only).
+        eval_every_iters: also evaluate every this many iterations, within epochs (0: off).
+        checkpoint_every: also checkpoint every this many iterations, for mid-epoch resume (0: off).
         log_every: iterations between metric log lines.
         tensorboard: also write TensorBoard events.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
@@ -318,21 +230,13 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation and prediction (each architecture may add its own fields).
+    """Evaluation and prediction.
 
     Attributes:
-        batch_size: images per process during evaluation.
+        batch_size: images per process.
         score_threshold: ``predict``: detections below this score are not drawn.
-        padding_mode: ``mixed`` batches images in dataset order, padded to the
-            largest of each batch; ``exact`` batches only images of equal size,
-            so no image is padded and the outputs equal those of one image at a
-            time (see the documentation, "Evaluation", "Padding").
-        extra_padding: grow every evaluation batch by this fraction of its
-            height and width (zeros on the right and bottom, masked) before
-            the model sees it: a model trained on batches of mixed sizes saw
-            most images on a padded canvas. 0 evaluates the batches as they
-            are. Every evaluation of a run and ``detr-peg eval`` use it (the
-            padding comparison, ``eval --padding``, sets its own).
+        padding_mode: ``mixed`` batches in dataset order; ``exact`` batches only equal sizes (no padding).
+        extra_padding: grow every evaluation batch by this fraction of its height and width (masked zeros).
     """
 
     batch_size: int = field(default=2, metadata=valid(1, memory=eval_batch_memory))

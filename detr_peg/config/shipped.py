@@ -1,16 +1,5 @@
-"""The configs shipped with the package, and the one resolver that finds a config by path or by name.
-
-The repository's top-level ``configs/`` folder is the only copy of the
-configs. The wheel carries it as package data (``detr_peg/configs``, mapped
-at build time in pyproject.toml); a source checkout reads it where it is. So
-``--config detr_r50_peg`` (or ``study/proxy_synthetic``, ``demo.yaml``,
-``configs/demo.yaml``) works from any folder, in an installed package as in a
-checkout.
-
-:func:`resolve_config` is the rule every reader applies (the config loader,
-its ``_base_`` parents, study files and every command's ``--config``): an
-existing file wins; otherwise a shipped config of that name; otherwise the
-path as given, which the reader reports as missing.
+"""The configs shipped with the package (the repository's ``configs/``, package data ``detr_peg/configs`` in the
+wheel), and :func:`resolve_config`, the one rule every reader uses to find a config by path or by name.
 """
 
 from __future__ import annotations
@@ -74,17 +63,8 @@ def shipped_config(name: str | os.PathLike) -> Path | None:
 
 
 def resolve_config(spec: str | os.PathLike, relative_to: str | os.PathLike | None = None) -> Path:
-    """The config file that ``spec`` names: an existing file, else a shipped config of that name.
-
-    Args:
-        spec: a file path, or the name of a shipped config (``detr_r50_peg``,
-            ``study/proxy_synthetic``, ``configs/demo.yaml``).
-        relative_to: the folder a relative ``spec`` is read from (the folder
-            of the file that names it); the working folder when ``None``.
-
-    Returns:
-        The file to read. When neither exists, the path as given: the reader
-        reports it as missing (see :func:`missing_config_message`).
+    """The config file ``spec`` names: an existing file (relative to ``relative_to`` if given), else a shipped
+    config of that name, else the path as given, which the reader reports as missing.
     """
     path = Path(spec) if relative_to is None else Path(relative_to) / spec
     if path.exists() or path.is_symlink():
@@ -110,12 +90,9 @@ def references(data: object) -> list[str]:
 
 
 def portable_text(path: Path) -> str:
-    """The text of the shipped config ``path`` with the files it names written as shipped names.
+    """The text of shipped config ``path`` with the files it names rewritten as shipped names (``base/detr_r50``).
 
-    A shipped config names its parents relative to its own folder
-    (``../base/detr_r50.yaml``); a copy outside the package names them as
-    shipped configs (``base/detr_r50``), which :func:`resolve_config` finds
-    from anywhere. Comments and layout are kept.
+    Relative parent paths would break in a copy outside the package; comments and layout are kept.
     """
     root = shipped_configs_dir()
     text = path.read_text(encoding="utf-8")
@@ -129,11 +106,7 @@ def portable_text(path: Path) -> str:
 
 
 def require_shipped(name: str) -> Path:
-    """The shipped config called ``name``.
-
-    Raises:
-        ConfigError: no shipped config has that name (the message lists them).
-    """
+    """The shipped config called ``name``; ``ConfigError`` listing the shipped configs if none is."""
     path = shipped_config(name)
     if path is None:
         names = shipped_names()

@@ -1,12 +1,6 @@
-"""Datasets, augmentation and batching.
+"""Datasets, augmentation and batching (boxes normalised cxcywh of the unpadded image; masks True on padding).
 
-``CocoDetection`` reads COCO-format data and returns ``(image, target)`` with
-``image`` ``Tensor[3, H, W]`` (ImageNet-normalised) and ``target["boxes"]``
-normalized ``(cx, cy, w, h)`` relative to the unpadded image;
-``collate_detection`` pads a batch and returns a mask that is True on padding.
-
-Names are imported lazily, so ``import detr_peg.data.image_paths`` (which
-files a command's inputs name) does not load torch.
+Names load lazily, so ``detr_peg.data.image_paths`` does not import torch.
 """
 
 from __future__ import annotations

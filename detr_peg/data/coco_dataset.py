@@ -1,10 +1,6 @@
-"""A detection dataset over a COCO-format annotation file and an image folder.
+"""A detection dataset over a COCO annotation file and an image folder; the file is validated at construction.
 
-The annotation file is validated when the dataset is built (see
-:mod:`detr_peg.data.coco_file`); images are decoded when a sample is read (see
-:mod:`detr_peg.data.image_input`). Ground truth for COCO evaluation is the
-pycocotools index ``dataset.coco``, crowd regions included; training targets
-leave crowd regions out.
+``dataset.coco`` (evaluation ground truth) keeps crowd regions; training targets leave them out.
 """
 
 from __future__ import annotations
@@ -36,59 +32,14 @@ Transforms = Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]]
 
 
 class CocoDetection(Dataset):
-    """COCO-format detection data: ``dataset[i] -> (image, target)``.
+    """COCO-format detection data: ``dataset[i] -> (image, target)`` for image ``ids[i]`` (ids ascending).
 
-    With the transforms of :mod:`detr_peg.data.transforms`:
-
-    * ``image``: ``Tensor[3, H, W]`` float32, RGB normalised with the ImageNet
-      mean and std;
-    * ``target["boxes"]``: ``Tensor[N, 4]`` float32, **normalized (cx, cy, w, h)
-      relative to the unpadded transformed image** (values in ``[0, 1]``);
-    * ``target["labels"]``: ``Tensor[N]`` int64 model labels (see
-      :class:`~detr_peg.data.label_map.LabelMap`);
-    * ``target["image_id"]``: ``int``, the COCO image id;
-    * ``target["orig_size"]``: ``Tensor[2]`` int64 ``(h, w)`` of the stored image;
-    * ``target["size"]``: ``Tensor[2]`` int64 ``(h, w)`` of ``image``.
-
-    Without transforms, ``image`` is a ``tv_tensors.Image`` uint8 ``[3, H, W]``
-    and ``target["boxes"]`` a ``tv_tensors.BoundingBoxes`` in absolute pixel
-    ``XYXY``; this is also what transforms receive.
-
-    Boxes: crowd annotations (``iscrowd=1``) are left out; COCO ``[x, y, w, h]``
-    becomes ``[x0, y0, x1, y1]`` clamped to the image, and boxes with
-    ``x1 <= x0`` or ``y1 <= y0`` after clamping (entirely outside the image)
-    are dropped; ``num_boxes_outside`` counts them where the annotation file
-    gives the image size. An image without annotations gives ``N = 0``.
-
-    Bad samples: an image that cannot be decoded, or whose size differs from
-    the ``width``/``height`` in the annotation file, raises :class:`DataError`
-    with ``on_bad_sample="error"``. With ``"skip"`` it is replaced by the next
-    readable index (wrapping around), a warning is logged once per file, and
-    ``num_skipped`` counts it. Each data-loader worker process keeps its own
-    count; the main process only sees its own. Invalid annotations are handled
-    when the dataset is built (``num_invalid_skipped``).
-
-    Args:
-        images_dir: folder that the images' ``file_name`` values are relative to.
-        annotation_file: COCO-format JSON.
-        transforms: callable ``(image, target) -> (image, target)``, for example
-            :func:`~detr_peg.data.transforms.build_train_transforms`; ``None``
-            returns the decoded sample.
-        contiguous_labels: label mapping when ``label_map`` is ``None``:
-            ``True`` maps the sorted category ids to ``0..K-1``, ``False`` uses
-            the category ids as labels.
-        label_map: a given mapping, e.g. the training set's or a checkpoint's;
-            every category used by the file's annotations must be in it.
-        on_bad_sample: ``"error"`` or ``"skip"``.
-
-    Attributes:
-        coco: the pycocotools ``COCO`` ground truth (crowd regions included).
-        ids: COCO image ids, ascending; ``dataset[i]`` is image ``ids[i]``.
-        label_map: the :class:`LabelMap` used for ``labels``.
-        num_skipped: unreadable images skipped so far in this process.
-        num_invalid_skipped: annotation-file problems skipped at construction.
-        num_boxes_outside: non-crowd boxes entirely outside their image (by the
-            ``width``/``height`` in the annotation file), left out of targets.
+    With :mod:`detr_peg.data.transforms`: ``image`` float32 ``[3, H, W]`` ImageNet-normalised; ``boxes`` float32
+    ``[N, 4]`` normalised cxcywh of the unpadded image; ``labels`` int64 ``[N]``; ``image_id``; ``orig_size``/``size``
+    int64 ``(h, w)`` of the stored/returned image. Untransformed: uint8 ``Image``, pixel XYXY ``BoundingBoxes``.
+    Crowd boxes are left out, others clamped, empty ones dropped; a given ``label_map`` must hold every used category.
+    A bad image (undecodable, or sized unlike the file says) raises ``DataError``; with ``on_bad_sample="skip"``
+    the next readable index is returned and ``num_skipped`` (per process) counts it.
     """
 
     def __init__(
@@ -139,13 +90,7 @@ class CocoDetection(Dataset):
         return self.images_dir / self.coco.imgs[self.ids[index]]["file_name"]
 
     def load_target(self, image_id: int, height: int, width: int) -> dict[str, Any]:
-        """The untransformed target of an image whose stored size is ``(height, width)``.
-
-        Returns:
-            ``boxes`` (``BoundingBoxes`` float32 ``[N, 4]``, absolute ``XYXY``),
-            ``labels`` (int64 ``[N]``), ``image_id`` and ``orig_size`` (int64
-            ``[2]``, ``(h, w)``).
-        """
+        """Untransformed target: ``boxes`` (pixel XYXY ``BoundingBoxes``), ``labels``, ``image_id``, ``orig_size``."""
         anns = [a for a in self.coco.imgToAnns.get(image_id, []) if not a.get("iscrowd", 0)]
         boxes = torch.tensor([a["bbox"] for a in anns], dtype=torch.float64).reshape(-1, 4)
         boxes[:, 2:] += boxes[:, :2]
@@ -182,12 +127,7 @@ class CocoDetection(Dataset):
         return image, target
 
     def __getitem__(self, index: int) -> tuple[Tensor, dict[str, Any]]:
-        """Sample ``index`` as ``(image, target)``; see the class docstring.
-
-        Raises:
-            DataError: the image cannot be used (``on_bad_sample="error"``), or
-                ``MAX_CONSECUTIVE_SKIPS`` images in a row cannot (``"skip"``).
-        """
+        """Sample ``index``; ``DataError`` if unusable (``error``) or ``MAX_CONSECUTIVE_SKIPS`` in a row are (``skip``)."""
         if self.on_bad_sample == "error":
             return self._load(index)
         n = len(self)
@@ -226,19 +166,9 @@ def count_boxes_outside(data: dict[str, Any]) -> int:
 def build_coco_dataset(
     cfg: DataConfig, split: Literal["train", "val"], *, label_map: LabelMap | None = None
 ) -> CocoDetection:
-    """The ``train`` or ``val`` dataset of a config, with the split's transforms.
+    """The ``train`` or ``val`` dataset of ``cfg`` with that split's transforms (and ``label_map`` if given).
 
-    Args:
-        cfg: the data section; uses ``{split}_images``, ``{split}_annotations``,
-            ``contiguous_labels``, ``on_bad_sample`` and the transform settings.
-        split: ``"train"`` (training augmentation) or ``"val"`` (evaluation
-            resize).
-        label_map: reuse a mapping (the training set's, a checkpoint's) instead
-            of deriving one from the file.
-
-    Raises:
-        ConfigError: ``split`` is unknown or its paths are not set.
-        DataError: see :class:`CocoDetection`.
+    Raises ``ConfigError`` for an unknown split or unset paths, ``DataError`` as :class:`CocoDetection`.
     """
     if split not in ("train", "val"):
         raise ConfigError(f"Unknown dataset split {split!r}; valid splits are 'train' and 'val'.")

@@ -1,26 +1,6 @@
-"""Read and validate a COCO-format annotation file before anything uses it.
-
-A bad annotation file otherwise fails far from its cause (a ``KeyError`` deep in
-pycocotools, a NaN loss after hours of training, a box silently lost). The
-checks here are plain Python over the parsed JSON (a few seconds for the
-860k annotations of COCO train2017, well under the time to parse that file),
-and every problem becomes a :class:`DataError` whose message names the file,
-the field and the value.
-
-Problems come in two kinds:
-
-* **structural** (always an error): the file is missing or not JSON, the top
-  level is not a COCO object, ``images``/``annotations``/``categories`` are
-  missing or not lists, an entry has no integer ``id``, ids are duplicated, a
-  category has no name, or there are no images or no categories;
-* **per sample** (an error, or with ``on_bad_sample="skip"`` the affected image
-  is left out of the dataset and of its pycocotools ground truth): an
-  annotation with a bad ``bbox``, ``area``, ``iscrowd`` or ``category_id``, and an image
-  whose ``file_name`` is absolute or leaves the image folder. An annotation
-  whose ``image_id`` names no image is dropped by itself.
-
-The pycocotools index is then built from the already parsed dict, so the JSON
-is read once.
+"""Read and validate a COCO annotation file up front, so a bad file fails with a :class:`DataError` naming the
+file, field and value rather than deep in pycocotools or as a NaN loss. Structural problems always raise;
+per-sample ones (bad ``bbox``/``area``/``iscrowd``/``category_id``, unsafe ``file_name``) may be skipped.
 """
 
 from __future__ import annotations
@@ -47,14 +27,8 @@ OnBadSample = Literal["error", "skip"]
 
 @dataclass(frozen=True)
 class SampleProblem:
-    """One invalid image or annotation.
-
-    Attributes:
-        message: one sentence naming the file, the entry and the bad value.
-        image_id: the image to leave out in ``skip`` mode, or ``None`` when only
-            the annotation ``annotation_index`` is dropped.
-        annotation_index: position in the file's ``annotations`` list, if the
-            problem is an annotation.
+    """One invalid image or annotation: its message, the image to leave out (``None``: drop only the annotation
+    at ``annotation_index``).
     """
 
     message: str
@@ -64,15 +38,8 @@ class SampleProblem:
 
 @dataclass
 class CocoFile:
-    """A validated annotation file.
-
-    Attributes:
-        path: the file.
-        data: the parsed JSON with the left-out images and annotations removed.
-        coco: the pycocotools index over ``data`` (ground truth for evaluation;
-            crowd annotations included).
-        problems: the per-sample problems found (empty in ``error`` mode, which
-            raises on the first one).
+    """A validated annotation file: ``data`` without the left-out samples, ``coco`` its pycocotools index (crowd
+    included), ``problems`` those skipped (empty in ``error`` mode).
     """
 
     path: Path
@@ -100,11 +67,9 @@ def read_json_file(path: Path) -> Any:
 
 
 def file_name_problem(file_name: Any) -> str | None:
-    """A clause saying why an image ``file_name`` is unusable, or ``None`` if it is fine.
+    """Why an image ``file_name`` is unusable (empty, NUL, absolute, or ``..`` leaving the folder), or ``None``.
 
-    A file name must be a non-empty relative path that stays inside the image
-    folder: absolute paths (POSIX or Windows) and ``..`` components that climb
-    above the folder are refused. Backslashes count as separators here.
+    Backslashes count as separators.
     """
     if not isinstance(file_name, str) or not file_name.strip():
         return "which is not a non-empty string"
@@ -271,11 +236,9 @@ def _without_problems(data: dict, problems: list[SampleProblem]) -> dict:
 
 
 def _normalise_for_pycocotools(data: dict, path: Path) -> None:
-    """Fill what pycocotools' evaluation needs and cannot mistake, by the COCO rules, in place.
+    """Fill a missing ``area`` (box w x h) and ``iscrowd`` (0) in place, and renumber annotation ids 1..N if any is 0.
 
-    ``area`` (when absent: the box's width x height), ``iscrowd`` (when absent: 0), and annotation ids:
-    ``COCOeval`` stores the id of a matched ground-truth box and reads 0 as "unmatched", so a file whose ids
-    start at 0 would score its first object as missed; such ids are renumbered 1..N (they name nothing else).
+    ``COCOeval`` reads a matched ground-truth id of 0 as "unmatched", so a 0 id would score its object as missed.
     """
     annotations = data["annotations"]
     no_area = [ann for ann in annotations if "area" not in ann]
@@ -305,20 +268,10 @@ def build_coco_index(data: dict) -> COCO:
 
 
 def read_coco_file(path: str | Path, *, on_bad_sample: OnBadSample = "error") -> CocoFile:
-    """Read, validate and index a COCO-format annotation file.
+    """Read, validate and index a COCO annotation file.
 
-    Args:
-        path: the annotation JSON.
-        on_bad_sample: ``"error"`` raises on the first per-sample problem;
-            ``"skip"`` logs one warning per problem and leaves the affected
-            images (with all their annotations) out.
-
-    Returns:
-        A :class:`CocoFile`.
-
-    Raises:
-        DataError: a structural problem, a per-sample problem in ``error`` mode,
-            or no image left after skipping.
+    ``skip`` logs each per-sample problem and leaves the affected images out. Raises ``DataError`` for a structural
+    problem, a per-sample problem in ``error`` mode, or no image left after skipping.
     """
     if on_bad_sample not in ("error", "skip"):
         raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {on_bad_sample!r}")

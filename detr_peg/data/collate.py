@@ -13,21 +13,10 @@ from detr_peg.data.padding import pad_images
 def collate_detection(
     batch: Sequence[tuple[Tensor, dict[str, Any]]], size_divisibility: int = 0
 ) -> tuple[Tensor, Tensor, list[dict[str, Any]]]:
-    """Pad the images of a batch to a common size and keep the targets as a list.
+    """Pad a batch of ``(image [3, H_i, W_i], target)`` pairs (:func:`pad_images`); targets stay a list.
 
-    Use as ``DataLoader(dataset, collate_fn=collate_detection)``; for a
-    ``size_divisibility`` bind it with ``functools.partial``.
-
-    Args:
-        batch: ``(image, target)`` pairs; ``image`` is ``Tensor[3, H_i, W_i]``.
-        size_divisibility: if > 0, round the padded size up to a multiple of it.
-
-    Returns:
-        ``(images, mask, targets)``: ``images`` is ``Tensor[B, 3, H, W]`` with
-        each image in the top-left corner and zeros in the padding; ``mask`` is
-        ``Tensor[B, H, W]`` bool, **True = padding**; ``targets`` is the list of
-        target dicts, unchanged (their normalized boxes stay relative to the
-        unpadded image, whose size is ``target["size"]``).
+    Returns ``(images [B, 3, H, W], mask bool [B, H, W] True on padding, targets)``; images sit top-left on zeros
+    and the targets' normalised boxes stay relative to the unpadded image (``target["size"]``).
     """
     if len(batch) == 0:
         raise ValueError("collate_detection needs at least one sample")

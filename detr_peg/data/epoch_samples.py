@@ -1,13 +1,6 @@
 """Training samples whose augmentation is a pure function of ``(seed, epoch, index)``: the data half of exact resume.
 
-:class:`EpochSampleDataset` receives ``(epoch, index)`` keys (``(epoch, index, short_side)`` with one
-training size per batch) from the sampler
-(:class:`~detr_peg.engine.loader.EpochBatchSampler`) and seeds torch's and
-Python's generators from them before the sample is read, inside
-``fork_rng`` so the caller's generators are untouched. The result does not
-depend on the number of data-loader workers, on which worker reads a sample,
-or on where a run was resumed. (The model half, dropout's generators, is
-saved in every checkpoint: :mod:`detr_peg.engine.checkpointing`.)
+Independent of worker count, worker assignment and resume point; the caller's generators are untouched.
 """
 
 from __future__ import annotations
@@ -24,29 +17,17 @@ from detr_peg.data.transforms import resize_sample
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A 63-bit seed for sample ``index`` of ``epoch``, well mixed by ``numpy.random.SeedSequence``."""
+    """A 63-bit seed for sample ``index`` of ``epoch``, mixed by ``numpy.random.SeedSequence``."""
     state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(epoch), int(index)]).generate_state(2, np.uint32)
     return (int(state[0]) << 31) ^ int(state[1])
 
 
 class EpochSampleDataset(Dataset):
-    """A dataset read with ``(epoch, index)`` or ``(epoch, index, short_side)`` keys, each sample seeded from them.
+    """A dataset read with ``(epoch, index[, short_side])`` keys, torch and Python RNGs seeded from them.
 
-    Also reports, per sample, which images of a ``CocoDetection`` in
-    ``on_bad_sample="skip"`` mode were left out to produce it: the sample of a
-    bad index is the next readable index, so the indices between the
-    requested one and the one returned are exactly the unreadable images.
-    They are returned in ``target["skipped_image_ids"]`` (a list of COCO image
-    ids, usually empty) so the main process can count them even when workers
-    read the data.
-
-    Args:
-        dataset: a map-style dataset returning ``(image, target)``.
-        seed: the run's seed (``train.seed``).
-        max_size: the long-side cap of a key's short side (``data.train_max_size``).
-
-    A key ``(epoch, index, short_side)`` (``data.train_size_per=batch``) also
-    resizes the sample to that short side (:func:`~detr_peg.data.transforms.resize_sample`).
+    A ``short_side`` resizes the sample (:func:`~detr_peg.data.transforms.resize_sample`, long side at most
+    ``max_size``). ``target["skipped_image_ids"]`` lists the COCO image ids a ``CocoDetection`` in ``skip`` mode
+    passed over to reach this sample, so the main process can count them when workers read the data.
     """
 
     def __init__(self, dataset: Dataset, seed: int, max_size: int | None = None) -> None:

@@ -1,13 +1,5 @@
-"""Images as users hand them over (file paths, PIL images, NumPy arrays, tensors) to 8-bit RGB.
+"""User images (paths, PIL images, NumPy arrays, tensors) to 8-bit RGB; a bad input is a ``DataError`` naming it.
 
-:func:`as_rgb_tensor` turns one input into the ``uint8 Tensor[3, H, W]`` that the evaluation
-transform resizes and normalises; :func:`load_rgb_image` decodes a file fully (truncated loading
-off), so a missing, truncated, corrupt or oversized file is a :class:`~detr_peg.errors.DataError`
-naming it. :func:`to_rgb` is the one conversion of pixel modes, for files and in-memory images
-alike: a mode is converted only where its values say what colour they are (``RGB`` kept; ``1``,
-``L``, ``P``, ``RGBX``, ``CMYK``, ``YCbCr``, ``HSV`` converted; alpha dropped; 16-bit grey and
-``I`` within ``0..65535`` scaled to ``0..255``); ``F``, ``LAB``, other ``I`` values and every
-other mode are refused, as guessing a range would decode something other than the image holds.
 EXIF orientation is not applied: COCO boxes refer to the stored pixel grid.
 """
 
@@ -43,18 +35,10 @@ _MODE_NAMES = {"F": "32-bit floating-point grey", "LAB": "CIE L*a*b* colour", "I
 
 
 def to_rgb(img: Image.Image, what: str) -> Image.Image:
-    """Convert a fully loaded Pillow image to ``RGB`` uint8, or refuse a mode without a defined meaning.
+    """A fully loaded Pillow image as ``RGB`` uint8 (``img`` itself if already RGB); alpha is dropped.
 
-    Args:
-        img: the loaded image, of any mode.
-        what: how a message names it (``"Image file photo.tif"``, ``"image 3"``).
-
-    Returns:
-        An ``RGB`` image (``img`` itself when it is one already).
-
-    Raises:
-        DataError: the mode is not one of :data:`ACCEPTED_MODES`, or ``I``
-            values lie outside ``0..65535``; one sentence naming ``what`` and the mode.
+    16-bit grey and ``I`` within ``0..65535`` are scaled to ``0..255``. Modes without a defined colour (``F``,
+    ``LAB``, ``I`` outside that range, any not in :data:`ACCEPTED_MODES`) raise ``DataError`` rather than be guessed.
     """
     mode = img.mode
     if mode == "RGB":
@@ -85,21 +69,10 @@ def to_rgb(img: Image.Image, what: str) -> Image.Image:
 
 
 def load_rgb_image(path: str | Path) -> Image.Image:
-    """Read and fully decode an image file as 8-bit RGB.
+    """Fully decode an image file (truncated loading off) as a loaded ``RGB`` PIL image, ``size`` ``(W, H)``.
 
-    Args:
-        path: the image file.
-
-    Returns:
-        A loaded ``PIL.Image.Image`` in mode ``RGB``; ``size`` is ``(W, H)`` of
-        the stored pixel grid.
-
-    Raises:
-        DataError: the file is missing or unreadable, is not an image Pillow can
-            decode, is truncated or corrupt, has a pixel mode :func:`to_rgb`
-            refuses, or has more pixels than
-            ``PIL.Image.MAX_IMAGE_PIXELS`` (a possible decompression bomb; raise
-            that limit in your own code if you trust the file).
+    Raises ``DataError`` if missing, unreadable, undecodable, truncated, corrupt, of a mode :func:`to_rgb` refuses,
+    or larger than ``PIL.Image.MAX_IMAGE_PIXELS``.
     """
     path = Path(path)
     check_regular_file(path, "Image file", "image", DataError)
@@ -147,19 +120,10 @@ ACCEPTED = (
 
 
 def as_rgb_tensor(image: ImageInput, name: str = "image") -> Tensor:
-    """One image as an RGB ``Tensor[3, H, W]`` uint8 on the CPU.
+    """One image as an RGB uint8 ``Tensor[3, H, W]`` on the CPU; ``DataError`` naming ``name`` if unusable.
 
-    Args:
-        image: a path (decoded by :func:`~detr_peg.data.image_input.load_rgb_image`),
-            a PIL image (converted to RGB by :func:`~detr_peg.data.image_input.to_rgb`,
-            which refuses modes without a defined conversion), a NumPy ``uint8`` array
-            ``(H, W, 3)`` RGB or ``(H, W)`` grey, or a tensor ``(3, H, W)``:
-            ``uint8``, or floating point with values in ``[0, 1]``.
-        name: how messages refer to the input (``image 3``).
-
-    Raises:
-        DataError: an unreadable file or an input of another kind, shape,
-            dtype or value range, naming ``name`` and what is accepted.
+    Accepts a path (:func:`load_rgb_image`), a PIL image (:func:`to_rgb`), a NumPy uint8 ``(H, W, 3)`` or ``(H, W)``
+    array, or a ``(3, H, W)`` tensor, uint8 or float in ``[0, 1]``.
     """
     if isinstance(image, (str, os.PathLike)):
         image = load_rgb_image(image)

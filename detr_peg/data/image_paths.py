@@ -1,8 +1,4 @@
-"""Which image files a list of files and folders names (``detr-peg predict photos/ extra.jpg``).
-
-Torch-free, so the command line refuses an input that is not there before
-it imports torch and the models.
-"""
+"""Which image files a list of files and folders names; torch-free, so a missing input fails before torch loads."""
 
 from __future__ import annotations
 
@@ -18,12 +14,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".g
 
 
 def collect_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Image files from files and folders (folders: every image file inside, recursively, sorted).
+    """Files as given (any ending) and every image file under each folder, recursively, sorted.
 
-    A file is taken as given, whatever its ending (its decoder says whether it is an image).
-
-    Raises:
-        DataError: an input does not exist or is not a regular file or folder, or a folder holds no image file.
+    Raises ``DataError`` for an input that is missing or not a regular file or folder, or a folder without images.
     """
     found: list[Path] = []
     for item in inputs:

@@ -1,18 +1,5 @@
-"""The mapping between a dataset's category ids and the model's class labels.
-
-COCO category ids are arbitrary integers (the 80 COCO classes use ids 1..90
-with gaps). A detector predicts a label in ``0..num_classes-1``. Two mappings
-are supported:
-
-* **contiguous** (default): the category ids sorted ascending become labels
-  ``0..K-1``, so ``num_classes == K``.
-* **raw**: the label is the category id itself and ``num_classes`` is the
-  largest id + 1, as in the official DETR COCO models (91 classes, some never
-  used).
-
-The map is stored in checkpoints through :meth:`LabelMap.to_dict` (plain
-Python types only) so that predictions can be mapped back to the category ids
-of the dataset a model was trained on.
+"""Dataset category ids <-> model labels: contiguous (sorted ids become ``0..K-1``) or raw (label is the id,
+``num_classes`` the largest id + 1, as the official COCO DETR models). Stored in checkpoints via ``to_dict``.
 """
 
 from __future__ import annotations
@@ -28,21 +15,10 @@ from detr_peg.messages import shortened
 
 
 class LabelMap:
-    """Category ids and names of a dataset, and their model labels.
+    """Category ids (distinct, non-negative; kept sorted) and names of a dataset, and their model labels.
 
-    Args:
-        category_ids: the dataset's category ids (distinct, non-negative), in any
-            order.
-        names: the category names, aligned with ``category_ids``.
-        contiguous: ``True``: label ``i`` is the ``i``-th smallest category id;
-            ``False``: the label is the category id itself.
-
-    Attributes:
-        contiguous: the mapping kind.
-        category_ids: ``list[int]``, the category ids sorted ascending.
-        names: ``list[str]``, the names aligned with ``category_ids``.
-        num_classes: number of model labels (``K`` when contiguous, the
-            largest category id + 1 otherwise).
+    ``contiguous``: label ``i`` is the ``i``-th smallest id; otherwise the label is the id. ``num_classes`` is
+    ``K`` when contiguous, the largest id + 1 otherwise.
     """
 
     def __init__(self, *, category_ids: Sequence[int], names: Sequence[str], contiguous: bool = True):
@@ -64,12 +40,7 @@ class LabelMap:
 
     @classmethod
     def from_coco_categories(cls, categories: Sequence[Mapping[str, Any]], *, contiguous: bool = True) -> LabelMap:
-        """Build the map from the ``categories`` list of a COCO annotation file.
-
-        Args:
-            categories: dicts with at least ``id`` (int) and ``name`` (str).
-            contiguous: see the class docstring.
-        """
+        """The map of a COCO ``categories`` list (dicts with ``id`` and ``name``)."""
         return cls(
             category_ids=[c["id"] for c in categories],
             names=[c["name"] for c in categories],
@@ -97,12 +68,7 @@ class LabelMap:
         return int(category_id) in self._label_of_id
 
     def category_id_of(self, label: int) -> int:
-        """The category id of a model label.
-
-        Raises:
-            KeyError: the label is outside ``0..num_classes-1`` or, for a raw
-                map, is not the id of a category.
-        """
+        """A label's category id; ``KeyError`` outside ``0..num_classes-1`` or for a raw label that is no category."""
         label = int(label)
         if self.contiguous:
             if not 0 <= label < len(self.category_ids):
@@ -118,19 +84,10 @@ class LabelMap:
         return self.names[self.category_ids.index(category_id)]
 
     def labels_to_category_ids(self, labels: Tensor | Sequence[int]) -> Tensor:
-        """Map model labels back to category ids, for COCO result files.
+        """Model labels (any integer dtype, or ints) as ``int64[N]`` category ids on the labels' device.
 
-        Args:
-            labels: ``Tensor[N]`` (any integer dtype) or a sequence of ints, each in
-                ``0..num_classes-1``.
-
-        Returns:
-            ``Tensor[N]`` int64 on the device of ``labels``. With a raw map this
-            is the labels themselves (labels that are not a category id are kept:
-            COCO evaluation ignores them).
-
-        Raises:
-            ValueError: a label is outside ``0..num_classes-1``.
+        A raw map returns the labels themselves, non-category ones included (COCO evaluation ignores them).
+        Raises ``ValueError`` for a label outside ``0..num_classes-1``.
         """
         labels = torch.as_tensor(labels, dtype=torch.int64)
         if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
@@ -152,12 +109,7 @@ class LabelMap:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LabelMap:
-        """Inverse of :meth:`to_dict`.
-
-        Raises:
-            DataError: ``data`` lacks a key or holds values of the wrong kind
-                (for example a checkpoint written by another program).
-        """
+        """Inverse of :meth:`to_dict`; ``DataError`` if ``data`` lacks a key or holds values of the wrong kind."""
         text = shortened(repr(data), 200)
         try:
             return cls(

@@ -11,16 +11,9 @@ from torch import Tensor
 
 
 def pad_images(images: Sequence[Tensor], size_divisibility: int = 0) -> tuple[Tensor, Tensor]:
-    """Pad images to a common size, each in the top-left corner.
+    """Pad ``[C, H_i, W_i]`` images (same C, dtype, device) top-left onto zeros, rounded up to ``size_divisibility``.
 
-    Args:
-        images: ``Tensor[C, H_i, W_i]`` each, same ``C``, dtype and device.
-        size_divisibility: if > 0, round the padded height and width up to a
-            multiple of it.
-
-    Returns:
-        ``(batch, mask)``: ``batch`` is ``Tensor[B, C, H, W]`` with zeros in the
-        padding; ``mask`` is ``Tensor[B, H, W]`` bool, **True = padding**.
+    Returns ``(batch [B, C, H, W], mask bool [B, H, W])``, mask True on padding.
     """
     if len(images) == 0:
         raise ValueError("pad_images needs at least one image")
@@ -52,17 +45,9 @@ def further_padding(
 
 
 def pad_further(images: Tensor, mask: Tensor, fraction: float, size_divisibility: int = 1) -> tuple[Tensor, Tensor]:
-    """Grow a padded batch by ``fraction`` of its size on the right and bottom (zeros, mask True).
+    """Grow a padded batch on the right and bottom (zeros, mask True) to ``ceil(H * (1 + fraction))``, likewise W.
 
-    Args:
-        images: ``Tensor[B, C, H, W]``.
-        mask: ``Tensor[B, H, W]`` bool, True = padding.
-        fraction: the growth, relative to ``H`` and ``W``.
-        size_divisibility: the grown size is rounded up to a multiple of it.
-
-    Returns:
-        ``Tensor[B, C, H', W']`` and ``Tensor[B, H', W']`` with ``H'`` the
-        multiple of ``size_divisibility`` at or above ``ceil(H * (1 + fraction))``.
+    The grown sides are rounded up to a multiple of ``size_divisibility``; ``mask`` is bool, True on padding.
     """
     h, w = mask.shape[-2:]
     step = max(size_divisibility, 1)

@@ -1,34 +1,7 @@
-"""A synthetic COCO-format detection dataset of coloured shapes, for demos and tests.
+"""A deterministic synthetic COCO dataset of coloured shapes (``train/``, ``val/``, annotations, ``manifest.json``).
 
-Every image shows 1 to a few filled shapes (circle, square, triangle, cross)
-on a muted textured background (smooth noise, a gradient or stripes). Shapes
-are axis-aligned, fully inside the image, and never touch each other (a gap of
-at least two pixels), so every box is tight and every object fully visible.
-Shape colours are saturated and backgrounds are not, so the shapes stand out;
-with ``color_by_class=True`` each class also gets its own hue, which makes the
-task easier still.
-
-The output is deterministic: image ``i`` of a split depends only on ``seed``,
-the split and ``i``, so the same arguments give byte-identical images and
-annotation files. A ``manifest.json`` records the arguments; calling the
-generator again with the same arguments on a complete folder does nothing.
-
-The canvas (``image_size``) and the object sizes are separate: object sides
-and the scale of the background patterns follow ``reference_size`` (by
-default the image size), in pixels. A larger-canvas set for evaluation keeps
-``reference_size`` at the training image size, so its objects have the
-training size distribution and only the image (the token grid) grows; see
-:func:`larger_canvas`, which also scales the object count with the area so
-the density stays the same.
-
-Layout of ``out_dir``::
-
-    train/000000.png ...        val/000000.png ...
-    annotations_train.json      annotations_val.json
-    manifest.json
-
-Boxes follow COCO: ``[x, y, width, height]`` in pixels, where pixel ``(i, j)``
-covers ``[i, i + 1) x [j, j + 1)``; ``area`` is the shape's pixel count.
+Boxes are COCO ``[x, y, w, h]`` in pixels; ``area`` is the shape's pixel count. Object sides follow
+``reference_size``, not the canvas, so a larger canvas keeps the training size distribution.
 """
 
 from __future__ import annotations
@@ -59,15 +32,7 @@ _GAP = 2  # minimum free pixels between two shapes' boxes
 
 @dataclass(frozen=True)
 class SyntheticCoco:
-    """Where a generated dataset lives.
-
-    Attributes:
-        root: the output folder.
-        train_images: folder of training images.
-        train_annotations: COCO JSON of the training split.
-        val_images: folder of validation images.
-        val_annotations: COCO JSON of the validation split.
-    """
+    """Paths of a generated dataset: its root, image folders and COCO annotation files."""
 
     root: Path
     train_images: Path
@@ -86,12 +51,7 @@ class SyntheticCoco:
 
 
 def _background(rng: np.random.Generator, size: int, pattern_scale: float = 1.0) -> np.ndarray:
-    """A muted textured background, ``uint8[size, size, 3]``, channels within about 70 of each other.
-
-    ``pattern_scale`` (``size / reference_size``) keeps the stripes' period and
-    the gradient's slope in pixels when the canvas grows; the noise cells are
-    16 pixels at any size.
-    """
+    """A muted textured background, ``uint8[size, size, 3]``; ``pattern_scale`` is ``size / reference_size``."""
     grey = rng.uniform(90, 165)
     base = grey + rng.uniform(-15, 15, size=3)
     kind = rng.integers(3)
@@ -159,18 +119,10 @@ def render_image(
     color_by_class: bool,
     reference_size: int | None = None,
 ) -> tuple[Image.Image, list[dict[str, Any]]]:
-    """Draw one image.
+    """Draw one ``RGB`` ``size x size`` image, shapes sized for ``reference_size`` (default ``size``).
 
-    Args:
-        size: the canvas side in pixels.
-        reference_size: the image size whose object sides
-            (:func:`object_sides`) and background pattern scale are used
-            (default ``size``).
-
-    Returns:
-        ``(image, objects)``: an ``RGB`` image of ``size x size`` and one dict per
-        shape with ``category_index`` (into ``SHAPES``), ``bbox`` (COCO
-        ``[x, y, w, h]``, ints) and ``area`` (pixel count).
+    Returns ``(image, objects)``: per shape ``category_index`` (into ``SHAPES``), ``bbox`` (COCO
+    ``[x, y, w, h]``, int pixels) and ``area`` (pixel count). Shapes never touch (2-pixel gap).
     """
     reference = size if reference_size is None else reference_size
     image = Image.fromarray(_background(rng, size, size / reference))
@@ -291,32 +243,12 @@ def generate_synthetic_coco(
     reference_size: int | None = None,
     progress: bool = True,
 ) -> SyntheticCoco:
-    """Write a synthetic shapes dataset in COCO format (or reuse a matching one).
+    """Write a synthetic shapes dataset in COCO format, or reuse a complete one with the same arguments.
 
-    Args:
-        out_dir: output folder; created if needed. A folder that already holds
-            ``train/`` or ``val/`` without a ``manifest.json`` of this generator
-            is refused rather than overwritten.
-        num_train: training images (0: a validation-only set, no ``train/``).
-        num_val: validation images.
-        image_size: side of the square images (the canvas) in pixels, at least 32.
-        reference_size: the image size the objects are drawn for (default
-            ``image_size``): shapes have sides from ``reference_size // 8`` (at
-            least 8) to ``reference_size // 2`` pixels, at most ``image_size``.
-        min_objects: fewest shapes drawn per image (at least 1).
-        max_objects: most shapes per image; fewer are drawn when no free place
-            is found.
-        seed: random seed; together with the other arguments it fixes every byte.
-        color_by_class: give each class its own hue (an easier task).
-        image_format: ``png`` (lossless) or ``jpg`` (smaller, slightly blurred edges).
-        progress: show a progress bar.
-
-    Returns:
-        The paths of the images and annotation files.
-
-    Raises:
-        ValueError: an argument is out of range.
-        DataError: ``out_dir`` holds files this generator did not write.
+    The arguments fix every byte; ``num_train=0`` writes a validation-only set. ``image_size`` (at least 32) is the
+    square canvas side; shape sides run from ``reference_size // 8`` (at least 8) to ``reference_size // 2``
+    (default ``image_size``); fewer than ``max_objects`` are drawn when no free place is found. Raises
+    ``ValueError`` for an argument out of range, ``DataError`` if ``out_dir`` holds files it did not write.
     """
     reference_size = image_size if reference_size is None else int(reference_size)
     _check_arguments(num_train, num_val, image_size, reference_size, min_objects, max_objects, image_format)
@@ -352,11 +284,7 @@ def generate_synthetic_coco(
 
 
 def _write_dataset(result: SyntheticCoco, params: dict, *, ours: bool, progress: bool) -> None:
-    """Write both splits and the manifest (incomplete until the last image is written).
-
-    Raises:
-        DataError: an image folder holds files this generator did not write.
-    """
+    """Write both splits and the manifest (incomplete until the end); ``DataError`` if a folder holds foreign files."""
     for folder in (result.train_images, result.val_images):
         if folder.exists() and any(folder.iterdir()):
             if not ours:
@@ -376,11 +304,7 @@ def _write_dataset(result: SyntheticCoco, params: dict, *, ours: bool, progress:
 
 
 def _with_defaults(params: Any) -> Any:
-    """Manifest parameters with the defaults of arguments added after version 1's first release filled in.
-
-    A manifest written before ``reference_size`` existed describes the same
-    files as one with ``reference_size == image_size``.
-    """
+    """Manifest parameters with a missing ``reference_size`` filled in as ``image_size`` (same files)."""
     if not isinstance(params, dict) or "image_size" not in params:
         return params
     return {**params, "reference_size": params.get("reference_size", params["image_size"])}
@@ -404,20 +328,10 @@ def read_manifest(root: str | Path) -> dict[str, Any] | None:
 def larger_canvas(
     params: dict[str, Any], scale: float, out_dir: str | Path, *, progress: bool = False
 ) -> SyntheticCoco:
-    """A validation set like the one ``params`` describes, on a canvas ``scale`` times larger.
+    """A validation-only set like ``params`` (:func:`read_manifest`) on a canvas ``scale`` (> 0) times larger.
 
-    The objects keep the original set's size distribution in pixels
-    (``reference_size`` stays), the background patterns keep their scale, and
-    the number of objects per image is scaled with the canvas area (rounded,
-    at least 1) so the object density stays the same. Image ``i`` is drawn
-    from the same random stream as image ``i`` of the original validation set
-    (a different picture, since the canvas differs). Only a validation split
-    is written.
-
-    Args:
-        params: the original set's generator arguments (:func:`read_manifest`).
-        scale: canvas side over the original image size (> 0).
-        out_dir: where the set goes (reused when complete and equal).
+    Object sizes and pattern scale stay in pixels; the object count scales with the area, so the density
+    stays the same. A complete equal set in ``out_dir`` is reused.
     """
     if not scale > 0:
         raise ValueError(f"the canvas scale must be positive, got {scale}")

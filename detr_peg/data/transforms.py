@@ -1,27 +1,7 @@
-"""Box-aware augmentation for detection, built on ``torchvision.transforms.v2``.
+"""Box-aware detection augmentation on ``torchvision.transforms.v2``: ``image, target = t(image, target)``.
 
-Every transform here is called as ``image, target = transform(image, target)``
-where, on input:
-
-* ``image`` is a ``tv_tensors.Image`` ``uint8[3, H, W]`` (RGB);
-* ``target["boxes"]`` is a ``tv_tensors.BoundingBoxes`` ``float32[N, 4]`` in
-  absolute pixel ``XYXY`` with ``canvas_size == (H, W)``;
-* ``target["labels"]`` is ``int64[N]``; other per-box tensors (``area``,
-  ``iscrowd``) are filtered along with the boxes; all other keys pass through.
-
-The pipelines built by :func:`build_train_transforms` and
-:func:`build_eval_transforms` end with plain tensors: the image
-``float32[3, H', W']`` normalised with the ImageNet mean and std, and
-``target["boxes"]`` ``float32[N', 4]`` as **normalized (cx, cy, w, h) relative
-to the unpadded transformed image**, the format DETR predicts.
-
-Short-side resizing follows torchvision's ``Resize(size, max_size)`` rule: the
-short side becomes ``size`` unless the long side would exceed ``max_size``, in
-which case the long side becomes exactly ``max_size``; unlike torchvision,
-no side becomes less than 1 pixel (:func:`resized_size`), so an image whose
-long side is more than ``max_size`` times its short side (a 1 x 150 px
-strip with ``max_size`` 96) is resized to 1 x 96 px, not refused with an
-error from the kernel.
+Input: RGB ``uint8[3, H, W]``, pixel XYXY ``BoundingBoxes`` and per-box ``labels``/``area``/``iscrowd``. The built
+pipelines output ImageNet-normalised ``float32[3, H', W']`` and ``boxes`` normalised cxcywh of the unpadded image.
 """
 
 from __future__ import annotations
@@ -48,17 +28,10 @@ PER_BOX_KEYS = ("labels", "area", "iscrowd")
 
 
 class RandomSizeCrop(v2.Transform):
-    """Crop a random region of random size (DETR's ``RandomSizeCrop``).
+    """Crop a random region whose sides are drawn uniformly from ``[min_size, min(side, max_size)]`` (DETR's).
 
-    The crop height and width are drawn independently and uniformly from
-    ``[min_size, min(side, max_size)]`` (integers, both ends included), then the
-    crop position uniformly among those that fit. If a side is shorter than
-    ``min_size`` that side is kept whole. Boxes are shifted and clamped to the
-    crop; boxes left empty must be removed afterwards (``SanitizeBoundingBoxes``).
-
-    Args:
-        min_size: smallest crop side in pixels.
-        max_size: largest crop side in pixels.
+    A side shorter than ``min_size`` is kept whole. Boxes are shifted and clamped, not dropped: follow with
+    :func:`sanitize_boxes`.
     """
 
     def __init__(self, min_size: int, max_size: int):
@@ -86,11 +59,9 @@ class RandomSizeCrop(v2.Transform):
 
 
 class BoxesToNormalizedCxcywh(v2.Transform):
-    """Turn ``BoundingBoxes`` into plain normalized ``(cx, cy, w, h)`` tensors.
+    """``BoundingBoxes[N, 4]`` (any format, canvas ``(H, W)``) to plain ``float32[N, 4]`` cxcywh over ``(W, H, W, H)``.
 
-    ``BoundingBoxes[N, 4]`` of any axis-aligned format with ``canvas_size ==
-    (H, W)`` become a plain ``float32[N, 4]`` tensor of ``(cx / W, cy / H,
-    w / W, h / H)``. Must come after every geometric transform.
+    Must come after every geometric transform.
     """
 
     _transformed_types = (tv_tensors.BoundingBoxes,)
@@ -117,22 +88,10 @@ def sanitize_boxes() -> v2.SanitizeBoundingBoxes:
 
 
 def resized_size(height: int, width: int, short: int, max_size: int | None) -> tuple[int, int]:
-    """``(H', W')`` of the short-side resize of an ``height x width`` image, each side at least 1 pixel.
+    """``(H', W')`` of torchvision's ``Resize([short], max_size)`` rule, sides truncated, each at least 1 pixel.
 
-    torchvision's ``Resize([short], max_size)`` rule, sides truncated to whole
-    pixels: the short side becomes ``short`` and the long side keeps the
-    aspect ratio, unless that passes ``max_size``, which then becomes the long
-    side (the short side scaled with it). A ``short`` of at least ``max_size``
-    resizes the long side to ``max_size`` (torchvision's ``Resize(None,
-    max_size)``). A side that the rule would truncate to 0 becomes 1
-    (torchvision's kernel refuses 0): an image whose long side is more than
-    ``max_size`` times its short side.
-
-    Args:
-        height: image height in pixels.
-        width: image width in pixels.
-        short: the short side asked for, in pixels.
-        max_size: cap on the long side, or ``None``.
+    ``short >= max_size`` resizes the long side to ``max_size``. The 1-pixel floor keeps extreme aspect ratios
+    (long side over ``max_size`` times the short one) from reaching torchvision's kernel, which refuses 0.
     """
     small, large = sorted((height, width))
     if max_size is not None and short >= max_size:
@@ -146,14 +105,7 @@ def resized_size(height: int, width: int, short: int, max_size: int | None) -> t
 
 
 class ShortSideResize(v2.Transform):
-    """Resize so the short side is ``short``, the long side at most ``max_size`` (:func:`resized_size`).
-
-    Images with antialiasing, boxes with them. Draws no random number.
-
-    Args:
-        short: the short side in pixels.
-        max_size: cap on the long side (``None``: no cap).
-    """
+    """Resize (antialiased, boxes too) to :func:`resized_size` of ``short``, ``max_size``; draws no random number."""
 
     def __init__(self, short: int, max_size: int | None = None):
         super().__init__()
@@ -170,17 +122,9 @@ class ShortSideResize(v2.Transform):
 
 
 def short_side_resize(scales: Sequence[int], max_size: int | None = None) -> v2.Transform:
-    """Resize so the short side is a random choice of ``scales``, the long side at most ``max_size``.
+    """Resize to a short side drawn uniformly from ``scales``, long side at most ``max_size`` (:func:`resized_size`).
 
-    Args:
-        scales: candidate short-side lengths in pixels, drawn uniformly
-            (``v2.RandomChoice``) among :class:`ShortSideResize` steps.
-        max_size: cap on the long side (``None``: no cap). A scale ``>=
-            max_size`` resizes the long side to ``max_size``.
-
-    ``v2.RandomShortestSize`` is not used because it sizes both sides as
-    ``int(side * ratio)``, which can fall one pixel short of the requested short
-    side (a 103 px side asked to become 128 becomes 127).
+    Not ``v2.RandomShortestSize``: it can land one pixel short of the requested short side.
     """
     choices = [ShortSideResize(int(s), max_size) for s in scales]
     return choices[0] if len(choices) == 1 else v2.RandomChoice(choices)
@@ -211,24 +155,11 @@ def _check_probability(name: str, value: Any) -> float:
 
 
 def build_train_transforms(cfg: DataConfig) -> v2.Compose:
-    """The DETR training augmentation.
+    """The DETR training augmentation: flip, then resize or (``crop_prob``) resize-crop-sanitize-resize.
 
-    Steps: horizontal flip with probability ``cfg.hflip_prob``; then either
-    (probability ``1 - cfg.crop_prob``) a short-side resize to a random choice
-    of ``cfg.train_scales`` capped at ``cfg.train_max_size``, or (probability
-    ``cfg.crop_prob``) a short-side resize to a random choice of
-    ``cfg.crop_scales``, a :class:`RandomSizeCrop` with sides in
-    ``cfg.crop_size``, removal of boxes left with less than one pixel of width,
-    height or area, and the same random resize as the other branch; finally
-    conversion to the model input (see the module docstring). With
-    ``cfg.train_size_per == "batch"`` the resize to ``train_scales`` is left
-    out (both branches): the sampler draws one size per batch and
-    :func:`resize_sample` applies it.
-
-    Raises:
-        ConfigError: a size list is empty or outside its range in the schema
-            (sizes of at least 2 px, ``crop_size`` of at least 1), ``crop_size`` is not
-            ``[min, max]`` with ``min <= max``, or a probability is outside [0, 1].
+    With ``cfg.train_size_per == "batch"`` the ``train_scales`` resize is left out: the sampler draws one size per
+    batch and :func:`resize_sample` applies it. Raises ``ConfigError`` for a size list empty or out of its schema
+    range, a ``crop_size`` other than ``[min, max]``, or a probability outside [0, 1].
     """
     train_scales = _check_sizes("train_scales", cfg.train_scales)
     train_max = _check_sizes("train_max_size", cfg.train_max_size)[0]
@@ -255,35 +186,16 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
 
 
 def resize_sample(image: Tensor, target: dict[str, Any], short: int, max_size: int | None) -> tuple[Tensor, dict]:
-    """Resize a model-ready sample (the end of the training pipeline) to short side ``short``, long side at most ``max_size``.
+    """Resize a model-ready ``float32[3, H, W]`` sample to :func:`resized_size`; returns a new target.
 
-    The size rule is :func:`resized_size`. Boxes are normalized
-    ``(cx, cy, w, h)`` relative to the image, so they do not change;
-    ``target["size"]`` becomes the new ``(h, w)``.
-
-    Args:
-        image: ``float32[3, H, W]``, normalised.
-        target: its target (``boxes`` normalized cxcywh, ``size``).
-        short: the short side in pixels.
-        max_size: cap on the long side, or None.
-
-    Returns:
-        ``(image, target)``: ``float32[3, H', W']`` and a new target dict.
+    Boxes are normalised cxcywh and stay as they are; ``target["size"]`` becomes the new ``(h, w)``.
     """
     resized = F.resize(image, list(resized_size(*image.shape[-2:], int(short), max_size)), antialias=True)
     return resized, {**target, "size": torch.tensor(list(resized.shape[-2:]), dtype=torch.int64)}
 
 
 def build_eval_transforms(cfg: DataConfig) -> v2.Compose:
-    """The evaluation transform: short side ``cfg.val_scale``, long side at most ``cfg.val_max_size``.
-
-    No box is dropped, so the targets keep every non-crowd, non-degenerate
-    annotation. Ends with conversion to the model input (see the module
-    docstring).
-
-    Raises:
-        ConfigError: ``val_scale`` or ``val_max_size`` is not a whole number of at least 2 px.
-    """
+    """Resize to short side ``val_scale``, long side at most ``val_max_size``; ``ConfigError`` if out of range."""
     scale = _check_sizes("val_scale", cfg.val_scale)[0]
     max_size = _check_sizes("val_max_size", cfg.val_max_size)[0]
     return v2.Compose([short_side_resize([scale], max_size)] + _to_model_input())
