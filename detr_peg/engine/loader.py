@@ -78,15 +78,12 @@ def batches_per_epoch(num_samples: int, batch_size: int, world_size: int) -> int
     return per_process // batch_size
 
 
-def check_train_size(num_samples: int, cfg: Config, world_size: int) -> int:
+def check_train_size(num_samples: int, batch_size: int, world_size: int) -> int:
     """Iterations per epoch; ConfigError when the images cannot fill one batch in every process."""
-    batch = cfg.train.batch_size
-    if batch < 1:
-        raise ConfigError(f"train.batch_size must be at least 1, got {batch}.")
-    iters = batches_per_epoch(num_samples, batch, world_size)
+    iters = batches_per_epoch(num_samples, batch_size, world_size)
     if iters == 0:
         raise ConfigError(
-            f"The training set has {num_samples} images, fewer than train.batch_size {batch} x "
+            f"The training set has {num_samples} images, fewer than train.batch_size {batch_size} x "
             f"{world_size} processes; lower train.batch_size."
         )
     return iters

@@ -83,7 +83,7 @@ def run_training(
     """
     with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
         check_training_ranges(cfg, env.device)
-        owned = on_main(env, lambda: guard_outputs("train", *train_io(cfg)))
+        owned = on_main(env, lambda: guard_outputs("train", *_train_io(cfg)))
         if owned is not None:
             claims.enter_context(owned)  # settled when the run ends, well or not
         trainer = Trainer(**build_training(cfg, env, progress_bars), hooks=default_hooks() if hooks is None else hooks)
@@ -92,6 +92,14 @@ def run_training(
         finally:
             if trainer.log is not None:
                 trainer.log.close()
+
+
+def _train_io(cfg: Config) -> tuple:
+    t = cfg.train
+    return train_io(
+        cfg.data, t.output_dir, init_from=t.init_from, backbone_weights=cfg.model.backbone.weights,
+        tensorboard=t.tensorboard, resume=t.resume,
+    )  # fmt: skip
 
 
 def _result(trainer: Trainer, losses: dict[str, float]) -> TrainResult:
@@ -140,7 +148,7 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
     val_set = None
     if cfg.data.val_images and cfg.data.val_annotations:
         val_set = build_coco_dataset(cfg.data, "val", label_map=label_map)
-    per_epoch = check_train_size(len(train_set), cfg, env.world_size)
+    per_epoch = check_train_size(len(train_set), t.batch_size, env.world_size)
     model = _build_model(cfg, env, label_map, resumed=resume_ckpt is not None)
     optimizer = build_optimizer(model, t)
     lr_scheduler = build_lr_scheduler(optimizer, t)

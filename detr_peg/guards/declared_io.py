@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from detr_peg.config.schema import Config
+from detr_peg.config.schema import Config, DataConfig
 from detr_peg.guards.output_guard import OWNERSHIP_FILE, Input, Output
 
 RUN_NAMES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json")
@@ -40,31 +40,37 @@ def _inputs(pairs: Iterable[tuple[str | os.PathLike | None, str]]) -> list[Input
     return [Input(Path(path), option) for path, option in pairs if path and _local(str(path))]
 
 
-def data_inputs(cfg: Config, splits: Sequence[str] = ("train", "val")) -> list[Input]:
-    """The image folders and annotation files of ``cfg.data`` for ``splits``."""
+def data_inputs(data: DataConfig, splits: Sequence[str] = ("train", "val")) -> list[Input]:
+    """The image folders and annotation files of ``data`` for ``splits``."""
     pairs = []
     for split in splits:
         pairs += [
-            (getattr(cfg.data, f"{split}_images"), f"data.{split}_images"),
-            (getattr(cfg.data, f"{split}_annotations"), f"data.{split}_annotations"),
+            (getattr(data, f"{split}_images"), f"data.{split}_images"),
+            (getattr(data, f"{split}_annotations"), f"data.{split}_annotations"),
         ]
     return _inputs(pairs)
 
 
-def train_io(cfg: Config) -> IO:
+def train_io(
+    data: DataConfig,
+    output_dir: str,
+    *,
+    init_from: str | None,
+    backbone_weights: str | None,
+    tensorboard: bool,
+    resume: bool,
+) -> IO:
     """A training run: the data, ``train.init_from`` and backbone weights in; the run folder out."""
-    inputs = data_inputs(cfg) + _inputs(
-        [(cfg.train.init_from, "train.init_from"), (cfg.model.backbone.weights, "model.backbone.weights")]
-    )
-    names = RUN_NAMES + (("tensorboard",) if cfg.train.tensorboard else ())
-    return inputs, [Output(Path(cfg.train.output_dir), "train.output_dir", names, adopt=cfg.train.resume)]
+    inputs = data_inputs(data) + _inputs([(init_from, "train.init_from"), (backbone_weights, "model.backbone.weights")])
+    names = RUN_NAMES + (("tensorboard",) if tensorboard else ())
+    return inputs, [Output(Path(output_dir), "train.output_dir", names, adopt=resume)]
 
 
 def eval_io(
     cfg: Config, checkpoint: str | os.PathLike, output_dir: str | os.PathLike, extra_inputs: Sequence[Input] = ()
 ) -> IO:
     """An evaluation: the checkpoint and the validation data in; the two JSON files out."""
-    inputs = [*data_inputs(cfg, ("val",)), *_inputs([(checkpoint, "--checkpoint")]), *extra_inputs]
+    inputs = [*data_inputs(cfg.data, ("val",)), *_inputs([(checkpoint, "--checkpoint")]), *extra_inputs]
     return inputs, [Output(Path(output_dir), "--output", EVAL_NAMES)]
 
 
