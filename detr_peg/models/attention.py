@@ -10,25 +10,12 @@ from detr_peg.models.dropout import cpu_mask_applies, dropout
 
 
 class MultiheadAttention(nn.Module):
-    """Batch-first multi-head attention with the parameters of ``nn.MultiheadAttention``.
+    """Batch-first multi-head attention with the parameters and state-dict keys of ``nn.MultiheadAttention``.
 
-    The parameters and state-dict keys are those of ``nn.MultiheadAttention``
-    (``in_proj_weight`` ``[3d, d]`` with q, k, v stacked, ``in_proj_bias``,
-    ``out_proj.weight``, ``out_proj.bias``), so official DETR weights load
-    unchanged. The attention itself runs in
-    ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels where
-    available), and inputs that are the same tensor share one projection
-    matmul (``q is k``, or ``q is k is v`` when no positional encoding is added).
-    Where the dropout draws the cheaper CPU mask
-    (:func:`~detr_peg.models.dropout.cpu_mask_applies`: eager CPU training),
-    ``scaled_dot_product_attention`` would fall back to its unfused path and
-    draw a Bernoulli sample per attention weight; there the same steps are
-    written out (scaled scores, masked softmax, that dropout, weighted sum).
-
-    Args:
-        embed_dim: model width ``d``.
-        num_heads: heads; ``d`` must be divisible by it.
-        dropout: dropout on the attention weights (training only).
+    Official DETR weights load unchanged (``in_proj_weight`` ``[3d, d]`` q, k, v stacked). Runs in
+    ``scaled_dot_product_attention``, except in eager CPU training with dropout, where the steps are
+    written out so the weights get the cheaper CPU dropout mask. Raises ValueError if ``num_heads``
+    does not divide ``embed_dim``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
@@ -64,17 +51,7 @@ class MultiheadAttention(nn.Module):
         )
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """Attend from ``query`` to ``key``/``value``.
-
-        Args:
-            query: ``Tensor[B, Lq, d]``.
-            key: ``Tensor[B, Lk, d]``.
-            value: ``Tensor[B, Lk, d]``.
-            key_padding_mask: ``Tensor[B, Lk]`` bool, True = padding (ignored key).
-
-        Returns:
-            ``Tensor[B, Lq, d]``.
-        """
+        """``[B, Lq, d]`` queries to ``[B, Lk, d]`` keys/values -> ``[B, Lq, d]``; ``key_padding_mask`` True = skip."""
         b, lq, d = query.shape
         lk = key.shape[1]
         h = self.num_heads
@@ -92,23 +69,10 @@ class MultiheadAttention(nn.Module):
 
 
 def attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Tensor | None, p: float) -> Tensor:
-    """``softmax(q k^T / sqrt(head_dim))``, masked, with dropout on the weights, times ``v``.
+    """``scaled_dot_product_attention`` with ``dropout_p=p`` written out, with our :func:`dropout`.
 
-    What ``scaled_dot_product_attention`` computes with ``dropout_p=p``, with
-    the dropout mask of :func:`~detr_peg.models.dropout.dropout`. The softmax
-    runs in float32 at least (as the fused kernels do under autocast), and a
-    query whose keys are all padding gets zero weights, as in
-    ``scaled_dot_product_attention``.
-
-    Args:
-        q: ``Tensor[B, h, Lq, head_dim]``.
-        k: ``Tensor[B, h, Lk, head_dim]``.
-        v: ``Tensor[B, h, Lk, head_dim]``.
-        key_padding_mask: ``Tensor[B, Lk]`` bool, True = padding (ignored key), or None.
-        p: dropout probability on the attention weights.
-
-    Returns:
-        ``Tensor[B, h, Lq, head_dim]``.
+    ``q``/``k``/``v`` ``[B, h, L, head_dim]``; ``key_padding_mask`` ``[B, Lk]`` bool, True = padding. The
+    softmax runs in at least float32 and a query with only padded keys gets zero weights, as in SDPA.
     """
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-2, -1))  # [B, h, Lq, Lk]
     softmax = torch.softmax

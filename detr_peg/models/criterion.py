@@ -14,15 +14,10 @@ from detr_peg.models.matcher import HungarianMatcher, Indices
 
 
 def average_num_boxes(targets: list[dict], device: torch.device) -> Tensor:
-    """Targets per process, averaged over all processes, at least 1.
+    """Target boxes per process, averaged over all processes and at least 1, as a 0-dim float32 tensor.
 
-    Every process sums its own target boxes; under ``torch.distributed`` the
-    sums are all-reduced and divided by the world size, so each process
-    normalises its losses by the same number and the DDP gradient average
-    equals the gradient of the loss over the global batch.
-
-    Returns:
-        0-dim float32 tensor on ``device``.
+    Every process then normalises by the same number, so the DDP gradient average equals the gradient
+    of the loss over the global batch.
     """
     num = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
     if dist.is_available() and dist.is_initialized():
@@ -40,23 +35,11 @@ def _src_permutation_idx(indices: Indices) -> tuple[Tensor, Tensor]:
 class SetCriterion(nn.Module):
     """Hungarian-matched classification, L1 and GIoU losses, with auxiliary terms.
 
-    Loss terms (unweighted, as the official ``SetCriterion`` returns them):
-    ``loss_ce``, ``loss_bbox``, ``loss_giou`` and, for logging only,
-    ``class_error`` (final layer) and ``cardinality_error``. Terms of decoder
-    layer ``i`` of ``aux_outputs`` get the suffix ``_i``; terms of two-stage
-    encoder proposals (``enc_outputs``, matched class-agnostically) ``_enc``.
-    :meth:`weighted_total` combines them with ``weight_dict``.
-
-    Args:
-        num_classes: object classes (without "no object").
-        matcher: the Hungarian matcher.
-        weight_dict: loss name -> weight; names absent are not part of the total.
-        class_loss: ``ce`` (softmax cross-entropy with a "no object" class
-            weighted by ``eos_coef``; DETR) or ``focal`` (sigmoid focal loss;
-            Deformable-DETR).
-        eos_coef: weight of the "no object" class in ``ce``.
-        focal_alpha: focal loss alpha.
-        focal_gamma: focal loss gamma.
+    Returns unweighted terms as the official ``SetCriterion``: ``loss_ce``, ``loss_bbox``, ``loss_giou``,
+    and for logging ``class_error`` and ``cardinality_error``; aux layer ``i`` terms get suffix ``_i``,
+    two-stage proposals (matched class-agnostically) ``_enc``. ``class_loss`` is ``ce`` (softmax with a
+    "no object" class weighted by ``eos_coef``; DETR) or ``focal`` (Deformable-DETR); anything else
+    raises ConfigError.
     """
 
     def __init__(
@@ -113,11 +96,7 @@ class SetCriterion(nn.Module):
     def loss_cardinality(
         self, outputs: dict, targets: list[dict], indices: Indices, num_boxes: Tensor
     ) -> dict[str, Tensor]:
-        """Logging only: |predicted non-"no object" count - target count|, averaged.
-
-        Kept as the official code computes it, also for focal models where the
-        last logit is an ordinary class (so it is not meaningful there).
-        """
+        """Logging only: |predicted non-"no object" count - target count|, as officially (meaningless if focal)."""
         logits = outputs["pred_logits"]
         lengths = torch.as_tensor([len(t["labels"]) for t in targets], device=logits.device)
         card_pred = (logits.argmax(-1) != logits.shape[-1] - 1).sum(1)
@@ -153,16 +132,9 @@ class SetCriterion(nn.Module):
     def forward(self, outputs: dict, targets: list[dict], return_indices: bool = False):
         """Compute all loss terms.
 
-        Args:
-            outputs: the model output (``pred_logits``, ``pred_boxes``, and
-                optionally ``aux_outputs`` and ``enc_outputs``).
-            targets: per image ``labels`` ``Tensor[N_i]`` int64 and ``boxes``
-                ``Tensor[N_i, 4]`` normalised (cx, cy, w, h), on the outputs' device.
-            return_indices: also return the matches of every stage.
-
-        Returns:
-            ``dict[str, Tensor]`` of 0-dim loss terms; with ``return_indices``,
-            ``(losses, {"final": ..., "aux0": ..., "enc": ...})``.
+        ``targets``: per image ``labels`` ``[N_i]`` int64 and ``boxes`` ``[N_i, 4]`` normalised cxcywh, on the
+        outputs' device. Returns ``dict[str, Tensor]`` of 0-dim terms; with ``return_indices``,
+        ``(losses, {"final": ..., "aux0": ..., "enc": ...})``.
         """
         check_targets(outputs, targets)
         num_boxes = average_num_boxes(targets, outputs["pred_logits"].device)

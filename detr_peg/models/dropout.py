@@ -1,21 +1,6 @@
-"""Dropout whose CPU mask costs less than half of ``torch.nn.Dropout``'s.
-
-On the CPU, ``nn.Dropout`` draws one Bernoulli sample per element (the
-largest single cost of a Deformable-DETR-R50 training step after the matrix
-products: the feed-forward hidden map alone is ``[B, S, 1024]``). :class:`Dropout`
-draws 64 random bits per four elements from the same generator
-(``torch.randint`` over the whole int64 range) and compares each 16-bit part
-with a threshold, keeps the mask as booleans for the backward pass, and scales
-the kept values so that their expectation is unchanged.
-
-What differs from ``nn.Dropout``: the masks are other random draws (neither
-implementation can be matched draw for draw across libraries anyway), and the
-drop probability is rounded to a multiple of ``1 / 65536`` (``p = 0.1`` drops
-with probability ``6554 / 65536 = 0.1000061``), with the scale ``1 / (1 - p')``
-of that rounded ``p'``. In evaluation mode, with ``p = 0``, on other devices
-than the CPU (CUDA's fused kernel is already fast), with ``inplace=True`` and
-under ``torch.compile`` it is ``nn.Dropout`` itself. State-dict keys and ``repr`` are those of
-``nn.Dropout``.
+"""Dropout whose CPU training mask is four 16-bit thresholds per 64-bit random draw (one Bernoulli
+sample per element is costly). ``p`` is rounded to a multiple of ``1 / 65536`` and the scale is
+``1 / (1 - p')``; elsewhere (eval, ``p = 0``, not CPU, ``inplace``, ``torch.compile``) it is torch's own.
 """
 
 from __future__ import annotations
@@ -31,18 +16,9 @@ LEVELS = 1 << 16
 
 
 def keep_mask(shape: torch.Size, p: float, generator: torch.Generator | None = None) -> tuple[Tensor, float]:
-    """A random boolean mask of ``shape`` (True: keep) and the scale of the kept values.
+    """A bool keep-mask of ``shape`` (False with probability ``p'`` = ``p`` rounded to 1/65536), scale ``1 / (1 - p')``.
 
-    Args:
-        shape: the mask's shape.
-        p: drop probability, rounded to a multiple of ``1 / 65536``; the
-            rounded value must lie in ``[0, 1)``.
-        generator: the random generator (default: torch's global CPU generator).
-
-    Returns:
-        ``(keep, scale)``: ``keep`` is ``bool[shape]`` with each element False
-        with probability ``p'`` (``p`` rounded), independently; ``scale`` is
-        ``1 / (1 - p')``.
+    Raises ValueError unless ``p'`` is in ``[0, 1)``.
     """
     drop_levels = round(p * LEVELS)
     if not 0 <= drop_levels < LEVELS:
@@ -78,13 +54,7 @@ def cpu_dropout(x: Tensor, p: float) -> Tensor:
 
 
 def cpu_mask_applies(x: Tensor, p: float, training: bool = True, inplace: bool = False) -> bool:
-    """Whether dropout of ``x`` draws the cheaper CPU mask of :func:`cpu_dropout`.
-
-    That is a CPU tensor in training mode, not in place, with ``p`` not rounding
-    to 0 or 1, outside ``torch.compile`` (which generates its own random masks
-    and cannot trace a draw whose size is symbolic); everything else is
-    ``F.dropout`` itself.
-    """
+    """Whether :func:`cpu_dropout` applies: CPU, training, not in place, ``p`` not rounding to 0 or 1, not compiling."""
     return (
         training
         and not inplace
@@ -95,32 +65,14 @@ def cpu_mask_applies(x: Tensor, p: float, training: bool = True, inplace: bool =
 
 
 def dropout(x: Tensor, p: float, training: bool = True, inplace: bool = False) -> Tensor:
-    """``F.dropout`` with the cheaper CPU mask of :func:`cpu_dropout` where :func:`cpu_mask_applies`.
-
-    Args:
-        x: ``Tensor[*]``, any float dtype.
-        p: drop probability in ``[0, 1)``.
-        training: apply dropout (else ``x`` is returned as it is).
-        inplace: as ``F.dropout`` (then always ``F.dropout``).
-
-    Returns:
-        ``Tensor[*]``, the shape of ``x``.
-    """
+    """``F.dropout`` with the cheaper CPU mask of :func:`cpu_dropout` where :func:`cpu_mask_applies`."""
     if cpu_mask_applies(x, p, training, inplace):
         return cpu_dropout(x, p)
     return F.dropout(x, p, training, inplace)
 
 
 class Dropout(nn.Dropout):
-    """``nn.Dropout`` with the cheaper CPU mask of :func:`cpu_dropout` in training mode.
-
-    Args:
-        p: drop probability in ``[0, 1)`` (rounded to a multiple of ``1 / 65536``
-            on the CPU).
-        inplace: as ``nn.Dropout`` (then always ``nn.Dropout``'s own path).
-
-    Shapes: any ``Tensor[*]`` in, the same shape out.
-    """
+    """``nn.Dropout`` (same keys and ``repr``) with the cheaper CPU mask of :func:`cpu_dropout` in training."""
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training, self.inplace)

@@ -13,11 +13,7 @@ from detr_peg.errors import ConfigError
 def relu_reusing_input(x: Tensor) -> Tensor:
     """ReLU that overwrites ``x`` when no gradient flows through it (inference), else a new tensor.
 
-    At detection resolutions a feed-forward hidden map is a large allocation
-    per layer ([B, S, ff]; 73 MB for Deformable-DETR-R50 at 800 x 1066), which
-    inference can spare. In training the input is a view of the linear layer's
-    output, and an in-place ReLU on a view would make the backward pass clone
-    the whole map, so there it is the ordinary ReLU.
+    In training an in-place ReLU on the linear layer's output view would make the backward clone the map.
     """
     return F.relu(x, inplace=not x.requires_grad)
 
@@ -28,11 +24,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": relu_reusing_input
 
 
 def get_activation(name: str) -> Callable[[Tensor], Tensor]:
-    """The activation function called ``name`` (``relu`` or ``gelu``).
-
-    The function may overwrite its argument (``relu`` does in inference): call
-    it on a tensor that nothing else reads, such as a linear layer's output.
-    """
+    """The activation ``relu`` or ``gelu`` (else ConfigError); it may overwrite its argument."""
     try:
         return ACTIVATIONS[name]
     except KeyError:
@@ -41,17 +33,7 @@ def get_activation(name: str) -> Callable[[Tensor], Tensor]:
 
 
 class MLP(nn.Module):
-    """A multi-layer perceptron with ReLU between layers (the box head of DETR).
-
-    State-dict keys are ``layers.{i}.weight``/``layers.{i}.bias``, as in the
-    official code.
-
-    Args:
-        input_dim: input width.
-        hidden_dim: width of the hidden layers.
-        output_dim: output width.
-        num_layers: number of linear layers (>= 1).
-    """
+    """An MLP with ReLU between ``num_layers`` linear layers (keys ``layers.{i}.*``, as officially)."""
 
     def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
         super().__init__()

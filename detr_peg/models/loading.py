@@ -1,12 +1,5 @@
-"""A model rebuilt from a detr_peg checkpoint: :class:`LoadedModel`, the one form of a loaded model.
-
-A checkpoint stores its resolved config and the whole model state dict,
-backbone included (see :mod:`detr_peg.checkpoint.format`), so the model is
-built from the stored config with :func:`without_backbone_weights` (nothing
-is read from ``model.backbone.weights``) and then given the stored weights.
-Every command and :class:`detr_peg.Detector` hold a loaded model in this form;
-it travels with its config, its post-processor and its label map, so nothing
-is attached to the ``nn.Module`` itself.
+"""A model rebuilt from a detr_peg checkpoint (stored config + whole state dict): :class:`LoadedModel`,
+the form every command and :class:`detr_peg.Detector` hold.
 """
 
 from __future__ import annotations
@@ -30,12 +23,7 @@ from detr_peg.models.postprocess import Postprocessor
 
 
 def without_backbone_weights(cfg: Config) -> Config:
-    """``cfg`` whose backbone starts from random weights (``model.backbone.weights=None``).
-
-    For every model whose weights come from elsewhere afterwards (a detr_peg
-    checkpoint, a resumed run, converted official weights), so building it
-    reads no backbone file and downloads nothing.
-    """
+    """``cfg`` with ``model.backbone.weights=None``, for models whose weights come from elsewhere."""
     return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
 
 
@@ -44,18 +32,9 @@ def resolve_num_classes(
 ) -> Config:
     """``cfg`` with ``model.num_classes`` taken from the label map when unset.
 
-    Args:
-        cfg: the run's config.
-        label_map: the dataset's (or checkpoint's) label map.
-        source: the annotation file, for messages.
-        categories: the file's ``categories`` list the label map was made
-            from, so that a message names the entry (``categories[3].id``).
-
-    Raises:
-        ConfigError: ``model.num_classes`` is set and the label map does not
-            fit it (see :func:`label_map_fit_problem`).
-        DataError: ``model.num_classes`` taken from the data needs more memory
-            than this machine has (see :mod:`detr_peg.data.dataset_memory`).
+    ``categories`` (the file's list the map was made from) lets messages name the entry.
+    Raises ConfigError when a set ``num_classes`` does not fit the map; DataError when the derived
+    ``num_classes`` needs more memory than the machine has.
     """
     if cfg.model.num_classes is None:
         resolved = replace(cfg, model=replace(cfg.model, num_classes=label_map.num_classes))
@@ -75,14 +54,10 @@ def resolve_num_classes(
 
 
 def label_map_fit_problem(label_map: LabelMap, num_classes: int) -> str | None:
-    """Why ``label_map`` does not fit a classifier of ``num_classes`` classes, or ``None`` when it does.
+    """Why ``label_map`` does not fit a classifier of ``num_classes`` classes, or None when it does.
 
-    The classifier has one logit per class (DETR adds one "no object" logit,
-    which is not a class). A contiguous map fits when it names exactly
-    ``num_classes`` categories, one per class, so every predicted label has a
-    category; a map of raw category ids fits when every id is below
-    ``num_classes`` (the official COCO models: ids 1..90, 91 classes, some
-    ids unused, and a label that is no category's id is reported as that id).
+    A contiguous map must name exactly ``num_classes`` categories; a map of raw ids needs every id below
+    ``num_classes`` (official COCO: ids 1..90, 91 classes).
     """
     if label_map.contiguous and len(label_map) != num_classes:
         return f"names {len(label_map)} categories with contiguous labels, which need exactly one class per category"
@@ -92,12 +67,7 @@ def label_map_fit_problem(label_map: LabelMap, num_classes: int) -> str | None:
 
 
 def checkpoint_label_map(ckpt: Checkpoint, cfg: Config) -> LabelMap | None:
-    """The label map stored in ``ckpt``, checked against the classifier of ``cfg``.
-
-    Raises:
-        CheckpointError: the stored map is malformed or does not fit
-            ``model.num_classes`` (see :func:`label_map_fit_problem`).
-    """
+    """The label map stored in ``ckpt`` or None; CheckpointError if malformed or unfit for ``cfg``."""
     if not ckpt.label_map:
         return None
     try:
@@ -115,15 +85,14 @@ def checkpoint_label_map(ckpt: Checkpoint, cfg: Config) -> LabelMap | None:
 
 @dataclass
 class LoadedModel:
-    """A detector with what it needs to be used: its config, post-processor and label map.
+    """A detector with its config, post-processor and label map.
 
     Attributes:
         model: the bare detector (``nn.Module``), in eval mode once loaded.
         postprocessor: its architecture's :class:`~detr_peg.models.postprocess.Postprocessor`.
         config: the resolved :class:`Config` the model was built from.
-        label_map: model label <-> dataset category id and name, or None
-            (labels are then reported as ``class <label>``).
-        iteration: the training iteration the checkpoint was written at, if stored.
+        label_map: model label <-> dataset category, or None (labels reported as ``class <label>``).
+        iteration: the training iteration of the checkpoint, if stored.
         source: the checkpoint file it was loaded from, if any.
     """
 
@@ -153,25 +122,18 @@ def load_model(
     label_map: LabelMap | None = None,
     overrides_source: str = "overrides",
 ) -> LoadedModel:
-    """Rebuild the model stored in a detr_peg checkpoint, ready for inference.
+    """Rebuild the model stored in a detr_peg checkpoint, in eval mode on ``device``.
 
     Args:
-        checkpoint: checkpoint file (``.pth`` or ``.safetensors``), URL, or a
+        checkpoint: ``.pth`` or ``.safetensors`` file, URL, or a
             :class:`~detr_peg.checkpoint.format.Checkpoint` already read.
-        device: where to put the model.
-        overrides: ``key=value`` config changes that do not alter weights
-            (for example ``eval.num_select=50``).
-        label_map: use this label map instead of the stored one (evaluation
-            on a dataset whose categories the checkpoint does not list).
-        overrides_source: how messages name where ``overrides`` came from (the
-            command line passes ``"command line"``).
-
-    Returns:
-        :class:`LoadedModel` with the model in eval mode on ``device``.
+        overrides: ``key=value`` config changes that do not alter weights (e.g. ``eval.num_select=50``).
+        label_map: replaces the stored one (evaluation on other categories).
+        overrides_source: how messages name where ``overrides`` came from.
 
     Raises:
-        CheckpointError: unreadable or unsafe file, not a detr_peg
-            checkpoint, or weights that do not fit the stored config.
+        CheckpointError: unreadable or unsafe file, not a detr_peg checkpoint, or weights
+            that do not fit the stored config.
     """
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
     cfg = ckpt.config
@@ -187,11 +149,7 @@ def load_model(
 
 
 def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap | None = None) -> LoadedModel:
-    """The model of ``cfg`` with the weights of ``ckpt`` (``cfg`` is the stored config or one derived from it).
-
-    Raises:
-        CheckpointError: weights that do not fit ``cfg``.
-    """
+    """The model of ``cfg`` with the weights of ``ckpt``; raises CheckpointError when they do not fit."""
     # The checkpoint holds the backbone weights; do not load them from elsewhere.
     cfg = without_backbone_weights(cfg)
     stored = checkpoint_label_map(ckpt, cfg)  # checked before the model is built

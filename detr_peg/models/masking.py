@@ -1,20 +1,6 @@
-"""Padding masks at feature-map resolution, by one of two rules (``model.mask_rule``).
-
-* ``nearest`` (default, the official DETR and Deformable-DETR rule): feature
-  cell ``r`` of a map of ``H_l`` rows samples input row
-  ``floor(r * H / H_l)`` of the padded canvas.
-* ``stride``: cell ``r`` of a map of stride ``s`` samples input row ``r * s``,
-  so it is valid exactly when ``r < ceil(h / s)`` for an image of ``h`` rows,
-  the number of rows the image alone has at that level (ResNet convolutions
-  pad, so every stride-2 step rounds up).
-
-The two agree whenever the canvas is a multiple of ``s``, which is why the
-loaders and :class:`~detr_peg.detector.Detector` pad batches to a multiple of
-the model's coarsest stride (``size_divisibility``). On other canvases the
-``nearest`` rule marks too many cells valid: a 96 px image on a 120 px canvas
-gets 7 valid rows instead of 6 at stride 16 and 4 instead of 3 at stride 32,
-so Deformable-DETR's valid ratios, and with them its reference points, are
-wrong.
+"""Padding masks (True = padding) at feature-map resolution, by ``model.mask_rule``: ``nearest`` (official:
+cell ``r`` samples input row ``floor(r * H / H_l)``) or ``stride`` (cell ``r`` samples row ``r * s``).
+They agree when the canvas is a multiple of the stride, hence ``size_divisibility`` padding.
 """
 
 from __future__ import annotations
@@ -28,19 +14,7 @@ from detr_peg.models.argument_checks import check_image_list, check_images
 
 
 def downsample_mask(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
-    """Resize a padding mask to a feature map's size.
-
-    Uses the legacy ``nearest`` interpolation of the official DETR code (never
-    pooling), so a pixel of the feature map is padding when the input pixel it
-    samples is padding.
-
-    Args:
-        mask: ``Tensor[B, H, W]`` bool, True = padding.
-        size: ``(H_l, W_l)``.
-
-    Returns:
-        ``Tensor[B, H_l, W_l]`` bool, True = padding.
-    """
+    """``[B, H, W]`` padding mask -> ``[B, H_l, W_l]`` by the official legacy ``nearest`` interpolation."""
     if torch.compiler.is_exporting():
         # ONNX's Resize picks other source pixels for some sizes; index explicitly instead.
         return select_nearest(mask, size)
@@ -48,34 +22,14 @@ def downsample_mask(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
 
 
 def select_nearest(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
-    """``downsample_mask`` written as two index selections (exact in any runtime).
-
-    Source index ``min(floor(i * (in / out)), in - 1)`` with the scale in
-    float32, as PyTorch's legacy ``nearest`` computes it on CPU and GPU.
-
-    Args:
-        mask: ``Tensor[B, H, W]`` bool, True = padding.
-        size: ``(H_l, W_l)``.
-
-    Returns:
-        ``Tensor[B, H_l, W_l]`` bool, True = padding.
-    """
+    """:func:`downsample_mask` as two index selections, exact in any runtime (ONNX's Resize is not)."""
     rows = _nearest_source(mask.shape[1], size[0], mask.device)
     cols = _nearest_source(mask.shape[2], size[1], mask.device)
     return mask.index_select(1, rows).index_select(2, cols)
 
 
 def select_strided(mask: Tensor, size: tuple[int, int] | torch.Size, stride: int) -> Tensor:
-    """The ``stride`` rule: cell ``(r, c)`` is padding when input pixel ``(r * stride, c * stride)`` is.
-
-    Args:
-        mask: ``Tensor[B, H, W]`` bool, True = padding, each image top-left aligned.
-        size: ``(H_l, W_l)``, at most ``ceil(H / stride)`` by ``ceil(W / stride)``.
-        stride: the level's total stride relative to the input.
-
-    Returns:
-        ``Tensor[B, H_l, W_l]`` bool, True = padding.
-    """
+    """The ``stride`` rule: cell ``(r, c)`` is padding when input pixel ``(r * stride, c * stride)`` is."""
     rows = _strided_source(mask.shape[1], size[0], stride, mask.device)
     cols = _strided_source(mask.shape[2], size[1], stride, mask.device)
     return mask.index_select(1, rows).index_select(2, cols)
@@ -90,17 +44,7 @@ MASK_RULES = ("nearest", "stride")
 
 
 def level_masks(mask: Tensor, sizes: list[tuple[int, int]], strides: list[int], rule: str = "nearest") -> list[Tensor]:
-    """The padding mask of every feature level.
-
-    Args:
-        mask: ``Tensor[B, H, W]`` bool, True = padding.
-        sizes: ``(H_l, W_l)`` of each level.
-        strides: each level's total stride (used by the ``stride`` rule).
-        rule: ``nearest`` or ``stride``.
-
-    Returns:
-        ``[Tensor[B, H_l, W_l] bool, ...]``, True = padding.
-    """
+    """The ``[B, H_l, W_l]`` bool padding mask of every level by ``rule``; raises ValueError for an unknown rule."""
     if rule == "nearest":
         return [downsample_mask(mask, size) for size in sizes]
     if rule == "stride":
@@ -115,18 +59,11 @@ def _nearest_source(in_size, out_size, device: torch.device) -> Tensor:
 
 
 def batch_with_mask(images, mask: Tensor | None = None, size_divisibility: int = 0) -> tuple[Tensor, Tensor]:
-    """Normalise the detector input to a padded batch and its padding mask.
+    """Normalise the detector input to ``(Tensor[B, 3, H, W], Tensor[B, H, W] bool, True = padding)``.
 
-    Args:
-        images: ``Tensor[B, 3, H, W]`` (padded batch), or a list of unpadded
-            ``Tensor[3, H_i, W_i]`` images (padded here, top-left aligned).
-        mask: ``Tensor[B, H, W]`` bool, True = padding; ``None`` means no
-            padding for a batch tensor. Must be ``None`` for a list.
-        size_divisibility: a list is padded to a multiple of it (the model's
-            coarsest stride, so the masks match the feature maps).
-
-    Returns:
-        ``(Tensor[B, 3, H, W], Tensor[B, H, W] bool)``.
+    ``images`` is a padded batch (``mask`` None = no padding) or a list of unpadded ``[3, H_i, W_i]``
+    images, padded here top-left to a multiple of ``size_divisibility`` (``mask`` must then be None).
+    Raises ValueError for a mask that does not match.
     """
     if isinstance(images, (list, tuple)):
         if mask is not None:

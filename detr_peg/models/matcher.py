@@ -12,22 +12,11 @@ Indices = list[tuple[Tensor, Tensor]]
 
 
 class HungarianMatcher(nn.Module):
-    """One-to-one assignment of queries to targets minimising a weighted cost.
+    """One-to-one query-target assignment minimising ``cost_class * C_cls + cost_bbox * L1 - cost_giou * GIoU``.
 
-    The cost of matching query ``i`` to target ``j`` is
-    ``cost_class * C_cls + cost_bbox * L1(box_i, box_j) - cost_giou * GIoU``.
-    The class cost is ``-softmax prob`` (DETR, ``class_cost="softmax"``) or the
-    focal-loss difference of Deformable-DETR (``class_cost="focal"``). The
-    assignment is solved per image with
-    ``scipy.optimize.linear_sum_assignment`` (query indices come out ascending).
-
-    Args:
-        cost_class: weight of the class cost.
-        cost_bbox: weight of the L1 box cost.
-        cost_giou: weight of the GIoU cost.
-        class_cost: ``softmax`` or ``focal``.
-        focal_alpha: focal class cost alpha.
-        focal_gamma: focal class cost gamma.
+    ``class_cost`` is ``softmax`` (``-prob``, DETR) or ``focal`` (Deformable-DETR). Solved per image by
+    ``scipy.optimize.linear_sum_assignment``. Raises ConfigError if all weights are 0 or ``class_cost``
+    is unknown.
     """
 
     def __init__(
@@ -65,17 +54,10 @@ class HungarianMatcher(nn.Module):
 
     @torch.no_grad()
     def forward(self, outputs: dict, targets: list[dict]) -> Indices:
-        """Match.
+        """Match ``pred_logits``/``pred_boxes`` ``[B, Q, 4]`` to each image's ``labels``/``boxes`` ``[N_i, 4]``.
 
-        Args:
-            outputs: ``pred_logits`` ``Tensor[B, Q, K]`` and ``pred_boxes``
-                ``Tensor[B, Q, 4]`` (normalised cx, cy, w, h).
-            targets: per image, ``labels`` ``Tensor[N_i]`` and ``boxes``
-                ``Tensor[N_i, 4]`` (normalised cx, cy, w, h).
-
-        Returns:
-            Per image ``(query_idx, target_idx)``, int64 tensors of length
-            ``min(Q, N_i)``.
+        Boxes are normalised cxcywh. Returns per image ``(query_idx, target_idx)`` int64 CPU tensors of length
+        ``min(Q, N_i)``, query indices ascending; non-finite costs are clamped rather than crashing the solver.
         """
         bs, num_queries = outputs["pred_logits"].shape[:2]
         sizes = [len(t["boxes"]) for t in targets]

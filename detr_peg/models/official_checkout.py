@@ -1,10 +1,5 @@
-"""Importing an architecture's official implementation from a local checkout (``bench --official PATH``).
-
-Nothing of the official repositories is shipped with detr_peg. Each benchmark
-case that builds an official model runs in its own process, so their
-top-level packages (``models``, ``util``) never meet ours. The builders live
-in each architecture's folder (``official_code.py``) and are named by its
-registration (:class:`~detr_peg.models.registry.OfficialCode`).
+"""Importing an architecture's official implementation from a local checkout (``bench --official PATH``); each
+such case runs in its own process, so the official top-level ``models``/``util`` never meet ours.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Turning model outputs into scored, labelled boxes in image pixels: one post-processor per architecture.
-
-Each post-processor has one batched tensor method, :meth:`Postprocessor.tensors`,
-which the exported ONNX graph computes too; ``forward`` splits its result
-into per-image dicts for Python callers.
+"""Model outputs to scored, labelled pixel boxes: one post-processor per architecture, whose batched
+:meth:`Postprocessor.tensors` the exported ONNX graph computes too.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from detr_peg.models.argument_checks import check_target_sizes
 
 
 def scale_boxes(boxes_cxcywh: Tensor, target_sizes: Tensor) -> Tensor:
-    """Normalised (cx, cy, w, h) ``[B, Q, 4]`` -> absolute (x0, y0, x1, y1) for sizes ``[B, 2]`` (h, w)."""
+    """Normalised cxcywh ``[B, Q, 4]`` -> absolute pixel xyxy for sizes ``[B, 2]`` (h, w)."""
     boxes = box_convert(boxes_cxcywh, "cxcywh", "xyxy")
     h, w = target_sizes.unbind(1)
     scale = torch.stack([w, h, w, h], dim=1).to(boxes.dtype)
@@ -23,51 +20,27 @@ def scale_boxes(boxes_cxcywh: Tensor, target_sizes: Tensor) -> Tensor:
 
 
 class Postprocessor(nn.Module):
-    """The contract of a post-processor: batched tensors in, batched detections out.
-
-    Subclasses implement :meth:`tensors`; it must be traceable by
-    ``torch.export`` (the ONNX graph's ``scores``, ``labels`` and ``boxes``).
-    """
+    """Batched tensors in, detections out; subclasses implement :meth:`tensors`, traceable by ``torch.export``."""
 
     def tensors(self, logits: Tensor, boxes: Tensor, target_sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Detections of a batch.
 
-        Args:
-            logits: ``pred_logits`` ``Tensor[B, Q, C]`` of the architecture.
-            boxes: ``pred_boxes`` ``Tensor[B, Q, 4]``, normalised (cx, cy, w, h)
-                relative to each unpadded image.
-            target_sizes: ``Tensor[B, 2]`` (h, w) of each original image, in pixels.
-
-        Returns:
-            ``(scores Tensor[B, N], labels Tensor[B, N] int64, boxes Tensor[B, N, 4])``
-            with absolute (x0, y0, x1, y1) pixel boxes, ``N`` per architecture.
+        ``logits`` ``[B, Q, C]``; ``boxes`` ``[B, Q, 4]`` normalised cxcywh relative to each unpadded image;
+        ``target_sizes`` ``[B, 2]`` (h, w) pixels of each original image. Returns
+        ``(scores [B, N], labels [B, N] int64, boxes [B, N, 4])``, boxes as pixel xyxy, ``N`` per architecture.
         """
         raise NotImplementedError
 
     @torch.no_grad()
     def forward(self, outputs: dict, target_sizes: Tensor) -> list[dict[str, Tensor]]:
-        """Per-image detections.
-
-        Args:
-            outputs: the model's output dict (``pred_logits``, ``pred_boxes``).
-            target_sizes: ``Tensor[B, 2]`` (h, w) of each original image.
-
-        Returns:
-            Per image ``{"scores": Tensor[N], "labels": Tensor[N] int64,
-            "boxes": Tensor[N, 4]}`` with absolute (x0, y0, x1, y1) pixel boxes.
-        """
+        """Per image ``{"scores": [N], "labels": [N] int64, "boxes": [N, 4] pixel xyxy}``; sizes ``[B, 2]`` (h, w)."""
         check_target_sizes(outputs, target_sizes)
         scores, labels, boxes = self.tensors(outputs["pred_logits"], outputs["pred_boxes"], target_sizes)
         return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, boxes)]
 
 
 class PostProcess(Postprocessor):
-    """DETR post-processing: one detection per query (``N = Q``), "no object" excluded.
-
-    For each query the score is the largest softmax probability among the
-    real classes (``logits`` ``Tensor[B, Q, K + 1]``, last = no object) and
-    the label is its index.
-    """
+    """DETR: one detection per query (``N = Q``), the best softmax probability among real classes (last = no object)."""
 
     def tensors(self, logits: Tensor, boxes: Tensor, target_sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """See :meth:`Postprocessor.tensors`."""
@@ -76,13 +49,7 @@ class PostProcess(Postprocessor):
 
 
 class TopKPostProcess(Postprocessor):
-    """Deformable-DETR post-processing: the top-k (query, class) pairs by sigmoid score.
-
-    ``logits`` are ``Tensor[B, Q, K]`` sigmoid logits; ``N = min(num_select, Q * K)``.
-
-    Args:
-        num_select: detections kept per image.
-    """
+    """Deformable-DETR: the top ``N = min(num_select, Q * K)`` (query, class) pairs by sigmoid score."""
 
     def __init__(self, num_select: int = 100) -> None:
         super().__init__()

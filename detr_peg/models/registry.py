@@ -1,18 +1,7 @@
-"""The model-architecture registry: one registration per detector family, carrying everything the rest of
-the package needs to know about it.
-
-A family's registration (:class:`Architecture`) names its builders (model,
-criterion, post-processor), its config fields and defaults, its switchable
-attention implementations (:class:`AttentionImpls`: what ``bench --gpu``
-compares, what the ONNX export and the FLOP count use) and its official
-counterpart (:class:`OfficialCode`: what ``bench --official`` builds). No code
-outside :mod:`detr_peg.models` tests an architecture's name or its modules'
-attributes; it asks the registration. The model a family builds follows one
-contract: ``model(images Tensor[B, 3, H, W], mask Tensor[B, H, W] bool (True =
-padding))`` returns at least ``pred_logits`` ``Tensor[B, Q, C]`` and
-``pred_boxes`` ``Tensor[B, Q, 4]`` (normalised cx, cy, w, h relative to each
-unpadded image), and ``model.size_divisibility`` is the multiple of pixels
-its padded batches should have (its coarsest stride).
+"""The model-architecture registry: one :class:`Architecture` per detector family; no code outside
+:mod:`detr_peg.models` tests an architecture's name. A family's model takes ``(images [B, 3, H, W],
+mask [B, H, W] bool, True = padding)``, returns at least ``pred_logits`` ``[B, Q, C]`` and
+``pred_boxes`` ``[B, Q, 4]`` (cxcywh normalised to each unpadded image), and has ``size_divisibility``.
 """
 
 from __future__ import annotations
@@ -31,15 +20,7 @@ from detr_peg.registry import Registry
 
 @dataclass(frozen=True)
 class AttentionImpls:
-    """A family's attention layers with switchable implementations (an ``impl`` attribute).
-
-    Attributes:
-        module: the layer class (instances have a settable ``impl``).
-        compared_on_gpu: the implementations ``bench --gpu`` times side by side.
-        export: the implementation the ONNX export traces.
-        flop_count: the implementation FLOPs are counted with (one whose
-            operations torch's FLOP counter counts as the work they do).
-    """
+    """A family's attention layer class (settable ``impl``), its impls for ``bench --gpu``, ONNX export, FLOP counts."""
 
     module: type
     compared_on_gpu: tuple[str, ...] = ()
@@ -49,15 +30,10 @@ class AttentionImpls:
 
 @dataclass(frozen=True)
 class OfficialCode:
-    """Where a family's official implementation lives, and how to build it from a local checkout.
+    """Where a family's official implementation lives and how to build it from a local checkout.
 
-    Attributes:
-        repository: ``owner/name`` on GitHub.
-        marker: a file every checkout has (checked before anything is imported from it).
-        build: ``(path, argv, cuda_op) -> (model, criterion, args)``: the official model,
-            its criterion and its parsed arguments (``argv``: its command-line flags;
-            ``cuda_op``: build its compiled op on this machine instead of a pure-PyTorch path).
-        gpu_label: the row label of the official code in ``bench --gpu``.
+    ``marker`` is a file every checkout has; ``build(path, argv, cuda_op)`` returns the official
+    ``(model, criterion, args)``, with ``cuda_op`` building its compiled op instead of a pure-PyTorch path.
     """
 
     repository: str
@@ -68,24 +44,12 @@ class OfficialCode:
 
 @dataclass(frozen=True)
 class Architecture:
-    """Everything that differs between detector families: builders, config fields and defaults.
+    """Everything that differs between detector families.
 
-    Attributes:
-        build_model: ``Config -> nn.Module`` (the detector).
-        build_criterion: ``Config -> SetCriterion``.
-        build_postprocessor: ``Config -> nn.Module`` mapping outputs and
-            ``target_sizes`` to per-image detections.
-        options: dotted section path -> a dataclass subclassing the shared
-            section there with the family's own fields, e.g.
-            ``{"model.transformer": DeformableTransformerConfig}``; a field of
-            another family is a config error naming the key and the family.
-        defaults: nested ``{section: {key: value}}`` of the shared fields whose
-            default differs from the official DETR value.
-        attention: the family's switchable attention layers, or None.
-        official: the family's official implementation, or None.
-        detectron2_name: the name of the detectron2 meta-architecture that
-            builds this family only (``MODEL.META_ARCHITECTURE``), or None;
-            the generic ``DetrPegModel`` builds any family.
+    ``options`` maps a dotted section path to a dataclass extending that section with the family's own
+    fields (another family's field is a config error); ``defaults`` are nested ``{section: {key: value}}``
+    that differ from official DETR; ``detectron2_name`` names the detectron2 meta-architecture building
+    this family only, or None.
     """
 
     build_model: Callable[[Config], nn.Module]
@@ -124,16 +88,9 @@ def _switchable_layers(model: nn.Module) -> list[tuple[nn.Module, AttentionImpls
 def set_attention_impl(
     model: nn.Module, choose: str | Callable[[AttentionImpls], str | None]
 ) -> list[tuple[nn.Module, str]]:
-    """Switch every switchable attention layer of ``model`` to another implementation.
+    """Switch every switchable attention layer to ``choose`` (a name, or a function of :class:`AttentionImpls`).
 
-    Args:
-        model: any detector (layers of every registered family are found).
-        choose: the implementation, or a function of the layer's
-            :class:`AttentionImpls` giving it (``lambda a: a.export``); None
-            leaves a layer as it is.
-
-    Returns:
-        ``(layer, previous implementation)`` of every layer found.
+    Returns ``(layer, previous impl)`` of every layer found.
     """
     previous = []
     for layer, kind in _switchable_layers(model):
@@ -146,7 +103,7 @@ def set_attention_impl(
 
 @contextlib.contextmanager
 def attention_impl(model: nn.Module, choose: str | Callable[[AttentionImpls], str | None]) -> Iterator[None]:
-    """:func:`set_attention_impl` for the duration of a ``with`` block; the implementations are restored on exit."""
+    """:func:`set_attention_impl` for the duration of a ``with`` block."""
     previous = set_attention_impl(model, choose)
     try:
         yield

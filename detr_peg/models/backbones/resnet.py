@@ -30,17 +30,10 @@ NORM_LAYERS = {"frozen_bn": FrozenBatchNorm2d, "bn": nn.BatchNorm2d, "sync_bn": 
 
 
 class ResNetBackbone(Backbone):
-    """A torchvision ResNet cut after its last used stage.
+    """A torchvision ResNet cut after its last used stage, returning the 1-based ``out_stages`` (ascending).
 
-    The body keeps torchvision's module names (``conv1``, ``bn1``,
-    ``layer1`` ... ``layer4``), so torchvision and official DETR weights load
-    with plain key prefixes. ``fc``, ``avgpool`` and stages after the last
-    requested one are removed.
-
-    Args:
-        body: a torchvision ``ResNet``.
-        out_stages: 1-based stages to return, ascending (``[4]`` for DETR,
-            ``[2, 3, 4]`` for Deformable-DETR).
+    The body keeps torchvision's module names, so torchvision and official DETR weights load with plain
+    key prefixes; ``fc``, ``avgpool`` and later stages are removed. Raises ConfigError for bad ``out_stages``.
     """
 
     def __init__(self, *, body: torchvision.models.ResNet, out_stages: list[int]) -> None:
@@ -84,12 +77,7 @@ def freeze_stages(body: nn.Module, frozen_stages: int, train: bool) -> None:
 
 
 def pretrained_state(name: str) -> dict[str, Tensor]:
-    """torchvision's ImageNet weights of ``name`` (downloaded once into torch's hub cache).
-
-    Raises:
-        CheckpointError: the download failed; the message says what to set
-            ``model.backbone.weights`` to instead.
-    """
+    """torchvision's ImageNet weights of ``name`` (cached by torch hub); a failed download raises CheckpointError."""
     weights = torchvision.models.get_model_weights(name).DEFAULT
     try:
         # What torchvision.models.get_model(name, weights=...) loads, with the download's errors caught.
@@ -100,7 +88,7 @@ def pretrained_state(name: str) -> dict[str, Tensor]:
 
 @BACKBONES.register("torchvision")
 def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetBackbone:
-    """Build a torchvision ResNet backbone from ``cfg`` (see :data:`BACKBONES`)."""
+    """Build a torchvision ResNet backbone from ``cfg``; raises ConfigError for a name not in :data:`RESNETS`."""
     if cfg.name not in RESNETS:
         valid = ", ".join(repr(n) for n in RESNETS)
         raise ConfigError(

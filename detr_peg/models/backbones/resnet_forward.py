@@ -1,20 +1,6 @@
-"""A ResNet forward pass with cheaper frozen BatchNorm.
-
-With ``FrozenBatchNorm2d`` every convolution is followed by a fixed affine map
-``y = x * scale + bias``. torchvision evaluates it out of place, allocating two
-activation-sized tensors after each of the ~50 convolutions, which is
-memory-bound at detection resolutions. Here it is applied in place on the
-convolution's output (``mul_``, ``add_``): the same operations in the same
-order, so results are bit-identical, with no extra allocation; the residual
-sum is accumulated in place likewise. Autograd is unaffected (the
-convolution's and the sum's backward need no output).
-
-``fold=True`` goes further and applies the affine map to the convolution's
-*weights* (``conv(x, w * scale) + bias``): no pass over the activations at all,
-faster, but equal only up to float rounding.
-
-The module structure and state-dict keys of torchvision's ResNet are
-untouched: these functions only replace ``forward``.
+"""A torchvision ResNet forward with frozen BatchNorm applied in place on each convolution's output (bit-identical,
+no extra activation-sized allocations), or with ``fold=True`` folded into the weights (equal to float
+rounding). Module structure and state-dict keys are torchvision's.
 """
 
 from __future__ import annotations
@@ -46,7 +32,7 @@ def _downsample(block: nn.Module, x: Tensor, fold: bool) -> Tensor:
 
 
 def block_forward(block: nn.Module, x: Tensor, fold: bool = False) -> Tensor:
-    """The forward of a torchvision ``BasicBlock``/``Bottleneck`` (see the module docstring)."""
+    """The forward of a torchvision ``BasicBlock``/``Bottleneck``, residual sum in place."""
     if isinstance(block, Bottleneck):
         out = F.relu(conv_norm(block.conv1, block.bn1, x, fold), inplace=True)
         out = F.relu(conv_norm(block.conv2, block.bn2, out, fold), inplace=True)

@@ -1,40 +1,6 @@
-"""timm backbones (``model.backbone.source: timm``): any timm model with ``features_only``.
-
-Stages are matched to timm feature levels by **stride**: stage ``s`` is the
-deepest level of ``feature_info`` whose reduction is ``2 ** (s + 1)`` (4, 8,
-16, 32), so ``out_stages`` means the same for a ResNet, a ConvNeXt or a
-Twins-PCPVT. Models without such levels (plain ViTs: every level at stride
-16) are refused with the strides they do have. Channels and strides come from
-``feature_info``; models that return channels-last maps (Swin) are permuted
-to ``[B, C, H, W]``. The model must accept any input size (detection images
-vary), which rules out models built for one fixed size.
-
-``norm``: ``frozen_bn`` turns every ``BatchNorm2d`` (and timm's
-``BatchNormAct2d``) into a frozen one (torchvision's ``FrozenBatchNorm2d``,
-eps inside the rsqrt) with :func:`timm.layers.freeze_batch_norm_2d`;
-``bn`` keeps trainable BatchNorm; ``sync_bn`` converts it with
-:func:`timm.layers.convert_sync_batchnorm` (which keeps the activation of
-``BatchNormAct2d``). Models normalised with LayerNorm or GroupNorm (ConvNeXt,
-Twins) have no BatchNorm, so ``norm`` does not change them and their norm
-layers train with the rest of the unfrozen backbone.
-
-``frozen_stages = N`` (``1 <= N``) freezes every parameter that the stride
-``2 ** (N + 1)`` feature map depends on: the stem and the first ``N`` stages,
-whatever the module layout (Twins keeps all patch embeddings in one list and
-the PEGs in another; gradient reachability finds the right ones). The
-dependency is found once by backpropagating through the model on the ``meta``
-device, which costs no memory or compute. ``0`` trains everything;
-``train: false`` freezes everything.
-
-``weights``: ``None`` random init (the default; no network); ``pretrained``
-timm's own weights (downloads, needs network); a local file or URL holding
-either a timm state dict of the whole model (``timm.create_model(name)
-.state_dict()``, the layout of timm's published files) or this backbone's
-body (``backbone.body.*`` of a detr_peg detector checkpoint, whose other
-weights are ignored).
-
-timm is imported by the functions that use it, when a timm backbone is built
-or checked: it is a large import that every command would otherwise pay.
+"""timm backbones (``model.backbone.source: timm``): any timm ``features_only`` model, stage ``s``
+matched to its feature level at stride ``2 ** (s + 1)`` (docs/integrations.md). timm is imported
+lazily: it is a large import every command would otherwise pay.
 """
 
 from __future__ import annotations
@@ -63,17 +29,9 @@ PROBE_SIZE = 64
 
 
 class TimmBackbone(Backbone):
-    """A timm ``features_only`` model whose outputs are the requested levels.
+    """A timm ``features_only`` model whose outputs are the requested levels; state-dict keys are ``body.`` + timm's.
 
-    State-dict keys are ``body.`` plus timm's features-model keys.
-
-    Args:
-        body: ``timm.create_model(name, features_only=True, out_indices=...)``
-            returning one map per requested level, finest first.
-        out_channels: channels of each returned level.
-        strides: stride of each returned level.
-        channels_last: the body returns ``[B, H, W, C]`` maps (timm's ``NHWC``
-            output format); they are permuted to ``[B, C, H, W]``.
+    ``channels_last``: the body returns ``[B, H, W, C]`` maps (timm ``NHWC``), permuted to ``[B, C, H, W]``.
     """
 
     def __init__(
@@ -110,12 +68,7 @@ def check_timm_name(name: str) -> None:
 
 
 def layout_model(name: str) -> nn.Module:
-    """The features model with all levels, on the ``meta`` device (no weights, no compute).
-
-    It is only read (``feature_info``, parameter names) and probed for
-    dependencies. A model whose constructor needs real values falls back to
-    the CPU.
-    """
+    """The features model with all levels on the ``meta`` device (CPU if its constructor needs real values)."""
     import timm
 
     try:
@@ -130,16 +83,9 @@ def layout_model(name: str) -> nn.Module:
 
 
 def stage_levels(feature_info, stages: list[int], name: str, field: str) -> list[int]:
-    """``feature_info`` indices of the levels at stride ``2 ** (s + 1)`` for each stage ``s``.
+    """``feature_info`` indices of the levels at stride ``2 ** (s + 1)`` for each 1-based stage ``s``.
 
-    Args:
-        feature_info: a timm ``FeatureInfo`` (all levels are considered).
-        stages: 1-based stages.
-        name: the timm model name, for messages.
-        field: the config field that asked for the stages, for messages.
-
-    Raises:
-        ConfigError: a stage has no level with its stride; lists the strides there are.
+    Raises ConfigError, listing the model's strides, when a stage has no level with its stride.
     """
     reductions = [entry["reduction"] for entry in feature_info.info]
     indices = []
@@ -157,15 +103,9 @@ def stage_levels(feature_info, stages: list[int], name: str, field: str) -> list
 
 
 def dependent_parameters(model: nn.Module, level: int) -> set[str]:
-    """Names of the parameters that feature level ``level`` of ``model`` depends on.
+    """Names of the parameters that get a gradient from feature level ``level`` on a zero image.
 
-    Backpropagates from that level's output on a zero image; a parameter
-    depends on it when it gets a gradient. On the ``meta`` device this only
-    builds the graph.
-
-    Args:
-        model: a timm features model (any device), left in its original mode.
-        level: a ``feature_info`` index.
+    Raises ConfigError if the model refuses a ``PROBE_SIZE`` image; leaves the model's mode unchanged.
     """
     out_indices = list(model.feature_info.out_indices)
     if level not in out_indices:
@@ -196,7 +136,7 @@ def dependent_parameters(model: nn.Module, level: int) -> set[str]:
 
 
 def create_body(cfg: BackboneConfig, out_indices: list[int], layout: nn.Module) -> nn.Module:
-    """Create the features model with ``cfg.weights`` loaded (see the module docstring)."""
+    """The features model with ``cfg.weights``: None, ``"pretrained"``, or a file/URL of a timm/detr_peg state dict."""
     import timm
 
     kwargs = dict(features_only=True, out_indices=tuple(out_indices))
@@ -226,11 +166,7 @@ def backbone_state(spec: str) -> dict[str, Tensor]:
 
 
 def check_full_model_state(name: str, state: dict[str, Tensor], source: str) -> None:
-    """Check that ``state`` is a state dict of the whole timm model ``name`` (classifier optional).
-
-    Raises:
-        CheckpointError: missing or unexpected keys, or shapes that differ.
-    """
+    """Raise CheckpointError unless ``state`` fits the whole timm model ``name`` (classifier optional)."""
     import timm
 
     with torch.device("meta"):
@@ -290,7 +226,7 @@ def frozen_parameter_names(cfg: BackboneConfig, layout: nn.Module, body: nn.Modu
 
 @BACKBONES.register("timm")
 def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackbone:
-    """Build a timm backbone from ``cfg`` (see :data:`BACKBONES` and the module docstring)."""
+    """Build a timm backbone from ``cfg``; ConfigError for bad ``out_stages``, ``dilation`` or an unknown name."""
     if not out_stages or sorted(set(out_stages)) != list(out_stages) or not set(out_stages) <= set(STAGES):
         raise ConfigError(f"model.backbone.out_stages must be ascending stage numbers in 1..4, got {out_stages}.")
     if cfg.dilation:

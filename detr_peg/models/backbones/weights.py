@@ -22,12 +22,7 @@ DETECTOR_PREFIXES = ("backbone.0.body.", "backbone.body.")
 
 
 def download_error(what: str, exc: BaseException) -> CheckpointError:
-    """The one-line error for backbone weights that could not be downloaded: what to set instead.
-
-    Args:
-        what: the weights, in words (``torchvision's ImageNet weights of resnet50 (URL)``).
-        exc: the error of the download (its first line is quoted).
-    """
+    """The one-line CheckpointError for backbone weights that could not be downloaded, naming what to set instead."""
     lines = str(exc).strip().splitlines()
     reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     return CheckpointError(
@@ -50,17 +45,9 @@ def extract_state_dict(obj: object, source: str) -> dict[str, Tensor]:
 
 
 def read_backbone_state(spec: str) -> dict[str, Tensor]:
-    """Read the state dict of backbone weights from a local file or URL.
+    """The tensor state dict in a ``.pth``/``.pt``/``.safetensors`` file or URL, unwrapped from ``state_dict`` etc.
 
-    Args:
-        spec: local ``.pth``/``.pt``/``.safetensors`` file or ``http(s)://`` URL.
-
-    Returns:
-        ``{key: Tensor}`` as stored (nested ``state_dict``/``model``/``module``
-        entries are unwrapped; keys are not renamed).
-
-    Raises:
-        CheckpointError: missing, unreadable or unsafe file, or no tensors in it.
+    Raises CheckpointError for a missing, unreadable or unsafe file, a failed download, or no tensors.
     """
     if is_url(spec):
         try:
@@ -97,19 +84,11 @@ def load_backbone_weights(
     ignore_prefixes: tuple[str, ...] = (),
     strip_prefixes: tuple[str, ...] = STRIP_PREFIXES,
 ) -> None:
-    """Load a state dict into a backbone body.
+    """Load the weights in ``spec`` (file or URL) into a backbone body.
 
-    Args:
-        body: the module to load into.
-        spec: local ``.pth``/``.pt``/``.safetensors`` file or ``http(s)://`` URL.
-        ignore_prefixes: keys of the file to skip (for example the classifier
-            ``fc.`` of an ImageNet checkpoint, or stages that were not built).
-        strip_prefixes: prefixes removed from keys first, so detector
-            checkpoints work as backbone weights too (their other weights
-            are dropped, see :func:`backbone_part`).
-
-    Raises:
-        CheckpointError: unreadable file, or keys/shapes that do not fit.
+    ``ignore_prefixes``: keys to skip (e.g. an ImageNet classifier ``fc.``); ``strip_prefixes`` are
+    removed first so detector checkpoints work too (their other weights are dropped).
+    Raises CheckpointError for an unreadable file or keys/shapes that do not fit.
     """
     state = strip_key_prefixes(backbone_part(read_backbone_state(spec)), strip_prefixes)
     load_state_checked(body, state, spec, ignore_prefixes=ignore_prefixes)
@@ -118,19 +97,9 @@ def load_backbone_weights(
 def load_state_checked(
     body: nn.Module, state: dict[str, Tensor], source: str, *, ignore_prefixes: tuple[str, ...] = ()
 ) -> None:
-    """Load ``state`` into ``body`` after checking that keys and shapes fit exactly.
+    """Load ``state`` into ``body`` after checking keys and shapes fit exactly (``num_batches_tracked`` ignored).
 
-    ``num_batches_tracked`` entries are ignored on both sides (frozen BatchNorm
-    has none).
-
-    Args:
-        body: the module to load into.
-        state: the state dict, keys already in ``body``'s layout.
-        source: where ``state`` came from, for error messages.
-        ignore_prefixes: keys of ``state`` to skip.
-
-    Raises:
-        CheckpointError: missing or unexpected keys, or a shape that differs.
+    Raises CheckpointError for missing or unexpected keys or a differing shape.
     """
     cleaned = {
         key: value

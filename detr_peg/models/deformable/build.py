@@ -22,12 +22,7 @@ from detr_peg.models.registry import Architecture, AttentionImpls, register_arch
 
 
 def default_out_stages(num_feature_levels: int) -> list[int]:
-    """Backbone stages used when ``model.backbone.out_stages`` is unset.
-
-    The official code takes C3-C5 (stages 2-4) when there is more than one
-    level and C5 alone for one level; with two levels (which the official code
-    cannot build) C4-C5 are used.
-    """
+    """Stages when ``model.backbone.out_stages`` is unset: C3-C5 (official), C4-C5 for two levels, C5 for one."""
     if num_feature_levels <= 1:
         return [4]
     return [2, 3, 4][-min(num_feature_levels, 3) :]
@@ -104,11 +99,7 @@ def build_deformable_detr(cfg: Config) -> DeformableDETR:
 
 
 def build_deformable_criterion(cfg: Config) -> SetCriterion:
-    """The Deformable-DETR loss: focal class cost and sigmoid focal loss.
-
-    Two-stage proposal losses (``*_enc``) are weighted whenever the model is
-    two-stage (the official code weights them only together with ``aux_loss``).
-    """
+    """The Deformable-DETR loss (focal); ``*_enc`` terms weighted whenever two-stage (officially only with aux loss)."""
     loss = cfg.loss
     matcher = HungarianMatcher(
         cost_class=loss.set_cost_class,

@@ -1,20 +1,6 @@
-"""The Deformable-DETR decoder, with optional iterative box refinement.
-
-Each layer: self-attention among the queries (``query_pos`` added to queries
-and keys), multi-scale deformable cross-attention from the queries to the
-encoder memory around each query's reference point, and a feed-forward block;
-post-norm, no final decoder norm.
-
-Reference points are sigmoid-space and relative to the unpadded image: either
-``(x, y)`` points (``Tensor[B, Q, 2]``) or ``(cx, cy, w, h)`` boxes
-(``Tensor[B, Q, 4]``). Before each layer they are scaled by the valid ratios of
-every level, because the attention samples on the padded maps.
-
-With iterative box refinement the decoder is given one box head per layer:
-after layer ``i`` the head predicts a delta in logit space, the reference
-becomes ``sigmoid(delta + inverse_sigmoid(reference))`` (a point's delta only
-moves its centre and adds a size, turning it into a box), and the result is
-detached before it feeds the next layer, as in the official code.
+"""The Deformable-DETR decoder (post-norm, no final norm), with optional iterative box refinement.
+References are sigmoid-space, relative to the unpadded image, and scaled by each level's valid
+ratios before every layer because the attention samples the padded maps.
 """
 
 from __future__ import annotations
@@ -38,15 +24,10 @@ def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
 
 
 def refine_reference(delta: Tensor, reference: Tensor) -> Tensor:
-    """Apply a box head's logit-space delta to a reference, in logit space.
+    """Apply a box head's logit-space ``delta`` ``[..., 4]`` to a sigmoid-space reference ``[..., 2 or 4]``.
 
-    Args:
-        delta: ``Tensor[..., 4]`` box head output.
-        reference: ``Tensor[..., 2]`` sigmoid-space points or ``Tensor[..., 4]`` boxes.
-
-    Returns:
-        ``Tensor[..., 4]`` unactivated (cx, cy, w, h); apply ``sigmoid`` for boxes.
-        For a 2-d reference only the centre gets the reference added.
+    Returns unactivated ``(cx, cy, w, h)`` ``[..., 4]``; a 2-d reference is added to the centre only.
+    Raises ValueError for another reference width.
     """
     if reference.shape[-1] == 4:
         return delta + inverse_sigmoid(reference)
@@ -58,16 +39,8 @@ def refine_reference(delta: Tensor, reference: Tensor) -> Tensor:
 class DeformableDecoderLayer(nn.Module):
     """Self-attention, deformable cross-attention and feed-forward block (post-norm).
 
-    Norm names follow the official code: ``norm2`` after self-attention,
-    ``norm1`` after cross-attention, ``norm3`` after the feed-forward block.
-
-    Args:
-        self_attn: multi-head self-attention among the queries.
-        cross_attn: an ``MSDeformAttn`` over ``L`` levels.
-        d_model: token width ``C``.
-        dim_feedforward: feed-forward hidden width.
-        dropout: dropout rate.
-        activation: feed-forward activation name.
+    Norm names are the official ones: ``norm2`` after self-attention, ``norm1`` after cross-attention,
+    ``norm3`` after the feed-forward block.
     """
 
     def __init__(
@@ -97,19 +70,7 @@ class DeformableDecoderLayer(nn.Module):
     def forward(
         self, tgt: Tensor, query_pos: Tensor, reference_points: Tensor, memory: Tensor, layout: LevelLayout
     ) -> Tensor:
-        """Decode one layer.
-
-        Args:
-            tgt: ``Tensor[B, Q, C]`` query content.
-            query_pos: ``Tensor[B, Q, C]`` query positional embedding.
-            reference_points: ``Tensor[B, Q, L, 2 or 4]`` references scaled to
-                each padded level.
-            memory: ``Tensor[B, S, C]`` encoder output.
-            layout: the memory's token layout (shapes, level starts, padding mask).
-
-        Returns:
-            ``Tensor[B, Q, C]``.
-        """
+        """``tgt``, ``query_pos`` ``[B, Q, C]``; refs ``[B, Q, L, 2 or 4]`` per padded level; memory ``[B, S, C]``."""
         q = tgt + query_pos
         tgt = self.norm2(tgt + self.dropout2(self.self_attn(q, q, tgt)))
         attn = self.cross_attn(
@@ -127,12 +88,7 @@ class DeformableDecoderLayer(nn.Module):
 
 
 class DeformableDecoder(nn.Module):
-    """A stack of deformable decoder layers returning every layer's output and references.
-
-    Args:
-        layer: the layer to clone ``num_layers`` times (``layers.{i}``).
-        num_layers: number of layers.
-    """
+    """A stack of ``num_layers`` clones of ``layer`` (``layers.{i}``)."""
 
     def __init__(self, *, layer: DeformableDecoderLayer, num_layers: int) -> None:
         super().__init__()
@@ -148,23 +104,11 @@ class DeformableDecoder(nn.Module):
         query_pos: Tensor,
         box_heads: Sequence[nn.Module] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Decode the queries.
+        """Decode ``tgt``/``query_pos`` ``[B, Q, C]`` over ``memory`` ``[B, S, C]`` around ``reference_points``
+        ``[B, Q, 2 or 4]`` (sigmoid-space, relative to the unpadded image).
 
-        Args:
-            tgt: ``Tensor[B, Q, C]`` initial query content.
-            reference_points: ``Tensor[B, Q, 2 or 4]`` initial sigmoid-space
-                references, relative to the unpadded image.
-            memory: ``Tensor[B, S, C]`` encoder output.
-            layout: the memory's token layout.
-            query_pos: ``Tensor[B, Q, C]`` query positional embedding.
-            box_heads: one box head per layer for iterative refinement
-                (``Tensor[..., C] -> Tensor[..., 4]``), or None to keep the
-                references fixed.
-
-        Returns:
-            ``(hs, references)``: ``hs`` ``Tensor[N, B, Q, C]`` is the output
-            of each of the ``N`` layers; ``references`` ``Tensor[N, B, Q, 2 or 4]``
-            the (detached, with refinement) references after each layer.
+        With ``box_heads`` (one per layer) references are refined and detached after each layer, as
+        officially. Returns ``(hs [N, B, Q, C], references [N, B, Q, 2 or 4])``.
         """
         ratios = layout.valid_ratios
         box_ratios = torch.cat([ratios, ratios], -1)

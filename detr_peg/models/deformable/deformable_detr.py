@@ -1,22 +1,6 @@
-"""The Deformable-DETR detector (fundamentalvision/Deformable-DETR).
-
-Multi-scale input: the backbone's levels (C3-C5 by default) are each projected
-to ``hidden_dim`` by a 1x1 convolution and GroupNorm(32); further levels are
-made by 3x3 stride-2 convolutions with GroupNorm, the first one applied to
-the backbone's last feature map (not to its projection), each later one to the
-previous extra level. Every level's padding mask is derived from the image
-mask by ``model.mask_rule`` (:mod:`detr_peg.models.masking`; the official
-rule is nearest interpolation).
-
-Heads: a linear class head with sigmoid (focal) logits, ``num_classes``
-outputs and no "no object" class, initialised to a 0.01 prior, and a 3-layer
-box MLP predicting a logit-space delta that is added to the inverse sigmoid of
-the layer's reference. Without box refinement one class head and one box head
-are shared by all decoder layers: ``class_embed`` and ``bbox_embed`` are lists
-holding the same module once per layer, as in the official code, so the
-state dict holds the same alias keys as the official checkpoints. With
-refinement every layer has its own heads, and two-stage adds one more pair
-(the last) that scores the encoder proposals.
+"""The Deformable-DETR detector (fundamentalvision/Deformable-DETR). Without box refinement
+``class_embed``/``bbox_embed`` list one shared module per layer, as the official code does, so the
+state dict holds the official alias keys.
 """
 
 from __future__ import annotations
@@ -39,16 +23,7 @@ PRIOR_PROB = 0.01
 
 
 class InputProjection(nn.Module):
-    """A convolution followed by GroupNorm(32): one feature level to ``hidden_dim`` channels.
-
-    State-dict keys: ``conv.*`` and ``norm.*`` (the official ``0.*`` and ``1.*``).
-
-    Args:
-        in_channels: input channels.
-        out_channels: ``hidden_dim`` (a multiple of 32).
-        kernel_size: 1 for backbone levels, 3 for extra levels.
-        stride: 1 for backbone levels, 2 for extra levels.
-    """
+    """Conv + GroupNorm(32) to ``hidden_dim`` channels; keys ``conv.*``/``norm.*`` are the official ``0.*``/``1.*``."""
 
     def __init__(self, *, in_channels: int, out_channels: int, kernel_size: int = 1, stride: int = 1) -> None:
         super().__init__()
@@ -63,27 +38,11 @@ class InputProjection(nn.Module):
 
 
 class DeformableDETR(nn.Module):
-    """Deformable-DETR: multi-scale backbone, deformable transformer, focal class head, box head.
+    """Deformable-DETR: multi-scale backbone, deformable transformer, sigmoid (focal) class head, box head.
 
-    Args:
-        backbone: feature extractor returning ``len(backbone.out_channels)``
-            levels, at most ``transformer.num_feature_levels``.
-        transformer: the deformable transformer (holds the positional encoding).
-        num_classes: object classes ``K`` (sigmoid outputs, no "no object").
-        num_queries: learned object queries (ignored in two-stage mode, where
-            the queries are ``transformer.two_stage_num_proposals`` proposals).
-        aux_loss: also return the predictions of every earlier decoder layer.
-        with_box_refine: iterative box refinement (a box head per decoder layer
-            that also updates the next layer's reference boxes).
-        two_stage: queries from the encoder's top proposals (needs ``with_box_refine``).
-        mask_rule: ``nearest`` (official) or ``stride``; see :mod:`detr_peg.models.masking`.
-
-    Attributes:
-        feature_strides: the stride of every level the transformer sees (the
-            backbone's, then twice the previous one per extra level).
-        size_divisibility: padded batches should be a multiple of this many
-            pixels (the coarsest stride), so both mask rules give each level
-            the valid extent the image alone has.
+    ``num_classes`` has no "no object" class; ``num_queries`` is ignored with ``two_stage`` (which needs
+    ``with_box_refine``). ``feature_strides``: every level's stride (extra levels double the last).
+    Raises ValueError for inconsistent ``two_stage`` or more backbone levels than the transformer takes.
     """
 
     def __init__(
@@ -135,7 +94,7 @@ class DeformableDETR(nn.Module):
 
     @property
     def size_divisibility(self) -> int:
-        """Pixels a padded batch's height and width should be a multiple of."""
+        """The multiple a padded batch's sides should be (the coarsest stride), so both mask rules agree."""
         return max(self.feature_strides)
 
     def _build_heads(self, d: int, num_classes: int, num_layers: int) -> tuple[nn.ModuleList, nn.ModuleList]:
@@ -159,26 +118,11 @@ class DeformableDETR(nn.Module):
         return class_heads, box_heads
 
     def forward(self, images: Tensor | Sequence[Tensor], mask: Tensor | None = None) -> dict:
-        """Detect objects.
+        """Detect objects; inputs as :meth:`DETR.forward <detr_peg.models.detr.detr.DETR.forward>`.
 
-        Args:
-            images: ``Tensor[B, 3, H, W]`` padded batch (normalised, zeros in the
-                padding) or a list of unpadded ``Tensor[3, H_i, W_i]`` (padded
-                here to a multiple of :attr:`size_divisibility`).
-            mask: ``Tensor[B, H, W]`` bool, True = padding (batch input only;
-                ``None`` = no padding).
-
-        Returns:
-            dict with
-
-            - ``pred_logits``: ``Tensor[B, Q, K]`` sigmoid logits.
-            - ``pred_boxes``: ``Tensor[B, Q, 4]`` normalised (cx, cy, w, h) in
-              [0, 1], relative to each unpadded image.
-            - ``aux_outputs`` (if ``aux_loss``): list of ``{"pred_logits",
-              "pred_boxes"}`` for decoder layers ``0 .. N-2``.
-            - ``enc_outputs`` (two-stage): ``{"pred_logits": Tensor[B, S, K],
-              "pred_boxes": Tensor[B, S, 4]}``, one proposal per encoder token;
-              invalid and padded proposals have boxes of exactly 1.0.
+        Returns ``pred_logits`` ``[B, Q, K]`` sigmoid logits, ``pred_boxes`` ``[B, Q, 4]`` cxcywh normalised
+        to each unpadded image, ``aux_outputs`` (with ``aux_loss``) for layers ``0 .. N-2``, and two-stage
+        ``enc_outputs`` ``[B, S, K]``/``[B, S, 4]`` per encoder token (invalid proposals: boxes exactly 1.0).
         """
         images, mask = batch_with_mask(images, mask, self.size_divisibility)
         features = self.backbone(images)

@@ -1,16 +1,6 @@
-"""The Deformable-DETR encoder: multi-scale deformable self-attention over all levels.
-
-Every token of every level is a query; its reference point is its own pixel
-centre (:func:`~detr_peg.models.deformable.levels.encoder_reference_points`),
-and it samples ``n_points`` values per head around that point on each level.
-The layer is post-norm, as in the official code: attention, add, LayerNorm,
-feed-forward, add, LayerNorm; there is no final encoder norm.
-
-The positional term (``pos``: the sine/learned map plus the level embedding,
-or the level embedding alone for ``peg`` and ``none``) is added to the queries
-only; the values are the tokens themselves. Between layers the positional
-encoding may mix the tokens (:meth:`PositionalEncoding.mix`), which is where a
-PEG acts, exactly as in the DETR encoder.
+"""The Deformable-DETR encoder (post-norm, no final norm): every token queries all levels around its own
+pixel centre. The positional term is added to the queries only, and the positional encoding may
+mix tokens between layers (where a PEG acts).
 """
 
 from __future__ import annotations
@@ -31,15 +21,7 @@ def with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
 
 
 class DeformableEncoderLayer(nn.Module):
-    """Multi-scale deformable self-attention and feed-forward block (post-norm).
-
-    Args:
-        self_attn: an ``MSDeformAttn`` over ``L`` levels.
-        d_model: token width ``C``.
-        dim_feedforward: feed-forward hidden width.
-        dropout: dropout rate.
-        activation: feed-forward activation name.
-    """
+    """Multi-scale deformable self-attention and feed-forward block (post-norm)."""
 
     def __init__(
         self, *, self_attn: nn.Module, d_model: int, dim_feedforward: int, dropout: float, activation: str = "relu"
@@ -56,18 +38,7 @@ class DeformableEncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
 
     def forward(self, src: Tensor, pos: Tensor | None, reference_points: Tensor, layout: LevelLayout) -> Tensor:
-        """Encode one layer.
-
-        Args:
-            src: ``Tensor[B, S, C]`` tokens of all levels.
-            pos: positional term, ``Tensor[B, S, C]`` or ``Tensor[S, C]``, or None.
-            reference_points: ``Tensor[B, S, L, 2]`` normalised ``(x, y)`` over
-                the padded maps.
-            layout: the token layout (shapes, level starts, padding mask).
-
-        Returns:
-            ``Tensor[B, S, C]``.
-        """
+        """``src`` ``[B, S, C]``; ``pos`` ``[B, S, C]``, ``[S, C]`` or None; refs ``[B, S, L, 2]`` on padded maps."""
         attn = self.self_attn(
             with_pos(src, pos),
             reference_points,
@@ -83,12 +54,7 @@ class DeformableEncoderLayer(nn.Module):
 
 
 class DeformableEncoder(nn.Module):
-    """A stack of deformable encoder layers; the positional encoding may mix tokens between them.
-
-    Args:
-        layer: the layer to clone ``num_layers`` times (``layers.{i}``).
-        num_layers: number of layers.
-    """
+    """A stack of ``num_layers`` clones of ``layer`` (``layers.{i}``)."""
 
     def __init__(self, *, layer: DeformableEncoderLayer, num_layers: int) -> None:
         super().__init__()
@@ -96,19 +62,7 @@ class DeformableEncoder(nn.Module):
         self.num_layers = num_layers
 
     def forward(self, src: Tensor, pos: Tensor | None, layout: LevelLayout, position: PositionalEncoding) -> Tensor:
-        """Encode the multi-scale token sequence.
-
-        Args:
-            src: ``Tensor[B, S, C]`` flattened projected features.
-            pos: positional term (see :class:`DeformableEncoderLayer`).
-            layout: the token layout.
-            position: the model's positional encoding; ``position.mix(i, ...)``
-                runs after layer ``i`` (and ``i = -1`` before the first) when
-                ``position.mixes_after(i)``.
-
-        Returns:
-            memory ``Tensor[B, S, C]``.
-        """
+        """``src`` ``[B, S, C]`` -> memory ``[B, S, C]``; ``position.mix`` runs where ``position.mixes_after(i)``."""
         reference_points = encoder_reference_points(layout)
         if position.mixes_after(-1):
             src = position.mix(-1, src, layout.mask, layout.shapes)

@@ -1,15 +1,5 @@
-"""Multi-scale feature maps as one token sequence: layout, valid ratios, reference points.
-
-Deformable-DETR flattens every feature level ``l`` (``Tensor[B, C, H_l, W_l]``,
-row-major) and concatenates the levels, finest first, into one sequence of
-``S = sum_l H_l * W_l`` tokens. :class:`LevelLayout` records where each level
-sits in that sequence, once per forward pass, both as Python integers (for
-slicing and reshaping without host synchronisation) and as the tensors the
-multi-scale deformable attention expects.
-
-Coordinates are normalised to ``[0, 1]`` over the **padded** feature map, with
-``(0, 0)`` the top-left corner; ``valid_ratios`` (``w``, ``h`` order) convert
-between "relative to the unpadded image" and "relative to the padded map".
+"""Multi-scale feature maps as one token sequence (levels flattened row-major, finest first), its layout,
+valid ratios and reference points. Coordinates are normalised to ``[0, 1]`` over the padded map.
 """
 
 from __future__ import annotations
@@ -25,13 +15,11 @@ class LevelLayout:
     """Where each feature level sits in the flattened token sequence.
 
     Attributes:
-        shapes: ``(H_l, W_l)`` of each level, as Python integers.
-        spatial_shapes: ``Tensor[L, 2]`` int64, the same ``(H_l, W_l)``.
-        level_start_index: ``Tensor[L]`` int64, index of each level's first
-            token (``0, H_0 W_0, H_0 W_0 + H_1 W_1, ...``).
-        mask: ``Tensor[B, S]`` bool, True = padding.
-        valid_ratios: ``Tensor[B, L, 2]`` float32, the unpadded fraction of
-            each level as ``(w_ratio, h_ratio)``.
+        shapes: ``(H_l, W_l)`` per level as Python ints (symbolic under ``torch.export``).
+        spatial_shapes: ``[L, 2]`` int64, the same sizes.
+        level_start_index: ``[L]`` int64, each level's first token.
+        mask: ``[B, S]`` bool, True = padding.
+        valid_ratios: ``[B, L, 2]`` float32 unpadded fraction ``(w_ratio, h_ratio)``.
     """
 
     shapes: list[tuple[int, int]]
@@ -52,17 +40,7 @@ class LevelLayout:
 
 
 def valid_ratio(mask: Tensor) -> Tensor:
-    """The unpadded fraction of a padded feature map, per image.
-
-    Images sit in the top-left corner, so the first column counts the valid
-    rows and the first row counts the valid columns.
-
-    Args:
-        mask: ``Tensor[B, H, W]`` bool, True = padding.
-
-    Returns:
-        ``Tensor[B, 2]`` float32 as ``(w_ratio, h_ratio)``.
-    """
+    """``[B, H, W]`` padding mask (image top-left) -> ``[B, 2]`` float32 unpadded fraction ``(w_ratio, h_ratio)``."""
     _, h, w = mask.shape
     valid_h = (~mask[:, :, 0]).sum(1)
     valid_w = (~mask[:, 0, :]).sum(1)
@@ -70,15 +48,7 @@ def valid_ratio(mask: Tensor) -> Tensor:
 
 
 def flatten_levels(srcs: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, LevelLayout]:
-    """Flatten and concatenate feature levels into one token sequence.
-
-    Args:
-        srcs: per level ``Tensor[B, C, H_l, W_l]``.
-        masks: per level ``Tensor[B, H_l, W_l]`` bool, True = padding.
-
-    Returns:
-        ``(tokens, layout)`` with ``tokens`` ``Tensor[B, S, C]``.
-    """
+    """Per-level maps ``[B, C, H_l, W_l]`` and padding masks ``[B, H_l, W_l]`` -> ``(tokens [B, S, C], layout)``."""
     # Sizes stay as they are (no int()): under torch.export they are symbolic.
     shapes = [(s.shape[-2], s.shape[-1]) for s in srcs]
     device = srcs[0].device
@@ -94,11 +64,7 @@ def flatten_levels(srcs: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Lev
 
 
 def _long_tensor(values: list, device: torch.device) -> Tensor:
-    """``torch.as_tensor(values, dtype=torch.long)``, keeping symbolic sizes symbolic under ``torch.export``.
-
-    (``as_tensor`` would read them as the traced example's numbers and fix the
-    exported graph to that image size.)
-    """
+    """``torch.as_tensor(values, dtype=torch.long)`` that keeps symbolic sizes symbolic under ``torch.export``."""
     if not torch.compiler.is_exporting():
         return torch.as_tensor(values, dtype=torch.long, device=device)
     flat = [v for item in values for v in (item if isinstance(item, tuple) else (item,))]
@@ -107,17 +73,10 @@ def _long_tensor(values: list, device: torch.device) -> Tensor:
 
 
 def encoder_reference_points(layout: LevelLayout) -> Tensor:
-    """Reference points of the encoder queries: every token's own pixel centre.
+    """Every token's own pixel centre as ``[B, S, L, 2]`` float32 normalised ``(x, y)`` on each padded level.
 
-    The centre of pixel ``(i, j)`` of level ``l``, normalised by the level's
-    *unpadded* size and then scaled by each level's valid ratio, so that a
-    token looks at the same image-relative position on every level.
-
-    Args:
-        layout: the token layout.
-
-    Returns:
-        ``Tensor[B, S, L, 2]`` float32 as normalised ``(x, y)``.
+    Normalised by the level's unpadded size, then scaled by each level's valid ratio, so a token looks at
+    the same image-relative position on every level.
     """
     ratios = layout.valid_ratios
     device = ratios.device
@@ -132,17 +91,9 @@ def encoder_reference_points(layout: LevelLayout) -> Tensor:
 
 
 def level_positions(pos: list[Tensor | None], level_embed: Tensor, layout: LevelLayout) -> Tensor:
-    """The positional term of every token: its level's ``pos`` map plus the level embedding.
+    """Every token's positional term: its level's ``pos`` map (None for ``peg``/``none``) plus ``level_embed[l]``.
 
-    Args:
-        pos: per level ``Tensor[B, C, H_l, W_l]`` from the positional encoding,
-            or ``None`` for encodings that add nothing (``peg``, ``none``).
-        level_embed: ``Tensor[L, C]``, one learned vector per level.
-        layout: the token layout.
-
-    Returns:
-        ``Tensor[B, S, C]``, or ``Tensor[S, C]`` (broadcast over the batch)
-        when no level has a ``pos`` map.
+    Returns ``[B, S, C]``, or ``[S, C]`` (broadcast over the batch) when no level has a ``pos`` map.
     """
     if all(p is None for p in pos):
         return torch.cat([level_embed[l].expand(n, -1) for l, n in enumerate(layout.sizes)], 0)

@@ -1,10 +1,5 @@
-"""Multi-scale deformable attention module (Deformable-DETR's ``MSDeformAttn``).
-
-Parameter names, shapes, initialisation and the forward contract follow
-fundamentalvision/Deformable-DETR ``models/ops/modules/ms_deform_attn.py``, so
-official state dicts load 1:1. The sampling itself is the pure-PyTorch
-:func:`~detr_peg.models.deformable.ms_deform_attn_function.ms_deform_attn`:
-no compiled extension, on CPU and GPU alike.
+"""Deformable-DETR's ``MSDeformAttn`` module, with the official parameter names, layouts and init so
+official state dicts load 1:1; the sampling is the pure-PyTorch :func:`ms_deform_attn`.
 """
 
 from __future__ import annotations
@@ -29,30 +24,9 @@ __all__ = ["MSDeformAttn", "ms_deform_attn"]
 class MSDeformAttn(nn.Module):
     """Multi-scale deformable attention (Zhu et al., "Deformable DETR", ICLR 2021).
 
-    Every query attends to ``n_points`` sampled locations per head and level,
-    placed around its reference point by learned offsets, with attention
-    weights predicted from the query (softmax over ``n_levels * n_points``).
-
-    Parameters (``nn.Linear``, official names and layouts):
-        ``sampling_offsets``: ``d_model -> n_heads * n_levels * n_points * 2``,
-        output laid out ``(heads, levels, points, (x, y))``.
-        ``attention_weights``: ``d_model -> n_heads * n_levels * n_points``,
-        laid out ``(heads, levels * points)``.
-        ``value_proj``, ``output_proj``: ``d_model -> d_model``.
-
-    Args:
-        d_model: embedding size ``C``.
-        n_levels: number of feature levels ``L``.
-        n_heads: number of attention heads ``M``; must divide ``d_model``.
-        n_points: sampling points ``P`` per head and level.
-        impl: implementation of the sampling core, ``"embedding_bag"`` (default),
-            ``"grid_sample"``, ``"grid_sample_sum"`` (the ONNX export path),
-            ``"gather"`` or ``"triton"`` (CUDA only); see :func:`ms_deform_attn`.
-            All give the same result to float rounding.
-
-    Raises:
-        ValueError: if ``d_model`` is not divisible by ``n_heads``, a size is
-            not positive, or ``impl`` is unknown.
+    ``sampling_offsets`` outputs ``(heads, levels, points, (x, y))``; ``attention_weights`` outputs
+    ``(heads, levels * points)``, softmaxed over ``n_levels * n_points``. ``impl``: see :func:`ms_deform_attn`.
+    Raises ValueError if ``n_heads`` does not divide ``d_model``, a size is not positive, or ``impl`` is unknown.
     """
 
     def __init__(
@@ -83,13 +57,7 @@ class MSDeformAttn(nn.Module):
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        """Official init: zero offset weights, bias = a ring of points per head.
-
-        Head ``h`` gets the direction ``(cos, sin)(2 * pi * h / n_heads)``
-        scaled so that its larger component is 1, and point ``i`` of every
-        level goes ``i + 1`` times that far. Attention weights start uniform
-        (zero weight and bias); the projections are Xavier-uniform with zero bias.
-        """
+        """Official init: zero offset weights, a ring of points per head as bias, uniform attention, Xavier."""
         nn.init.constant_(self.sampling_offsets.weight, 0.0)
         thetas = torch.arange(self.n_heads, dtype=torch.float32) * (2.0 * math.pi / self.n_heads)
         grid = torch.stack([thetas.cos(), thetas.sin()], -1)
@@ -116,39 +84,13 @@ class MSDeformAttn(nn.Module):
         *,
         input_shapes: Sequence[tuple[int, int]] | None = None,
     ) -> Tensor:
-        """Attend from every query to sampled points of the multi-level input.
+        """Attend from every query ``[B, Lq, C]`` (positional embedding added) to sampled points of the levels.
 
-        Args:
-            query: ``Tensor[B, Lq, C]`` (positional embedding already added).
-            reference_points: ``Tensor[B, Lq, L, 2]``, normalized ``(x, y)`` per
-                level, ``(0, 0)`` top-left and ``(1, 1)`` bottom-right of the
-                padded feature map (``align_corners=False``); or
-                ``Tensor[B, Lq, L, 4]``, reference boxes ``(cx, cy, w, h)``,
-                normalized the same way.
-            input_flatten: ``Tensor[B, S, C]``, all levels flattened level after
-                level, each row-major; ``S = sum(H_l * W_l)``.
-            input_spatial_shapes: ``Tensor[L, 2]`` int64, ``(H_l, W_l)``.
-            input_level_start_index: ``Tensor[L]`` int64, start of each level in ``S``.
-            input_padding_mask: ``Tensor[B, S]`` bool, ``True`` = padding, or
-                ``None``. Values at padded tokens are zeroed, so padding never
-                reaches the output.
-            input_shapes: the same ``(H_l, W_l)`` as integers (under
-                ``torch.export``, the symbolic sizes of the feature maps), or
-                None. The per-level implementations (``grid_sample``,
-                ``grid_sample_sum``) use them instead of reading
-                ``input_spatial_shapes`` on the host, which keeps an exported
-                graph's image size dynamic; the others ignore them.
-
-        Returns:
-            ``Tensor[B, Lq, C]``.
-
-        Raises:
-            ValueError: if ``reference_points`` does not end in 2 or 4, or
-                (for CPU tensors) ``S`` does not match ``input_spatial_shapes``.
-
-        The sampling location of head ``m``, level ``l``, point ``p`` is
-        ``ref + offset / (W_l, H_l)`` for 2-d references and
-        ``ref[:2] + offset / n_points * ref[2:] * 0.5`` for reference boxes.
+        ``reference_points``: ``[B, Lq, L, 2]`` normalised ``(x, y)`` over the padded map, or ``[B, Lq, L, 4]``
+        normalised cxcywh boxes; ``input_flatten`` ``[B, S, C]``; shapes and level starts as in
+        :func:`ms_deform_attn`; ``input_padding_mask`` ``[B, S]`` bool, True = padding (zeroed values);
+        ``input_shapes`` the sizes as (possibly symbolic) ints, which keep an exported graph's image size
+        dynamic. Returns ``[B, Lq, C]``; raises ValueError for bad reference widths or level sizes.
         """
         b, len_q, _ = query.shape
         _, len_in, _ = input_flatten.shape
@@ -175,26 +117,7 @@ class MSDeformAttn(nn.Module):
         return self.output_proj(output)
 
     def _point_locations(self, reference_points: Tensor, offsets: Tensor, spatial_shapes: Tensor) -> Tensor:
-        """``ref + offset / (W_l, H_l)`` for 2-d reference points, computed column-wise.
-
-        The official code broadcasts ``reference_points[:, :, None, :, None, :]``
-        and the normalizer ``(W_l, H_l)`` over the last dimension of size 2,
-        which makes every element-wise pass iterate over rows of two values
-        (several times slower on the CPU than the same pass over long rows).
-        Here both are laid out as the ``M * L * P * 2`` columns of the offsets,
-        so that the division and the addition run over contiguous rows; the
-        operations and their order are the official ones, so the result is
-        the same to the bit.
-
-        Args:
-            reference_points: ``Tensor[B, Lq, L, 2]`` normalized ``(x, y)``.
-            offsets: ``Tensor[B, Lq, M * L * P * 2]``, the ``sampling_offsets``
-                output, in pixels of each level.
-            spatial_shapes: ``Tensor[L, 2]`` int64 ``(H_l, W_l)``.
-
-        Returns:
-            ``Tensor[B, Lq, M, L, P, 2]`` normalized sampling locations ``(x, y)``.
-        """
+        """``ref + offset / (W_l, H_l)`` as ``[B, Lq, M, L, P, 2]``, over contiguous columns (bit-identical)."""
         b, len_q, n_levels, _ = reference_points.shape
         m, p = self.n_heads, self.n_points
         # (W_l, H_l) of every column (m, l, p, xy): [M * L * P * 2].
@@ -218,12 +141,7 @@ def _check_inputs(
     input_spatial_shapes: Tensor,
     input_shapes: Sequence[tuple[int, int]] | None,
 ) -> None:
-    """Refuse reference points of the wrong width and level sizes that do not add up to the tokens.
-
-    Raises:
-        ValueError: ``reference_points`` does not end in 2 or 4; ``input_spatial_shapes`` does not
-            add up to ``len_in``; ``input_shapes`` differs from ``input_spatial_shapes``.
-    """
+    """ValueError for references not ending in 2 or 4, or (CPU, eager) sizes not fitting ``len_in``/``input_shapes``."""
     if reference_points.shape[-1] not in (2, 4):
         raise ValueError(
             "MSDeformAttn reference_points must end in 2 (x, y) or 4 (cx, cy, w, h), "

@@ -1,20 +1,5 @@
-"""Multi-scale deformable attention core in pure PyTorch: :func:`ms_deform_attn`.
-
-For every query, head, level and point it bilinearly samples the value map of
-that level at a normalized location (``F.grid_sample(mode="bilinear",
-padding_mode="zeros", align_corners=False)`` semantics) and sums the samples
-weighted by the attention weights, as the official ``ms_deform_attn_core_pytorch``.
-``sampling_locations[..., 0]`` is x (along W), ``[..., 1]`` is y; 0 and 1 are
-the outer borders of the map (pixel ``j`` is centred at ``(j + 0.5) / W``);
-corners outside their level read zeros.
-
-``impl`` chooses how: ``embedding_bag`` (default; one ``F.embedding_bag`` over the
-four bilinear corners of every sample, so the samples are never materialised,
-with a closed-form backward), ``grid_sample`` (one ``F.grid_sample`` per level, the
-reference semantics; ``torch.compile(fullgraph=True)`` with list shapes),
-``grid_sample_sum`` (the ONNX export's: ``GridSample``, ``Mul``, ``ReduceSum``),
-``gather`` (plain gathers, an export path without ``GridSample``) and ``triton``
-(CUDA tensors only). Their timings: docs/performance.md.
+"""Multi-scale deformable attention core in pure PyTorch, :func:`ms_deform_attn`, with several
+interchangeable implementations (``impl``); semantics of the official ``ms_deform_attn_core_pytorch``.
 """
 
 from __future__ import annotations
@@ -61,35 +46,13 @@ def ms_deform_attn(
 ) -> Tensor:
     """Multi-scale deformable attention: weighted bilinear samples of multi-level values.
 
-    Args:
-        value: ``Tensor[B, S, n_heads, head_dim]``, the values of all levels,
-            flattened level after level, each level row-major (``S = sum(H_l * W_l)``).
-        spatial_shapes: ``Tensor[L, 2]`` int64, ``(H_l, W_l)`` per level (a list
-            of ``(H, W)`` pairs is accepted too).
-        level_start_index: ``Tensor[L]`` int64, the offset of level ``l`` in ``S``
-            (``[0, H_0*W_0, H_0*W_0 + H_1*W_1, ...]``).
-        sampling_locations: ``Tensor[B, Lq, n_heads, L, P, 2]``, normalized
-            ``(x, y)`` in ``[0, 1]`` over each level with ``align_corners=False``
-            (pixel ``j`` is centered at ``(j + 0.5) / W``); values outside
-            ``[0, 1]`` are allowed and sample zeros beyond the border.
-        attention_weights: ``Tensor[B, Lq, n_heads, L, P]``, already normalized
-            (the official module takes a softmax over ``L * P``).
-        impl: ``"embedding_bag"`` (default, fastest on CPU, no host sync),
-            ``"grid_sample"`` (one ``grid_sample`` per level), ``"grid_sample_sum"``
-            (the same with an elementwise weighted sum, the ONNX export path),
-            ``"gather"`` (gather-multiply-sum in plain tensor ops; see
-            :mod:`~detr_peg.models.deformable.ms_deform_attn_gather`) or
-            ``"triton"`` (CUDA tensors only); see the module docstring.
-
-    Returns:
-        ``Tensor[B, Lq, n_heads * head_dim]``, heads concatenated (head-major),
-        in the dtype that ``value``, ``sampling_locations`` and
-        ``attention_weights`` promote to.
-
-    Raises:
-        ValueError: for an unknown ``impl``, inconsistent tensor shapes, or
-            ``impl="triton"`` on tensors that are not on a CUDA device.
-        RuntimeError: for ``impl="triton"`` when the ``triton`` package is missing.
+    ``value`` ``[B, S, n_heads, head_dim]`` (levels flattened row-major); ``spatial_shapes`` ``[L, 2]``
+    int64 ``(H_l, W_l)`` or a list of pairs; ``level_start_index`` ``[L]`` int64;
+    ``sampling_locations`` ``[B, Lq, n_heads, L, P, 2]`` normalised ``(x, y)`` with ``grid_sample``
+    ``align_corners=False`` semantics, zeros outside; ``attention_weights`` ``[B, Lq, n_heads, L, P]``,
+    already normalised. Returns ``[B, Lq, n_heads * head_dim]`` in the promoted float dtype.
+    Raises ValueError for an unknown ``impl``, bad shapes or ``triton`` off CUDA; RuntimeError for
+    ``triton`` without the package.
     """
     if impl not in IMPLEMENTATIONS + CUDA_IMPLEMENTATIONS:
         raise ValueError(
@@ -115,15 +78,12 @@ def ms_deform_attn(
 
 @torch.compiler.disable
 def _embedding_bag_msda(*args: Tensor) -> Tensor:
-    """:class:`_EmbeddingBagMSDA`, which ``torch.compile`` calls as it is instead of tracing it: its backward
-    builds sparse CSR tensors, which Dynamo cannot trace, and finding that out in every attention layer
-    costs more tracing time than the graph break it ends in."""
+    """Kept out of ``torch.compile``: its backward builds sparse CSR tensors, which Dynamo cannot trace."""
     return _EmbeddingBagMSDA.apply(*args)
 
 
 def _triton_function():
-    """:func:`ms_deform_attn_triton`, imported on first use: ``triton`` is optional, and whether its
-    kernels run in the interpreter (``TRITON_INTERPRET=1``) is fixed when they are defined."""
+    """:func:`ms_deform_attn_triton`, imported on first use (``triton`` is optional)."""
     try:
         from detr_peg.models.deformable.ms_deform_attn_triton import ms_deform_attn_triton
     except ModuleNotFoundError as error:
@@ -181,30 +141,11 @@ def _bilinear_corners(
     index_dtype: torch.dtype,
     index_out: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Row indices and bilinear weights of the four corners of every sample.
+    """Row indices and bilinear weights of the four corners of every sample, laid out planar for long contiguous rows.
 
-    The work is laid out "planar" (coordinate and corner first, then
-    ``B, Lq, M, L, P``) so that every elementwise op runs over long contiguous
-    rows and per-level constants broadcast over leading dimensions only; small
-    trailing dimensions make PyTorch's CPU kernels several times slower.
-
-    Args:
-        spatial_shapes: ``Tensor[L, 2]`` int64 ``(H, W)``.
-        level_start_index: ``Tensor[L]`` int64.
-        sampling_locations: ``Tensor[B, Lq, M, L, P, 2]`` normalized ``(x, y)``.
-        num_values: ``S``, the number of tokens per image.
-        index_dtype: ``torch.int32`` or ``torch.int64`` for the row indices.
-        index_out: optional ``Tensor[B, Lq, M, 2, 2, L, P]`` of ``index_dtype``
-            to write the indices into.
-
-    Returns:
-        ``(index, weight, outside)``: ``index`` is ``Tensor[B, Lq, M, 2 (y corner), 2 (x corner), L, P]``
-        (the layout of the bags), rows of the flattened value table
-        ``value.reshape(B * S * M, head_dim)``; corners outside the level
-        point at a valid row and get weight 0. ``weight`` is
-        ``Tensor[2 (x, y), 2 (corner 0, 1), B, Lq, M, L, P]``, the 1-d bilinear
-        weights ``(1 - frac, frac)``, zero for corner coordinates outside the
-        level, which ``outside`` (bool, same layout) marks.
+    Returns ``(index, weight, outside)``: ``index`` ``[B, Lq, M, 2 (y), 2 (x), L, P]`` rows of
+    ``value.reshape(B * S * M, head_dim)``; ``weight`` ``[2 (x, y), 2 (corner), B, Lq, M, L, P]``, zero
+    where ``outside`` (bool, same layout) marks a corner outside its level.
     """
     b, lq, m, n_levels, n_points, _ = sampling_locations.shape
     device = sampling_locations.device
@@ -239,13 +180,7 @@ def _bilinear_corners(
 def _clamped_corners(
     sampling_locations: Tensor, size: Tensor, per_level, index_dtype: torch.dtype, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Integer corner coordinates clamped into each level, their 1-d bilinear weights, and which were outside.
-
-    Returns:
-        ``(clamped, weight, outside)``: ``clamped`` and ``outside`` are
-        ``Tensor[2 (x, y), 2 (corner 0, 1), B, Lq, M, L, P]``; ``weight`` is laid
-        out as in :func:`_bilinear_corners`.
-    """
+    """Integer corners clamped into each level ``[2 (x, y), 2, B, Lq, M, L, P]``, their weights, which were outside."""
     b, lq, m, n_levels, n_points, _ = sampling_locations.shape
     device = sampling_locations.device
     # Pixel coordinate ix = loc * W - 0.5, computed the way grid_sample does on
@@ -290,14 +225,7 @@ def _index_dtype(num_rows: int) -> torch.dtype:
 
 
 def _query_chunks(sampling_locations: Tensor) -> list[slice]:
-    """Query ranges processed at once: all on GPUs, blocks of about ``_CPU_CHUNK_SAMPLES`` samples on CPU.
-
-    On CPU the per-sample temporaries of a whole encoder layer are tens of MB,
-    and every op would fault in fresh pages; blocks keep them in cache and let
-    the allocator reuse memory (the encoder forward gets about 1.7x faster).
-    Blocks are not made smaller than that because each costs a few dozen
-    short parallel regions, which stall when other processes hold the cores.
-    """
+    """Query ranges processed at once: all on GPUs; on CPU blocks of ``_CPU_CHUNK_SAMPLES`` samples, kept in cache."""
     b, lq, m, n_levels, n_points, _ = sampling_locations.shape
     if sampling_locations.device.type != "cpu":
         return [slice(0, lq)]
@@ -306,7 +234,7 @@ def _query_chunks(sampling_locations: Tensor) -> list[slice]:
 
 
 class _EmbeddingBagMSDA(torch.autograd.Function):
-    """Deformable attention as one ``embedding_bag`` per query block; see the module docstring."""
+    """Deformable attention as one ``embedding_bag`` per query block, with a closed-form backward."""
 
     @staticmethod
     def forward(
@@ -406,25 +334,8 @@ class _EmbeddingBagMSDA(torch.autograd.Function):
 def _value_scatter(flat_index: Tensor, sample_weight: Tensor, bag_size: int, num_rows: int) -> Tensor:
     """The transposed sampling matrix ``[num_rows, num_bags]`` in CSR form, rows sorted.
 
-    Entry ``(flat_index[k], k // bag_size)`` holds ``sample_weight[k]``, so that
-    ``scatter @ grad_bags`` adds every corner's weighted bag gradient to its value
-    row. The corners are sorted by row here, once, with a stable sort of 32-bit
-    keys (16.5 ms against 25.5 ms for 64-bit keys for the corners of 2,048
-    encoder queries, 2 threads); a COO matrix would be coalesced by ``addmm``
-    instead, with a sort of 64-bit keys, and then multiplied on one thread,
-    where the CSR product is multi-threaded. The sort is the larger part of
-    the cost. Duplicate entries (the same row twice in a bag) stay separate
-    terms of the sum.
-
-    Args:
-        flat_index: ``Tensor[num_bags * bag_size]``, the value row of every corner
-            (int32 where rows and corners fit, see :func:`_index_dtype`).
-        sample_weight: ``Tensor[num_bags * bag_size]``, the weight of every corner.
-        bag_size: corners per bag (``n_levels * n_points * 4``).
-        num_rows: rows of the value table (``B * S * n_heads``).
-
-    Returns:
-        A sparse CSR ``Tensor[num_rows, num_bags]``.
+    Entry ``(flat_index[k], k // bag_size)`` holds ``sample_weight[k]``, so ``scatter @ grad_bags``
+    adds every corner's weighted bag gradient to its value row; duplicate entries stay separate terms.
     """
     rows, order = torch.sort(flat_index, stable=True)
     crow = torch.zeros(num_rows + 1, dtype=torch.int64, device=flat_index.device)

@@ -1,30 +1,6 @@
-"""Multi-scale deformable attention as gather-multiply-sum (``impl="gather"``): an export path without GridSample.
-
-The default ``embedding_bag`` path is a custom autograd function whose
-``F.embedding_bag`` with per-sample weights has no ONNX operator of its own:
-it exports as a loop over every bag (batch x queries x heads iterations).
-Here every bag has the same size (``n_levels * n_points`` samples, each with
-four bilinear corners), so the same sum is written with plain tensor ops:
-
-* the four corners of every sample become row indices into the flattened
-  value table ``value.reshape(B * S * n_heads, head_dim)`` (one ``Gather``
-  along axis 0, the index tensor no larger than the samples), with weights
-  ``bilinear weight x attention weight``, zero for corners outside their level;
-* per corner, the gathered rows ``[B * Lq * n_heads, L * P, head_dim]`` are
-  summed with a batched matrix product by their weights
-  ``[B * Lq * n_heads, 1, L * P]``.
-
-Everything is shape-polymorphic (no Python loop over levels, no host values),
-so the exported graph takes any image size and batch. The result equals the
-default path to float32 rounding (the sums run in another order); the
-coordinate arithmetic is the one of ``ms_deform_attn_function``, so the
-same cell is picked for points on pixel centres. Gradients come from plain
-autograd. It materialises one corner's samples at a time
-(``B * Lq * n_heads * L * P * head_dim`` values), which the default path
-avoids, so training and PyTorch inference keep ``embedding_bag``. The ONNX
-export traces ``impl="grid_sample_sum"`` instead (one ``GridSample`` per
-level, faster in ONNX Runtime: docs/export.md has the figures); this one stays for graphs that
-must do without ``GridSample``.
+"""Multi-scale deformable attention as gather-multiply-sum (``impl="gather"``): plain, shape-polymorphic
+tensor ops for exported graphs that must do without ``GridSample``. Equal to the default path to
+float rounding, but materialises one corner's samples at a time, so training keeps ``embedding_bag``.
 """
 
 from __future__ import annotations
@@ -48,16 +24,10 @@ def ms_deform_attn_gather(
 ) -> Tensor:
     """Deformable attention with gathers and batched matrix products.
 
-    Args:
-        value: ``Tensor[B, S, n_heads, head_dim]``.
-        spatial_shapes: ``Tensor[L, 2]`` int64 ``(H_l, W_l)``.
-        level_start_index: ``Tensor[L]`` int64.
-        sampling_locations: ``Tensor[B, Lq, n_heads, L, P, 2]`` normalized ``(x, y)``,
-            ``align_corners=False``.
-        attention_weights: ``Tensor[B, Lq, n_heads, L, P]``.
-
-    Returns:
-        ``Tensor[B, Lq, n_heads * head_dim]`` (all inputs already in one dtype).
+    ``value`` ``[B, S, M, D]``; ``spatial_shapes`` ``[L, 2]`` int64 ``(H_l, W_l)``; ``level_start_index``
+    ``[L]`` int64; ``sampling_locations`` ``[B, Lq, M, L, P, 2]`` normalised ``(x, y)``,
+    ``align_corners=False``; ``attention_weights`` ``[B, Lq, M, L, P]``; all floats in one dtype.
+    Returns ``[B, Lq, M * D]``.
     """
     b, s, m, d = value.shape
     lq, n_levels, n_points = sampling_locations.shape[1], sampling_locations.shape[3], sampling_locations.shape[4]

@@ -1,32 +1,7 @@
-"""Multi-scale deformable attention with one ``grid_sample`` per level (``impl="grid_sample"`` and ``"grid_sample_sum"``).
-
-Both write the official algorithm (``ms_deform_attn_core_pytorch``: bilinear
-``F.grid_sample(padding_mode="zeros", align_corners=False)`` of every level's
-value map at that level's sampling locations, weighted by the attention
-weights and summed) without stacking the levels; they differ in how the
-samples of one level are weighted and summed over the points:
-
-``"grid_sample"`` (:func:`ms_deform_attn_grid_sample`)
-    samples ``[B * M, D, Lq, P]`` times the weights ``[B * M, Lq, P, 1]`` as a
-    batched matrix product, which PyTorch runs well forward and backward. It is
-    the reference-semantics path, the one FLOPs are counted with, and the one
-    for ``torch.compile(fullgraph=True)``.
-``"grid_sample_sum"`` (:func:`ms_deform_attn_grid_sample_sum`)
-    the grid is ``P`` rows of ``Lq`` points per (image, head), and the points
-    are weighted by an elementwise product and summed (``ReduceSum``). This is
-    the ONNX export path: the matrix product above becomes one ONNX ``MatMul``
-    over ``B * M * Lq`` batches of ``D x P`` matrices, which ONNX Runtime runs
-    one small product at a time (slower than the whole sum: docs/export.md),
-    and ``GridSample`` (opset 16+) is a native operator of ONNX Runtime and
-    TensorRT. Unlike the gathers of ``impl="gather"``, nothing larger than one
-    level's samples (``B * M * D * Lq * P`` values, a quarter of what one
-    gathered corner of all levels takes) exists at a time.
-
-The level sizes are read from ``spatial_shapes`` when it is a list of
-``(H, W)`` pairs: Python integers, or under ``torch.export`` the symbolic
-sizes of the feature maps, so the exported graph keeps any image size
-(``MSDeformAttn`` passes them). Given a tensor, they are read on the host (a
-sync on GPUs, and a fixed size under ``torch.export``).
+"""Multi-scale deformable attention with one ``grid_sample`` per level: ``impl="grid_sample"`` (reference
+semantics, FLOP counting, ``torch.compile(fullgraph=True)``) and ``"grid_sample_sum"`` (the ONNX export
+path: ``GridSample``, ``Mul``, ``ReduceSum``; docs/export.md). Level sizes given as a list stay
+symbolic under ``torch.export``; a tensor is read on the host.
 """
 
 from __future__ import annotations
@@ -47,11 +22,7 @@ def level_sizes(spatial_shapes: Tensor | Sequence[Sequence[int]]) -> list[tuple[
 
 
 def _value_maps(value: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
-    """``Tensor[B, S, M, D]`` -> per level ``Tensor[B * M, D, H_l, W_l]``, one value map per (image, head).
-
-    (``split``, not slicing: the backward of split is one cat, slicing would
-    zero-fill the whole value gradient once per level.)
-    """
+    """``[B, S, M, D]`` -> per level ``[B * M, D, H_l, W_l]`` (``split``, whose backward is one cat)."""
     b, s, m, d = value.shape
     maps = value.permute(0, 2, 3, 1).reshape(b * m, d, s).split([h * w for h, w in shapes], dim=2)
     return [level.view(b * m, d, h, w) for level, (h, w) in zip(maps, shapes)]
@@ -63,8 +34,7 @@ def _sum_over_levels(
     grids: Tensor,
     weigh: Callable[[Tensor, int], Tensor],
 ) -> Tensor:
-    """``grid_sample`` (bilinear, zero padding, ``align_corners=False``) of every level's value maps at
-    ``grids[level]``, weighted by ``weigh(samples, level)``, summed over the levels."""
+    """Bilinear ``grid_sample`` of each level at ``grids[level]``, weighted by ``weigh(samples, level)``, summed."""
     output = None
     for level, value_l in enumerate(_value_maps(value, level_sizes(spatial_shapes))):
         sampled = F.grid_sample(value_l, grids[level], mode="bilinear", padding_mode="zeros", align_corners=False)
@@ -81,14 +51,9 @@ def ms_deform_attn_grid_sample(
 ) -> Tensor:
     """One ``grid_sample`` per level, weighted by a batched matrix product.
 
-    Args:
-        value: ``Tensor[B, S, M, D]``.
-        spatial_shapes: ``(H_l, W_l)`` per level, a list or ``Tensor[L, 2]``.
-        sampling_locations: ``Tensor[B, Lq, M, L, P, 2]`` normalized ``(x, y)``.
-        attention_weights: ``Tensor[B, Lq, M, L, P]``.
-
-    Returns:
-        ``Tensor[B, Lq, M * D]``.
+    ``value`` ``[B, S, M, D]``; ``spatial_shapes`` list of ``(H_l, W_l)`` or ``[L, 2]``;
+    ``sampling_locations`` ``[B, Lq, M, L, P, 2]`` normalised ``(x, y)``; ``attention_weights``
+    ``[B, Lq, M, L, P]``. Returns ``[B, Lq, M * D]``.
     """
     b, s, m, d = value.shape
     _, lq, _, n_levels, n_points, _ = sampling_locations.shape
@@ -108,16 +73,7 @@ def ms_deform_attn_grid_sample_sum(
     sampling_locations: Tensor,
     attention_weights: Tensor,
 ) -> Tensor:
-    """One ``grid_sample`` per level over ``P`` rows of ``Lq`` points, weighted by an elementwise product and summed.
-
-    The grid of a level is ``[B * M, P, Lq, 2]``, so its samples come out as
-    ``[B * M, D, P, Lq]``: the weights ``[B * M, 1, P, Lq]`` multiply whole
-    rows of ``Lq`` values and the sum over the points adds ``P`` rows, both
-    contiguous (in ONNX Runtime a fraction of the ``Mul``/``ReduceSum``
-    time of points in the last axis, where the sum reduces groups of ``P``).
-
-    Args and returns as :func:`ms_deform_attn_grid_sample`.
-    """
+    """As :func:`ms_deform_attn_grid_sample`, the grid ``P`` rows of ``Lq`` points, weighted elementwise and summed."""
     b, s, m, d = value.shape
     _, lq, _, n_levels, n_points, _ = sampling_locations.shape
     # [L, B * M, P, Lq, 2] grids and [L, B * M, 1, P, Lq] weights, grouped by level for the loop.

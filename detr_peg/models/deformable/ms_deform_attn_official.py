@@ -1,13 +1,5 @@
-"""The official pure-PyTorch multi-scale deformable attention, kept as the reference to compare with.
-
-A re-implementation of ``ms_deform_attn_core_pytorch`` from the official
-Deformable-DETR code (``models/ops/functions/ms_deform_attn_func.py``): one
-``F.grid_sample`` per level, the samples stacked, multiplied by the attention
-weights and summed. It is slow and memory-hungry (it materialises every
-sample) and is never used by the model; :func:`ms_deform_attn` in
-:mod:`~detr_peg.models.deformable.ms_deform_attn_function` is. The tests
-check every implementation against it, and ``tools/bench_ms_deform_attn.py``
-times it as the baseline.
+"""The official ``ms_deform_attn_core_pytorch`` (Deformable-DETR ``models/ops/functions/ms_deform_attn_func.py``),
+kept as the reference the tests and ``tools/bench_ms_deform_attn.py`` compare with; the model never uses it.
 """
 
 from __future__ import annotations
@@ -27,19 +19,9 @@ def ms_deform_attn_core_pytorch(
 ) -> Tensor:
     """Multi-scale deformable attention as the official pure-PyTorch code computes it.
 
-    Args:
-        value: ``Tensor[B, S, M, D]``, the levels' tokens concatenated
-            (``S = sum(H_l * W_l)``), ``M`` heads of ``D`` channels.
-        value_spatial_shapes: ``(H_l, W_l)`` per level, as ``Tensor[L, 2]``
-            (int64) or a list.
-        sampling_locations: ``Tensor[B, Lq, M, L, P, 2]``, normalised
-            ``(x, y)`` in ``[0, 1]`` over each level (``align_corners=False``:
-            pixel ``(i, j)`` has its center at ``((j + 0.5) / W, (i + 0.5) / H)``);
-            outside points sample zeros.
-        attention_weights: ``Tensor[B, Lq, M, L, P]``.
-
-    Returns:
-        ``Tensor[B, Lq, M * D]`` (contiguous).
+    ``value`` ``[B, S, M, D]``; ``value_spatial_shapes`` ``(H_l, W_l)`` as ``[L, 2]`` int64 or a list;
+    ``sampling_locations`` ``[B, Lq, M, L, P, 2]`` normalised ``(x, y)``, ``align_corners=False``,
+    zeros outside; ``attention_weights`` ``[B, Lq, M, L, P]``. Returns contiguous ``[B, Lq, M * D]``.
     """
     b, _, m, d = value.shape
     _, lq, _, n_levels, n_points, _ = sampling_locations.shape

@@ -1,30 +1,7 @@
-"""Multi-scale deformable attention as Triton kernels (``impl="triton"``), forward and backward.
-
-The same computation as the pure-PyTorch paths of
-:mod:`detr_peg.models.deformable.ms_deform_attn_function`, with the same
-coordinate convention and zero padding (``F.grid_sample(mode="bilinear",
-padding_mode="zeros", align_corners=False)``): a location ``(x, y)`` in
-``[0, 1]`` maps to the pixel coordinate ``x * W - 0.5`` (computed as
-``((2 * x - 1) + 1) * (W / 2) - 0.5`` with a fused multiply-add, as there),
-its four surrounding pixels get the bilinear weights, and pixels outside the
-level read zero.
-
-One program handles ``BLOCK_Q`` queries of one (image, head) pair and the
-whole head dimension, looping over levels and points; it loads each corner
-row of the value table once and keeps the sum in registers, so the sampled
-values are never written to memory. The backward recomputes the corners
-(only the inputs are saved), writes the gradients of the sampling locations
-and attention weights directly (each belongs to exactly one program), and
-scatters the value gradient with ``tl.atomic_add`` into a float32 (float64
-for float64 inputs) buffer. Arithmetic is in float32 for float32, bfloat16
-and float16 inputs and in float64 for float64 inputs; outputs and gradients
-come back in the inputs' dtype. Nothing is read back to the host, so there is
-no synchronisation.
-
-The kernels run on CUDA tensors. With ``TRITON_INTERPRET=1`` in the
-environment before ``triton`` is first imported they run in Triton's
-interpreter on CPU tensors instead (slowly: this is how the tests check them
-on machines without a GPU).
+"""Multi-scale deformable attention as Triton kernels (``impl="triton"``), forward and backward, with the
+coordinate convention and zero padding of :mod:`~detr_peg.models.deformable.ms_deform_attn_function`.
+Arithmetic in float32 (float64 for float64 inputs), results in the inputs' dtype, no host sync. CUDA
+tensors only; with ``TRITON_INTERPRET=1`` set before ``triton`` is imported, CPU tensors in the interpreter.
 """
 
 from __future__ import annotations
@@ -59,8 +36,7 @@ def _pixel_coordinate(loc, size, COORD_LIMIT: tl.constexpr):
 
 @triton.jit
 def _corner_rows(row_base, x, y, width, height, head, d, q_mask, d_mask, N_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Offsets ``[BLOCK_Q, BLOCK_D]`` of the value rows of pixel ``(x, y)`` in ``[B, S, M, D]``, and where
-    they are valid (inside the level)."""
+    """Offsets ``[BLOCK_Q, BLOCK_D]`` of pixel ``(x, y)``'s value rows in ``[B, S, M, D]``, and whether inside."""
     inside = (x >= 0) & (x < width) & (y >= 0) & (y < height) & q_mask
     token = row_base + (y * width + x).to(tl.int64)
     offsets = ((token * N_HEADS + head) * HEAD_DIM)[:, None] + d[None, :]
@@ -302,23 +278,10 @@ def ms_deform_attn_triton(
     sampling_locations: Tensor,
     attention_weights: Tensor,
 ) -> Tensor:
-    """Deformable attention with the Triton kernels.
+    """Deformable attention with the Triton kernels; shapes as
+    :func:`~detr_peg.models.deformable.ms_deform_attn_function.ms_deform_attn`, which checks them and unifies dtypes.
 
-    Args and result as :func:`~detr_peg.models.deformable.ms_deform_attn_function.ms_deform_attn`
-    (which checks the shapes and brings the three float inputs to one dtype
-    before calling this): ``value`` ``Tensor[B, S, M, D]``, ``spatial_shapes``
-    ``Tensor[L, 2]`` int ``(H, W)``, ``level_start_index`` ``Tensor[L]`` int,
-    ``sampling_locations`` ``Tensor[B, Lq, M, L, P, 2]`` normalized ``(x, y)``,
-    ``attention_weights`` ``Tensor[B, Lq, M, L, P]``; returns
-    ``Tensor[B, Lq, M * D]``.
-
-    Under ``torch.compile`` the call is opaque (a graph break around it, as
-    for ``impl="embedding_bag"``): the kernels run as they are, and the rest
-    of the model is compiled around them.
-
-    Raises:
-        ValueError: for tensors that are not on a CUDA device (unless the
-            kernels run in Triton's interpreter).
+    Opaque to ``torch.compile``. Raises ValueError for tensors not on CUDA (unless interpreted).
     """
     _check_device(value)
     device = value.device

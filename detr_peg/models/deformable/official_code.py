@@ -1,18 +1,6 @@
-"""The official Deformable-DETR (fundamentalvision/Deformable-DETR) built from a local checkout, for
-``bench --official``.
-
-Runtime patches to run it on a current PyTorch/torchvision without downloads
-or compiled extensions (the same ones the parity fixtures were made with):
-
-* ``models.backbone.is_main_process`` returns False, so the ResNet is built
-  with ``pretrained=False`` (random init, no download);
-* ``torchvision.__version__`` reads ``0.8.2`` while it is imported (its
-  ``float(__version__[:3])`` check fails on 0.10+), a stub
-  ``MultiScaleDeformableAttention`` module stands in for the compiled op, and
-  ``MSDeformAttnFunction`` is replaced by the repository's own pure-PyTorch
-  ``ms_deform_attn_core_pytorch`` (its documented CPU path). On a GPU
-  (``cuda_op=True``) its compiled op is built on the machine instead, see
-  :mod:`detr_peg.models.deformable.official_cuda_op`.
+"""The official Deformable-DETR built from a local checkout for ``bench --official``, patched at runtime to need
+no download or compiled op: random-init ResNet, ``torchvision.__version__`` read as ``0.8.2`` (its
+version check fails on 0.10+), and its pure-PyTorch core, or on a GPU its CUDA op built here.
 """
 
 from __future__ import annotations
@@ -28,8 +16,7 @@ from detr_peg.models.registry import OfficialCode
 
 
 def build_official_deformable(path: str, argv: list[str], cuda_op: bool = False) -> tuple[nn.Module, nn.Module, object]:
-    """The official Deformable-DETR ``(model, criterion, args)``: with its pure-PyTorch attention, or with
-    its compiled CUDA op built on this machine (``cuda_op=True``, run in float32 under autocast)."""
+    """The official ``(model, criterion, args)``: pure-PyTorch attention, or its CUDA op (``cuda_op``, float32)."""
     import_checkout(path, OFFICIAL, "deformable_detr")
     import torchvision
 

@@ -1,29 +1,6 @@
-"""Building the official Deformable-DETR CUDA op (``MultiScaleDeformableAttention``) on this machine.
-
-On a GPU, ``detr-peg bench --gpu --official PATH`` measures the official
-Deformable-DETR with its own compiled op, as its README has users build it
-(``models/ops/make.sh``), rather than the pure-PyTorch core used on CPUs. The
-op is compiled from the checkout's ``models/ops/src`` with
-:func:`torch.utils.cpp_extension.load` (just in time, cached in
-``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, so only the
-first case pays for it), for the GPUs of this machine unless
-``TORCH_CUDA_ARCH_LIST`` says otherwise, with the compiler flags of its
-``setup.py``.
-
-The sources were written for PyTorch 1.5 and use APIs that current releases
-deprecate or keep only as compatibility shims; a copy of them gets their
-current equivalents (the kernels themselves are untouched):
-
-* ``#include <THC/THCAtomics.cuh>`` becomes ``#include <ATen/cuda/Atomic.cuh>``
-  (THC was removed in PyTorch 1.11; the header is a shim that includes this one);
-* ``x.type().is_cuda()`` becomes ``x.is_cuda()``,
-  ``AT_DISPATCH_FLOATING_TYPES(x.type(), ...)`` takes ``x.scalar_type()`` and
-  ``x.data<T>()`` becomes ``x.data_ptr<T>()``.
-
-The op has float32 and float64 kernels only. Under bfloat16 autocast the
-official module would hand it bfloat16 values, so :func:`float32_function`
-wraps ``MSDeformAttnFunction`` to cast its inputs to float32, as the forks of
-Deformable-DETR that train with AMP do (``custom_fwd(cast_inputs=torch.float32)``).
+"""Building the official Deformable-DETR CUDA op (``MultiScaleDeformableAttention``) just in time, for
+``bench --gpu --official``: a copy of the checkout's ``models/ops/src`` with PyTorch-1.5 APIs replaced
+(:data:`SOURCE_FIXES`), compiled with its ``setup.py`` flags, cached in ``$TORCH_EXTENSIONS_DIR``.
 """
 
 from __future__ import annotations
@@ -39,7 +16,7 @@ from detr_peg.errors import ConfigError
 
 MODULE_NAME = "MultiScaleDeformableAttention"
 
-#: (pattern, replacement) applied to every source file; see the module docstring.
+#: (pattern, replacement) applied to every source file: THC atomics, ``.type()`` and ``.data<T>()`` to current APIs.
 SOURCE_FIXES = (
     (re.compile(r"#include\s*<THC/THCAtomics\.cuh>"), "#include <ATen/cuda/Atomic.cuh>"),
     (re.compile(r"\.type\(\)\.is_cuda\(\)"), ".is_cuda()"),
@@ -58,10 +35,10 @@ NVCC_FLAGS = (
 
 
 def patched_sources(repo: str | os.PathLike, destination: Path) -> list[Path]:
-    """Copy ``models/ops/src`` of the checkout to ``destination`` with :data:`SOURCE_FIXES` applied.
+    """Copy ``models/ops/src`` to ``destination`` with :data:`SOURCE_FIXES` applied; returns the files to compile.
 
-    Returns the ``.cpp`` and ``.cu`` files to compile (``vision.cpp``, the CPU
-    stubs and the CUDA kernels, as ``setup.py`` globs them).
+    Unchanged files keep their timestamps so ninja reuses a previous build. Raises ConfigError if
+    ``repo`` has no ``models/ops/src/vision.cpp``.
     """
     source = Path(repo) / "models" / "ops" / "src"
     if not (source / "vision.cpp").is_file():
@@ -84,11 +61,7 @@ def patched_sources(repo: str | os.PathLike, destination: Path) -> list[Path]:
 
 
 def build_official_op(repo: str | os.PathLike, *, verbose: bool = False):
-    """Compile (or load from the cache) the official op; returns the extension module.
-
-    Raises:
-        ConfigError: when the CUDA toolkit (``nvcc``) is not found.
-    """
+    """Compile (or load from the cache) the official op's extension module; ConfigError without ``nvcc``."""
     from torch.utils.cpp_extension import CUDA_HOME, load
 
     if CUDA_HOME is None:
@@ -118,11 +91,7 @@ def install_official_op(repo: str | os.PathLike) -> None:
 
 
 def float32_function(function):
-    """Wrap the official ``MSDeformAttnFunction`` so that it runs in float32 under autocast.
-
-    The result stays float32; the official module's ``output_proj`` (an
-    ``nn.Linear``) casts it back under autocast.
-    """
+    """Wrap ``MSDeformAttnFunction`` to run (and return) float32 under autocast: the op has no bf16/fp16 kernels."""
 
     class Float32MSDeformAttnFunction:
         @staticmethod

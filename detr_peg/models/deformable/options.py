@@ -1,9 +1,5 @@
-"""The config fields that only Deformable-DETR has, and the defaults where it differs from DETR.
-
-Registered with the architecture in :mod:`detr_peg.models.deformable.build`;
-giving one of these fields with ``model.arch=detr`` is a config error. The
-key paths are those of the official options (``model.with_box_refine``,
-``model.transformer.num_feature_levels``, ...).
+"""Config fields only Deformable-DETR has (official key paths), and its defaults where they differ from DETR;
+any of these fields with ``model.arch=detr`` is a config error.
 """
 
 from __future__ import annotations
@@ -44,12 +40,7 @@ def _proposals_memory(get: Lookup) -> float:
 
 @dataclass
 class DeformableModelConfig(ModelConfig):
-    """``model`` of Deformable-DETR.
-
-    Attributes:
-        with_box_refine: iterative box refinement.
-        two_stage: encoder proposals as queries (needs ``with_box_refine``).
-    """
+    """``model`` of Deformable-DETR; ``two_stage`` needs ``with_box_refine``."""
 
     with_box_refine: bool = False
     two_stage: bool = False
@@ -57,15 +48,7 @@ class DeformableModelConfig(ModelConfig):
 
 @dataclass
 class DeformableTransformerConfig(TransformerConfig):
-    """``model.transformer`` of Deformable-DETR.
-
-    Attributes:
-        num_feature_levels: feature levels (backbone stages plus strided extra levels).
-        enc_n_points: sampling points per head and level, encoder.
-        dec_n_points: sampling points per head and level, decoder.
-        two_stage_num_proposals: two-stage: proposals kept, which are the
-            decoder queries (``model.num_queries`` is then unused).
-    """
+    """``model.transformer`` of Deformable-DETR; two-stage, ``two_stage_num_proposals`` replaces ``num_queries``."""
 
     num_feature_levels: int = field(default=4, metadata=valid(1, memory=_levels_memory))
     enc_n_points: int = field(default=4, metadata=valid(1, memory=_points_memory("model.transformer.enc_n_points")))
@@ -75,12 +58,7 @@ class DeformableTransformerConfig(TransformerConfig):
 
 @dataclass
 class DeformableLossConfig(LossConfig):
-    """``loss`` of Deformable-DETR.
-
-    Attributes:
-        focal_alpha: focal loss alpha.
-        focal_gamma: focal loss gamma.
-    """
+    """``loss`` of Deformable-DETR (focal loss)."""
 
     focal_alpha: float = field(default=0.25, metadata=valid(0, 1))
     focal_gamma: float = field(default=2.0, metadata=valid(0))
@@ -88,11 +66,7 @@ class DeformableLossConfig(LossConfig):
 
 @dataclass
 class DeformableEvalConfig(EvalConfig):
-    """``eval`` of Deformable-DETR.
-
-    Attributes:
-        num_select: detections kept per image (top-k over queries x classes).
-    """
+    """``eval`` of Deformable-DETR: ``num_select`` detections kept per image (top-k over queries x classes)."""
 
     num_select: int = field(default=100, metadata=valid(1))
 

@@ -1,15 +1,6 @@
-"""Two-stage Deformable-DETR: encoder tokens as region proposals.
-
-In two-stage mode every encoder token proposes a box centred on its pixel,
-of side ``0.05 * 2 ** level`` (relative to the unpadded image). A class head
-and a box head (the extra, last ones of the detector) score and refine the
-proposals; the top ``k`` by the logit of class 0 become the decoder's
-reference boxes, and a sine embedding of those boxes becomes the queries.
-
-Proposals are invalid at padded tokens and wherever a coordinate falls
-outside ``(0.01, 0.99)``; there the unactivated proposal is ``+inf`` (so the
-predicted box is exactly 1.0 after the sigmoid, as in the official code) and
-the memory fed to the heads is zeroed, so they are never selected in practice.
+"""Two-stage Deformable-DETR: every encoder token proposes a box centred on its pixel, side
+``0.05 * 2 ** level`` of the unpadded image. Invalid proposals (padding, a coordinate outside
+``(0.01, 0.99)``) are ``+inf`` unactivated (box exactly 1.0 after sigmoid, as officially).
 """
 
 from __future__ import annotations
@@ -26,16 +17,7 @@ VALID_MIN, VALID_MAX = 0.01, 0.99
 
 
 def encoder_proposals(layout: LevelLayout) -> tuple[Tensor, Tensor]:
-    """One proposal box per encoder token.
-
-    Args:
-        layout: the encoder's token layout.
-
-    Returns:
-        ``(proposals, valid)``: ``proposals`` ``Tensor[B, S, 4]`` unactivated
-        (logit-space) normalised (cx, cy, w, h), ``+inf`` where invalid;
-        ``valid`` ``Tensor[B, S, 1]`` bool.
-    """
+    """Per token: ``proposals`` ``[B, S, 4]``, unactivated cxcywh (``+inf`` if invalid), and ``valid`` ``[B, S, 1]``."""
     mask = layout.mask
     b = mask.shape[0]
     device = mask.device
@@ -62,17 +44,7 @@ def encoder_proposals(layout: LevelLayout) -> tuple[Tensor, Tensor]:
 
 
 def proposal_pos_embed(boxes_unact: Tensor, num_pos_feats: int, temperature: float = 10000.0) -> Tensor:
-    """Sine embedding of proposal boxes, ``num_pos_feats`` channels per coordinate.
-
-    Args:
-        boxes_unact: ``Tensor[B, Q, 4]`` unactivated (cx, cy, w, h).
-        num_pos_feats: channels per coordinate (even); the official code fixes
-            128, which fits its ``d = 256`` (``4 * 128 = 2 * d``).
-        temperature: wavelength base.
-
-    Returns:
-        ``Tensor[B, Q, 4 * num_pos_feats]``, interleaved sin/cos per coordinate.
-    """
+    """Sine embedding of unactivated cxcywh boxes ``[B, Q, 4]`` -> ``[B, Q, 4 * num_pos_feats]`` (sin/cos pairs)."""
     dim_t = torch.arange(num_pos_feats, dtype=torch.float32, device=boxes_unact.device)
     dim_t = temperature ** (2 * (dim_t // 2) / num_pos_feats)
     pos = boxes_unact.sigmoid() * (2 * math.pi)

@@ -1,33 +1,7 @@
-"""The Deformable-DETR transformer, with a pluggable positional encoding.
-
-Matches the official ``DeformableTransformer``: the levels' tokens are
-flattened into one sequence, each token's positional term is its level's
-``pos`` map plus a learned **level embedding**, a deformable encoder turns
-them into the memory, and a deformable decoder refines the queries around
-their reference points. Queries come from a learned ``query_embed``
-(``Tensor[Q, 2C]``: the first ``C`` columns are the query positional
-embedding, the last ``C`` the initial content; reference points are a linear
-map of the former), or, in two-stage mode, from the top-scoring encoder
-proposals (:mod:`~detr_peg.models.deformable.proposals`).
-
-Positional encodings: ``sine`` and ``learned`` return a ``pos`` map per level,
-exactly as in the official code. ``peg`` and ``none`` return none, and the
-encoder lets the encoding mix the tokens between layers instead (PEG runs on
-each level's own 2-D grid, mask-aware, see
-:mod:`detr_peg.models.position.peg`).
-
-**The level embedding stays with every encoding.** It is not a position: it
-is one vector per feature level, the same for every token of that level, and
-tells the deformable attention which scale a query comes from (the sampling
-offsets and attention weights are predicted from the query, per level). PEG
-cannot provide that, because each level has its own PEG applied to its own
-grid. So with ``peg`` and ``none`` the positional term added to the encoder
-queries is the level embedding alone, and the image tokens get their spatial
-position from the PEG only.
-
-The detector's heads are not registered here: the detector passes its box
-heads (refinement) and its last class and box heads (two-stage proposals) to
-:meth:`DeformableTransformer.forward`, so no module is stored twice.
+"""The Deformable-DETR transformer (the official ``DeformableTransformer``) with a pluggable positional
+encoding. The learned level embedding stays with every encoding: it tells the deformable attention
+which scale a query comes from, which per-level PEGs cannot; with ``peg``/``none`` it is the only
+positional term. The detector passes its heads to :meth:`DeformableTransformer.forward`.
 """
 
 from __future__ import annotations
@@ -48,19 +22,10 @@ from detr_peg.models.position.base import PositionalEncoding
 
 @dataclass
 class DeformableTransformerOutput:
-    """What :class:`DeformableTransformer` returns.
-
-    Attributes:
-        hs: ``Tensor[N, B, Q, C]``, the output of each of the ``N`` decoder layers.
-        init_reference: ``Tensor[B, Q, 2 or 4]`` sigmoid-space references the
-            first decoder layer used (points, or two-stage proposal boxes).
-        inter_references: ``Tensor[N, B, Q, 2 or 4]`` references after each
-            layer (refined and detached with box refinement, else repeated).
-        memory: ``Tensor[B, S, C]`` encoder output.
-        layout: the token layout (shapes, level starts, mask, valid ratios).
-        enc_outputs_class: two-stage: ``Tensor[B, S, K]`` proposal logits, else None.
-        enc_outputs_coord_unact: two-stage: ``Tensor[B, S, 4]`` unactivated
-            proposal boxes (``+inf`` at invalid proposals), else None.
+    """What :class:`DeformableTransformer` returns: ``hs`` ``[N, B, Q, C]`` per decoder layer; sigmoid-space
+    ``init_reference`` ``[B, Q, 2 or 4]`` and ``inter_references`` ``[N, B, Q, 2 or 4]``; ``memory``
+    ``[B, S, C]`` laid out as ``layout``; two-stage ``enc_outputs_class`` ``[B, S, K]`` and
+    ``enc_outputs_coord_unact`` ``[B, S, 4]`` (``+inf`` at invalid proposals), else None.
     """
 
     hs: Tensor
@@ -75,15 +40,8 @@ class DeformableTransformerOutput:
 class DeformableTransformer(nn.Module):
     """Deformable-DETR's multi-scale encoder-decoder.
 
-    Args:
-        encoder: the deformable encoder stack.
-        decoder: the deformable decoder stack.
-        position: the positional encoding (sine, learned, none, peg, ...).
-        d_model: token width ``C``.
-        num_feature_levels: feature levels ``L``.
-        two_stage: queries from encoder proposals instead of ``query_embed``.
-        two_stage_num_proposals: proposals kept as decoder queries (two-stage);
-            capped at the number of tokens ``S``.
+    ``query_embed`` ``[Q, 2C]`` splits into query positional embedding then initial content; in two-stage
+    mode the queries are the top ``two_stage_num_proposals`` (capped at ``S``) encoder proposals.
     """
 
     def __init__(
@@ -141,18 +99,10 @@ class DeformableTransformer(nn.Module):
         box_heads: Sequence[nn.Module] | None = None,
         proposal_heads: tuple[nn.Module, nn.Module] | None = None,
     ) -> DeformableTransformerOutput:
-        """Encode the feature levels and decode the queries.
+        """Encode ``srcs`` ``[B, C, H_l, W_l]`` (finest first; ``masks`` ``[B, H_l, W_l]``) and decode the queries.
 
-        Args:
-            srcs: per level ``Tensor[B, C, H_l, W_l]`` projected features, finest first.
-            masks: per level ``Tensor[B, H_l, W_l]`` bool, True = padding.
-            query_embed: ``Tensor[Q, 2C]`` learned queries (not two-stage).
-            box_heads: one box head per decoder layer for iterative refinement, or None.
-            proposal_heads: two-stage: ``(class_head, box_head)`` scoring the
-                encoder proposals.
-
-        Returns:
-            :class:`DeformableTransformerOutput`.
+        ``query_embed`` ``[Q, 2C]`` is required unless two-stage, ``proposal_heads`` ``(class_head, box_head)``
+        when two-stage; otherwise, or for a wrong number of levels, ValueError.
         """
         if len(srcs) != self.num_feature_levels:
             raise ValueError(f"expected {self.num_feature_levels} feature levels, got {len(srcs)}")
@@ -186,7 +136,7 @@ class DeformableTransformer(nn.Module):
     def _score_proposals(
         self, memory: Tensor, layout: LevelLayout, class_head: nn.Module, box_head: nn.Module
     ) -> tuple[Tensor, Tensor]:
-        """Two-stage: class logits ``Tensor[B, S, K]`` and unactivated boxes ``Tensor[B, S, 4]`` per token."""
+        """Two-stage: class logits ``[B, S, K]`` and unactivated boxes ``[B, S, 4]`` per token."""
         proposals, valid = encoder_proposals(layout)
         keep = valid & ~layout.mask.unsqueeze(-1)
         output_memory = self.enc_output_norm(self.enc_output(memory.masked_fill(~keep, 0.0)))

@@ -13,22 +13,9 @@ from detr_peg.models.masking import batch_with_mask, level_masks
 
 
 class DETR(nn.Module):
-    """DETR: backbone, 1x1 projection, transformer, class and box heads.
+    """DETR: backbone (last level), 1x1 projection, transformer, class and box heads.
 
-    Args:
-        backbone: feature extractor; its last level is used.
-        transformer: the encoder-decoder (holds the positional encoding).
-        num_classes: object classes; the class head has ``num_classes + 1``
-            outputs, the last one being "no object".
-        num_queries: object queries (the most objects one image can yield).
-        aux_loss: also return the predictions of every earlier decoder layer.
-        mask_rule: ``nearest`` (official) or ``stride``; see :mod:`detr_peg.models.masking`.
-
-    Attributes:
-        feature_strides: the stride of the one feature level the transformer sees.
-        size_divisibility: padded batches should be a multiple of this many
-            pixels (the coarsest stride), so both mask rules give each level
-            the valid extent the image alone has.
+    The class head has ``num_classes + 1`` outputs, the last being "no object".
     """
 
     def __init__(
@@ -57,28 +44,15 @@ class DETR(nn.Module):
 
     @property
     def size_divisibility(self) -> int:
-        """Pixels a padded batch's height and width should be a multiple of."""
+        """Pixels a padded batch's height and width should be a multiple of (the stride), so both mask rules agree."""
         return max(self.feature_strides)
 
     def forward(self, images: Tensor | Sequence[Tensor], mask: Tensor | None = None) -> dict:
-        """Detect objects.
+        """Detect objects in ``images``: ``[B, 3, H, W]`` normalised, zeros in the padding, with ``mask`` ``[B, H, W]``
+        bool (True = padding, None = none), or a list of unpadded ``[3, H_i, W_i]``.
 
-        Args:
-            images: ``Tensor[B, 3, H, W]`` padded batch (normalised, zeros in the
-                padding) or a list of unpadded ``Tensor[3, H_i, W_i]`` (padded
-                here to a multiple of :attr:`size_divisibility`).
-            mask: ``Tensor[B, H, W]`` bool, True = padding (batch input only;
-                ``None`` = no padding).
-
-        Returns:
-            dict with
-
-            - ``pred_logits``: ``Tensor[B, Q, num_classes + 1]``, softmax logits,
-              last index = no object.
-            - ``pred_boxes``: ``Tensor[B, Q, 4]``, normalised (cx, cy, w, h) in
-              [0, 1] relative to each unpadded image.
-            - ``aux_outputs`` (if ``aux_loss``): list of ``{"pred_logits",
-              "pred_boxes"}`` for decoder layers ``0 .. L-2``.
+        Returns ``pred_logits`` ``[B, Q, num_classes + 1]`` (last = no object), ``pred_boxes`` ``[B, Q, 4]``
+        cxcywh normalised to each unpadded image, and with ``aux_loss`` ``aux_outputs`` for layers ``0 .. L-2``.
         """
         images, mask = batch_with_mask(images, mask, self.size_divisibility)
         feature = self.backbone(images)[-1]

@@ -1,9 +1,5 @@
-"""The official DETR (facebookresearch/detr) built from a local checkout, for ``bench --official``.
-
-The official code needs one runtime patch to run on a current
-PyTorch/torchvision without downloads (the same one the parity fixtures were
-made with): ``models.backbone.is_main_process`` returns False, so the ResNet
-is built with ``pretrained=False`` (random init, no download).
+"""The official DETR (facebookresearch/detr) built from a local checkout for ``bench --official``, its ResNet
+built with random init (no download).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The config fields that only DETR has, and its registration's defaults.
-
-Registered with the architecture in :mod:`detr_peg.models.detr.build`:
-``model.transformer.pre_norm`` and ``loss.eos_coef`` are DETR options, and
-giving one with ``model.arch=deformable_detr`` is a config error.
+"""The config fields only DETR has (``model.transformer.pre_norm``, ``loss.eos_coef``); either with
+``model.arch=deformable_detr`` is a config error.
 """
 
 from __future__ import annotations
@@ -16,22 +13,14 @@ from detr_peg.config.schema import LossConfig, TransformerConfig
 
 @dataclass
 class DetrTransformerConfig(TransformerConfig):
-    """``model.transformer`` of DETR.
-
-    Attributes:
-        pre_norm: LayerNorm before each block instead of after.
-    """
+    """``model.transformer`` of DETR; ``pre_norm``: LayerNorm before each block instead of after."""
 
     pre_norm: bool = False
 
 
 @dataclass
 class DetrLossConfig(LossConfig):
-    """``loss`` of DETR.
-
-    Attributes:
-        eos_coef: relative weight of the "no object" class in the cross-entropy.
-    """
+    """``loss`` of DETR; ``eos_coef``: relative weight of the "no object" class in the cross-entropy."""
 
     eos_coef: float = field(default=0.1, metadata=valid(0))
 

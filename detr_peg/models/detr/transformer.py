@@ -1,13 +1,6 @@
-"""The DETR encoder-decoder transformer, with a pluggable positional encoding.
-
-Matches the official DETR transformer (post-norm by default, no final encoder
-norm, the decoder norm applied to every layer's output) with two changes that
-do not alter results: tokens are batch-first ``[B, N, C]``, and attention runs
-in ``scaled_dot_product_attention`` (written out in CPU training with dropout,
-for a cheaper dropout mask; see :class:`~detr_peg.models.attention.MultiheadAttention`). Where the official code adds the sine
-``pos`` to queries and keys, this one adds whatever the positional encoding
-returns (nothing for ``peg`` and ``none``), and the encoder lets the encoding
-mix the tokens between layers (which is where a PEG acts).
+"""The DETR encoder-decoder transformer (the official one: post-norm by default, decoder norm on every
+layer's output), batch-first ``[B, N, C]``, with a pluggable positional encoding that may add
+``pos`` to queries and keys and mix tokens between encoder layers.
 """
 
 from __future__ import annotations
@@ -29,16 +22,7 @@ def with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention and feed-forward block (post-norm unless ``pre_norm``).
-
-    Args:
-        d_model: token width.
-        nhead: attention heads.
-        dim_feedforward: feed-forward hidden width.
-        dropout: dropout rate.
-        activation: feed-forward activation name.
-        pre_norm: LayerNorm before each sub-block instead of after.
-    """
+    """Self-attention and feed-forward block (post-norm unless ``pre_norm``)."""
 
     def __init__(
         self,
@@ -112,15 +96,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self, tgt: Tensor, memory: Tensor, memory_key: Tensor, memory_key_padding_mask: Tensor | None, query_pos: Tensor
     ) -> Tensor:
-        """Decode one layer.
-
-        Args:
-            tgt: ``Tensor[B, Q, C]`` query content.
-            memory: ``Tensor[B, N, C]`` encoder output (the values).
-            memory_key: ``memory`` plus its positional encoding (the keys).
-            memory_key_padding_mask: ``Tensor[B, N]`` True = padding.
-            query_pos: ``Tensor[B, Q, C]`` learned query embeddings.
-        """
+        """``tgt``, ``query_pos`` ``[B, Q, C]``; values ``memory`` ``[B, N, C]``, keys ``memory_key`` (memory + pos)."""
         if self.pre_norm:
             x = self.norm1(tgt)
             q = x + query_pos
@@ -181,14 +157,7 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """DETR's encoder-decoder on one feature level.
-
-    Args:
-        encoder: the encoder stack.
-        decoder: the decoder stack.
-        position: the positional encoding (sine, learned, none, peg, ...).
-        d_model: token width.
-    """
+    """DETR's encoder-decoder on one feature level."""
 
     def __init__(self, *, encoder: Encoder, decoder: Decoder, position: PositionalEncoding, d_model: int) -> None:
         super().__init__()
@@ -210,14 +179,8 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, mask: Tensor, query_embed: Tensor) -> tuple[Tensor, Tensor]:
         """Encode a feature map and decode the queries.
 
-        Args:
-            src: ``Tensor[B, C, H, W]`` projected backbone features.
-            mask: ``Tensor[B, H, W]`` bool, True = padding.
-            query_embed: ``Tensor[Q, C]`` learned query embeddings.
-
-        Returns:
-            ``(hs, memory)``: ``hs`` is ``Tensor[L, B, Q, C]`` (every decoder
-            layer, normalised), ``memory`` is ``Tensor[B, C, H, W]``.
+        ``src`` ``[B, C, H, W]``; ``mask`` ``[B, H, W]`` bool, True = padding; ``query_embed`` ``[Q, C]``.
+        Returns ``(hs, memory)``: ``hs`` ``[L, B, Q, C]`` (each decoder layer, normalised), ``memory`` ``[B, C, H, W]``.
         """
         b, c, h, w = src.shape
         pos = self.position(mask)

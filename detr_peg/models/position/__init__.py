@@ -1,10 +1,5 @@
-"""Positional encodings, chosen by ``model.position.name`` from :data:`POSITION_ENCODINGS`.
-
-Every module of this package is imported when the package is, and an encoding
-module registers itself (:func:`register_encoding`), so adding an encoding is
-one new file here: its module, its options dataclass and its registered
-builder. :func:`discover_encodings` does the importing; a plug-in package
-can add its own folder to ``detr_peg.models.position.__path__`` and call it.
+"""Positional encodings by ``model.position.name``; every module here registers itself on import, so an
+encoding is one new file (a plug-in may extend ``__path__`` and call :func:`discover_encodings`).
 """
 
 from __future__ import annotations
@@ -24,13 +19,7 @@ INFRASTRUCTURE = frozenset({"base", "registry"})
 
 
 def discover_encodings() -> list[str]:
-    """Import every encoding module on this package's ``__path__`` (each registers its encoding).
-
-    Returns:
-        The module names imported, sorted. Importing a module twice does
-        nothing, so calling this again after extending ``__path__`` imports
-        only the new modules.
-    """
+    """Import every encoding module on this package's ``__path__``; returns the sorted names (re-imports are no-ops)."""
     names = sorted({info.name for info in pkgutil.iter_modules(__path__)} - INFRASTRUCTURE)
     for name in names:
         importlib.import_module(f"{__name__}.{name}")

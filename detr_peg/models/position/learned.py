@@ -20,31 +20,17 @@ def _tables_memory(get: Lookup) -> float:
 
 @dataclass
 class LearnedOptions(PositionConfig):
-    """``model.position`` options of ``learned``.
-
-    Attributes:
-        num_embeddings: rows of each embedding table, the largest feature map
-            side it can encode.
-    """
+    """``model.position`` options of ``learned``: ``num_embeddings``, the largest feature-map side encodable."""
 
     name: str = "learned"
     num_embeddings: int = field(default=50, metadata=valid(1, memory=_tables_memory))
 
 
 class LearnedPositionalEncoding(PositionalEncoding):
-    """Two embedding tables, one per axis, concatenated as ``[x, y]`` channels.
+    """Row and column tables of ``dim / 2`` columns, as ``[x, y]`` channels over the padded grid (mask ignored).
 
-    As in the official code the encoding indexes the padded grid (it ignores
-    the mask). A feature map larger than the tables is refused with a
-    :class:`~detr_peg.errors.ConfigError` naming ``model.position.num_embeddings``
-    and the size needed: the tables are learned, so there is nothing to look
-    up beyond them (and interpolating them would move every position the
-    model was trained with). Rows beyond the largest map seen in training
-    exist but were never trained.
-
-    Args:
-        dim: output channels ``C`` (even); each table has ``C / 2`` columns.
-        num_embeddings: rows of each table, the largest ``H`` and ``W`` encodable.
+    A feature map larger than the tables raises ConfigError naming ``model.position.num_embeddings``:
+    interpolating learned tables would move every trained position. An odd ``dim`` raises ConfigError.
     """
 
     def __init__(self, dim: int, *, num_embeddings: int = 50) -> None:

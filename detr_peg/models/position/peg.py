@@ -1,31 +1,6 @@
-"""CPVT's Positional Encoding Generator for detection (``peg``).
-
-A PEG reshapes encoder tokens back to their 2-D grid and adds a
-depthwise-convolution-generated encoding to them::
-
-    x = tokens as Tensor[B, C, H, W], padded positions set to 0
-    out = x + ReLU(BatchNorm2d(DepthwiseConv_kxk(x)))          (no conv bias)
-    padded positions of out = the input tokens, unchanged
-
-Mask handling, decided deliberately (the published ``PEGDetection`` snippet
-leaves these points open):
-
-* **Padded tokens are zeroed before the convolution.** The convolution's zero
-  padding at the border is what gives the network absolute position; zeroing
-  the padded tokens makes every image's *own* border that anchor, so an image
-  gets the same encoding whether it is alone or padded next to a larger image.
-* **Padded tokens come out unchanged** (the input values are written back), so
-  a PEG never writes into padding and stacking PEGs cannot leak through it.
-* **BatchNorm statistics in training use valid tokens only** (a masked batch
-  norm with the exact update rule of ``nn.BatchNorm2d``), so batch statistics
-  do not depend on how much padding a batch has. In eval mode the running
-  statistics are used, which is per-position and needs no masking.
-
-Placement: ``peg_layers`` lists the encoder layers after which a PEG is
-applied (``-1``: before the first layer); each placement and each feature
-level has its own PEG, so levels with different statistics are not forced to
-share a BatchNorm. No sine or learned encoding is added anywhere: the PEG is
-the only source of position for the image tokens.
+"""CPVT's Positional Encoding Generator for detection (``peg``): ``x + ReLU(BN(DWConv_kxk(x)))`` on the
+token grid. Padded tokens are zeroed before the conv and come out unchanged; training BatchNorm
+statistics use valid tokens only (see docs/model.md).
 """
 
 from __future__ import annotations
@@ -51,13 +26,7 @@ def _kernel_memory(get: Lookup) -> float:
 
 @dataclass
 class PEGOptions(PositionConfig):
-    """``model.position`` options of ``peg``.
-
-    Attributes:
-        peg_layers: 0-based encoder layer indices after which a PEG is applied
-            (``[0]``: after the first layer, as in CPVT; ``-1``: before the first).
-        peg_kernel: depthwise convolution kernel size (odd).
-    """
+    """``model.position`` options of ``peg``: ``peg_layers`` (0-based, ``-1`` = before layer 0), odd ``peg_kernel``."""
 
     name: str = "peg"
     peg_layers: list[int] = field(default_factory=lambda: [0], metadata=valid(-1, non_empty=True))
@@ -65,20 +34,10 @@ class PEGOptions(PositionConfig):
 
 
 def masked_batch_norm(x: Tensor, valid: Tensor, bn: nn.BatchNorm2d) -> Tensor:
-    """Training-mode batch norm whose statistics come from valid positions only.
+    """Training batch norm with statistics of valid positions only, ``nn.BatchNorm2d``'s update rule, no host sync.
 
-    Follows ``nn.BatchNorm2d`` exactly (biased variance to normalise, unbiased
-    variance for the running estimate, ``momentum`` or cumulative averaging
-    when ``momentum`` is None, ``num_batches_tracked``), without host syncs.
-
-    Args:
-        x: ``Tensor[B, C, H, W]``.
-        valid: ``Tensor[B, 1, H, W]`` bool, True = valid (not padding).
-        bn: the module holding the affine parameters and running statistics.
-
-    Returns:
-        ``Tensor[B, C, H, W]``; padded positions hold normalised garbage that
-        the caller discards.
+    ``x`` ``[B, C, H, W]``; ``valid`` ``[B, 1, H, W]`` bool, True = valid. Padded positions of the result
+    are garbage the caller discards.
     """
     weight = valid.to(x.dtype)
     count = weight.sum()
@@ -99,15 +58,7 @@ def masked_batch_norm(x: Tensor, valid: Tensor, bn: nn.BatchNorm2d) -> Tensor:
 
 
 class PEG(nn.Module):
-    """One PEGDetection block on a 2-D grid of tokens.
-
-    Parameters: ``C * k * k`` depthwise convolution weights (no bias) and the
-    ``2 * C`` BatchNorm affine parameters.
-
-    Args:
-        dim: channels ``C``.
-        kernel_size: odd depthwise kernel size ``k`` (3 in the paper).
-    """
+    """One PEGDetection block: bias-free depthwise ``k x k`` conv and BatchNorm; ConfigError unless ``k`` is odd."""
 
     def __init__(self, dim: int, kernel_size: int = 3) -> None:
         super().__init__()
@@ -117,15 +68,7 @@ class PEG(nn.Module):
         self.norm = nn.BatchNorm2d(dim)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Apply the PEG.
-
-        Args:
-            x: ``Tensor[B, C, H, W]`` tokens on their grid.
-            mask: ``Tensor[B, H, W]`` bool, True = padding, or ``None``.
-
-        Returns:
-            ``Tensor[B, C, H, W]``; padded positions equal ``x`` there.
-        """
+        """``x`` ``[B, C, H, W]``, ``mask`` ``[B, H, W]`` (True = padding) or None -> ``x`` + PEG, ``x`` at pads."""
         if mask is None:
             return x + F.relu(self.norm(self.proj(x)))
         valid = ~mask.unsqueeze(1)
@@ -136,18 +79,7 @@ class PEG(nn.Module):
 
 
 class PEGEncoding(PositionalEncoding):
-    """PEGs after the configured encoder layers, one per layer and level.
-
-    State-dict keys read ``pegs.layer{i}.level{l}.proj.weight`` and
-    ``pegs.layer{i}.level{l}.norm.*`` (``layer-1`` for the encoder input).
-
-    Args:
-        dim: token width ``C``.
-        num_levels: feature levels in the token sequence.
-        layers: encoder layer indices after which to apply a PEG
-            (-1 = before the first layer).
-        kernel_size: depthwise kernel size.
-    """
+    """One PEG per configured layer and level (keys ``pegs.layer{i}.level{l}.*``, ``layer-1`` = encoder input)."""
 
     def __init__(self, dim: int, *, num_levels: int, layers: Sequence[int], kernel_size: int = 3) -> None:
         super().__init__(dim)

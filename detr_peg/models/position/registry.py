@@ -25,14 +25,7 @@ Builder = Callable[..., PositionalEncoding]
 
 
 def register_encoding(name: str, *, options: type[PositionConfig] = PositionConfig) -> Callable[[Builder], Builder]:
-    """Decorator registering an encoding builder as ``model.position.name: name``.
-
-    Args:
-        name: the name configs use.
-        options: the dataclass of the encoding's options, a subclass of
-            ``PositionConfig`` (``model.position.<field>``); an option of
-            another encoding is a config error naming the key and the encoding.
-    """
+    """Decorator registering an encoding builder as ``model.position.name: name`` with its ``options`` dataclass."""
 
     def decorator(builder: Builder) -> Builder:
         register_encoding_options(name, options)

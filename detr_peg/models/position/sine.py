@@ -17,16 +17,7 @@ from detr_peg.models.position.registry import register_encoding
 
 @dataclass
 class SineOptions(PositionConfig):
-    """``model.position`` options of ``sine``.
-
-    Attributes:
-        temperature: wavelength base.
-        normalize: normalise cumulative positions to ``[0, scale]``.
-        scale: normalisation range; ``None`` means ``2 * pi``.
-        offset: added to the cumulative position before normalising; the
-            architecture's official form by default (DETR 0.0, Deformable-DETR
-            -0.5, set by the Deformable-DETR registration's defaults).
-    """
+    """``model.position`` options of ``sine``; ``scale`` None = ``2 * pi``; ``offset`` 0.0 (DETR), -0.5 (Deformable)."""
 
     temperature: float = field(default=10000.0, metadata=valid(0, low_open=True))
     normalize: bool = True
@@ -35,19 +26,11 @@ class SineOptions(PositionConfig):
 
 
 class SinePositionalEncoding(PositionalEncoding):
-    """2-D sine/cosine encoding computed over each image's unpadded area.
+    """2-D sine/cosine encoding of cumulative valid-pixel counts, so padding does not change an image's encoding.
 
-    Positions are cumulative counts of valid pixels along each axis, so the
-    encoding of an image does not depend on how much padding surrounds it.
-    The first ``dim / 2`` channels encode y, the rest x (interleaved sin/cos).
-
-    Args:
-        dim: output channels ``C`` (even).
-        temperature: wavelength base.
-        normalize: scale positions to ``[0, scale]`` by the valid extent.
-        scale: normalisation range (default ``2 * pi``).
-        offset: added to the 1-based cumulative position before normalising:
-            0.0 in DETR, -0.5 in Deformable-DETR (pixel centres).
+    The first ``dim / 2`` channels encode y, the rest x (interleaved sin/cos). ``offset`` is added to the
+    1-based position before normalising to ``[0, scale]``. Raises ConfigError for an odd ``dim`` or a
+    ``scale`` without ``normalize``.
     """
 
     def __init__(
