@@ -25,6 +25,8 @@ Process limits a test can ask for (``limits``):
 
 * ``("fsize", n)``: ``RLIMIT_FSIZE`` of ``n`` bytes with ``SIGXFSZ`` ignored,
   so writing past ``n`` bytes fails with ``EFBIG`` like a full disk;
+* ``("memory", n)``: ``RLIMIT_AS`` at the process's present address space
+  plus ``n`` bytes, so an allocation past that fails as on a full machine;
 * ``("no_dac_override",)``: drop ``CAP_DAC_OVERRIDE`` and
   ``CAP_DAC_READ_SEARCH``, so file permissions apply even to root.
 """
@@ -126,6 +128,10 @@ def apply_limits(limits: Sequence[Limit]) -> None:
         if limit[0] == "fsize":
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit[1]), resource.RLIM_INFINITY))
+        elif limit[0] == "memory":
+            with open("/proc/self/statm") as statm:
+                present = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            resource.setrlimit(resource.RLIMIT_AS, (present + int(limit[1]), resource.RLIM_INFINITY))
         elif limit[0] == "no_dac_override":
             drop_file_access_override()
         else:

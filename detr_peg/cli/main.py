@@ -197,6 +197,21 @@ def _command_word(words: list[str]) -> list[str]:
     return words[:1] if words and not words[0].startswith("-") else []
 
 
+def out_of_memory(exc: BaseException) -> str | None:
+    """A failed allocation (Python's, NumPy's, torch's on any device) as one sentence; None for other errors."""
+    text = str(exc).strip()
+    if not (isinstance(exc, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text):
+        return None
+    wanted = re.search(r"(?:tried to )?allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]iB)", text)
+    if wanted and wanted[2] == "bytes":
+        wanted = (None, f"{float(wanted[1]) / 2**30:.1f}", "GiB")
+    size = f" (an allocation of {wanted[1]} {wanted[2]} failed)" if wanted else ""
+    return (
+        f"out of memory{size}; lower what the run holds at once: the batch sizes (train.batch_size, "
+        "eval.batch_size), the image sizes (data.train_scales, data.val_scale, --scales) or the model's sizes."
+    )
+
+
 def _run_command(words: list[str]) -> int:
     """Parse ``words``, run the command, and turn the errors of its user into one line and an exit status."""
     top = top_parser().parse_args(_command_word(words) or words)
@@ -231,6 +246,12 @@ def _run_command(words: list[str]) -> int:
         from detr_peg.fileio.os_errors import describe_os_error
 
         print(f"detr-peg {top.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as exc:
+        reason = out_of_memory(exc)
+        if reason is None:
+            raise
+        print(f"detr-peg {top.command}: error: {reason}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"detr-peg {top.command}: interrupted", file=sys.stderr)

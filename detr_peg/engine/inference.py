@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from detr_peg.checkpoint.weights_check import check_outputs
-from detr_peg.engine.loader import iterate_batches
 from detr_peg.engine.mixed_precision import autocast, outputs_to_float
 from detr_peg.models.loading import LoadedModel
 
@@ -48,26 +47,31 @@ def run_inference(
 ) -> Iterator[BatchResult]:
     """Run ``loaded`` in eval mode over ``batches``, yielding each batch's :class:`BatchResult` in order.
 
-    ``batches`` yield ``(images [B, 3, H, W], mask [B, H, W] bool True = padding, items)``; ``amp`` is resolved;
+    ``batches`` (a loader wrapped in :func:`~detr_peg.engine.loader.iterate_batches`, or any iterable) yield
+    ``(images [B, 3, H, W], mask [B, H, W] bool True = padding, items)``; ``amp`` is resolved;
     ``pad`` changes a batch before the forward pass; ``on_batch`` gets each batch's image count.
 
     Raises:
         UserError: non-finite outputs, or a bad sample the loader reports.
     """
     loaded.model.eval()
-    iterator = iterate_batches(batches)
+    iterator = iter(batches)
     try:
         for images, mask, items in iterator:
             if pad is not None:
                 images, mask = pad(images, mask)
-            with autocast(amp, device):
-                outputs = loaded.model(images.to(device, non_blocking=True), mask.to(device, non_blocking=True))
+            images, mask = images.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+            if amp == "none":
+                outputs = loaded.model(images, mask)
+            else:
+                with autocast(amp, device):
+                    outputs = outputs_to_float(loaded.model(images, mask))
             check_outputs(outputs)
-            outputs = outputs_to_float(outputs)
             sizes = torch.stack([torch.as_tensor(item["orig_size"]) for item in items]).to(device)
             detections = loaded.postprocessor(outputs, sizes)
             yield BatchResult(items, outputs, detections, int(mask.sum()), mask.numel())
             if on_batch is not None:
                 on_batch(len(items))
     finally:
-        iterator.close()
+        if hasattr(iterator, "close"):  # a loader's iterator: its worker processes stop now
+            iterator.close()

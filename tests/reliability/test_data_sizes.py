@@ -176,3 +176,19 @@ def test_coco_sized_files_fit() -> None:
         pytest.skip("a machine with less than 8 GiB of memory")
     data = {"categories": [{}] * 80, "images": [{}] * 118_287}
     check_evaluation_memory(data, "instances_train2017.json")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param([*EVAL, "--scales", "80"], id="eval-at-a-size-the-memory-cannot-hold"),
+        pytest.param(["train", *BASE, "train.epochs=1", "data.train_scales=[6000]", "data.train_max_size=8000",
+                      f"train.output_dir={OUT / 'big'}"], id="train-at-a-size-the-memory-cannot-hold"),  # fmt: skip
+    ],
+)
+def test_an_allocation_that_fails_is_one_clear_line(cli, case: Path, args) -> None:
+    """Sizes inside their ranges that the machine cannot hold end in one line naming what to lower (Rule 9)."""
+    before = snapshot(case / OUT)
+    result = cli.run(args, cwd=case, limits=[("memory", 1 << 30)])
+    assert_one_line_error(result, "out of memory", "lower what the run holds at once", "batch sizes")
+    assert_outputs_kept(before, case / OUT)

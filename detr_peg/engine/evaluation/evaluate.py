@@ -14,7 +14,7 @@ from detr_peg.data.padding import further_padding
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
 from detr_peg.engine.inference import run_inference
-from detr_peg.engine.loader import build_eval_loader
+from detr_peg.engine.loader import build_eval_loader, iterate_batches
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.errors import UserError
 from detr_peg.models.loading import LoadedModel
@@ -49,7 +49,7 @@ def predict_coco(
     try:
         for batch in run_inference(
             loaded,
-            loader,
+            iterate_batches(loader),
             device=device,
             amp=amp,
             on_batch=(lambda _: log.step(bar)) if log is not None else None,

@@ -20,7 +20,7 @@ from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate
 from detr_peg.engine.evaluation.evaluate import merge_shards
 from detr_peg.engine.evaluation.metric_units import UNIT
 from detr_peg.engine.inference import run_inference
-from detr_peg.engine.loader import build_eval_loader, image_sizes
+from detr_peg.engine.loader import build_eval_loader, image_sizes, iterate_batches
 from detr_peg.models.loading import LoadedModel
 
 PADDING_JSON = "padding.json"
@@ -38,7 +38,7 @@ def predict_raw(
     raw: dict[int, tuple[Tensor, Tensor]] = {}
     padded = total = 0
     grow = further_padding(extra_padding, loaded.model.size_divisibility)
-    for batch in run_inference(loaded, loader, device=device, amp=amp, pad=grow):
+    for batch in run_inference(loaded, iterate_batches(loader), device=device, amp=amp, pad=grow):
         padded, total = padded + batch.padded_pixels, total + batch.total_pixels
         for i, (target, det) in enumerate(zip(batch.items, batch.detections)):
             image_id = int(target["image_id"])
