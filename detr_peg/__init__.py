@@ -8,22 +8,12 @@ Public API::
     detector = detr_peg.Detector.from_pretrained("owner/name")  # a Hub folder (detr_peg's, or Transformers' DETR)
     detections = detector.predict("photo.jpg")                   # boxes (x0, y0, x1, y1 px), scores, class names
     metrics = detector.evaluate("images/", "annotations.json")   # COCO AP, AP50, ...
-    tuned = detector.fine_tune("runs/mine", train_images="images/", train_annotations="train.json")
 
     cfg = detr_peg.load_config("configs/detr_r50_peg.yaml", ["model.num_classes=91"])
     model = detr_peg.build_model(cfg)            # random init (or configured backbone weights)
-    loaded = detr_peg.load_model("model.pth")    # LoadedModel: .model (eval mode), .config, .label_map, ...
-    out = loaded.model(images, mask)             # Tensor[B, 3, H, W] + Tensor[B, H, W] (True = padding)
-    result = detr_peg.run_training(cfg)          # train as `detr-peg train` does -> TrainResult
+    out = model(images, mask)                    # Tensor[B, 3, H, W] + Tensor[B, H, W] (True = padding)
 
-Every error a user can fix (a bad path, value, file or option) is a
-``detr_peg.UserError`` (subclasses in :mod:`detr_peg.errors`) whose message
-is one sentence naming what is wrong; anything else is a bug.
-
-Names are imported lazily, so ``import detr_peg.data`` does not load the models.
-``detr_peg.load_config`` and ``detr_peg.Config`` import :mod:`detr_peg.models`
-first: the architectures and encodings register the config fields a config is
-checked against.
+Every error a user can fix is a ``detr_peg.UserError``; anything else is a bug. Names are imported lazily.
 """
 
 from __future__ import annotations

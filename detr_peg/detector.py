@@ -7,24 +7,6 @@
     detector = detr_peg.Detector.from_checkpoint("runs/peg/checkpoint.pth")
     detections = detector.predict("photo.jpg", threshold=0.5)
     print(detections.class_names, detections.boxes)          # boxes: x0, y0, x1, y1 pixels
-
-``predict`` takes one image or a list of images (paths, PIL images, NumPy
-``(H, W, 3)`` uint8 arrays, ``(3, H, W)`` tensors) and returns one
-:class:`~detr_peg.engine.detections.Detections` per image. Images are resized
-by the evaluation transform of the model's config, then batched by equal
-size, each batch padded only to a multiple of the model's coarsest stride:
-a batch gives exactly what one image at a time gives (up to float rounding),
-whatever the sizes in the list. ``evaluate`` gives the COCO metrics of a
-COCO-format set (in the current process group, so ``torchrun`` shares the
-images out), ``export_onnx`` writes an ONNX graph and ``fine_tune`` trains
-the model further on a COCO-format dataset (the run of ``detr-peg train``
-with ``train.init_from``), returning the trained detector. The command line's
-``predict``, ``eval`` and ``demo`` are thin wrappers over this class, and
-every path runs the one inference loop
-(:func:`~detr_peg.engine.inference.run_inference`). ``save_pretrained``,
-``from_pretrained`` and ``push_to_hub`` come from
-:class:`~detr_peg.hub.HubFolders` (Hugging Face Hub folders, and
-Transformers DETR checkpoints converted on loading).
 """
 
 from __future__ import annotations
@@ -60,19 +42,9 @@ from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoi
 class Detector(HubFolders):
     """A detector ready for inference: model, post-processor, label map, device and precision.
 
-    Build one with :meth:`from_checkpoint`, :meth:`from_pretrained` (a Hub
-    folder, see :class:`~detr_peg.hub.HubFolders`), :meth:`from_config` or
-    :meth:`from_onnx`, or from a :class:`~detr_peg.models.loading.LoadedModel`.
-
-    Args:
-        loaded: the model with its config, post-processor and label map.
-        device: ``auto`` (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``.
-
-    Attributes:
-        loaded: the :class:`~detr_peg.models.loading.LoadedModel`.
-        device: the ``torch.device`` the model runs on.
-        amp: the autocast of the forward pass (``train.amp`` of the config where
-            the device supports it natively, else ``none``).
+    Build one with :meth:`from_checkpoint`, :meth:`from_pretrained`, :meth:`from_config` or
+    :meth:`from_onnx`. ``device``: ``auto`` (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``.
+    ``amp`` is ``train.amp`` of the config where the device supports it natively, else ``none``.
     """
 
     def __init__(self, loaded: LoadedModel, *, device: str | torch.device = "auto") -> None:
@@ -97,19 +69,9 @@ class Detector(HubFolders):
     ) -> Detector:
         """The model of a detr_peg checkpoint (``.pth`` or ``.safetensors`` file, URL, or one already read).
 
-        Args:
-            path: the checkpoint.
-            device: see the class.
-            overrides: ``key=value`` config changes that do not alter weights
-                (``data.val_scale=512``, ``eval.score_threshold=0.3``).
-            config: use this config instead of the stored one (it must
-                describe the same model; ``detr-peg eval`` passes the stored
-                config with ``--config`` and the overrides applied).
-            overrides_source: how messages name where ``overrides`` came from
-                (``detr-peg predict`` passes ``"command line"``).
-
-        Raises:
-            CheckpointError: unreadable, unsafe or unfitting checkpoint.
+        ``overrides``: ``key=value`` config changes that do not alter weights (``eval.score_threshold=0.3``);
+        ``config`` replaces the stored config (same model); ``overrides_source`` names the overrides in messages.
+        Raises ``CheckpointError`` for an unreadable, unsafe or unfitting checkpoint.
         """
         if config is None:
             return cls(load_model(path, overrides=overrides, overrides_source=overrides_source), device=device)
@@ -125,15 +87,7 @@ class Detector(HubFolders):
         label_map: LabelMap | None = None,
         device: str | torch.device = "auto",
     ) -> Detector:
-        """A freshly built model (random weights, or the backbone weights the config names).
-
-        Args:
-            config: a YAML config file or a :class:`Config`; ``model.num_classes``
-                must be set (or given in ``overrides``).
-            overrides: ``key=value`` changes.
-            label_map: class names for the labels, if known.
-            device: see the class.
-        """
+        """A freshly built model (random, or the config's backbone weights); ``model.num_classes`` must be set."""
         if isinstance(config, Config):
             cfg = (
                 load_config(None, overrides, base=config_to_dict(config), overrides_source="overrides")
@@ -146,11 +100,9 @@ class Detector(HubFolders):
 
     @classmethod
     def from_onnx(cls, path: str | os.PathLike, *, overrides: Iterable[str] = ()) -> Detector:
-        """A graph written by :meth:`export_onnx` (or ``detr-peg export``), run in ONNX Runtime on the CPU.
+        """A graph written by :meth:`export_onnx`, run in ONNX Runtime on the CPU.
 
-        Raises:
-            UserError: the ONNX packages are missing, or the file is not a
-                detr_peg export (it must hold the config in its metadata).
+        Raises ``UserError``: the ONNX packages are missing, or the file is not a detr_peg export.
         """
         from detr_peg.export.onnx_runtime import OnnxDetector
 
@@ -181,21 +133,10 @@ class Detector(HubFolders):
     ) -> Detections | list[Detections]:
         """Detect objects in one image or a list of images.
 
-        Args:
-            images: one image or a list: paths, PIL images, NumPy ``(H, W, 3)``
-                uint8 arrays, ``(3, H, W)`` tensors (uint8, or float in [0, 1]).
-            threshold: keep detections scoring at least this
-                (default: ``eval.score_threshold`` of the config).
-            batch_size: most images per forward pass; images are batched by
-                equal size after the resize, so the results do not depend on it.
-
-        Returns:
-            :class:`~detr_peg.engine.detections.Detections` for one image, or a
-            list of them (input order) for a list.
-
-        Raises:
-            DataError: an unreadable file or an input of another kind, naming it.
-            ConfigError: ``threshold`` outside [0, 1] or ``batch_size`` below 1.
+        ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays or ``(3, H, W)`` tensors (uint8, or float
+        in [0, 1]). ``threshold`` defaults to ``eval.score_threshold``; results do not depend on ``batch_size``.
+        Returns one :class:`~detr_peg.engine.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in
+        input order. Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size).
         """
         single = not isinstance(images, (list, tuple))
         inputs = [images] if single else list(images)
@@ -245,29 +186,12 @@ class Detector(HubFolders):
         extra_inputs: Sequence[Input] = (),
         progress_bars: bool | None = None,
     ) -> dict[str, float]:
-        """COCO bbox metrics of the model on a COCO-format set.
+        """COCO bbox metrics (percent, 0-100; ``-1`` where COCO defines none) on a COCO-format set.
 
-        Runs in the current process group (every process of a ``torchrun``
-        launch calls it and the images are shared out), in one process otherwise.
-
-        Args:
-            images: the folder the annotations' ``file_name`` entries are
-                relative to (default ``data.val_images`` of the config).
-            annotations: the COCO-format JSON file (default ``data.val_annotations``).
-            batch_size: images per forward pass (default ``eval.batch_size``).
-            output_dir: also write ``metrics.json`` and ``detections.json``
-                there and print the table (what ``detr-peg eval`` does).
-            extra_inputs: more files the caller read, which the outputs must not overlap.
-            progress_bars: show a bar with ``output_dir``; ``None``: when stderr is a terminal.
-
-        Returns:
-            ``{"AP": ..., "AP50": ..., "AP75": ..., "APs": ..., "APm": ..., "APl": ...,
-            "AR1": ..., "AR10": ..., "AR100": ..., "ARs": ..., "ARm": ..., "ARl": ...}``
-            in percent, 0-100 (``-1`` where COCO defines none).
-
-        Raises:
-            UserError: unreadable or invalid annotations or images, a data set
-                with more classes than the model, an unwritable ``output_dir``.
+        Runs in the current process group (``torchrun`` shares the images out). ``images`` and ``annotations``
+        default to ``data.val_images`` / ``data.val_annotations``; with ``output_dir`` it also writes
+        ``metrics.json`` and ``detections.json`` there. Returns ``{"AP", "AP50", "AP75", "APs", "APm", "APl",
+        "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"}``. Raises ``UserError`` for bad data or an unwritable folder.
         """
         cfg = self._evaluation_config(images, annotations, batch_size)
         with process_group(str(self.device)) as env:
@@ -288,14 +212,7 @@ class Detector(HubFolders):
         canvas_scales: Sequence[float] = (),
         padding: bool = False,
     ) -> dict[str, Path]:
-        """The multi-resolution evaluation of ``detr-peg eval --scales/--canvas-scales/--padding``.
-
-        See :mod:`detr_peg.engine.evaluation.scales` for the two kinds of test
-        size and :mod:`detr_peg.engine.evaluation.padding` for the padding comparison.
-
-        Returns:
-            The files written, by kind (``resized``, ``canvas``, ``padding``).
-        """
+        """The evaluation of ``detr-peg eval --scales/--canvas-scales/--padding``; the files written, by kind."""
         return run_scale_evaluation(
             self.config, self.loaded, output_dir, scales=scales, canvas_scales=canvas_scales, padding=padding
         )
@@ -327,38 +244,14 @@ class Detector(HubFolders):
         overrides: Iterable[str] = (),
         progress_bars: bool | None = None,
     ) -> Detector:
-        """Train on a COCO-format dataset, starting from this detector's checkpoint; the trained detector.
+        """Train on a COCO-format dataset from this detector's weights (``detr-peg train`` with ``train.init_from``).
 
-        The run is the one ``detr-peg train`` makes of this detector's config
-        with the dataset replaced, ``train.init_from`` set to the checkpoint the
-        detector was loaded from (a detector built from a config trains from that
-        config, with the backbone weights it names) and ``model.num_classes``
-        taken from the dataset; ``overrides`` (``key=value``) change the rest
-        (``train.epochs=12``, ``train.lr=5e-5``). A dataset with another number
-        of categories needs ``train.reset_classifier=true`` (a fresh
-        classification head; the message says so). The output folder gets what
-        a training run writes (``checkpoint.pth``, ``config.yaml``,
-        ``metrics.jsonl``). A folder that already holds a run's checkpoint is
-        refused; the same call with ``train.resume=true`` (and a longer
-        ``train.max_iters`` or ``train.epochs``) in ``overrides`` continues that
-        run, as ``--resume`` does on the command line.
-
-        Args:
-            output_dir: the run's folder (``train.output_dir``).
-            train_images: the folder the training annotations' ``file_name`` entries are relative to.
-            train_annotations: the training set's COCO-format JSON file.
-            val_images: the validation images; without them and ``val_annotations`` the run does not evaluate.
-            val_annotations: the validation set's COCO-format JSON file.
-            overrides: further ``key=value`` config changes.
-            progress_bars: show tqdm bars; ``None``: when stderr is a terminal.
-
-        Returns:
-            A :class:`Detector` of the trained weights (``output_dir/checkpoint.pth``), on this detector's device.
-
-        Raises:
-            UserError: a detector from an ONNX graph (it has no weights to train), a bad
-                override, unreadable data, weights that do not fit the dataset, an output folder that
-                already holds a run's checkpoint (without ``train.resume=true``).
+        ``overrides`` (``key=value``) change the config; another number of categories needs
+        ``train.reset_classifier=true``; without ``val_images``/``val_annotations`` the run does not evaluate.
+        Writes a training run into ``output_dir`` (``checkpoint.pth``, ``config.yaml``, ``metrics.jsonl``);
+        a folder holding a run's checkpoint is refused unless ``train.resume=true``.
+        Returns a :class:`Detector` of ``output_dir/checkpoint.pth`` on this device. Raises ``UserError``
+        (ONNX detector, bad override or data, unfitting weights, occupied output folder).
         """
         from detr_peg.engine.training import run_training
 
@@ -391,16 +284,9 @@ class Detector(HubFolders):
         return Detector.from_checkpoint(result.checkpoint, device=self.device)
 
     def export_onnx(self, path: str | os.PathLike, **options: Any) -> Path:
-        """Export the model to an ONNX file; see :func:`detr_peg.export.onnx_export.export_onnx` for ``options``.
+        """Write the model to an ONNX file (``options``: see :func:`detr_peg.export.onnx_export.export_onnx`); the path.
 
-        The file is written under the rules of ``detr-peg export``: never over a file detr_peg did not write
-        as an export (a training checkpoint, a user's file), never into a folder a running command holds.
-
-        Returns:
-            The file written.
-
-        Raises:
-            OutputError: ``path`` is a folder, or a file that is not an earlier export (it is left as it was).
+        Never overwrites a file that is not an earlier detr_peg export (``OutputError``, file left as it was).
         """
         from detr_peg.export.onnx_export import export_onnx
 

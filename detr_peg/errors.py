@@ -1,10 +1,4 @@
-"""Exceptions meant for users.
-
-Every error a user can cause (a bad config, dataset, checkpoint or path) is a
-:class:`UserError`. Its message is one sentence that names the file, field or
-value and says what to do. The command line prints it without a traceback and
-exits with status 2; any other exception is a bug and keeps its traceback.
-"""
+"""Exceptions meant for users: a :class:`UserError` is one sentence naming what is wrong (CLI: exit 2, no traceback)."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ class DataError(UserError):
 
 
 class DamagedFileError(UserError):
-    """A file detr_peg wrote and reads back (a study's plan, a cell's state) that was changed or cut short since."""
+    """A file detr_peg wrote and reads back (a study's plan, a cell's state) that was changed or cut short."""
 
 
 class CheckpointError(UserError):

@@ -1,14 +1,7 @@
 """Hugging Face Hub folders for :class:`detr_peg.Detector`: ``save_pretrained``, ``from_pretrained``, ``push_to_hub``.
 
-:class:`HubFolders` is ``huggingface_hub``'s :class:`~huggingface_hub.ModelHubMixin`
-for detr_peg: ``save_pretrained`` writes a folder of ``config.json``,
-``model.safetensors`` and a model card ``README.md`` (no pickle; see
-:mod:`detr_peg.checkpoint.hub_folder`), ``push_to_hub`` is the library's own
-(it saves the folder and uploads it with ``HfApi.upload_folder``), and
-``from_pretrained`` reads a local folder or a Hub name (``owner/name``,
-fetched with ``huggingface_hub``). ``from_pretrained`` also takes a
-Transformers ``DetrForObjectDetection`` or ``DeformableDetrForObjectDetection``
-folder, converted in memory as ``detr-peg convert`` does (:func:`load_pretrained`).
+A folder is ``config.json``, ``model.safetensors`` and a model card ``README.md`` (no pickle);
+Transformers DETR / Deformable-DETR folders are converted on loading.
 """
 
 from __future__ import annotations
@@ -48,18 +41,9 @@ DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token"
 def load_pretrained(spec: str, **download: Any) -> LoadedModel:
     """The model of the folder or Hub name ``spec`` (``owner/name[@revision]``), in eval mode on the CPU.
 
-    A folder whose ``config.json`` says ``"format": "detr_peg"`` is read as it
-    is; any other is read as a Transformers DETR or Deformable-DETR folder and
-    converted (:func:`~detr_peg.convert.transformers_folder.convert_transformers`).
-
-    Args:
-        spec: a local folder, or a Hub name.
-        download: arguments of :func:`huggingface_hub.hf_hub_download` (:data:`DOWNLOAD_ARGUMENTS`).
-
-    Raises:
-        CheckpointError: no such folder, the Hub unreachable and the folder
-            not cached, a Transformers setting detr_peg cannot represent, or
-            weights that do not fit their config.
+    A ``config.json`` without ``"format": "detr_peg"`` is read as a Transformers folder and converted.
+    Raises ``CheckpointError``: no such folder, Hub unreachable and not cached, an unrepresentable
+    Transformers setting, or weights that do not fit their config.
     """
     folder = model_folder(spec)
     config = read_config_json(folder.first_file([CONFIG_JSON], CONFIG_JSON, **download), spec)
@@ -74,11 +58,7 @@ def load_pretrained(spec: str, **download: Any) -> LoadedModel:
 class HubFolders(
     ModelHubMixin, library_name=LIBRARY, pipeline_tag="object-detection", repo_url=REPOSITORY, docs_url=DOCUMENTATION
 ):
-    """``save_pretrained``, ``from_pretrained`` and ``push_to_hub`` of a class holding a ``loaded`` model.
-
-    The class is built as ``cls(loaded, device=...)`` from a
-    :class:`~detr_peg.models.loading.LoadedModel` (what :class:`detr_peg.Detector` is).
-    """
+    """``save_pretrained``, ``from_pretrained`` and ``push_to_hub`` of a class built as ``cls(loaded, device=...)``."""
 
     loaded: LoadedModel
 
@@ -97,24 +77,12 @@ class HubFolders(
         revision: str | None = None,
         **download: Any,
     ) -> Any:
-        """The model of a Hub folder: a local folder or a Hugging Face Hub name (``owner/name``).
+        """The model of a local folder or a Hugging Face Hub name (``owner/name``).
 
-        A folder written by :meth:`save_pretrained` is loaded as it is; a
-        Transformers ``DetrForObjectDetection`` or
-        ``DeformableDetrForObjectDetection`` folder is converted first, as
-        ``detr-peg convert`` does. A Hub name is fetched with ``huggingface_hub``
-        into its cache (offline, one already there is read from it).
-
-        Args:
-            pretrained_model_name_or_path: the folder or Hub name.
-            device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
-            revision: a branch, tag or commit of the Hub repository.
-            download: further arguments of ``huggingface_hub``'s download
-                (``cache_dir``, ``token``, ``force_download``, ``local_files_only``).
-
-        Raises:
-            CheckpointError: no such folder, the Hub unreachable and the
-                folder not cached, or weights that do not fit their config.
+        A Transformers ``DetrForObjectDetection`` / ``DeformableDetrForObjectDetection`` folder is converted
+        as ``detr-peg convert`` does. ``revision``: branch, tag or commit; ``download``: further
+        ``huggingface_hub`` download arguments (``cache_dir``, ``token``, ``local_files_only``, ...).
+        Raises ``CheckpointError``: no such folder, Hub unreachable and not cached, unfitting weights.
         """
         spec = str(pretrained_model_name_or_path)
         model_folder(spec)  # a folder or a Hub name, else one sentence before the Hub is asked
@@ -130,28 +98,11 @@ class HubFolders(
     def save_pretrained(
         self, save_directory: str | os.PathLike, *, metrics: dict[str, float] | None = None, **kwargs: Any
     ) -> str | None:
-        """Write the model as a Hub folder: ``config.json``, ``model.safetensors`` and ``README.md``, no pickle.
+        """Write ``config.json``, ``model.safetensors`` and ``README.md`` (unless present) into ``save_directory``.
 
-        :meth:`from_pretrained` reads it back with the same outputs; the
-        weights file alone is a checkpoint for the command line
-        (``--checkpoint FOLDER/model.safetensors``). The model card (written
-        unless the folder has a ``README.md`` already) states the model, its
-        classes, ``metrics`` and the training config.
-
-        Args:
-            save_directory: the folder (created if needed).
-            metrics: COCO metrics in percent for the model card; default: the
-                ``metrics.json`` next to the checkpoint file the model came
-                from (a training or evaluation run's), if any.
-            kwargs: ``push_to_hub=True, repo_id="owner/name"`` and the other
-                arguments of :meth:`huggingface_hub.ModelHubMixin.save_pretrained`.
-
-        Returns:
-            The commit URL when pushed to the Hub, else None.
-
-        Raises:
-            ConfigError: the model is an ONNX Runtime graph.
-            CheckpointError: a file cannot be written.
+        ``metrics`` (COCO, percent) go into the model card; default: the ``metrics.json`` next to the source
+        checkpoint. ``kwargs``: ``push_to_hub=True, repo_id=...`` etc. Returns the commit URL when pushed,
+        else None. Raises ``ConfigError`` (ONNX graph) or ``CheckpointError`` (unwritable file).
         """
         card = dict(kwargs.pop("model_card_kwargs", None) or {})
         card.setdefault("metrics", metrics)
@@ -159,13 +110,9 @@ class HubFolders(
         return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
 
     def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> str:
-        """Save the folder and upload it to the Hub repository ``repo_id`` (:meth:`huggingface_hub.ModelHubMixin.push_to_hub`).
+        """Save the folder and upload it to the Hub repository ``repo_id``; the commit URL.
 
-        ``model_card_kwargs={"metrics": {...}}`` sets the model card's metrics
-        (default as in :meth:`save_pretrained`); the card's example loads ``repo_id``.
-
-        Returns:
-            The URL of the commit.
+        ``model_card_kwargs={"metrics": {...}}`` sets the model card's metrics.
         """
         card = {"name": repo_id, **(model_card_kwargs or {})}
         return super().push_to_hub(repo_id, model_card_kwargs=card, **kwargs)
@@ -185,11 +132,7 @@ class HubFolders(
 
 
 def run_metrics(path: Path) -> dict[str, float] | None:
-    """The COCO metrics of a run's ``metrics.json`` (percent), or None when there is none.
-
-    Raises:
-        CheckpointError: the file exists but is not a metrics file.
-    """
+    """The COCO metrics of a run's ``metrics.json`` (percent), or None; ``CheckpointError`` if it is not one."""
     if not path.is_file():
         return None
     try:

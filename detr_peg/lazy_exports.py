@@ -1,19 +1,6 @@
-"""Names of a package imported on first use (PEP 562), so importing the package loads none of its modules.
+"""Names of a package imported on first use (PEP 562), so ``--help`` and input checks run before torch is imported.
 
-The packages that commands import before torch (``detr_peg`` and its
-``convert``, ``data``, ``engine``, ``export`` and ``fileio`` packages) expose
-their public names this way, so that commands can check their inputs, and
-print ``--help``, before torch is imported::
-
-    from detr_peg.lazy_exports import lazy_exports as _lazy_exports
-
-    _EXPORTS = {"export_onnx": "detr_peg.export.onnx_export"}
-    __all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
-
-(Imported under another name: in ``detr_peg`` itself, the name
-``lazy_exports`` is this module.)
-
-Imports nothing from detr_peg (the bottom layer, beside :mod:`detr_peg.errors`).
+Imports nothing from detr_peg.
 """
 
 from __future__ import annotations
@@ -32,17 +19,9 @@ def lazy_exports(
     eager: Iterable[str] = (),
     first: Mapping[str, str] | None = None,
 ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
-    """``__all__``, ``__getattr__`` and ``__dir__`` for a package whose names are imported on first use.
+    """``(__all__, __getattr__, __dir__)`` for a package whose ``exports`` (name -> module) load on first use.
 
-    Args:
-        package: the package's ``__name__`` (named in the ``AttributeError`` of an unknown name).
-        exports: public name -> the module that defines it.
-        eager: names the package defines itself (listed in ``__all__`` and ``__dir__``).
-        first: module of ``exports`` -> a module to import before it (one whose import registers what the
-            first one reads).
-
-    Returns:
-        ``(__all__, __getattr__, __dir__)``, to assign in the package: ``__all__`` sorted.
+    ``eager``: names the package defines itself; ``first``: module -> a module to import before it.
     """
     exports = dict(exports)
     first = dict(first or {})

@@ -1,21 +1,6 @@
-"""Name -> builder registries for the pluggable parts of detr_peg.
+"""Name -> builder registries for the pluggable parts of detr_peg (``@BACKBONES.register("timm")``).
 
-Each registry states its contract in its docstring (what a registered builder
-takes and returns). Components are registered with a decorator::
-
-    @BACKBONES.register("timm")
-    def build_timm_backbone(cfg, out_stages): ...
-
-and looked up by the name given in a config. An unknown name raises
-:class:`~detr_peg.errors.ConfigError` listing the valid names, so a typo in a
-config is one clear sentence, never a ``KeyError``.
-
-The built-in entries are registered when their modules are imported
-(``import detr_peg.models``). The command line does not import them before
-every command: it hands that import to :func:`fill_on_first_read`, which runs
-it the first time any registry is read, so that a command stopped by an error
-found before any name is looked up (a config file that is not there, a
-``key=value`` that does not parse) answers without importing torch.
+An unknown name raises :class:`~detr_peg.errors.ConfigError` listing the valid names.
 """
 
 from __future__ import annotations
@@ -33,8 +18,10 @@ _filler: Callable[[], object] | None = None
 
 
 def fill_on_first_read(filler: Callable[[], object]) -> None:
-    """Have ``filler`` (e.g. ``lambda: importlib.import_module("detr_peg.models")``) run once, the first time
-    any registry is read (looked up, listed, counted or tested for a name); registering does not run it."""
+    """Have ``filler`` run once, the first time any registry is read (not on register).
+
+    The command line fills registries lazily so that errors found before any lookup answer without importing torch.
+    """
     global _filler
     _filler = filler
 
@@ -47,16 +34,7 @@ def _fill() -> None:
 
 
 class Registry(Generic[T]):
-    """A mapping from names to builders (functions or classes).
-
-    Args:
-        name: what the registry holds, in words ("positional encoding"); used
-            in error messages.
-        doc: the contract every entry must fulfil.
-        builtins: the modules whose import registers the built-in entries,
-            imported the first time this registry is read, so that a reader
-            sees them whichever module of the package it imported first.
-    """
+    """A mapping from names to builders; ``doc`` is the entries' contract, ``builtins`` are imported on first read."""
 
     def __init__(self, name: str, doc: str = "", builtins: tuple[str, ...] = ()) -> None:
         self.name = name
@@ -65,7 +43,7 @@ class Registry(Generic[T]):
         self._builtins = builtins
 
     def _read(self) -> None:
-        """Run the command line's filler and import this registry's built-in modules (once), before a read."""
+        """Run the filler and import the built-in modules (once), before a read."""
         _fill()
         builtins, self._builtins = self._builtins, ()  # unset first: the imports register entries
         for module in builtins:
@@ -84,11 +62,7 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
-        """Return the entry registered as ``name``.
-
-        Raises:
-            ConfigError: ``name`` is not registered; the message lists valid names.
-        """
+        """The entry registered as ``name``; ``ConfigError`` listing valid names otherwise."""
         self._read()
         try:
             return self._entries[name]

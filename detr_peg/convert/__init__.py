@@ -1,8 +1,4 @@
-"""Conversion of official DETR and Deformable-DETR checkpoints and of Transformers checkpoint folders.
-
-Names are imported lazily, so ``import detr_peg.convert.source_kind`` (which
-converter reads a source, and whether it is there) does not load torch.
-"""
+"""Conversion of official DETR / Deformable-DETR checkpoints and Transformers folders (lazy names: no torch)."""
 
 from __future__ import annotations
 

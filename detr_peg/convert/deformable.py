@@ -1,23 +1,7 @@
-"""Reading official Deformable-DETR (fundamentalvision/Deformable-DETR) checkpoints.
+"""Reading official Deformable-DETR checkpoints: single-stage, ``--with_box_refine`` and ``--two_stage``.
 
-All three official layouts are read: single-stage, with iterative box
-refinement (``--with_box_refine``) and two-stage (``--two_stage``, which needs
-refinement). Official checkpoints store shared modules under several names:
-
-* without refinement ``class_embed.{i}`` and ``bbox_embed.{i}`` are one module
-  per head; detr_peg keeps that layout (a list holding one shared module), so
-  these keys map onto themselves;
-* with refinement ``transformer.decoder.bbox_embed.*`` is ``bbox_embed.*``, and
-  in two-stage ``transformer.decoder.class_embed.*`` is ``class_embed.*``;
-  detr_peg stores the heads once on the detector, so the decoder copies are
-  aliases (checked to be identical, then dropped).
-
-What the weights determine: backbone depth, hidden width, feature levels,
-layer counts, feed-forward width, classes (no "no object" class), queries
-(single-stage), refinement and two-stage, learned vs sine encoding, and the
-sampling points per head and level once the number of heads is known (the
-number of heads itself is not in the weights: it comes from the stored
-``args``, a config file or ``model.transformer.nheads=...``).
+Decoder copies of shared heads are aliases (checked identical, dropped). The number of heads is not
+in the weights: it comes from the stored ``args``, a config or ``model.transformer.nheads=...``.
 """
 
 from __future__ import annotations

@@ -7,14 +7,7 @@ from collections.abc import Sequence
 
 
 class KeyMap:
-    """An ordered list of ``(regex, replacement)`` rules; the first match wins.
-
-    A rule whose replacement is ``None`` drops the key. Keys matching no rule
-    are kept as they are.
-
-    Args:
-        rules: ``(pattern, replacement)`` pairs; patterns must match the whole key.
-    """
+    """Ordered ``(regex, replacement)`` rules on whole keys: first match wins, ``None`` drops, unmatched keys stay."""
 
     def __init__(self, rules: Sequence[tuple[str, str | None]]) -> None:
         self.rules = [(re.compile(p), r) for p, r in rules]
@@ -26,5 +19,5 @@ class KeyMap:
         return key
 
     def describe(self) -> list[str]:
-        """Human-readable rules, for documentation and ``--help``."""
+        """Human-readable rules."""
         return [f"{p.pattern} -> {r if r is not None else '(dropped)'}" for p, r in self.rules]

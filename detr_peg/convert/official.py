@@ -1,14 +1,4 @@
-"""Converting official DETR-family checkpoints into detr_peg checkpoints.
-
-The architecture is inferred from the weights wherever they determine it
-(backbone depth, widths, layer counts, queries, classes); everything else
-comes from, in increasing priority: ``--config FILE``, the ``args`` the
-official training script stored in the checkpoint (if any), and ``key=value``
-overrides. An override that contradicts the weights is an error. Converting
-to another positional encoding (``model.position.name=peg``) keeps every
-shared weight and initialises only what is new; the report lists exactly
-which keys were new and which were unused.
-"""
+"""Converting official DETR-family checkpoints: weights fix the architecture; config file, args, overrides the rest."""
 
 from __future__ import annotations
 
@@ -76,7 +66,7 @@ def resolve_config(
     config_path: str | os.PathLike | None,
     overrides: Iterable[str],
 ) -> Config:
-    """Merge config file, stored args and overrides around what the weights determine (see :mod:`~detr_peg.convert.report`)."""
+    """Merge config file, stored args and overrides around what the weights determine (see ``convert.report``)."""
     hard, soft = fmt.infer(state)
     stored = _args_layer(args, fmt, f"args stored in {src}") if args else None
     complete = (lambda cfg: fmt.complete(state, cfg)) if fmt.complete is not None else None
@@ -86,17 +76,7 @@ def resolve_config(
 def convert_official(
     src: str | os.PathLike, *, config_path: str | os.PathLike | None = None, overrides: Iterable[str] = ()
 ) -> ConversionReport:
-    """Convert an official checkpoint in memory.
-
-    Args:
-        src: official ``.pth`` (a dict with ``model`` and possibly ``args``,
-            ``optimizer``, ...), a bare state dict, or ``.safetensors``.
-        config_path: optional YAML config for what the weights do not determine.
-        overrides: ``key=value`` config overrides.
-
-    Returns:
-        The report, including the converted state dict and config.
-    """
+    """Convert an official checkpoint (``.pth``, bare state dict or ``.safetensors``) in memory; the report."""
     src = str(src)
     state, args, ignored = _load_official(src)
     fmt = detect_format(state, src)

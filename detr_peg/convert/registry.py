@@ -1,4 +1,4 @@
-"""The registries of the checkpoint formats ``detr-peg convert`` reads: official checkpoints and Transformers folders."""
+"""The registries of the formats ``detr-peg convert`` reads: official checkpoints and Transformers folders."""
 
 from __future__ import annotations
 
@@ -16,22 +16,10 @@ from detr_peg.registry import Registry
 class OfficialFormat:
     """How to read one official codebase's checkpoints.
 
-    Attributes:
-        name: the codebase, in words ("DETR").
-        arch: the detr_peg ``model.arch`` it converts to.
-        matches: ``state_dict -> bool``, whether a state dict is of this format.
-        infer: ``state_dict -> (hard, soft)``: config values the weights
-            determine (``hard``: may not be overridden differently) and values
-            they suggest (``soft``: the stored args and overrides win).
-        key_map: official key -> detr_peg key (``None`` drops it).
-        args_map: official ``args`` attribute -> dotted config key, or a
-            callable ``(value) -> {dotted key: value}``.
-        complete: optional ``(state_dict, config) -> {dotted key: value}``:
-            further values the weights determine once the rest of the config
-            is resolved (Deformable-DETR sampling points need the number of
-            heads); treated like ``hard`` values. May raise ``CheckpointError``.
-        aliases: regexes of official keys that duplicate another key (shared
-            modules stored twice); they must equal the key they map onto.
+    ``infer``: ``state_dict -> (hard, soft)`` config values (hard may not be overridden differently).
+    ``key_map``: official key -> detr_peg key (``None`` drops). ``args_map``: ``args`` attribute -> dotted
+    key or ``value -> {key: value}``. ``complete``: ``(state_dict, config) -> {key: value}``, hard values
+    needing the resolved config. ``aliases``: regexes of duplicate keys, which must equal their target.
     """
 
     name: str
@@ -52,21 +40,11 @@ OFFICIAL_FORMATS: Registry = Registry(
 
 @dataclass(frozen=True)
 class TransformersFormat:
-    """How to read one Transformers model class's checkpoints (its ``config.json`` and its weights).
+    """How to read one Transformers model class's checkpoints.
 
-    Attributes:
-        name: the model class, in words ("Transformers DETR").
-        model_type: the ``model_type`` of its ``config.json`` (``detr``).
-        architecture: the class name its ``config.json`` lists under ``architectures``.
-        arch: the detr_peg ``model.arch`` it converts to.
-        read: ``(config_json, state_dict, src) -> (hard, soft)``: the config
-            values its ``config.json`` and weights determine and suggest (see
-            :func:`detr_peg.convert.report.resolve_layers`); refuses a setting
-            detr_peg cannot represent with a ``CheckpointError`` naming the field.
-        key_map: source key -> detr_peg key (after the attention projections
-            are fused, see :func:`detr_peg.convert.transformers_keys.fuse_attention_projections`).
-        fill: optional ``(mapped_state_dict, config) -> None``: adds the
-            modules Transformers stores once and ties (shared detection heads).
+    ``read``: ``(config_json, state_dict, src) -> (hard, soft)``, raising ``CheckpointError`` on an
+    unrepresentable setting. ``key_map`` applies after attention projections are fused. ``fill``:
+    ``(mapped_state_dict, config) -> None`` adds heads Transformers stores once.
     """
 
     name: str

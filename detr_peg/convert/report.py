@@ -1,16 +1,6 @@
-"""What every conversion shares: the config layers around the read values, the key renaming, the fit to the model.
+"""What every conversion shares: config layers around the read values, key renaming, the fit to the model.
 
-A converter (official checkpoints in :mod:`detr_peg.convert.official`,
-Transformers folders in :mod:`detr_peg.convert.transformers_folder`) reads
-two kinds of config values from its source: ``hard`` values that the weights
-need (widths, layer counts, classes; an override that contradicts one is
-refused) and ``soft`` values that it suggests (the positional encoding,
-dropout; overrides and stored training arguments win). The config is built
-from, in increasing priority, ``--config FILE``, the soft values, the
-source's stored training arguments, the hard values and the ``key=value``
-overrides. The renamed weights then fill the model built from that config;
-what the source does not provide starts fresh and is reported
-(:class:`ConversionReport`).
+Config priority, lowest first: ``--config``, soft values, stored training args, hard values, overrides.
 """
 
 from __future__ import annotations
@@ -35,19 +25,7 @@ from detr_peg.models.loading import without_backbone_weights
 
 @dataclass
 class ConversionReport:
-    """What a conversion did.
-
-    Attributes:
-        source_format: the codebase the checkpoint comes from ("DETR",
-            "Deformable-DETR", "Transformers DETR", ...).
-        config: the resolved config of the converted model.
-        state_dict: the converted model state dict.
-        new_keys: model keys the source weights did not provide (initialised fresh).
-        unused_keys: source keys the model has no place for.
-        aliases: source keys dropped as duplicates of a shared module.
-        ignored_entries: top-level checkpoint entries other than the weights.
-        label_map: the label map the source names (``LabelMap.to_dict()``), or None.
-    """
+    """What a conversion did: config, state dict, and the keys new (fresh init), unused, aliased or ignored."""
 
     source_format: str
     config: Config
@@ -60,11 +38,7 @@ class ConversionReport:
 
 
 def refuse_contradictions(hard: dict[str, Any], cli: Layer, src: str) -> None:
-    """Refuse a command-line override that changes a value the weights determine.
-
-    Raises:
-        ConfigError: naming the key, both values and what to do instead.
-    """
+    """Raise ``ConfigError`` for an override that changes a value the weights determine."""
     for key, value in hard.items():
         if key in cli and plain(cli[key][0]) != value:
             raise ConfigError(
@@ -83,23 +57,7 @@ def resolve_layers(
     stored: Layer | None = None,
     complete: Callable[[Config], dict[str, Any]] | None = None,
 ) -> Config:
-    """The converted model's config: ``--config``, soft values, stored arguments, hard values, overrides.
-
-    Args:
-        hard: values the weights determine (``{"model.transformer.hidden_dim": 256, ...}``).
-        soft: values the source suggests.
-        src: the source, for messages.
-        config_path: optional config file for what the source does not determine.
-        overrides: ``key=value`` overrides (highest priority).
-        stored: the training arguments stored with the weights, as a layer.
-        complete: ``config -> {dotted key: value}``, further hard values that
-            need the rest of the config first (Deformable-DETR's sampling
-            points need the number of heads).
-
-    Returns:
-        The config, with ``model.backbone.weights`` unset (the weights travel
-        in the converted checkpoint).
-    """
+    """The converted config: ``--config``, soft, stored, hard (and ``complete``), overrides; backbone weights unset."""
     cli = parse_overrides(overrides)
     refuse_contradictions(hard, cli, src)
     layers: list[Layer] = []
@@ -123,14 +81,7 @@ def resolve_layers(
 
 
 def map_state_dict(state: dict[str, Tensor], key_map: KeyMap, src: str) -> tuple[dict[str, Tensor], list[str]]:
-    """Rename source keys; keys that map onto an already-mapped key must be identical aliases.
-
-    The backbone's ``num_batches_tracked`` counters are dropped (frozen
-    BatchNorm has none).
-
-    Raises:
-        CheckpointError: two source keys map onto one key but differ.
-    """
+    """Rename source keys, dropping ``num_batches_tracked``; ``CheckpointError`` when aliases of one key differ."""
     mapped: dict[str, Tensor] = {}
     origin: dict[str, str] = {}
     aliases: list[str] = []
@@ -153,15 +104,9 @@ def map_state_dict(state: dict[str, Tensor], key_map: KeyMap, src: str) -> tuple
 
 
 def fit_to_model(cfg: Config, mapped: dict[str, Tensor], src: str) -> tuple[dict[str, Tensor], list[str], list[str]]:
-    """The state dict of the model ``cfg`` builds, filled with ``mapped`` where it has the key.
+    """``(state_dict, new_keys, unused_keys)`` of the model ``cfg`` builds, filled from ``mapped``.
 
-    Returns:
-        ``(state_dict, new_keys, unused_keys)``: the merged state dict (in the model's dtypes), the
-        model keys ``mapped`` lacks (they keep their fresh initialisation),
-        and the keys of ``mapped`` the model has no place for.
-
-    Raises:
-        CheckpointError: a tensor whose shape differs from the model's.
+    Raises ``CheckpointError`` for a tensor whose shape differs from the model's.
     """
     own = build_model(cfg).state_dict()
     for key in own.keys() & mapped.keys():

@@ -1,10 +1,4 @@
-"""Which converter reads a ``detr-peg convert`` source, decided from its name alone (torch-free).
-
-A folder, or a Hugging Face Hub name (``owner/name``) that is not a local
-path, is a Transformers checkpoint; anything else is an official DETR or
-Deformable-DETR checkpoint file or URL, which :func:`check_source` checks
-before the command imports torch.
-"""
+"""Which converter reads a ``detr-peg convert`` source, from its name alone (torch-free): folder/Hub name, or file."""
 
 from __future__ import annotations
 
@@ -23,10 +17,6 @@ def is_transformers_source(src: str | os.PathLike) -> bool:
 
 
 def check_source(src: str | os.PathLike) -> None:
-    """Refuse an official checkpoint path that is not a readable file (a folder or Hub name is checked when read).
-
-    Raises:
-        CheckpointError: ``The official checkpoint file <src> does not exist.`` and the like.
-    """
+    """Raise ``CheckpointError`` for an official checkpoint path that is not a readable file."""
     if not is_transformers_source(src):
         check_checkpoint_location(src, OFFICIAL_FILE)

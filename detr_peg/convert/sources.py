@@ -1,10 +1,4 @@
-"""Which converter reads a ``detr-peg convert`` source: an official checkpoint file or a Transformers folder.
-
-:func:`~detr_peg.convert.source_kind.is_transformers_source` decides: a
-Transformers checkpoint (:mod:`detr_peg.convert.transformers_folder`) or an
-official DETR or Deformable-DETR checkpoint file or URL
-(:mod:`detr_peg.convert.official`).
-"""
+"""Dispatch a ``detr-peg convert`` source to the official or the Transformers converter."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""Reading the ``config.json`` of a Transformers DETR or Deformable-DETR checkpoint into detr_peg config values.
+"""Reading the shared fields of a Transformers DETR / Deformable-DETR ``config.json`` into detr_peg config values.
 
-What the shared fields become (each architecture's module reads its own):
-
-=============================================  =========================================
-``config.json``                                detr_peg
-=============================================  =========================================
-``d_model``                                    ``model.transformer.hidden_dim``
-``encoder_layers``, ``decoder_layers``         ``model.transformer.enc_layers``, ``dec_layers``
-``encoder_attention_heads``                    ``model.transformer.nheads`` (the decoder's must be equal)
-``encoder_ffn_dim``                            ``model.transformer.dim_feedforward`` (the decoder's must be equal)
-``activation_function`` (``relu``, ``gelu``)   ``model.transformer.activation``
-``dropout``                                    ``model.transformer.dropout`` (suggested)
-``position_embedding_type``                    ``model.position.name`` (suggested): ``sine`` or ``learned``
-``id2label``                                   the label map: label ``i`` is category ``i`` named ``id2label[i]`` (:func:`label_map_of`)
-``backbone_config``, ``backbone``, ...         ``model.backbone.*`` (:func:`backbone_values`)
-=============================================  =========================================
-
-Settings that only change training are not carried over: Transformers'
-``attention_dropout`` and ``activation_dropout`` (detr_peg applies
-``model.transformer.dropout`` in attention and feed-forward blocks, as the
-official code does), ``encoder_layerdrop``/``decoder_layerdrop``, the
-initialisation scales and the matcher costs and loss coefficients (a
-converted model fine-tunes with detr_peg's, which are the official ones,
-unless ``--config`` or an override says otherwise). A setting that changes
-what the model computes and that detr_peg cannot represent is refused with
-one sentence naming the field (:func:`refusal`).
+Training-only settings are not carried over; a setting detr_peg cannot represent is refused naming the field.
 """
 
 from __future__ import annotations
@@ -53,16 +29,12 @@ ENCODINGS = ("sine", "learned")
 
 
 def refusal(src: str, field: str, value: Any, why: str) -> CheckpointError:
-    """The error for a ``config.json`` setting detr_peg cannot represent: one sentence naming the field and why."""
+    """The ``CheckpointError`` for a ``config.json`` setting detr_peg cannot represent."""
     return CheckpointError(f"{src}: config.json has {field}={json.dumps(value)}, which {why}; it is not converted.")
 
 
 def read_config_json(path: Path, src: str) -> dict[str, Any]:
-    """The parsed ``config.json`` of a model folder.
-
-    Raises:
-        CheckpointError: unreadable or not a JSON object.
-    """
+    """The parsed ``config.json`` of a model folder; ``CheckpointError`` if unreadable or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -73,13 +45,7 @@ def read_config_json(path: Path, src: str) -> dict[str, Any]:
 
 
 def transformer_values(config: dict[str, Any], src: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(hard, soft)`` values of the fields both architectures share (the table in the module docstring).
-
-    Raises:
-        CheckpointError: a field detr_peg cannot represent (different encoder
-            and decoder heads or widths, another activation or encoding, not
-            three input channels).
-    """
+    """``(hard, soft)`` values of the shared transformer fields; ``CheckpointError`` for an unrepresentable one."""
     heads, ffn = config.get("encoder_attention_heads", 8), config.get("encoder_ffn_dim", 2048)
     for key, value, encoder_key, field in (
         ("decoder_attention_heads", heads, "encoder_attention_heads", "nheads"),
@@ -115,26 +81,11 @@ def transformer_values(config: dict[str, Any], src: str) -> tuple[dict[str, Any]
 def backbone_values(
     config: dict[str, Any], state: dict[str, Tensor], src: str, *, default_indices: list[int], last_only: bool
 ) -> dict[str, Any]:
-    """``model.backbone.*`` of a Transformers checkpoint (hard values).
+    """``model.backbone.*`` hard values of a Transformers checkpoint (frozen BatchNorm always).
 
-    A timm ResNet of torchvision's layout (``resnet18`` ... ``resnet152``)
-    becomes ``source: torchvision`` (the same modules and names, and DC5
-    dilation is available); another timm model becomes ``source: timm`` with
-    its timm name. Transformers' own ResNet becomes ``source: torchvision``
-    when it is one (v1.5 strides, the standard widths and depths). Every
-    backbone uses frozen BatchNorm, as Transformers' DETR models do.
-
-    Args:
-        config: the parsed ``config.json``.
-        state: the weights (their layout tells timm from Transformers' ResNet).
-        src: the source, for messages.
-        default_indices: the architecture's timm feature indices when
-            ``config.json`` names none (Transformers 4 files).
-        last_only: the detector uses only the last feature map (DETR, or a
-            single feature level).
-
-    Raises:
-        CheckpointError: a backbone detr_peg cannot represent.
+    A timm or Transformers ResNet of torchvision's layout becomes ``source: torchvision``; another timm
+    model ``source: timm``. ``default_indices``: timm feature indices when ``config.json`` names none.
+    Raises ``CheckpointError`` for a backbone detr_peg cannot represent.
     """
     backbone = config.get("backbone_config") or {}
     kind = backbone.get("model_type") or ("timm_backbone" if config.get("use_timm_backbone", True) else "")
@@ -229,17 +180,9 @@ def _timm_values(
 
 
 def label_map_of(config: dict[str, Any], src: str) -> LabelMap:
-    """The label map of ``id2label``: label ``i`` is category id ``i`` named ``id2label[i]`` (``contiguous=False``).
+    """The label map of ``id2label`` (label ``i`` = category id ``i``), leaving out ids named ``N/A``.
 
-    Ids named ``N/A`` are left out: Transformers' COCO models give that name
-    to the class ids no COCO category has (12, 26, ...), and without them the
-    map equals the one detr_peg reads from COCO's annotations (raw ids), so
-    ``train.init_from`` and evaluation on COCO see the same categories. A
-    label left out is reported as ``class <label>``.
-
-    Raises:
-        CheckpointError: ``id2label`` is missing, names no category, or its
-            keys are not integers.
+    Raises ``CheckpointError``: ``id2label`` missing, empty, or with non-integer keys.
     """
     id2label = config.get("id2label")
     if not isinstance(id2label, dict) or not id2label:

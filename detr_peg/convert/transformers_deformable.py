@@ -1,42 +1,6 @@
-"""Reading Transformers' ``DeformableDetrForObjectDetection`` checkpoints (``model_type: deformable_detr``).
+"""Reading Transformers' ``DeformableDetrForObjectDetection`` checkpoints: single-stage, box refinement, two-stage.
 
-All three layouts are read: single-stage, ``with_box_refine`` and
-``two_stage`` (which needs refinement). Besides the shared fields
-(:mod:`detr_peg.convert.transformers_config`): ``num_feature_levels``,
-``encoder_n_points``/``decoder_n_points``, ``with_box_refine``,
-``two_stage``, ``two_stage_num_proposals`` and ``num_queries``; the classes
-come from the weights.
-
-Detection heads. Transformers stores a head that several names share once:
-without refinement every decoder layer uses ``class_embed.0`` and
-``bbox_embed.0``; with refinement the box heads are the decoder's
-(``model.decoder.bbox_embed.{i}``), and in two-stage the class heads too
-(``model.decoder.class_embed.{i}``, the last one scoring the encoder
-proposals). Transformers 5 ties the class heads of a box-refinement model
-to ``class_embed.0`` when it builds one, but keeps per-layer heads that a
-file holds (the layout of the models Transformers 4 trained, and of the
-official code). So a head the file holds under both names must be the same
-tensor, and a head it lacks is the first one it holds, index 0 in the files
-Transformers writes (:func:`fill_tied_heads`).
-
-Keys (after :func:`~detr_peg.convert.transformers_keys.fuse_attention_projections`):
-
-=======================================================  ==========================================
-Transformers                                             detr_peg
-=======================================================  ==========================================
-``model.input_proj.{l}.0``, ``.1``                       ``input_proj.{l}.conv``, ``.norm``
-``model.level_embed``                                    ``transformer.level_embed``
-``model.query_position_embeddings.weight``               ``query_embed.weight``
-``model.{reference_points,enc_output,pos_trans}...``     ``transformer.{reference_points,...}``
-``model.encoder.layers.{i}.self_attn_layer_norm``        ``transformer.encoder.layers.{i}.norm1``
-``model.encoder.layers.{i}.final_layer_norm``            ``transformer.encoder.layers.{i}.norm2``
-``model.decoder.layers.{i}.encoder_attn``                ``transformer.decoder.layers.{i}.cross_attn``
-``model.decoder.layers.{i}.encoder_attn_layer_norm``     ``transformer.decoder.layers.{i}.norm1``
-``model.decoder.layers.{i}.self_attn_layer_norm``        ``transformer.decoder.layers.{i}.norm2``
-``model.decoder.layers.{i}.final_layer_norm``            ``transformer.decoder.layers.{i}.norm3``
-``model.{encoder,decoder}.layers.{i}.fc1``, ``fc2``      ``transformer.{...}.layers.{i}.linear1``, ``linear2``
-``[model.decoder.]{class,bbox}_embed.{i}``               ``{class,bbox}_embed.{i}``
-=======================================================  ==========================================
+A head stored under two names must be one tensor; a missing per-layer head is the first one stored.
 """
 
 from __future__ import annotations
@@ -87,11 +51,7 @@ CLASS_HEAD = re.compile(r"(?:model\.decoder\.)?class_embed\.\d+\.weight")
 def read_deformable(
     config: dict[str, Any], state: dict[str, Tensor], src: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(hard, soft)`` config values of a Transformers Deformable-DETR (see the module docstring).
-
-    Raises:
-        CheckpointError: a setting detr_peg cannot represent, naming the field.
-    """
+    """``(hard, soft)`` config values; ``CheckpointError`` naming an unrepresentable field."""
     hard, soft = transformer_values(config, src)
     levels = config.get("num_feature_levels", 4)
     refine, two_stage = bool(config.get("with_box_refine")), bool(config.get("two_stage"))
@@ -128,16 +88,7 @@ def read_deformable(
 
 
 def fill_tied_heads(mapped: dict[str, Tensor], cfg: Any) -> None:
-    """Add the heads a file stores once: a missing ``{class,bbox}_embed.{i}`` is the first head the file holds.
-
-    That is ``{class,bbox}_embed.0`` in the files Transformers writes (it
-    keeps the first of tied modules); without refinement every head is the
-    same module, so any stored one is right.
-
-    Args:
-        mapped: the renamed state dict, completed in place.
-        cfg: the resolved config (decoder layers, two-stage).
-    """
+    """Add, in place, each missing ``{class,bbox}_embed.{i}`` as the first head the file holds."""
     heads = cfg.model.transformer.dec_layers + (1 if cfg.model.two_stage else 0)
     for kind in ("class_embed", "bbox_embed"):
         stored = {index for index in range(heads) if any(k.startswith(f"{kind}.{index}.") for k in mapped)}

@@ -1,34 +1,6 @@
-"""Reading Transformers' ``DetrForObjectDetection`` checkpoints (``model_type: detr``).
+"""Reading Transformers' ``DetrForObjectDetection`` checkpoints (post-norm; classes from the weights, last = no object).
 
-Besides the shared fields (:mod:`detr_peg.convert.transformers_config`),
-``num_queries`` is read; the classes come from the weights (the class head
-has one more output, "no object"). Transformers' DETR is post-norm, as the
-official models are (``model.transformer.pre_norm: false``).
-
-``auxiliary_loss: true`` is refused: with it, Transformers' decoder hands each
-layer the *layer-normed* output of the previous one (it normalises in place
-to collect the auxiliary predictions), while the official DETR, and
-detr_peg, normalise only the copies they return. A model trained that way
-computes other boxes in detr_peg; ``auxiliary_loss: false`` in its
-``config.json`` converts the weights for the official forward pass.
-
-Keys (after :func:`~detr_peg.convert.transformers_keys.fuse_attention_projections`):
-
-=====================================================  =========================================
-Transformers                                           detr_peg
-=====================================================  =========================================
-``model.input_projection.*``                           ``input_proj.*``
-``model.query_position_embeddings.weight``             ``query_embed.weight``
-``model.encoder.layers.{i}.self_attn_layer_norm``      ``transformer.encoder.layers.{i}.norm1``
-``model.encoder.layers.{i}.final_layer_norm``          ``transformer.encoder.layers.{i}.norm2``
-``model.decoder.layers.{i}.encoder_attn``              ``transformer.decoder.layers.{i}.cross_attn``
-``model.decoder.layers.{i}.self_attn_layer_norm``      ``transformer.decoder.layers.{i}.norm1``
-``model.decoder.layers.{i}.encoder_attn_layer_norm``   ``transformer.decoder.layers.{i}.norm2``
-``model.decoder.layers.{i}.final_layer_norm``          ``transformer.decoder.layers.{i}.norm3``
-``model.{encoder,decoder}.layers.{i}.fc1``, ``fc2``    ``transformer.{encoder,decoder}.layers.{i}.linear1``, ``linear2``
-``model.decoder.layernorm``                            ``transformer.decoder.norm``
-``class_labels_classifier``, ``bbox_predictor``        ``class_embed``, ``bbox_embed``
-=====================================================  =========================================
+``auxiliary_loss: true`` is refused: Transformers then layer-norms each decoder layer's input, so boxes differ.
 """
 
 from __future__ import annotations
@@ -76,11 +48,7 @@ CLASS_HEAD = "class_labels_classifier.weight"
 
 
 def read_detr(config: dict[str, Any], state: dict[str, Tensor], src: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(hard, soft)`` config values of a Transformers DETR (see the module docstring).
-
-    Raises:
-        CheckpointError: a setting detr_peg cannot represent, naming the field.
-    """
+    """``(hard, soft)`` config values; ``CheckpointError`` naming an unrepresentable field."""
     if config.get("auxiliary_loss"):
         raise refusal(
             src,

@@ -1,21 +1,6 @@
-"""Converting a Transformers checkpoint folder (or a Hugging Face Hub name) into a detr_peg checkpoint.
+"""Converting a Transformers checkpoint folder or Hub name into a detr_peg checkpoint.
 
-A Transformers folder holds ``config.json`` (architecture, sizes,
-``id2label``) and the weights: ``model.safetensors``, the shards that
-``model.safetensors.index.json`` lists, or ``pytorch_model.bin`` (read with
-``weights_only=True``, never by unpickling objects). A Hub name
-(``facebook/detr-resnet-50``) is fetched with ``huggingface_hub`` first
-(:mod:`detr_peg.fileio.hub_files`); offline, a name already in the Hugging
-Face cache is read from there, and any other is refused with a message that
-says to pass a local folder.
-
-The ``model_type`` of ``config.json`` picks the format
-(:data:`~detr_peg.convert.registry.TRANSFORMERS_FORMATS`): ``detr``
-(:mod:`~detr_peg.convert.transformers_detr`) or ``deformable_detr``
-(:mod:`~detr_peg.convert.transformers_deformable`). The config is derived
-from ``config.json`` and the weights, with ``--config`` and ``key=value``
-overrides as for official checkpoints (:mod:`~detr_peg.convert.report`);
-the label map comes from ``id2label``.
+Weights are read from safetensors (sharded or not) or ``pytorch_model.bin`` with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -45,11 +30,7 @@ PYTORCH_BIN = "pytorch_model.bin"
 
 
 def transformers_format(config: dict[str, Any], src: str) -> TransformersFormat:
-    """The registered format of a ``config.json``, checked against its ``architectures``.
-
-    Raises:
-        CheckpointError: a ``model_type`` or model class detr_peg does not convert.
-    """
+    """The registered format of a ``config.json``; ``CheckpointError`` for a model type or class not converted."""
     model_type = config.get("model_type")
     if model_type not in TRANSFORMERS_FORMATS:
         valid = ", ".join(TRANSFORMERS_FORMATS.names())
@@ -64,11 +45,7 @@ def transformers_format(config: dict[str, Any], src: str) -> TransformersFormat:
 
 
 def read_weights(folder: ModelFolder, **download: Any) -> dict[str, Tensor]:
-    """The state dict of a Transformers folder (safetensors, sharded safetensors or ``pytorch_model.bin``).
-
-    Raises:
-        CheckpointError: no weights file, or an unreadable or unsafe one.
-    """
+    """The state dict of a Transformers folder; ``CheckpointError`` if missing, unreadable or unsafe."""
     path = folder.file(SAFETENSORS, **download)
     if path is not None:
         return read_checkpoint_file(path, what="Transformers weights")["state_dict"]
@@ -87,11 +64,7 @@ def read_weights(folder: ModelFolder, **download: Any) -> dict[str, Tensor]:
 
 
 def read_weights_file(path: os.PathLike, src: str) -> dict[str, Tensor]:
-    """The tensors of one ``.safetensors`` or ``.bin`` weights file.
-
-    Raises:
-        CheckpointError: the file holds something other than a dict of tensors.
-    """
+    """The tensors of one weights file; ``CheckpointError`` if it is not a dict of tensors."""
     obj = read_checkpoint_file(path, what="Transformers weights")
     state = obj["state_dict"] if str(path).endswith(".safetensors") else obj
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
@@ -106,22 +79,10 @@ def convert_transformers(
     overrides: Iterable[str] = (),
     **download: Any,
 ) -> ConversionReport:
-    """Convert a Transformers DETR or Deformable-DETR checkpoint in memory.
+    """Convert a Transformers folder or Hub name (``owner/name[@revision]``) in memory; the report.
 
-    Args:
-        src: a local folder, or a Hub name (``owner/name`` or ``owner/name@revision``).
-        config_path: optional config file for what ``config.json`` does not determine.
-        overrides: ``key=value`` config overrides (``model.position.name=peg``
-            keeps every shared weight and starts the PEG fresh).
-        download: arguments of :func:`huggingface_hub.hf_hub_download` for a
-            Hub name (``cache_dir``, ``token``, ``local_files_only``, ...).
-
-    Returns:
-        The report, with the converted state dict, config and label map.
-
-    Raises:
-        CheckpointError: an unreadable folder, the Hub unreachable (offline),
-            or a setting detr_peg cannot represent (one sentence naming the field).
+    ``download``: ``hf_hub_download`` arguments. Raises ``CheckpointError``: unreadable folder, Hub
+    unreachable, or an unrepresentable setting.
     """
     src = str(src)
     folder = model_folder(src)

@@ -1,28 +1,6 @@
-"""The state-dict keys that Transformers' DETR and Deformable-DETR share: backbone, positional encoding, attention.
+"""State-dict keys shared by Transformers' DETR and Deformable-DETR: backbone, positional encoding, attention.
 
-The keys are those of the files, as every Transformers version writes them
-(``save_pretrained`` of Transformers 5 writes the names of Transformers 4:
-``backbone.conv_encoder``, ``out_proj``, ``fc1``); the names Transformers 5
-uses in memory (``backbone.model``, ``o_proj``, ``mlp.fc1``) are read too.
-
-* **Backbone.** A timm model (``use_timm_backbone``, the layout of the
-  published DETR checkpoints) sits under ``model.backbone.conv_encoder.model.``
-  with timm's names, which for a plain ResNet are torchvision's
-  (``conv1``, ``bn1``, ``layer1.0.conv1`` ...): it becomes ``backbone.body.*``.
-  Transformers' own ResNet (``ResNetBackbone``) names its stem
-  ``embedder.embedder.{convolution,normalization}`` and its blocks
-  ``encoder.stages.{s}.layers.{b}.layer.{j}`` and ``...shortcut``: stage ``s``
-  is torchvision's ``layer{s+1}``, convolution ``j`` is ``conv{j+1}`` with
-  ``bn{j+1}``, and the shortcut is ``downsample.0/1``.
-* **Positional encoding.** The learned tables ``row_embeddings`` and
-  ``column_embeddings`` (under ``model.position_embedding``, or
-  ``model.backbone.position_embedding`` in Transformers 4) become
-  ``transformer.position.row_embed`` and ``col_embed``.
-* **Attention.** Transformers projects queries, keys and values with three
-  linear layers (``q_proj``, ``k_proj``, ``v_proj``); detr_peg, like the
-  official code, keeps ``nn.MultiheadAttention``'s single ``in_proj_weight``
-  ``[3d, d]`` (rows: queries, keys, values) and ``in_proj_bias``, so the three
-  are stacked in that order (:func:`fuse_attention_projections`).
+Both file names (Transformers 4 layout) and Transformers 5 in-memory names are read.
 """
 
 from __future__ import annotations
@@ -94,19 +72,9 @@ def is_resnet_layout(state: dict[str, Tensor]) -> bool:
 
 
 def fuse_attention_projections(state: dict[str, Tensor], src: str) -> dict[str, Tensor]:
-    """``state`` with every ``{q,k,v}_proj.{weight,bias}`` triple stacked into ``in_proj_{weight,bias}``.
+    """A new dict with each ``{q,k,v}_proj`` triple stacked into ``in_proj_weight [3d, d]`` and ``in_proj_bias [3d]``.
 
-    Args:
-        state: a Transformers state dict (``...self_attn.q_proj.weight``: ``Tensor[d, d]``).
-        src: the source, for messages.
-
-    Returns:
-        A new dict: ``...self_attn.in_proj_weight`` (``Tensor[3d, d]``, rows
-        queries, keys, values) and ``...self_attn.in_proj_bias`` (``Tensor[3d]``)
-        instead of the three projections; other keys unchanged.
-
-    Raises:
-        CheckpointError: a projection without its two partners.
+    Rows are queries, keys, values (``nn.MultiheadAttention``'s order); ``CheckpointError`` for an incomplete triple.
     """
     groups: dict[tuple[str, str], dict[str, Tensor]] = {}
     fused: dict[str, Tensor] = {}

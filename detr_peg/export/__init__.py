@@ -1,13 +1,4 @@
-"""Deployment: ONNX export of the detectors and inference in ONNX Runtime (optional ``onnx`` extra).
-
-``export_onnx(loaded, "model.onnx")`` writes one graph for any batch and image
-size (:mod:`~detr_peg.export.onnx_export`); ``OnnxDetector("model.onnx")``
-runs it with the PyTorch model's interface (:mod:`~detr_peg.export.onnx_runtime`);
-``detr_peg.Detector.export_onnx`` and ``Detector.from_onnx`` do both for a
-:class:`~detr_peg.Detector`. The ONNX packages are imported only when used;
-without them both raise a one-line :class:`~detr_peg.errors.UserError`.
-Names are imported lazily, so ``detr-peg export --help`` loads no torch.
-"""
+"""ONNX export and ONNX Runtime inference (optional ``onnx`` extra); names load lazily, so no torch on import."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""What an ONNX export can be asked for: the optional packages, the opset and the traced sizes (torch-free);
-and the line said before an export starts.
-
-The command line checks them before it imports torch and reads the
-checkpoint; :func:`~detr_peg.export.onnx_export.export_onnx` checks them again
-for callers of the library.
-"""
+"""Torch-free checks of an ONNX export's options (packages, opset, traced sizes) and the line said before it starts."""
 
 from __future__ import annotations
 
@@ -29,11 +23,7 @@ def require_onnx() -> None:
 
 
 def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_size: int | None) -> None:
-    """Refuse an opset the installed ``onnx`` does not define, and sizes no machine here can trace.
-
-    Raises:
-        ConfigError: naming the option, the value and the accepted range.
-    """
+    """Raise ``ConfigError`` for an opset the installed ``onnx`` lacks, or sizes no machine here can trace."""
     import onnx.defs
 
     newest = onnx.defs.onnx_opset_version()
@@ -62,10 +52,7 @@ def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_s
 def export_note(
     arch: str, output: str | os.PathLike, image_size: tuple[int, int] | None = None, batch_size: int | None = None
 ) -> str:
-    """The line said before an export starts: what is exported where, and that dynamic sizes take long.
-
-    ``torch.export`` reasons about symbolic sizes operation by operation: minutes for a full-size model on a CPU.
-    """
+    """The line said before an export starts: what goes where, and that dynamic sizes take long."""
     dynamic = [name for name, fixed in (("batch", batch_size), ("size", image_size)) if not fixed]
     slow = f" with dynamic {' and '.join(dynamic)} (can take minutes on a CPU)" if dynamic else ""
     return f"exporting {arch} to {output}{slow} ..."

@@ -1,41 +1,11 @@
 """ONNX export of DETR and Deformable-DETR: one graph for any batch size and image size.
 
-The exported graph takes
-
-* ``images``: ``float32[B, 3, H, W]``, the padded batch, normalised as for
-  the PyTorch model (zeros in the padding), images in the top-left corner;
-* ``mask``: ``bool[B, H, W]``, True = padding;
-* ``orig_sizes`` (only with ``postprocess=True``): ``int64[B, 2]``, each
-  image's original ``(h, w)`` in pixels,
-
-and returns
-
-* ``pred_logits``: ``float32[B, Q, K + 1]`` (DETR, softmax logits, last =
-  no object) or ``float32[B, Q, K]`` (Deformable-DETR, sigmoid logits);
-* ``pred_boxes``: ``float32[B, Q, 4]``, normalised (cx, cy, w, h) relative to
-  each unpadded image;
-* with ``postprocess=True`` also ``scores`` ``float32[B, N]``, ``labels``
-  ``int64[B, N]`` and ``boxes`` ``float32[B, N, 4]`` absolute (x0, y0, x1, y1)
-  pixels of the original image, exactly what ``build_postprocessor(cfg)``
-  returns (DETR: ``N = Q``; Deformable-DETR: the top ``N = eval.num_select``
-  (query, class) pairs).
-
-``B``, ``H`` and ``W`` are dynamic by default; ``image_size=(H, W)`` and
-``batch_size`` fix them. The export uses ``torch.onnx.export(dynamo=True)``
-(``torch.export`` traces the model with symbolic sizes, so every shape
-computation stays in the graph; the TorchScript exporter would bake the
-feature-map sizes in as constants). Deformable attention is exported with its
-``"grid_sample_sum"`` implementation (one ONNX ``GridSample`` per level, see
-:mod:`detr_peg.models.deformable.ms_deform_attn_grid_sample`); the model's own
-setting is restored afterwards. The resolved config and the
-label map are stored in the file's metadata (``detr_peg.config``,
-``detr_peg.label_map``), so :class:`~detr_peg.export.onnx_runtime.OnnxDetector`
-and ``detr-peg predict --onnx`` need nothing else.
-
-The learned positional encoding indexes fixed-size tables: a feature map
-larger than ``model.position.num_embeddings`` is an error in PyTorch, and the
-exported graph fails the same way (ONNX Runtime refuses the out-of-range
-``Gather`` index).
+Inputs: ``images`` ``float32[B, 3, H, W]`` (normalised, zero padding, images top-left), ``mask``
+``bool[B, H, W]`` (True = padding), with ``postprocess=True`` ``orig_sizes`` ``int64[B, 2]`` (h, w).
+Outputs: ``pred_logits`` ``[B, Q, K + 1]`` (DETR, last = no object) or ``[B, Q, K]`` (Deformable),
+``pred_boxes`` ``[B, Q, 4]`` normalised (cx, cy, w, h) of the unpadded image; with ``postprocess``
+also ``scores`` ``[B, N]``, ``labels`` ``int64[B, N]``, ``boxes`` ``[B, N, 4]`` (x0, y0, x1, y1) pixels.
+The config and label map are stored in the metadata (``detr_peg.config``, ``detr_peg.label_map``).
 """
 
 from __future__ import annotations
@@ -75,14 +45,7 @@ METADATA_SIZE_DIVISIBILITY = "detr_peg.size_divisibility"
 
 
 class ExportWrapper(nn.Module):
-    """The detector with tensor outputs: what the exported graph computes.
-
-    Args:
-        model: a detector in eval mode.
-        postprocessor: its architecture's
-            :class:`~detr_peg.models.postprocess.Postprocessor` to add scores,
-            labels and pixel boxes (its batched :meth:`tensors` method), or None.
-    """
+    """The detector with tensor outputs (and optionally its post-processor): what the exported graph computes."""
 
     def __init__(self, model: nn.Module, postprocessor: Postprocessor | None = None) -> None:
         super().__init__()
@@ -101,8 +64,7 @@ class ExportWrapper(nn.Module):
 
 
 def export_attention(model: nn.Module) -> contextlib.AbstractContextManager:
-    """Run every switchable attention layer of ``model`` with its architecture's export implementation
-    (Deformable-DETR: ``"grid_sample_sum"``), restored afterwards."""
+    """Run every switchable attention layer with its export implementation (``grid_sample_sum``), then restore it."""
     return attention_impl(model, lambda kind: kind.export)
 
 
@@ -129,32 +91,11 @@ def export_onnx(
     postprocess: bool = False,
     optimize: bool = True,
 ) -> Path:
-    """Export a detector to an ONNX file.
+    """Export a detector (a ``LoadedModel``, or a bare detector without metadata) to ``output``, atomically; the path.
 
-    Args:
-        model: a :class:`~detr_peg.models.loading.LoadedModel` (its config,
-            label map and coarsest stride are stored in the metadata, and its
-            post-processor is what ``postprocess`` adds), or a bare detector
-            (no metadata, no post-processing).
-        output: the ``.onnx`` file to write (replaced atomically).
-        opset: ONNX opset (18 is tested; 17+ works: LayerNormalization needs 17, GridSample 16).
-        image_size: ``(H, W)`` to fix the padded image size, or None (dynamic).
-        batch_size: a fixed batch size, or None (dynamic).
-        postprocess: add ``orig_sizes`` and the post-processed outputs of the
-            architecture's post-processor (with the config's settings, e.g.
-            Deformable-DETR's ``eval.num_select``).
-        optimize: run the ONNX graph optimizer of the exporter (constant
-            folding, dead-code removal); ONNX Runtime optimizes again on load.
-
-    Logs what it exports before it starts (``detr_peg`` logger, INFO; ``detr-peg export`` shows it): with
-    dynamic sizes the export takes minutes for a full-size model on a CPU.
-
-    Returns:
-        The path written.
-
-    Raises:
-        UserError: the ONNX packages are missing, an option is invalid, or the
-            file cannot be written.
+    ``opset``: 17 or newer (18 tested); ``image_size=(H, W)`` / ``batch_size`` fix sizes, else dynamic;
+    ``postprocess`` adds ``orig_sizes`` and post-processed outputs; ``optimize`` runs the exporter's optimizer.
+    Raises ``UserError``: ONNX packages missing, invalid option, unwritable file.
     """
     require_onnx()
     check_export_options(opset, image_size, batch_size)
@@ -199,12 +140,7 @@ def export_onnx(
 
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
-    """Silence the exporter's notes that say nothing about the written graph.
-
-    onnxscript's optimizer logs a warning for every ``Split`` it does not fold,
-    and the exporter warns that equal dynamic axes keep one name; both are
-    expected here and would bury the command's own lines. Errors still raise.
-    """
+    """Silence the exporter's expected warnings (unfolded ``Split``, equal dynamic axes); errors still raise."""
     logger = logging.getLogger("onnxscript")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -242,6 +178,6 @@ def _write(program, path: Path, metadata: dict[str, str]) -> None:
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, overrides=(), **options) -> Path:
-    """Export the model of a detr_peg checkpoint (see :func:`export_onnx` for ``options``)."""
+    """Export the model of a detr_peg checkpoint (``options``: see :func:`export_onnx`)."""
     require_onnx()
     return export_onnx(load_model(checkpoint, overrides=overrides), output, **options)

@@ -1,16 +1,4 @@
-"""Running an exported detector in ONNX Runtime with the PyTorch model's interface.
-
-:class:`OnnxDetector` opens a file written by
-:func:`~detr_peg.export.onnx_export.export_onnx` and is called like the
-PyTorch detector: ``detector(images, mask)`` with a padded batch
-``Tensor[B, 3, H, W]`` and its mask ``Tensor[B, H, W]`` (True = padding)
-returns ``{"pred_logits", "pred_boxes"}`` as torch tensors. It carries the
-``config``, ``label_map`` and ``size_divisibility`` stored in the file, so
-:meth:`OnnxDetector.as_loaded_model` gives the one inference loop
-(:func:`~detr_peg.engine.inference.run_inference`, used by
-:meth:`detr_peg.Detector.from_onnx`) what it needs, the PyTorch
-post-processor of the architecture included.
-"""
+"""Running an exported detector in ONNX Runtime with the PyTorch model's interface (:class:`OnnxDetector`)."""
 
 from __future__ import annotations
 
@@ -39,28 +27,11 @@ from detr_peg.models.loading import LoadedModel, without_backbone_weights
 
 
 class OnnxDetector:
-    """An exported detector in an ONNX Runtime session (CPU by default).
+    """An exported detector in an ONNX Runtime session (CPU by default), carrying the file's config and label map.
 
-    Args:
-        path: the ``.onnx`` file.
-        overrides: ``key=value`` changes to the stored config that do not
-            alter the graph (``data.val_scale=512``, ``eval.score_threshold=0.3``).
-        providers: ONNX Runtime execution providers (default: CPU).
-        threads: intra-op threads (default: ONNX Runtime's choice).
-        graph_optimization: ONNX Runtime's graph optimization level, a key of
-            :data:`~detr_peg.export.onnx_session.GRAPH_OPTIMIZATION_LEVELS`
-            (default ``"all"``, ONNX Runtime's own); the other session options
-            are those of :func:`~detr_peg.export.onnx_session.session_options`.
-
-    Attributes:
-        config: the stored config (with ``overrides``), or None when the file has none.
-        label_map: the stored label map (plain dict) or None.
-        input_names: the graph's inputs (``images``, ``mask`` and, for graphs
-            exported with post-processing, ``orig_sizes``).
-
-    Raises:
-        UserError: the ONNX packages are missing, the file is missing or not
-            a valid ONNX model, or ``graph_optimization`` is unknown.
+    ``overrides``: config changes that do not alter the graph; ``graph_optimization``: a key of
+    :data:`~detr_peg.export.onnx_session.GRAPH_OPTIMIZATION_LEVELS`. Raises ``UserError``: ONNX packages
+    missing, file missing or invalid, unknown ``graph_optimization``.
     """
 
     def __init__(
@@ -100,13 +71,7 @@ class OnnxDetector:
             self.config = cfg
 
     def run(self, images: Tensor, mask: Tensor, orig_sizes: Tensor | None = None) -> dict[str, Tensor]:
-        """Run the graph; returns every output by name as a torch tensor on the CPU.
-
-        Args:
-            images: ``Tensor[B, 3, H, W]`` float32 padded batch.
-            mask: ``Tensor[B, H, W]`` bool, True = padding.
-            orig_sizes: ``Tensor[B, 2]`` (h, w), for graphs exported with post-processing.
-        """
+        """Every output by name as a CPU tensor; ``images [B, 3, H, W]``, ``mask [B, H, W]`` (True = padding)."""
         feed = {"images": _numpy(images, np.float32), "mask": _numpy(mask, np.bool_)}
         if "orig_sizes" in self.input_names:
             if orig_sizes is None:
@@ -116,11 +81,7 @@ class OnnxDetector:
         return {name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)}
 
     def __call__(self, images: Tensor, mask: Tensor) -> dict[str, Tensor]:
-        """Same contract as the PyTorch detector: ``{"pred_logits", "pred_boxes"}`` (no auxiliary outputs).
-
-        For a graph exported with post-processing the original sizes are taken
-        to be the unpadded sizes (the post-processed outputs are not returned).
-        """
+        """``{"pred_logits", "pred_boxes"}`` as the PyTorch detector returns (no auxiliary outputs)."""
         orig_sizes = None
         if "orig_sizes" in self.input_names:
             orig_sizes = torch.stack([(~mask[:, :, 0]).sum(1), (~mask[:, 0, :]).sum(1)], 1)
@@ -129,11 +90,7 @@ class OnnxDetector:
 
     @property
     def size_divisibility(self) -> int:
-        """The coarsest stride of the exported model (batches are padded to a multiple of it).
-
-        Read from the file; graphs exported before it was stored get it from
-        a model built from the stored config (no weights are needed for it).
-        """
+        """The coarsest stride of the exported model (read from the file, else from a model built from its config)."""
         if self._size_divisibility is None:
             if self.config is None:
                 raise CheckpointError(f"{self.path} holds no detr_peg config; export it with `detr-peg export`.")
@@ -141,11 +98,7 @@ class OnnxDetector:
         return int(self._size_divisibility)
 
     def as_loaded_model(self) -> LoadedModel:
-        """This graph as a :class:`~detr_peg.models.loading.LoadedModel` (with the architecture's post-processor).
-
-        Raises:
-            CheckpointError: the file holds no detr_peg config.
-        """
+        """This graph as a ``LoadedModel`` with its post-processor; ``CheckpointError`` when it holds no config."""
         if self.config is None:
             raise CheckpointError(f"{self.path} holds no detr_peg config; export it with `detr-peg export`.")
         label_map = LabelMap.from_dict(self.label_map) if self.label_map else None
@@ -168,15 +121,7 @@ def compare_with_pytorch(
     batch_size: int | None = None,
     image_size: tuple[int, int] | None = None,
 ) -> float:
-    """Run an exported graph and the PyTorch model on the same random padded batch.
-
-    The batch has ``batch_size`` images (2 when dynamic), the last one padded
-    by a quarter in each direction; its size is ``image_size``, or when the
-    size is dynamic one that differs from the traced example.
-
-    Returns:
-        The largest absolute difference of ``pred_logits`` and ``pred_boxes``.
-    """
+    """Largest absolute difference of ``pred_logits`` and ``pred_boxes``, graph vs. model, on a random padded batch."""
     from detr_peg.export.onnx_export import example_inputs
 
     detector = OnnxDetector(path)

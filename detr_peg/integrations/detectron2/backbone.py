@@ -1,15 +1,6 @@
 """detr_peg backbones as a detectron2 ``Backbone`` (``MODEL.BACKBONE.NAME: build_detr_peg_backbone``).
 
-Any backbone detr_peg can build (torchvision ResNets, timm models) becomes
-available to detectron2 models, for example under an FPN. The backbone is
-described by ``model.backbone`` of the detr_peg config in
-``cfg.MODEL.DETR_PEG``; its outputs by ``cfg.MODEL.DETR_PEG.OUT_FEATURES``.
-
-detr_peg backbones expect RGB images normalised with the ImageNet mean and
-std (``INPUT.FORMAT: RGB``, ``MODEL.PIXEL_MEAN: [123.675, 116.28, 103.53]``,
-``MODEL.PIXEL_STD: [58.395, 57.12, 57.375]``), as torchvision and timm weights
-do. The DETR-PEG meta-architectures build their backbone themselves, from the
-same config, through the same detr_peg builder.
+Inputs are RGB normalised with ImageNet mean and std (``MODEL.PIXEL_MEAN: [123.675, 116.28, 103.53]``).
 """
 
 from __future__ import annotations
@@ -26,13 +17,7 @@ from detr_peg.models.backbones.base import Backbone
 
 
 class DetrPegBackbone(D2Backbone):
-    """A detr_peg :class:`~detr_peg.models.backbones.base.Backbone` behind detectron2's interface.
-
-    Args:
-        backbone: the detr_peg backbone; its levels are the outputs, finest first.
-        out_features: detectron2 names of those levels (``res2``..``res5``), one
-            per level of ``backbone``.
-    """
+    """detr_peg backbone as a detectron2 one; ``out_features`` name its levels (``res2``..), finest first."""
 
     def __init__(self, *, backbone: Backbone, out_features: list[str]) -> None:
         super().__init__()
@@ -46,10 +31,7 @@ class DetrPegBackbone(D2Backbone):
         self._out_feature_strides = dict(zip(out_features, backbone.strides))
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
-        """``Tensor[B, 3, H, W]`` (normalised RGB) -> ``{name: Tensor[B, C, H / stride, W / stride]}``.
-
-        Sizes round as the backbone's convolutions do (up for ResNets).
-        """
+        """``Tensor[B, 3, H, W]`` (normalised RGB) -> ``{name: Tensor[B, C, H / stride, W / stride]}``, rounded up."""
         return dict(zip(self._out_features, self.backbone(x)))
 
     def output_shape(self) -> dict[str, ShapeSpec]:
@@ -62,12 +44,7 @@ class DetrPegBackbone(D2Backbone):
 
 @BACKBONE_REGISTRY.register()
 def build_detr_peg_backbone(cfg, input_shape: ShapeSpec) -> DetrPegBackbone:
-    """Build :class:`DetrPegBackbone` from ``cfg.MODEL.DETR_PEG`` (detectron2's backbone builder contract).
-
-    Raises:
-        ConfigError: an input that is not 3-channel, unknown output names, or an
-            invalid detr_peg config.
-    """
+    """Build :class:`DetrPegBackbone` from ``cfg.MODEL.DETR_PEG``; ``ConfigError`` for a non-RGB input or bad names."""
     if input_shape.channels not in (None, 3):
         raise ConfigError(
             f"DetrPegBackbone takes 3-channel images, got {input_shape.channels} channels "

@@ -1,11 +1,4 @@
-"""The detectron2 config keys of detr_peg and the detr_peg config they resolve to.
-
-Two configs meet here, each owning its part. The detr_peg YAML describes the
-detector (backbone, transformer, positional encoding, matching and loss);
-detectron2's ``CfgNode`` describes data, augmentation, solver and runtime. The
-only values passed from detectron2 to detr_peg are the number of classes and
-the architecture chosen by ``MODEL.META_ARCHITECTURE``.
-"""
+"""detr_peg's detectron2 config keys; only the class count and the architecture pass from detectron2 to detr_peg."""
 
 from __future__ import annotations
 
@@ -21,30 +14,10 @@ STAGE_NAMES = {"res2": 1, "res3": 2, "res4": 3, "res5": 4}
 
 
 def add_detr_peg_config(cfg: CN) -> None:
-    """Add the detr_peg keys to a detectron2 config (in place), before ``merge_from_file``.
+    """Add, in place and before ``merge_from_file``, the detr_peg keys to a detectron2 config.
 
-    Adds:
-
-    * ``MODEL.DETR_PEG.CONFIG_FILE``: a detr_peg YAML file (``configs/...``),
-      relative to the working directory or absolute; ``""`` starts from the
-      detr_peg defaults of the meta-architecture.
-    * ``MODEL.DETR_PEG.OVERRIDES``: detr_peg ``key=value`` overrides applied
-      after the file (``["model.position.name=peg"]``).
-    * ``MODEL.DETR_PEG.NUM_CLASSES``: object classes; sets detr_peg's
-      ``model.num_classes``. detectron2 datasets use contiguous ids
-      ``0..NUM_CLASSES-1``.
-    * ``MODEL.DETR_PEG.OUT_FEATURES``: outputs of ``DetrPegBackbone`` when it
-      serves another detectron2 model (``res2``..``res5``).
-    * ``SOLVER.OPTIMIZER`` (``ADAMW``), ``SOLVER.BACKBONE_MULTIPLIER`` (0.1)
-      and ``SOLVER.LINEAR_PROJ_MULTIPLIER`` (0.1, Deformable-DETR's
-      ``sampling_offsets`` and ``reference_points``): the AdamW learning rate
-      of each parameter group relative to ``SOLVER.BASE_LR``.
-    * ``INPUT.CROP.RESIZE_SHORTEST_EDGE`` ([400, 500, 600]) and
-      ``INPUT.CROP.PROB`` (0.5): DETR's random resize-then-crop branch.
-
-    Existing detectron2 keys keep their defaults; the YAML files in
-    ``configs/detectron2/`` set the ones DETR needs (RGB input, ImageNet
-    pixel statistics, DETR's resize and crop sizes, gradient clipping).
+    ``MODEL.DETR_PEG.{CONFIG_FILE, OVERRIDES, NUM_CLASSES, OUT_FEATURES}``, ``SOLVER.{OPTIMIZER,
+    BACKBONE_MULTIPLIER, LINEAR_PROJ_MULTIPLIER}`` and ``INPUT.CROP.{RESIZE_SHORTEST_EDGE, PROB}``.
     """
     cfg.MODEL.DETR_PEG = CN()
     cfg.MODEL.DETR_PEG.CONFIG_FILE = ""
@@ -61,20 +34,9 @@ def add_detr_peg_config(cfg: CN) -> None:
 
 
 def detr_peg_config(cfg: CN, arch: str | None = None) -> Config:
-    """The detr_peg :class:`Config` described by ``cfg.MODEL.DETR_PEG``.
+    """The detr_peg config of ``cfg.MODEL.DETR_PEG`` (``model.num_classes`` from ``NUM_CLASSES``).
 
-    Args:
-        cfg: a detectron2 config that went through :func:`add_detr_peg_config`.
-        arch: the ``model.arch`` the caller builds (``detr``,
-            ``deformable_detr``, ...); ``None`` accepts any.
-
-    Returns:
-        The resolved config, with ``model.num_classes`` set from
-        ``MODEL.DETR_PEG.NUM_CLASSES``.
-
-    Raises:
-        ConfigError: the detr_peg keys are missing, the file or an override is
-            invalid, or the file describes another architecture than ``arch``.
+    Raises ``ConfigError``: keys missing, invalid file or override, or an architecture other than ``arch``.
     """
     node = cfg.MODEL.get("DETR_PEG")
     if node is None:
@@ -99,11 +61,7 @@ def detr_peg_config(cfg: CN, arch: str | None = None) -> Config:
 
 
 def out_feature_stages(names: list[str]) -> list[int]:
-    """detr_peg stages (1-based) of detectron2 output names ``res2``..``res5``, which must ascend.
-
-    Raises:
-        ConfigError: an unknown name, or names out of order.
-    """
+    """1-based detr_peg stages of ``res2``..``res5`` names; ``ConfigError`` for unknown or unordered names."""
     unknown = [n for n in names if n not in STAGE_NAMES]
     if unknown or not names:
         raise ConfigError(

@@ -1,16 +1,4 @@
-"""A detectron2 dataset mapper with DETR's augmentation.
-
-Training, as the official DETR: a horizontal flip, then with probability
-``1 - INPUT.CROP.PROB`` a random short-side resize to one of
-``INPUT.MIN_SIZE_TRAIN`` (long side at most ``INPUT.MAX_SIZE_TRAIN``), or else
-a short-side resize to one of ``INPUT.CROP.RESIZE_SHORTEST_EDGE``, a random
-crop of ``INPUT.CROP.SIZE`` (``absolute_range``: height and width each
-uniform in ``[min, min(side, max)]``) and then the same random resize.
-Evaluation: a short-side resize to ``INPUT.MIN_SIZE_TEST`` (long side at most
-``INPUT.MAX_SIZE_TEST``). All steps are detectron2 transforms, so boxes move
-with the image; boxes are clipped to the crop and empty ones dropped, crowd
-annotations are removed for training.
-"""
+"""A detectron2 dataset mapper with DETR's augmentation (flip, random resize or resize-crop-resize)."""
 
 from __future__ import annotations
 
@@ -24,16 +12,7 @@ from detectron2.data import transforms as T
 
 
 class DetrPegDatasetMapper:
-    """Map a detectron2 dataset dict to the model input (``image`` and ``instances``).
-
-    Args:
-        is_train: apply the training augmentation and keep annotations.
-        augmentations: the transforms without the crop branch.
-        crop_augmentations: the transforms with the crop branch (training), or
-            ``None`` for no cropping.
-        crop_prob: probability of using ``crop_augmentations``.
-        image_format: channel order of the returned image (``INPUT.FORMAT``).
-    """
+    """Map a detectron2 dataset dict to ``image`` and (training) ``instances``; ``crop_prob`` picks the crop branch."""
 
     @configurable
     def __init__(
@@ -76,19 +55,7 @@ class DetrPegDatasetMapper:
         }
 
     def __call__(self, dataset_dict: dict) -> dict:
-        """Read, augment and convert one image.
-
-        Args:
-            dataset_dict: detectron2 dataset format (``file_name``, ``height``,
-                ``width``, ``annotations`` with ``bbox``, ``bbox_mode``,
-                ``category_id`` (contiguous), ``iscrowd``).
-
-        Returns:
-            A copy with ``image`` ``uint8[3, H', W']`` (``image_format`` order)
-            and, for training, ``instances`` (``gt_boxes`` absolute
-            ``x0, y0, x1, y1`` in the augmented image, ``gt_classes``);
-            ``annotations`` are removed.
-        """
+        """A copy with ``image`` ``uint8[3, H, W]``, for training with ``instances`` (absolute x0, y0, x1, y1)."""
         dataset_dict = copy.deepcopy(dataset_dict)  # the dataset's own dict must stay unchanged
         image = utils.read_image(dataset_dict["file_name"], format=self.image_format)
         utils.check_image_size(dataset_dict, image)

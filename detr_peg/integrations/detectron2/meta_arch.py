@@ -1,30 +1,7 @@
-"""detr_peg detectors as detectron2 meta-architectures.
+"""detr_peg detectors as detectron2 meta-architectures (``DetrPegModel``, and one per architecture).
 
-``MODEL.META_ARCHITECTURE: DetrPegModel`` builds whichever architecture the
-detr_peg config in ``cfg.MODEL.DETR_PEG`` describes, with the builders the
-detr_peg command line uses (:func:`detr_peg.build_model`, ``build_criterion``,
-``build_postprocessor``). Each registered architecture that names a
-``detectron2_name`` in its registration also gets a meta-architecture of that
-name that builds only it (``DetrPeg`` for ``detr``, ``DeformableDetrPeg`` for
-``deformable_detr``), so a config naming one cannot silently build another.
-The wrapper only translates detectron2's inputs and outputs:
-
-* images: ``uint8[3, H, W]`` in ``INPUT.FORMAT`` channel order, normalised
-  with ``MODEL.PIXEL_MEAN`` / ``MODEL.PIXEL_STD`` (in that same order), turned
-  into RGB, and padded bottom-right with a mask that is **True on padding**;
-* targets: ``Instances.gt_boxes`` (absolute ``x0, y0, x1, y1`` in the input
-  image) become **normalised (cx, cy, w, h) relative to the unpadded image**,
-  ``gt_classes`` the int64 labels;
-* training returns the loss terms of the criterion's ``weight_dict``, each
-  already multiplied by its weight (detectron2 sums the dict);
-* inference returns ``[{"instances": Instances}]`` with ``pred_boxes``
-  (``Boxes``, absolute ``x0, y0, x1, y1``), ``scores`` and ``pred_classes``,
-  rescaled to each input's ``height`` / ``width`` (default: the input size)
-  by ``detector_postprocess``.
-
-``MODEL.BACKBONE.*`` is not read: the detector's backbone is the detr_peg
-config's ``model.backbone``. detectron2's ``MODEL.WEIGHTS`` loads checkpoints
-of these meta-architectures written by detectron2 (keys ``detector.*``).
+Targets become normalised (cx, cy, w, h) of the unpadded image; the mask is True on padding.
+Inference returns ``[{"instances": Instances}]`` with absolute x0, y0, x1, y1 boxes.
 """
 
 from __future__ import annotations
@@ -49,13 +26,7 @@ INPUT_FORMATS = ("RGB", "BGR")
 class DetrPegModel(nn.Module):
     """A detr_peg detector (the architecture of the detr_peg config) with pluggable positional encodings.
 
-    Args:
-        detector: the detr_peg detector (``images, mask -> outputs``).
-        criterion: its set criterion (``weight_dict`` says which terms count).
-        postprocessor: ``outputs, target_sizes -> [{"scores", "labels", "boxes"}]``.
-        pixel_mean: per-channel mean, in ``input_format`` order, 0-255 scale.
-        pixel_std: per-channel std, same order and scale.
-        input_format: channel order of the input images, ``RGB`` or ``BGR``.
+    ``pixel_mean`` / ``pixel_std``: 0-255 scale, in ``input_format`` (``RGB`` or ``BGR``) order.
     """
 
     #: The detr_peg ``model.arch`` this meta-architecture builds (None: the one of the detr_peg config).
@@ -101,13 +72,7 @@ class DetrPegModel(nn.Module):
         return self.pixel_mean.device
 
     def preprocess_images(self, batched_inputs: list[dict]) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
-        """Normalise, convert to RGB and pad.
-
-        Returns:
-            ``(images, mask, sizes)``: ``Tensor[B, 3, H, W]`` with zeros in the
-            padding, ``Tensor[B, H, W]`` bool (True = padding), and each image's
-            unpadded ``(h, w)``.
-        """
+        """``(images [B, 3, H, W] zero-padded RGB, mask [B, H, W] True = padding, unpadded (h, w) sizes)``."""
         images = []
         for item in batched_inputs:
             image = (item["image"].to(self.device).float() - self.pixel_mean) / self.pixel_std
@@ -138,17 +103,7 @@ class DetrPegModel(nn.Module):
         return targets
 
     def forward(self, batched_inputs: list[dict]) -> dict[str, Tensor] | list[dict[str, Instances]]:
-        """Run on detectron2's ``batched_inputs``.
-
-        Args:
-            batched_inputs: per image ``{"image": uint8[3, H, W], "instances":
-                Instances (training), "height": int, "width": int (optional
-                output size for inference)}``.
-
-        Returns:
-            Training: ``{loss name: weighted 0-dim Tensor}``. Inference: per image
-            ``{"instances": Instances}`` of size ``(height, width)``.
-        """
+        """Training: ``{loss name: weighted 0-dim Tensor}``; inference: per image ``{"instances": Instances}``."""
         images, mask, sizes = self.preprocess_images(batched_inputs)
         outputs = self.detector(images, mask)
         if self.training:

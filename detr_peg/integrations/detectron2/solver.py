@@ -1,20 +1,7 @@
-"""The AdamW optimizer of DETR-PEG for detectron2 training, with full-model gradient clipping.
+"""AdamW over detr_peg's parameter groups for detectron2 training, with full-model gradient clipping.
 
-Parameter groups are detr_peg's own (:func:`~detr_peg.engine.optimizer.build_param_groups`),
-with learning rates from detectron2's solver keys:
-
-* ``backbone``: ``SOLVER.BASE_LR * SOLVER.BACKBONE_MULTIPLIER``;
-* ``linear_proj`` (Deformable-DETR's ``sampling_offsets`` and
-  ``reference_points``): ``SOLVER.BASE_LR * SOLVER.LINEAR_PROJ_MULTIPLIER``;
-* ``transformer`` (everything else): ``SOLVER.BASE_LR``;
-
-all with ``SOLVER.WEIGHT_DECAY``. detectron2's scheduler then scales every
-group alike (warm-up, steps at ``SOLVER.STEPS``).
-
-Gradient clipping follows ``SOLVER.CLIP_GRADIENTS``: ``CLIP_TYPE:
-full_model`` clips the norm of all gradients together to ``CLIP_VALUE``, as
-DETR does (``train.clip_max_norm``; 0.1 in the official recipe); ``value``
-and ``norm`` are detectron2's per-parameter clipping.
+Group learning rates: ``SOLVER.BASE_LR`` times ``BACKBONE_MULTIPLIER`` (backbone),
+``LINEAR_PROJ_MULTIPLIER`` (deformable offsets) or 1 (the rest).
 """
 
 from __future__ import annotations
@@ -31,14 +18,7 @@ from detr_peg.errors import ConfigError
 
 
 class FullModelClippedAdamW(torch.optim.AdamW):
-    """AdamW that clips the total gradient norm over all its parameters before each step.
-
-    Args:
-        params: parameter groups.
-        max_norm: largest total gradient norm.
-        norm_type: the norm (2.0: Euclidean).
-        **kwargs: AdamW arguments (``lr``, ``weight_decay``, ...).
-    """
+    """AdamW that clips the total gradient norm over all its parameters to ``max_norm`` before each step."""
 
     def __init__(self, params, *, max_norm: float, norm_type: float = 2.0, **kwargs) -> None:
         super().__init__(params, **kwargs)
@@ -53,17 +33,9 @@ class FullModelClippedAdamW(torch.optim.AdamW):
 
 
 def build_detr_peg_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
-    """AdamW over detr_peg's parameter groups of a ``DetrPeg`` / ``DeformableDetrPeg`` model.
+    """AdamW over detr_peg's parameter groups, clipped as ``SOLVER.CLIP_GRADIENTS`` says.
 
-    Args:
-        cfg: detectron2 config with the keys of ``add_detr_peg_config``.
-        model: the meta-architecture (possibly wrapped in DistributedDataParallel).
-
-    Returns:
-        The optimizer, with gradient clipping as ``SOLVER.CLIP_GRADIENTS`` says.
-
-    Raises:
-        ConfigError: ``SOLVER.OPTIMIZER`` is not ``ADAMW``, or nothing is trainable.
+    Raises ``ConfigError``: ``SOLVER.OPTIMIZER`` is not ``ADAMW``, or nothing is trainable.
     """
     solver = cfg.SOLVER
     if solver.OPTIMIZER.upper() != "ADAMW":

@@ -1,21 +1,11 @@
 """Measure inference latency, training-step time, peak memory and FLOPs.
 
-Each case runs in a fresh process, one after another: inference (eval mode,
-no gradients) and a full training step (forward, loss, backward, gradient
-clipping, AdamW step) on random inputs with random weights, timed as the
-median over --runs after --warmup runs; --rounds N runs the whole list N
-times and pools each case's runs, so that a slow spell of a shared machine
-falls on every case alike. Compare values of one config key side
-by side with --compare, and the official implementation (a local checkout)
-with --official, and ONNX Runtime on the CPU with --onnx (the model exported
-as `detr-peg export` does, then timed); the last column is the speed relative
-to the first row of each mode. Before the cases, the machine's fp32
-matrix-multiply peak is measured (torch.mm, --peak-size) with the same
-threads and device, and each row's achieved FLOP/s is given as a fraction of
-it (% peak), so every figure says how far it is from the limit. --gpu measures training and inference images/s on a CUDA device
-under bf16 autocast and torch.compile, for each deformable-attention
-implementation (triton, embedding_bag) and for the official code with its
-compiled CUDA op.
+Each case runs in a fresh process on random inputs and weights, timed as the median
+over --runs after --warmup runs (--rounds N interleaves N passes over the cases).
+--compare sets values of one config key side by side, --official adds the official
+code (a local checkout), --onnx adds ONNX Runtime on the CPU; --gpu measures
+images/s under bf16 and torch.compile. % peak is achieved FLOP/s over the
+machine's matmul peak, measured first.
 
 Examples:
   detr-peg bench --config configs/detr_r50_sine.yaml --compare model.position.name=sine,peg
@@ -182,7 +172,7 @@ def _check_options(args: argparse.Namespace, cfg) -> list[str]:
 
 
 def _plan(args: argparse.Namespace, cfg, modes: list[str]) -> list:
-    """The cases to measure; each config's ``train.amp`` is checked on this device before the first case."""
+    """The cases to measure; each config's ``train.amp`` is checked on this device first."""
     import torch
 
     from detr_peg.config import load_config
@@ -211,7 +201,7 @@ def _plan(args: argparse.Namespace, cfg, modes: list[str]) -> list:
 
 
 def _run_with_peaks(args: argparse.Namespace, cases: list) -> tuple[list[dict], dict]:
-    """Measure the cases (the matrix-product peak first, with ``--peak-size``); returns the rows and the peaks."""
+    """Measure the matmul peak (``--peak-size``), then the cases; the rows and the peaks."""
     from detr_peg.lab.benchmark.matmul_peak import add_peak_fractions
     from detr_peg.lab.benchmark.report import add_ratios
     from detr_peg.lab.benchmark.runner import run_cases

@@ -1,20 +1,4 @@
-"""The GPU mode of ``detr-peg bench`` (``--gpu``): training and inference images/s with bf16 and torch.compile.
-
-``--gpu`` runs every case on ``cuda`` under bfloat16 autocast with the model
-wrapped in ``torch.compile``, and reports throughput (images/s = batch size /
-median seconds per step) besides the usual table. Cases per mode:
-
-* detr_peg: for Deformable-DETR configs one row per deformable-attention
-  implementation in its architecture's ``attention.compared_on_gpu`` (the Triton kernels and the
-  default pure-PyTorch path); DETR has no such choice and gets one row;
-* with ``--official PATH``: the official code under the same autocast and
-  ``torch.compile``; for Deformable-DETR with its compiled CUDA op built on
-  this machine (:mod:`detr_peg.models.deformable.official_cuda_op`). It is the first
-  row of each mode, so the ratios are relative to it.
-
-Without a CUDA device the mode stops at once with one line
-(:func:`require_cuda`).
-"""
+"""``detr-peg bench --gpu``: images/s on CUDA under bf16 and torch.compile, one row per attention implementation."""
 
 from __future__ import annotations
 
@@ -82,7 +66,7 @@ def add_throughput(results: list[dict]) -> list[dict]:
 
 
 def format_throughput(results: list[dict]) -> str:
-    """Images/s per case and mode, relative to the first row of each mode (the official code when measured)."""
+    """Images/s per case and mode, relative to the first row of each mode."""
     header = ["case", "mode", "input", "images/s", "x first row"]
     rows = [header]
     first: dict[str, float] = {}

@@ -1,14 +1,4 @@
-"""The machine's matrix-multiply peak, measured in the bench run itself.
-
-Every benchmark row reports its achieved FLOP/s as a fraction of this peak, so
-a figure says how far it is from the limit of the same machine, with the
-same thread count, at the same moment (a shared machine's slow spell lowers
-both). The peak is the best of a few timed ``torch.mm`` of two ``N x N``
-matrices (``2 N^3`` FLOPs each) in the dtype the cases compute in: float32,
-or bfloat16 / float16 for cases under autocast (``bench --amp``), whose
-matrix products and convolutions run in that dtype; ``N = 4096`` is large
-enough for the BLAS library to reach its steady rate on a CPU or a GPU.
-"""
+"""The machine's matrix-multiply peak (best ``torch.mm`` of ``N x N`` operands), measured in the bench run itself."""
 
 from __future__ import annotations
 
@@ -20,15 +10,7 @@ import torch
 
 @dataclass
 class MatmulPeak:
-    """A measured matrix-multiply peak.
-
-    Attributes:
-        flops_per_s: the best rate of the timed multiplies.
-        size: ``N`` of the ``N x N`` operands.
-        threads: CPU threads (``torch.set_num_threads``) during the measurement.
-        device: ``cpu`` or ``cuda[:N]``.
-        repeats: timed multiplies.
-    """
+    """A measured matrix-multiply peak: ``flops_per_s`` of ``size`` operands with ``threads`` on ``device``."""
 
     flops_per_s: float
     size: int
@@ -52,18 +34,7 @@ class MatmulPeak:
 def measure_matmul_peak(
     device: str = "cpu", threads: int = 2, size: int = 4096, repeats: int = 3, dtype: torch.dtype = torch.float32
 ) -> MatmulPeak:
-    """Time ``repeats`` ``torch.mm`` of ``size x size`` matrices of ``dtype`` after one untimed one.
-
-    Args:
-        device: where to multiply (``cpu``, ``cuda``, ``cuda:N``).
-        threads: CPU threads to use (restored afterwards).
-        size: side of the square operands (at least 1).
-        repeats: timed multiplies (at least 1); the fastest one counts.
-        dtype: the operands' dtype (float32, or the autocast dtype of the cases).
-
-    Returns:
-        :class:`MatmulPeak` with ``flops_per_s = 2 size^3 / best seconds``.
-    """
+    """Best ``2 size^3 / seconds`` of ``repeats`` ``torch.mm`` in ``dtype`` after an untimed one; restores threads."""
     if size < 1 or repeats < 1:
         raise ValueError(f"size and repeats must be at least 1, got {size} and {repeats}")
     dev = torch.device(device)
@@ -100,14 +71,7 @@ def measure_matmul_peak(
 
 
 def add_peak_fractions(results: list[dict], peak: MatmulPeak | dict[str, MatmulPeak]) -> list[dict]:
-    """Set ``peak_fraction`` (achieved FLOP/s / peak, None without a FLOP count) on every row.
-
-    Args:
-        results: bench rows (with ``achieved_flops_per_s`` and ``amp``).
-        peak: one peak for every row, or one per autocast (``none``, ``bf16``,
-            ``fp16``): each row is then compared with the peak of the dtype it
-            computed in.
-    """
+    """Set ``peak_fraction`` (achieved / peak FLOP/s); ``peak`` may be a dict by autocast, matched to each ``amp``."""
     for row in results:
         chosen = peak if isinstance(peak, MatmulPeak) else peak[row.get("amp", "none")]
         achieved = row.get("achieved_flops_per_s")

@@ -1,15 +1,4 @@
-"""Device synchronisation, memory and FLOP measurements for one PyTorch model.
-
-Times are wall-clock medians over repeated runs after warm-up
-(:func:`~detr_peg.lab.benchmark.timing.time_runs`), with the device synchronised
-around each run (:func:`synchronize`). FLOPs come from
-``torch.utils.flop_counter.FlopCounterMode`` (matrix multiplications,
-convolutions and attention; element-wise work such as ``grid_sample`` is not
-counted, so deformable models are slightly under-counted). Peak memory is
-``torch.cuda.max_memory_allocated`` on GPU and the process's peak resident set
-size on CPU (each benchmark case runs in a fresh process, so this is the
-case's own peak, including the Python interpreter and libraries).
-"""
+"""Device synchronisation, peak memory and FLOP counts of one PyTorch model."""
 
 from __future__ import annotations
 

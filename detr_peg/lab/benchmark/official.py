@@ -1,11 +1,4 @@
-"""The official DETR and Deformable-DETR in the benchmark: building them, their optimizer groups and inputs.
-
-``detr-peg bench --official PATH`` points at a checkout of the official
-repository of the config's architecture; the registration of the architecture
-says which repository that is and how to build its model
-(:class:`~detr_peg.models.registry.OfficialCode`, in the architecture's
-``official_code.py``).
-"""
+"""The official DETR and Deformable-DETR in the benchmark (``--official PATH``): model, optimizer groups, inputs."""
 
 from __future__ import annotations
 
@@ -18,11 +11,7 @@ from detr_peg.models.registry import MODELS, OfficialCode
 
 
 def official_code(arch: str) -> OfficialCode:
-    """The official implementation of ``arch``.
-
-    Raises:
-        ConfigError: the architecture registers none.
-    """
+    """The official implementation of ``arch``; ``ConfigError`` when it registers none."""
     official = MODELS.get(arch).official
     if official is None:
         raise ConfigError(f"model.arch {arch} has no official implementation registered; leave out --official.")

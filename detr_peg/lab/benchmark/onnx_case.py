@@ -1,25 +1,6 @@
-"""The ONNX Runtime case of ``detr-peg bench``: the same model, exported and run on the CPU.
+"""The ONNX Runtime case of ``detr-peg bench --onnx``: the model exported in a child process, timed here on the CPU.
 
-``detr-peg bench --onnx`` adds, after every PyTorch inference case, one case
-labelled ``<label> onnxruntime``, measured by ``python -m
-detr_peg.lab.benchmark.onnx_case CASE_JSON`` (:func:`main`):
-
-1. a child process (``python -m detr_peg.lab.benchmark.worker CASE_JSON --export
-   PATH``) builds the model the PyTorch case builds (same config, same random
-   weights: the same seed) and exports it with
-   :func:`~detr_peg.export.onnx_export.export_onnx` (dynamic batch and size,
-   the graph ``detr-peg export`` writes) into a temporary folder;
-2. this process opens it in an ONNX Runtime CPU session with the options of
-   :func:`~detr_peg.export.onnx_session.session_options` (those of
-   :class:`~detr_peg.export.onnx_runtime.OnnxDetector`) and ``--threads``
-   intra-op threads, and times ``session.run`` on a random batch of the
-   case's size (NumPy arrays, no padding), as the PyTorch case times the model.
-
-This process imports ONNX Runtime and NumPy but never torch, as a deployment
-with ONNX Runtime does, and the export's memory stays in the child: the
-case's peak memory is the interpreter, ONNX Runtime, the session and its runs.
-The PyTorch case's peak includes torch and the models' modules, which it
-needs. No FLOPs are counted (the graph is the same model).
+This process never imports torch, as a deployment with ONNX Runtime does.
 """
 
 from __future__ import annotations
@@ -39,15 +20,7 @@ __all__ = ["export_model", "main", "run_onnx_case"]
 
 
 def export_model(case: dict, path: Path) -> int:
-    """Export the model of ``case`` (an ONNX case as a dict) to ``path`` in a child process.
-
-    Returns:
-        The model's parameter count.
-
-    Raises:
-        RuntimeError: the export failed; the message ends with the child's exception line, and its
-            whole error output is repeated on this process's stderr (the runner keeps it in a log).
-    """
+    """Export ``case``'s model to ``path`` in a child process; its parameter count (``RuntimeError`` on failure)."""
     model_case = {**case, "impl": "detr_peg", "label": case["label"].removesuffix(f" {ONNX_IMPL}")}
     proc = subprocess.run(
         [sys.executable, "-m", "detr_peg.lab.benchmark.worker", json.dumps(model_case), EXPORT_FLAG, str(path)],
@@ -65,14 +38,7 @@ def export_model(case: dict, path: Path) -> int:
 
 
 def run_onnx_case(case: dict, path: Path, parameters: int | None) -> dict:
-    """Time the exported graph at ``path`` as ``case`` says; returns the case with its measurements.
-
-    Args:
-        case: the ONNX case (``worker.Case`` as a dict: ``batch``, ``height``,
-            ``width``, ``threads``, ``warmup``, ``runs``, ...).
-        path: the exported graph.
-        parameters: the model's parameter count, for the report (None: counted by an earlier round).
-    """
+    """Time the graph at ``path`` on a random batch of the case's size; the case with its measurements."""
     import numpy as np
     import onnxruntime as ort
 
@@ -102,12 +68,7 @@ def run_onnx_case(case: dict, path: Path, parameters: int | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``CASE_JSON``: export the case's model (in a child process), then time it here.
-
-    With ``onnx_model`` in the case, the graph there is timed when the file exists (a later round of
-    ``--rounds``: its parameter count is the first round's, so None here) and exported there first when it
-    does not; without it, into a temporary folder for this run only.
-    """
+    """``CASE_JSON``: export the case's model (to ``onnx_model`` if missing, else a temporary file), then time it."""
     argv = sys.argv[1:] if argv is None else argv
     case = json.loads(argv[0])
     retain_freed_memory()  # as in every other case

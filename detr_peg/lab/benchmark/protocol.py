@@ -1,13 +1,4 @@
-"""What the processes of ``detr-peg bench`` print to each other (no torch: the ONNX Runtime case imports it).
-
-Every case runs in a process of its own (:mod:`detr_peg.lab.benchmark.runner`
-starts it): ``python -m detr_peg.lab.benchmark.worker CASE_JSON`` for PyTorch
-cases, ``python -m detr_peg.lab.benchmark.onnx_case CASE_JSON`` for ONNX Runtime
-cases, which itself starts ``python -m detr_peg.lab.benchmark.worker CASE_JSON
---export PATH`` to export the case's model. Each prints one line starting
-with a prefix below; a process that fails prints a traceback instead, whose
-exception line :func:`failure_line` finds.
-"""
+"""The lines the processes of ``detr-peg bench`` print to each other (torch-free)."""
 
 from __future__ import annotations
 
@@ -27,11 +18,7 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(
 
 
 def failure_line(stderr: str) -> str:
-    """The exception line of a failed process's error output (its last line when there is none).
-
-    Libraries print hints after the exception (torch.compile ends with a line
-    about ``TORCHDYNAMO_VERBOSE``), so the last line alone rarely says what failed.
-    """
+    """The exception line of a failed process's error output (its last line when there is none)."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     for line in reversed(lines):
         if _EXCEPTION_LINE.match(line):

@@ -15,8 +15,7 @@ def _mib(n: int | None) -> str:
 
 
 def add_ratios(results: list[dict]) -> list[dict]:
-    """Per mode: ``ratio`` = time / time of the first row (the baseline: the official code
-    when it was measured, else the first compared value); ``speedup`` = its inverse."""
+    """Per mode: ``ratio`` = time / time of the first row; ``speedup`` = its inverse."""
     baselines: dict[str, float] = {}
     for row in results:
         base = baselines.setdefault(row["mode"], row["seconds"])
@@ -26,12 +25,7 @@ def add_ratios(results: list[dict]) -> list[dict]:
 
 
 def format_table(results: list[dict], peak_line: str | None = None) -> str:
-    """A plain-text table, one row per case; ``% peak`` when the rows carry ``peak_fraction``.
-
-    Args:
-        results: the rows of :func:`add_ratios`.
-        peak_line: the matrix-multiply peak the fractions refer to, for the footer.
-    """
+    """A plain-text table, one row per case (``% peak`` when rows carry ``peak_fraction``)."""
     with_peak = any("peak_fraction" in r for r in results)
     with_amp = len({r.get("amp", "none") for r in results}) > 1
     header = ["case", "mode"] + (["amp"] if with_amp else []) + ["input", "median s", "runs (s)", "peak mem"]
@@ -80,12 +74,7 @@ def write_json(
     matmul_peak: dict | None = None,
     matmul_peaks: dict[str, dict] | None = None,
 ) -> None:
-    """Write ``{"results": results, "matmul_peak": ..., "matmul_peaks": ...}`` to ``path`` atomically.
-
-    ``matmul_peak`` is the peak measured before the cases; ``matmul_peaks``
-    (only when the rows computed in more than one dtype) holds one per autocast.
-    The folder is created.
-    """
+    """Write ``{"results", "matmul_peak", "matmul_peaks" (one per autocast, if several)}`` to ``path`` atomically."""
     path = Path(path)
     make_folder(path.parent)
     report: dict = {"results": results}

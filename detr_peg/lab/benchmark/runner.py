@@ -30,8 +30,7 @@ def plan_cases(
     official_args: list[str],
     onnx: bool = False,
 ) -> list[Case]:
-    """One case per (mode, compared value), plus the official code's case per mode, and with
-    ``onnx`` an ONNX Runtime case after every detr_peg inference case."""
+    """A case per (mode, compared value), the official case per mode, with ``onnx`` an ONNX case per inference case."""
     cases = []
     for mode in modes:
         h, w = sizes[mode]
@@ -69,8 +68,7 @@ def plan_cases(
 
 
 def run_case_subprocess(case: Case) -> dict:
-    """Run one case with ``python -m detr_peg.lab.benchmark.worker`` (the ONNX Runtime case:
-    ``detr_peg.lab.benchmark.onnx_case``, a process without torch) and parse its result."""
+    """Run one case in a fresh ``worker`` (or torch-free ``onnx_case``) process and parse its result."""
     env = dict(os.environ, OMP_NUM_THREADS=str(case.threads), MKL_NUM_THREADS=str(case.threads))
     module = "detr_peg.lab.benchmark.onnx_case" if case.impl == ONNX_IMPL else "detr_peg.lab.benchmark.worker"
     proc = subprocess.run(
@@ -92,14 +90,7 @@ def run_case_subprocess(case: Case) -> dict:
 
 
 def run_cases(cases: list[Case], progress: bool = True, rounds: int = 1) -> list[dict]:
-    """Run every case in order, one at a time so they do not compete for the CPU.
-
-    With ``rounds > 1`` the whole list is run that many times, round after
-    round, and each case's runs are pooled: a slow spell of the machine then
-    falls on every case alike instead of on whichever ran during it. The
-    median is taken over the pooled runs, peak memory is the largest seen, and
-    FLOPs are counted in the first round only.
-    """
+    """Run every case in order, one at a time; ``rounds > 1`` pools each case's runs over rounds (FLOPs: round 1)."""
     if rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {rounds}.")
     with contextlib.ExitStack() as stack:
@@ -132,7 +123,7 @@ def _run_rounds(cases: list[Case], progress: bool, rounds: int) -> list[dict]:
 
 
 def merge_round(pooled: dict, new: dict) -> None:
-    """Add the runs of a later round of one case to its result (see :func:`run_cases`)."""
+    """Add the runs of a later round of one case to its result."""
     pooled["runs_seconds"] = pooled["runs_seconds"] + new["runs_seconds"]
     pooled["seconds"] = statistics.median(pooled["runs_seconds"])
     pooled["rounds"] = pooled.get("rounds", 1) + 1

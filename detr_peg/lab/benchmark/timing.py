@@ -1,10 +1,4 @@
-"""Wall-clock timing, the process's peak memory and the CPU's name: the measurements that need no torch.
-
-:mod:`~detr_peg.lab.benchmark.measure` adds what needs torch (device
-synchronisation, GPU memory, FLOPs); the ONNX Runtime case
-(:mod:`~detr_peg.lab.benchmark.onnx_case`) times its runs with these functions
-alone, in a process that never imports torch.
-"""
+"""Wall-clock timing, peak memory and CPU name: the measurements that need no torch."""
 
 from __future__ import annotations
 
@@ -26,15 +20,7 @@ class Timing:
 
 
 def time_runs(fn: Callable[[], object], *, warmup: int, runs: int, sync: Callable[[], None] | None = None) -> Timing:
-    """Call ``fn`` ``warmup`` times, then time ``runs`` calls; return the median.
-
-    Args:
-        fn: one run.
-        warmup: untimed calls first.
-        runs: timed calls.
-        sync: waits for the device's queued work (CUDA); called after the
-            warm-up and at the end of every timed call.
-    """
+    """Call ``fn`` ``warmup`` times, then time ``runs`` calls; ``sync`` runs after the warm-up and each timed call."""
     sync = sync or (lambda: None)
     for _ in range(warmup):
         fn()
@@ -49,14 +35,7 @@ def time_runs(fn: Callable[[], object], *, warmup: int, runs: int, sync: Callabl
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size (the interpreter and its libraries included).
-
-    On Linux this is ``VmHWM`` of ``/proc/self/status``, the high-water mark
-    of the process's own memory. ``getrusage``'s ``ru_maxrss`` (the fallback
-    where there is no ``/proc``) also counts the parent's resident memory at the moment it started this
-    process (``exec`` carries the old high-water mark over), so a small
-    process started by a large one would report the large one's size.
-    """
+    """This process's peak RSS: ``VmHWM`` (``ru_maxrss`` would inherit the parent's high-water mark across ``exec``)."""
     try:
         with open("/proc/self/status") as file:
             for line in file:

@@ -1,13 +1,7 @@
-"""One benchmark case, run in its own process: ``python -m detr_peg.lab.benchmark.worker CASE_JSON``.
+"""One benchmark case in its own process: ``python -m detr_peg.lab.benchmark.worker CASE_JSON``.
 
-Prints one line, ``BENCH_RESULT`` and the measurements as JSON
-(:mod:`detr_peg.lab.benchmark.protocol`). With ``CASE_JSON --export PATH`` it
-instead builds the case's model, exports it to ``PATH`` as ``detr-peg export``
-does and prints ``BENCH_PARAMETERS`` and the model's parameter count: the
-ONNX Runtime case (:mod:`detr_peg.lab.benchmark.onnx_case`) starts it so that
-its own process never imports torch. A fresh process per case keeps
-peak-memory figures separate, lets the official code be imported without
-clashing with detr_peg, and starts every case from the same state.
+Prints ``BENCH_RESULT`` and JSON; with ``--export PATH`` it exports the case's model and prints
+``BENCH_PARAMETERS`` instead. A process per case keeps peak memory separate and the official code apart.
 """
 
 from __future__ import annotations
@@ -31,34 +25,12 @@ from detr_peg.models.registry import attention_impl, set_attention_impl
 
 @dataclass
 class Case:
-    """What to measure.
+    """What to measure: one row of the report.
 
-    Attributes:
-        label: the row label in the report.
-        impl: ``detr_peg``, ``official`` or ``onnxruntime`` (the detr_peg model
-            exported to ONNX and run in ONNX Runtime, inference only; measured
-            by :mod:`~detr_peg.lab.benchmark.onnx_case`, not here).
-        mode: ``infer`` (eval, no grad) or ``train`` (forward, loss, backward,
-            gradient clipping, AdamW step).
-        config: detr_peg config file (``impl == "detr_peg"``).
-        overrides: detr_peg ``key=value`` overrides, or the official CLI flags.
-        official_repo: path of the official checkout (``impl == "official"``).
-        arch: ``detr`` or ``deformable_detr``.
-        height: input height.
-        width: input width.
-        batch: images per batch.
-        device: ``cpu`` or ``cuda``.
-        threads: CPU threads (``torch.set_num_threads``).
-        warmup: untimed runs first.
-        runs: timed runs.
-        amp: ``none``, ``bf16`` or ``fp16`` autocast (CUDA).
-        compile: wrap the model in ``torch.compile``.
-        flops: count FLOPs (one extra forward).
-        attention_impl: detr_peg Deformable-DETR: the ``impl`` of every
-            deformable attention (``None``: as built).
-        onnx_model: ONNX case: where its exported graph is kept across rounds
-            (exported there when the file is missing, reused when it is there);
-            ``None``: a temporary file, exported for this run only.
+    ``impl``: ``detr_peg``, ``official`` or ``onnxruntime``; ``mode``: ``infer`` (eval, no grad) or ``train``
+    (forward, loss, backward, clipping, AdamW step); ``overrides``: ``key=value`` or official CLI flags;
+    ``attention_impl``: the deformable attention ``impl`` (None: as built); ``onnx_model``: where an ONNX
+    case keeps its graph across rounds (None: a temporary file).
     """
 
     label: str
@@ -161,15 +133,7 @@ def _build(case: Case, device: torch.device) -> Built:
 
 
 def dense_attention(model: nn.Module) -> contextlib.AbstractContextManager:
-    """Count FLOPs with each attention's FLOP-count implementation (Deformable-DETR: the dense ``grid_sample``).
-
-    The default ``embedding_bag`` path computes its backward with sparse
-    matrix products, which torch's FLOP counter counts as dense ones (several
-    times the model's real work). Under this context every deformable
-    attention uses ``grid_sample``, whose sampling the counter does not count,
-    exactly as for the official pure-PyTorch code, so both report the FLOPs of
-    the same formulation. Timings are never taken under it.
-    """
+    """Count FLOPs with deformable attention on ``grid_sample`` (``embedding_bag``'s sparse backward counts dense)."""
     return attention_impl(model, lambda kind: kind.flop_count)
 
 
@@ -244,8 +208,7 @@ def run_case(case: Case) -> dict:
 
 
 def export_case_model(case: Case, path: Path) -> int:
-    """Build the model of a detr_peg ``case`` as :func:`run_case` does (same seed, so the same random
-    weights) and export it as ``detr-peg export`` does to ``path``; returns its parameter count."""
+    """Build ``case``'s model as :func:`run_case` does (same seed), export it to ``path``; its parameter count."""
     from detr_peg.export.onnx_export import export_onnx
 
     torch.set_num_threads(case.threads)

@@ -1,27 +1,6 @@
-"""One cell of a study: its folder, its two commands, its state, and running it.
+"""One cell of a study: ``STUDY/cells/<name>/`` with ``run/``, ``eval/``, ``cell.json`` (its state) and ``cell.log``.
 
-A cell's folder ``STUDY/cells/<name>/`` holds
-
-* ``run/``: an ordinary training run (``detr-peg train --output run``), with
-  ``checkpoint.pth``, ``config.yaml``, ``metrics.jsonl`` (the learning curve
-  is its ``eval`` records) and ``metrics.json`` (the last evaluation, at the
-  configured validation size);
-* ``eval/``: ``detr-peg eval`` of the final checkpoint when the study asks for
-  more than the configured size: ``metrics.json``, ``scales_resized.json``,
-  ``scales_canvas.json``, ``padding.json``;
-* ``cell.json``: the cell's definition, its resolved config (to refuse a
-  changed cell), which stages are done, its status (``running``, ``done``,
-  ``failed``, ``interrupted``; a report shows ``stopped`` for a ``running``
-  one whose process is gone, see :func:`reported_status`) and the error
-  line of a failure;
-* ``cell.log``: everything the commands printed.
-
-The commands are the ordinary command line: :func:`run_cell` is given the
-function that runs one (``detr-peg study`` passes one that calls the
-command line's ``main`` in this process, output appended to ``cell.log``), so
-a cell does exactly what the printed commands (``detr-peg study --plan``) do. Training always runs with
-``--resume``: a fresh cell starts from scratch, an interrupted one continues
-from its checkpoint.
+Its commands are the printed ``detr-peg`` commands; training always runs with ``--resume``.
 """
 
 from __future__ import annotations
@@ -57,7 +36,7 @@ CommandRunner = Callable[[list[str], Path], tuple[int, str | None]]
 
 @dataclass(frozen=True)
 class CellPaths:
-    """The files of one cell (see the module docstring)."""
+    """The files of one cell."""
 
     root: Path
 
@@ -80,15 +59,7 @@ class CellPaths:
 
 @dataclass
 class CellOutcome:
-    """What happened to a cell in this invocation.
-
-    Attributes:
-        status: ``done`` (ran to the end now), ``skipped`` (already done),
-            ``failed`` or ``interrupted`` (stopped by a signal; resumable).
-        error: the one-line error of a failed cell.
-        exit_code: the failing command's exit status (0 otherwise).
-        seconds: time spent on the cell now.
-    """
+    """What happened to a cell now: ``status`` ``done``, ``skipped``, ``failed`` or ``interrupted`` (resumable)."""
 
     name: str
     status: str
@@ -107,7 +78,7 @@ def train_argv(cell: Cell, paths: CellPaths) -> list[str]:
 
 
 def eval_argv(paths: CellPaths, plan: EvalPlan) -> list[str] | None:
-    """``detr-peg eval`` arguments of the cell, or None when the training's last evaluation is all the study needs."""
+    """``detr-peg eval`` arguments of the cell, or None when the training's last evaluation is enough."""
     if not plan.needed:
         return None
     argv = ["eval", "--checkpoint", str(paths.run / "checkpoint.pth"), "--output", str(paths.eval)]
@@ -121,31 +92,17 @@ def eval_argv(paths: CellPaths, plan: EvalPlan) -> list[str] | None:
 
 
 def cell_config(cell: Cell) -> Config:
-    """The cell's config: its base config file with its overrides.
-
-    Raises:
-        ConfigError: the base config or an override is invalid; a grid value is named where it was given
-            (``--grid`` or the study file's grid).
-    """
+    """The cell's config: its base config with its overrides; ``ConfigError`` names where a bad value was given."""
     return load_config(cell.config, cell.overrides, sources=dict(cell.sources))
 
 
 def resolved_config(cell: Cell) -> dict[str, Any]:
-    """The cell's resolved config as nested dicts, without the fields that only say where it lives.
-
-    Raises:
-        ConfigError: the base config or an override is invalid.
-    """
+    """The cell's resolved config as nested dicts, without location fields; ``ConfigError`` if invalid."""
     return _without_place(config_to_dict(cell_config(cell)))
 
 
 def stored_config(state: dict[str, Any]) -> dict[str, Any]:
-    """The resolved config a ``cell.json`` recorded, read by this version's config schema.
-
-    A field added to the schema after the cell started takes its default here, so a study started by an earlier
-    version resumes, and its cells count as changed only when a field they recorded changed (or a new field's
-    default is not what the cell's config now says). A record the schema cannot read is returned as it is.
-    """
+    """The resolved config a ``cell.json`` recorded, read by this schema (new fields take their defaults)."""
     recorded = state["config_resolved"]
     try:
         return _without_place(config_to_dict(config_from_dict(recorded, "cell.json")))
@@ -174,20 +131,12 @@ def first_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = "")
 
 
 def read_state(paths: CellPaths) -> dict[str, Any] | None:
-    """The cell's ``cell.json``, its shape checked, or None before its first start.
-
-    Raises:
-        DamagedFileError: the file is there but damaged (one sentence naming it, the field and the value).
-    """
+    """The cell's ``cell.json``, shape checked, or None before its first start; ``DamagedFileError`` if damaged."""
     return read_cell_state(paths.state)
 
 
 def table_row(study_dir: str | Path, cell: Cell) -> dict[str, Any] | None:
-    """The cell's published row of the study's ``cells.csv`` when the cell has no folder, else None.
-
-    A row is published when its cell's files were left out of a shipped copy of the study (its ``published``
-    column); the row of a cell whose folder was deleted to run it again is not.
-    """
+    """The cell's published row of the study's ``cells.csv`` when the cell has no folder, else None."""
     if cell_paths(study_dir, cell).root.exists():
         return None
     table = Path(study_dir) / CELLS_CSV
@@ -201,7 +150,7 @@ def table_row(study_dir: str | Path, cell: Cell) -> dict[str, Any] | None:
 
 @functools.lru_cache(maxsize=4)
 def _published_rows(table: Path, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
-    """The published rows of ``table``, read once per version of the file (studies ask for every cell)."""
+    """The published rows of ``table``, read once per version of the file."""
     return {name: row for name, row in read_cells_csv(table).items() if row["published"]}
 
 
@@ -215,14 +164,7 @@ def is_done(study_dir: str | Path, cell: Cell) -> bool:
 
 
 def reported_status(state: dict[str, Any], paths: CellPaths, study_dir: Path) -> str:
-    """The status a report shows: the recorded one (``not started`` before the first start), except ``stopped``.
-
-    A cell recorded as ``running`` that no live process holds (neither its
-    ``run/`` or ``eval/`` nor, between the two, a ``detr-peg study`` the
-    study's folder; see :func:`~detr_peg.guards.folder_lock.holder_alive`)
-    is ``stopped``: its process ended without a word (killed, the machine
-    turned off), and the next ``detr-peg study`` continues it.
-    """
+    """The recorded status (``not started`` before any), or ``stopped``: ``running`` but held by no live process."""
     status = state.get("status", "not started")
     if status != "running":
         return status
@@ -236,20 +178,14 @@ def write_state(paths: CellPaths, state: dict[str, Any]) -> None:
 
 
 def new_state(cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
-    """A new ``cell.json``: the cell (without ``sources``, which only words messages) and its resolved config."""
+    """A new ``cell.json``: the cell (without ``sources``) and its resolved config."""
     return {**record(cell), "config_resolved": config, "stages": {}, "status": "new", "error": None}
 
 
 def run_cell(
     cell: Cell, paths: CellPaths, plan: EvalPlan, run_command: CommandRunner, *, is_main: bool = True
 ) -> CellOutcome:
-    """Train and evaluate one cell, skipping what is already done.
-
-    Every process of a multi-process cell calls this; only the main one
-    (``is_main``) writes ``cell.json``. A failing command is recorded with its
-    error line and reported as ``failed``; a command stopped by a signal as
-    ``interrupted``, and so is a ``KeyboardInterrupt`` between the commands (recorded, then raised again).
-    """
+    """Train and evaluate one cell, skipping what is done; only ``is_main`` writes ``cell.json``; re-raises Ctrl-C."""
     start = time.monotonic()
     state = read_state(paths) or new_state(cell, resolved_config(cell))
     if state.get("status") == "done":

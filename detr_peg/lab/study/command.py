@@ -1,44 +1,16 @@
 """Run a grid of training runs (base configs x grid axes x seeds), evaluate each, and tabulate and plot the results.
 
-Each cell is an ordinary training run in STUDY/cells/<name>/run (the same
-files as detr-peg train), evaluated with detr-peg eval into
-STUDY/cells/<name>/eval when test scales or the padding comparison are asked
-for. The study folder gets plan.json (the definition and every cell's
-commands), study.md / study.csv / study.json (mean +- std over seeds per
-setting, per test scale of each kind, padding sensitivity) and plots/ (each figure as PDF and
-300 dpi PNG, the comparisons as a forest plot).
+Each cell is an ordinary training run in STUDY/cells/<name>/run (evaluated into
+STUDY/cells/<name>/eval when test scales or padding are asked for). The study
+folder gets plan.json, study.md / study.csv / study.json (mean +- std over seeds,
+and paired comparisons of every setting with the reference setting --baseline,
+seed by seed, with verdicts; --equal-within X AP) and plots/.
 
-The report opens with paired comparisons: every setting against the reference
-setting (--baseline KEY=VALUE; default: the first value of the first axis with
-several values), seed by seed, with the mean difference in AP points, its 95%
-interval, an exact sign-flip (below 10 seeds) or paired t p-value corrected
-with Holm over the study, the minimum detectable effect at 80% power and a
-verdict: ahead, behind, equal within +-X AP (--equal-within X, default 1.0) or
-undecided.
-
---seeds auto trains 3 seeds per setting, then adds seeds in rounds until
-every comparison's 95% interval has a half-width of at most AP points
-(--target-ci, default 1.0) or
---max-seeds N (default 10) is reached; the report says which rule stopped it.
-
-Grid values are parsed like key=value overrides; commas inside brackets
-belong to the value: --grid model.position.peg_layers=[0],[0,1,2] is two
-values. Seeds are train.seed = 0 .. N-1.
-
-Running the same command again skips finished cells, continues an interrupted
-cell from its checkpoint and retries failed ones; a changed definition (other
-than --seeds) or a changed cell config is refused. A failed cell does not
-stop the others; the exit status is then 3. Cells run (or are submitted)
-seed by seed (every setting's seed 0, then seed 1, ...), so a study stopped
-partway holds whole seeds for the paired comparisons; --plan lists them
-setting by setting.
-
---jobs N runs N cells at a time on this machine, each in a process of its own
-with 1/N of the CPU cores; Ctrl-C stops every running cell at its next
-iteration, after its checkpoint (the same command resumes).
-
-On a cluster, --slurm submits one job per cell through submitit, each cell
-using --nodes x --gpus-per-node GPUs; --plan prints the commands instead.
+--seeds auto adds seeds in rounds until every comparison's 95% interval has a
+half-width of at most --target-ci AP points, or --max-seeds is reached.
+Grid values are parsed like key=value overrides (commas inside brackets belong
+to the value). Rerunning the command resumes the study; a failed cell gives exit
+status 3. --jobs N runs N cells at a time here; --slurm submits one job per cell.
 
 Examples (the proxy configs train on the synthetic shapes: run detr-peg demo --data-only once):
   detr-peg study --study configs/study/proxy_synthetic.yaml --output studies/proxy_synthetic --jobs 2
@@ -163,11 +135,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_comparison_arguments(parser: argparse.ArgumentParser, *, recorded: bool = False) -> None:
-    """``--baseline`` and ``--equal-within``: how the report compares settings (``study`` and ``plot``).
-
-    Args:
-        recorded: the defaults are those the study was run with (``detr-peg plot``).
-    """
+    """``--baseline`` and ``--equal-within`` (``study`` and ``plot``; ``recorded``: the defaults the study ran with)."""
     group = parser.add_argument_group("paired comparisons in the report")
     group.add_argument(
         "--baseline",
@@ -185,11 +153,7 @@ def add_comparison_arguments(parser: argparse.ArgumentParser, *, recorded: bool 
 
 
 def comparison_options(args: argparse.Namespace, earlier: dict | None, source: str):
-    """The report's comparison options: the command's, else ``earlier`` (a study file's or ``plan.json``'s).
-
-    Args:
-        source: where ``earlier``'s baseline is written (``s.yaml: baseline``), for messages.
-    """
+    """The report's comparison options: the command's, else ``earlier`` (``source`` names where, for messages)."""
     from detr_peg.lab.study.comparisons import ComparisonOptions, parse_equal_within
 
     earlier = ComparisonOptions.from_dict(earlier)
@@ -217,10 +181,7 @@ def seed_rule(args: argparse.Namespace, file):
 
 
 def definition_from_args(args: argparse.Namespace):
-    """The study definition, the cluster options, the comparison options and the seed rule (or None).
-
-    The study file is read first, the command's options add to it or replace its values.
-    """
+    """The study definition, cluster and comparison options and seed rule; options override the study file."""
     from detr_peg.config.loader import check_config_file
     from detr_peg.config.shipped import resolve_config
     from detr_peg.errors import ConfigError
@@ -300,13 +261,7 @@ def check_eval_options(definition) -> None:
 
 
 def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
-    """Run ``detr-peg ARGV`` in this process with its output appended to ``log`` (a cell's commands).
-
-    Returns:
-        The exit status and, when it is not 0, the command's one-line error
-        (``detr-peg train: error: ...``), or the exception of a bug with a
-        pointer to the traceback in ``log``.
-    """
+    """Run ``detr-peg ARGV`` here, output appended to ``log``; the exit status and, when not 0, the one-line error."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", encoding="utf-8") as out:
         out.write(f"$ detr-peg {' '.join(argv)}\n")
@@ -333,11 +288,7 @@ class _NotWaiting(Exception):
 
 
 def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, cells, *, auto: bool) -> list:
-    """Run the cells not done yet, in this process or as jobs; returns their outcomes (one round of ``auto``).
-
-    Raises:
-        _NotWaiting: ``--no-wait`` after submitting the jobs.
-    """
+    """Run the cells not done yet, here or as jobs; their outcomes (``_NotWaiting`` after ``--no-wait`` submits)."""
     from detr_peg.lab.study import runner, slurm
     from detr_peg.lab.study.grid import run_order
 

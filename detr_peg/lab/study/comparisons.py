@@ -1,20 +1,7 @@
-"""Paired comparisons of a study's settings with its reference setting: differences, intervals, tests, verdicts.
+"""Paired comparisons of a study's settings with its reference setting, seed by seed, per AP row.
 
-The reference setting is one axis value (``--baseline KEY=VALUE``; default the first value of the first
-axis with two or more). Every other setting is compared with the one that differs only in that value,
-**seed by seed** (same data order, augmentation and initial state), over the pairs both have. For each
-AP row (validation size, test scales of both kinds, padding modes, and AP in padded batches minus AP one
-image at a time), with ``d`` the per-seed differences in AP points:
-
-* ``mean`` and ``ci`` (95%, t distribution); ``above`` / ``below``: seeds with ``d`` above / below zero;
-* ``p``: two-sided, the exact sign-flip permutation test below :data:`PERMUTATION_BELOW` pairs, else the
-  paired t-test (``test`` names it); ``p_holm``: Holm's correction over every row of the study;
-* ``mde``: the smallest true difference a paired t-test detects at :data:`ALPHA` with :data:`POWER`;
-* ``verdict``: ``ahead`` / ``behind`` when ``p_holm`` < :data:`ALPHA`; else ``equal`` when the interval lies
-  within ``±equal_within``; else ``undecided``.
-
-A row that repeats an earlier one (the same AP in every cell of both settings, such as the validation
-size and resized x1) is folded into it (``same``): one test, counted once.
+Differences in AP points: mean, 95% t interval, p (exact sign-flip below :data:`PERMUTATION_BELOW`
+pairs, else paired t), Holm over the study, minimum detectable effect, verdict.
 """
 
 from __future__ import annotations
@@ -50,17 +37,7 @@ CONFIG_KEY = "config"
 
 @dataclass(frozen=True)
 class ComparisonOptions:
-    """How a study's report compares its settings.
-
-    Attributes:
-        baseline: ``KEY=VALUE`` naming the reference setting's value of one
-            axis (``config=FILE`` for the base configs), or None for the first
-            value of the first axis.
-        equal_within: AP points: a comparison whose whole 95% interval lies
-            within ``±equal_within`` is called equal.
-        baseline_source: where ``baseline`` was given, for messages (``--baseline``, a study file's
-            ``baseline``, a ``plan.json``'s ``comparison.baseline``); not part of the options' record.
-    """
+    """How a report compares settings: ``baseline`` ``KEY=VALUE`` (None: the default), ``equal_within`` AP points."""
 
     baseline: str | None = None
     equal_within: float = 1.0
@@ -76,11 +53,7 @@ class ComparisonOptions:
 
 
 def parse_equal_within(text: str, flag: str = "--equal-within") -> float:
-    """A positive, finite number of AP points (``--equal-within``, ``--target-ci``).
-
-    Raises:
-        ConfigError: not a positive number.
-    """
+    """A positive, finite number of AP points; ``ConfigError`` otherwise."""
     try:
         value = float(text)
     except (TypeError, ValueError):
@@ -94,15 +67,9 @@ def parse_equal_within(text: str, flag: str = "--equal-within") -> float:
 
 
 def paired_statistics(differences: Sequence[float]) -> dict[str, Any]:
-    """Mean, 95% interval, p-value and minimum detectable effect of per-seed differences.
+    """``{"n", "mean", "above", "below", "sd", "ci", "half_width", "test", "p", "mde"}`` of per-seed differences.
 
-    Args:
-        differences: ``setting - reference`` per seed, in any unit (the results are in the same unit).
-
-    Returns:
-        ``{"n", "mean", "above", "below", "sd", "ci": [low, high], "half_width", "test", "p", "mde"}``
-        (``above`` and ``below``: the differences above and below zero); everything but ``n``, ``mean``,
-        ``above`` and ``below`` is None below two differences (``mean`` is None without any).
+    Below two differences everything but ``n``, ``mean``, ``above``, ``below`` is None (``mean`` too without any).
     """
     d = np.asarray(differences, dtype=float)
     n = len(d)
@@ -152,13 +119,7 @@ def paired_statistics(differences: Sequence[float]) -> dict[str, Any]:
 def minimum_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
     """The true mean difference a two-sided paired t-test of ``n`` pairs detects with probability ``power``.
 
-    Args:
-        sd: standard deviation of the per-seed differences (the unit of the result).
-        n: number of pairs (at least 2).
-
-    Returns:
-        The effect ``delta`` with ``P(|T| > t_crit) = power`` for ``T`` noncentral t with ``n - 1`` degrees of
-        freedom and noncentrality ``delta * sqrt(n) / sd``; 0 when ``sd`` is 0; None below two pairs.
+    0 when ``sd`` is 0; None below two pairs.
     """
     if n < 2:
         return None
@@ -180,10 +141,7 @@ def minimum_detectable_effect(sd: float, n: int, alpha: float = ALPHA, power: fl
 
 
 def seeds_for_half_width(sd: float | None, target: float) -> int:
-    """The fewest pairs whose 95% t interval has half-width at most ``target``, for differences of spread ``sd``.
-
-    Used to size the next round of ``--seeds auto`` (a projection: the spread itself is estimated).
-    """
+    """The fewest pairs whose 95% t interval has half-width at most ``target`` for differences of spread ``sd``."""
     if not sd:
         return 2
     n = 2
@@ -193,10 +151,7 @@ def seeds_for_half_width(sd: float | None, target: float) -> int:
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of ``pvalues`` (family-wise error rate), in the input order.
-
-    The ``k``-th smallest of ``m`` p-values becomes ``max over j <= k of min(1, (m - j + 1) * p_(j))``.
-    """
+    """Holm's step-down adjustment of ``pvalues``, in the input order."""
     m = len(pvalues)
     adjusted = [0.0] * m
     running = 0.0
@@ -207,7 +162,10 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 def verdict(row: dict[str, Any], equal_within: float) -> str:
-    """``ahead``, ``behind``, ``equal`` or ``undecided`` (see the module docstring)."""
+    """``ahead``, ``behind``, ``equal`` or ``undecided``.
+
+    ``ahead``/``behind`` when ``p_holm`` < ALPHA; else ``equal`` when the interval lies within ``±equal_within``.
+    """
     if row["p_holm"] is not None and row["p_holm"] < ALPHA and row["mean"] != 0:
         return "ahead" if row["mean"] > 0 else "behind"
     if row["ci"] is not None and -equal_within <= row["ci"][0] and row["ci"][1] <= equal_within:
@@ -216,11 +174,7 @@ def verdict(row: dict[str, Any], equal_within: float) -> str:
 
 
 def sign_flip_pairs_to_decide(tests: int) -> int:
-    """The fewest pairs with which a row can pass Holm's correction over ``tests`` tests by the sign-flip test.
-
-    The exact two-sided sign-flip p of ``n`` pairs is at least ``2 / 2**n`` (every difference of one sign), and
-    Holm's first step asks the smallest p to be below ``ALPHA / tests``.
-    """
+    """The fewest pairs with which the sign-flip test (p >= ``2 / 2**n``) can pass Holm over ``tests`` tests."""
     n = 1
     while 2.0 / 2**n * max(tests, 1) >= ALPHA:
         n += 1
@@ -241,19 +195,10 @@ def verdict_text(row: dict[str, Any], equal_within: float) -> str:
 
 
 def reference(definition: dict[str, Any], baseline: str | None, source: str = "--baseline") -> tuple[str, str] | None:
-    """``(key, value)`` of the reference setting, as written in the cells (an axis's raw value or a config path).
+    """``(key, value)`` of the reference setting as written in the cells, or None for a single setting.
 
-    Args:
-        definition: a study definition as in ``plan.json``.
-        baseline: ``KEY=VALUE``; KEY is an axis key (or the part after its section, as in cell names) or
-            ``config``; VALUE is compared as YAML (``[0, 1]`` is ``[0,1]``); a config by path, file name or stem.
-        source: where ``baseline`` was given, for messages (``--baseline``, ``s.yaml: baseline``).
-
-    Returns:
-        None when the study has a single setting (nothing to compare).
-
-    Raises:
-        ConfigError: no such key or value; the message lists the valid ones.
+    ``baseline``: ``KEY=VALUE`` with KEY an axis key (or its last part) or ``config``; VALUE compared as YAML.
+    Raises ``ConfigError`` listing the valid keys or values.
     """
     axes = {a["key"]: list(a["values"]) for a in definition.get("axes", [])}
     configs = list(definition["configs"])
@@ -306,14 +251,10 @@ def ap_points_per_unit(unit: str | None) -> float:
 
 
 def cell_rows(cell: dict[str, Any]) -> dict[tuple[str, Any], float]:
-    """``{(kind, scale or mode): AP}`` of one cell's record (see :func:`detr_peg.lab.study.results.collect_cell`).
+    """``{(kind, scale or mode): AP}`` of one finished cell: ``val``, ``resized``, ``canvas``, ``padding``.
 
-    Kinds: ``val`` (scale None), ``resized`` and ``canvas`` (by scale), ``padding`` (by mode), and
-    ``("padding", PADDING_CHANGE)``: AP in padded batches minus AP one image at a time (negative: what
-    padding costs), so that comparing it between settings asks whether padding costs one encoding more than
-    another, apart from their AP; a cell whose padded batches gave exactly the AP of one image at a time
-    (no batch was padded: batches of one image) has no such row. Only finished cells count; COCO's -1
-    ("no such objects") is left out.
+    ``("padding", PADDING_CHANGE)`` is AP in padded batches minus AP one image at a time (absent when equal);
+    COCO's -1 is left out.
     """
     if cell["metrics"] is None:
         return {}
@@ -346,16 +287,9 @@ def row_title(row: dict[str, Any]) -> str:
 def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, Any]:
     """Every setting against its reference setting, seed by seed, for every AP row (``study.json``'s ``comparisons``).
 
-    Args:
-        results: the study's results (:func:`detr_peg.lab.study.results.collect`): ``definition``, ``cells``
-            and, when recorded, ``unit``.
-
-    Returns:
-        ``{"baseline": "KEY=VALUE" or None, "equal_within", "unit": "AP points", "alpha", "power",
-        "rows": [...]}``; each row holds ``setting``, ``reference`` (the reference setting), ``kind``,
-        ``scale`` or ``mode``, ``label``, ``same`` (the labels of the rows folded into it: see the module
-        docstring), ``seeds`` (those paired), ``differences`` and the numbers of :func:`paired_statistics`
-        in AP points, ``p_holm`` and ``verdict``.
+    Returns ``{"baseline", "equal_within", "unit", "alpha", "power", "rows"}``; a row holds ``setting``,
+    ``reference``, ``kind``, ``scale``/``mode``, ``label``, ``same`` (rows folded into it), ``seeds``,
+    ``differences``, the :func:`paired_statistics`, ``p_holm`` and ``verdict``.
     """
     ref = reference(results["definition"], options.baseline, options.baseline_source)
     out: dict[str, Any] = {
@@ -424,8 +358,7 @@ def compare(results: dict[str, Any], options: ComparisonOptions) -> dict[str, An
 
 
 def _measured(entry: dict, partner: dict, seeds: Sequence[int], row: tuple[str, Any]) -> tuple[tuple, bool]:
-    """What a row measured in both settings, seed by seed (``(own AP, reference AP)`` or None), and whether
-    any seed has both (only then can two rows be the same measurement)."""
+    """Per seed ``(own AP, reference AP)`` or None for a row, and whether any seed has both."""
     values = tuple((entry["seeds"].get(s, {}).get(row), partner["seeds"].get(s, {}).get(row)) for s in seeds)
     return values, any(a is not None and b is not None for a, b in values)
 

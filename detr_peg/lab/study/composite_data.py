@@ -1,21 +1,7 @@
 """Copy-paste composites of real COCO objects: a proxy whose token grids and objects are like COCO's.
 
-Objects are cut with their masks from a COCO-format source (for example
-``coco128``) and pasted, rescaled and possibly flipped, onto crops of other
-images of the same split, so that they touch and occlude each other; an
-occluded object's box is the box of what is left visible. Every split draws
-its objects *and* backgrounds only from its own source images:
-
-* ``train`` and ``tune`` from the source's training file (its images cut
-  ``tune_fraction`` apart, by sorted image id);
-* ``val`` and ``test`` from the source's validation file (cut in halves).
-
-One category (``object``): the question the proxy serves is where boxes go,
-which is what a positional encoding decides. Boxes are COCO ``[x, y, w, h]``
-in pixels; ``area`` is the visible mask's pixel count; ids start at 1.
-Deterministic: image ``i`` of a split depends only on ``seed``, the split and
-``i``. ``summary.json`` records the arguments, the source images of each
-split and the object statistics that ``describe`` prints.
+Each split draws objects and backgrounds only from its own source images; one category ``object``;
+boxes COCO ``[x, y, w, h]`` pixels of the visible part; deterministic in ``seed``, split and index.
 """
 
 from __future__ import annotations
@@ -40,17 +26,7 @@ _SPLIT_CODES = {name: i for i, name in enumerate(SPLITS)}
 
 @dataclass(frozen=True)
 class CompositeOptions:
-    """How many images of which size, and the objects on them.
-
-    Attributes:
-        size: the side of the square images in pixels (the training size).
-        counts: images per split, in the order of :data:`SPLITS`.
-        objects: the fewest and most objects pasted per image.
-        object_sides: the fewest and most pixels of an object's longer side (log-uniform).
-        min_visible: an object less visible than this fraction of its pasted mask is dropped.
-        tune_fraction: the share of the training file's images that make the ``tune`` split.
-        seed: the generator's seed.
-    """
+    """Square image ``size`` (px), ``counts`` per split, objects per image and their side range, ``min_visible``."""
 
     size: int = 320
     counts: tuple[int, int, int, int] = (2000, 300, 500, 500)
@@ -70,7 +46,7 @@ class _Cutout:
 
 
 def source_splits(train_file: Path, val_file: Path, tune_fraction: float) -> dict[str, tuple[Path, list[int]]]:
-    """The source file and image ids of each split (see the module docstring)."""
+    """Source file and image ids per split (``tune``: last ``tune_fraction`` of train; val / test: halves of val)."""
     train_ids = sorted(img["id"] for img in json.loads(Path(train_file).read_text())["images"])
     val_ids = sorted(img["id"] for img in json.loads(Path(val_file).read_text())["images"])
     cut = len(train_ids) - max(1, round(len(train_ids) * tune_fraction))
@@ -145,7 +121,7 @@ def _paste(rng: np.random.Generator, canvas: np.ndarray, cutout: _Cutout, option
 
 
 def compose(rng: np.random.Generator, cutouts, backgrounds, options: CompositeOptions):
-    """One image: ``(uint8[size, size, 3], source image id of the background, [(source annotation id, mask)])``."""
+    """One image: ``(uint8[size, size, 3], background source image id, [(source annotation id, mask)])``."""
     background = backgrounds[int(rng.integers(len(backgrounds)))]
     canvas = _background(rng, background, options.size)
     placed: list[tuple[int, np.ndarray, int]] = []
@@ -168,15 +144,7 @@ def _annotation(image_id: int, ann_id: int, source_ann: int, visible: np.ndarray
 
 
 def generate_composites(source: Path, out: Path, options: CompositeOptions = CompositeOptions()) -> dict:
-    """Write the four splits into ``out`` (``<split>/*.jpg``, ``annotations_<split>.json``, ``summary.json``).
-
-    Args:
-        source: a folder with ``images/``, ``annotations_train.json`` and ``annotations_val.json``.
-        out: the output folder.
-
-    Returns:
-        the content of ``summary.json``.
-    """
+    """Write ``<split>/*.jpg``, ``annotations_<split>.json`` and ``summary.json`` into ``out``; the summary."""
     source, out = Path(source), Path(out)
     splits = source_splits(source / "annotations_train.json", source / "annotations_val.json", options.tune_fraction)
     summary: dict = {"options": asdict(options), "source": str(source), "splits": {}}

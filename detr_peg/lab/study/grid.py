@@ -1,25 +1,4 @@
-"""A study's definition and its cells: base configs x grid axes x seeds.
-
-A study is defined by
-
-* one or more **base configs** (YAML files), themselves an axis of the grid,
-  so one study can span architectures (``configs/detr_r50_sine.yaml`` and
-  ``configs/deformable_detr_r50_peg.yaml``);
-* zero or more **grid axes** ``KEY=V1,V2,...``: each value is parsed as the
-  value of a ``key=value`` override (YAML), and commas inside brackets or
-  quotes belong to the value, so ``model.position.peg_layers=[0],[0,1,2]`` is
-  two values, ``[0]`` and ``[0,1,2]``;
-* the number of **seeds** (``train.seed`` = 0, 1, ..., N-1);
-* **overrides** applied to every cell (``key=value``);
-* the **evaluation** beyond the configured validation size: test-scale
-  multipliers of two kinds (``scales``: the same images resized;
-  ``canvas_scales``: synthetic images on a larger canvas with objects of the
-  training size) and the batch-padding comparison (``padding``).
-
-A **cell** is one point of the product: a base config, one value per axis and
-a seed; its **setting** is the cell without its seed (the seeds of a setting
-are averaged in the tables).
-"""
+"""A study's definition and its cells: base configs x grid axes x seeds (a setting is a cell without its seed)."""
 
 from __future__ import annotations
 
@@ -43,11 +22,7 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9.=_+-]+")
 
 @dataclass(frozen=True)
 class Axis:
-    """One grid axis: a dotted config key and the raw text of each value (as typed: ``[0,1,2]``).
-
-    ``source`` says where it was given, for messages (``--grid``, ``s.yaml: grid``); it is not part of the
-    study's definition.
-    """
+    """One grid axis: a dotted config key and each value's raw text (``[0,1,2]``); ``source`` words messages only."""
 
     key: str
     values: tuple[str, ...]
@@ -56,13 +31,7 @@ class Axis:
 
 @dataclass(frozen=True)
 class EvalPlan:
-    """What each cell is evaluated on beyond the configured validation size.
-
-    Attributes:
-        scales: multipliers of the validation size, same images resized (``detr-peg eval --scales``).
-        canvas_scales: multipliers of the training canvas, objects of training size (``--canvas-scales``).
-        padding: compare mixed-size batches with one image at a time (``--padding``).
-    """
+    """Evaluation beyond the validation size: ``scales`` (resized), ``canvas_scales`` (larger canvas), ``padding``."""
 
     scales: tuple[float, ...] = ()
     canvas_scales: tuple[float, ...] = ()
@@ -70,21 +39,13 @@ class EvalPlan:
 
     @property
     def needed(self) -> bool:
-        """Whether a separate evaluation step runs (the training's own last evaluation covers the plain size)."""
+        """Whether a separate evaluation step runs."""
         return bool(self.scales or self.canvas_scales or self.padding)
 
 
 @dataclass(frozen=True)
 class StudyDefinition:
-    """Everything that decides a study's cells (recorded in ``plan.json``).
-
-    Attributes:
-        configs: base config files (at least one).
-        axes: grid axes, in the order given.
-        seeds: number of seeds per setting.
-        overrides: ``key=value`` applied to every cell, after the axis values.
-        eval: the evaluation plan.
-    """
+    """Everything that decides a study's cells (recorded in ``plan.json``); ``overrides`` apply after axis values."""
 
     configs: tuple[str, ...]
     axes: tuple[Axis, ...] = ()
@@ -113,18 +74,7 @@ class StudyDefinition:
 
 @dataclass(frozen=True)
 class Cell:
-    """One training run of the study.
-
-    Attributes:
-        name: folder name under ``STUDY/cells`` (readable, unique in the study).
-        setting: ``name`` without the seed: the cells averaged together.
-        config: the base config file.
-        values: ``(key, raw value)`` of each axis, in axis order.
-        seed: ``train.seed``.
-        overrides: every ``key=value`` of the cell: axis values, the study's
-            overrides, then the seed.
-        sources: ``(key, where it was given)`` of each axis, for messages (``s.yaml: grid``); not compared.
-    """
+    """One training run: ``name`` (its folder), ``setting`` (name without seed), ``overrides`` (axes, study, seed)."""
 
     name: str
     setting: str
@@ -139,14 +89,7 @@ class Cell:
 
 
 def split_values(text: str) -> list[str]:
-    """Split ``text`` on the commas outside brackets, braces and quotes.
-
-    ``"[0],[0,1,2]"`` gives ``["[0]", "[0,1,2]"]``; ``"sine,peg"`` gives
-    ``["sine", "peg"]``; ``"'a,b',c"`` gives ``["'a,b'", "c"]``.
-
-    Raises:
-        ConfigError: unbalanced brackets or quotes, or an empty value.
-    """
+    """Split on commas outside brackets, braces and quotes (``"[0],[0,1,2]"``: two values); ``ConfigError`` if bad."""
     values, depth, quote, start = [], 0, None, 0
     for i, ch in enumerate(text):
         if quote:
@@ -172,15 +115,7 @@ def split_values(text: str) -> list[str]:
 
 
 def parse_axis(text: str, source: str = "--grid") -> Axis:
-    """``"KEY=V1,V2,..."`` as an :class:`Axis`.
-
-    Args:
-        text: the axis as the command line writes it.
-        source: where it was given, for messages (``--grid``, or a study file's ``grid``).
-
-    Raises:
-        ConfigError: no ``=``, an empty key, a repeated value or a value that is not valid YAML.
-    """
+    """``"KEY=V1,V2,..."`` as an :class:`Axis`; ``ConfigError`` for no ``=``, no key, repeated or invalid values."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or not raw.strip():
@@ -210,11 +145,7 @@ def parse_seeds(text: str) -> int:
 
 
 def check_distinct_axes(axes: Sequence[Axis]) -> None:
-    """Refuse two axes of one key (``--grid`` given twice for a key).
-
-    Raises:
-        ConfigError: naming the key.
-    """
+    """Raise ``ConfigError`` for two axes of one key."""
     seen: set[str] = set()
     for axis in axes:
         if axis.key in seen:
@@ -233,15 +164,9 @@ def _parse_value(key: str, raw: str, source: str) -> Any:
 
 
 def expand_cells(definition: StudyDefinition) -> list[Cell]:
-    """Every cell of the study: base configs x axis values x seeds, in that nesting order.
+    """Every cell: base configs x axis values x seeds, in that nesting order (``..._position.name=peg_seed1``).
 
-    Names are made of the base config's file stem (when there are several), each
-    axis's key without its section (the whole key when two axes would read
-    alike) with its value, and the seed: ``detr_r50_peg_position.peg_layers=0-1-2_seed1``.
-
-    Raises:
-        ConfigError: two axes with the same key, an axis that is also one of the study's overrides, or two
-            cells that would share a folder (:func:`check_cell_folders`).
+    Raises ``ConfigError``: duplicate axis keys, an axis also overridden, or cells sharing a folder.
     """
     check_distinct_axes(definition.axes)
     keys = [a.key for a in definition.axes]
@@ -287,13 +212,7 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
 
 
 def run_order(cells: Sequence[Cell]) -> list[Cell]:
-    """The order a study runs its cells in: seed by seed (every setting's seed 0, then every setting's seed 1, ...).
-
-    Within a seed the cells keep the plan's order. A paired comparison counts
-    only the seeds both settings have, so a study stopped partway (a round of
-    ``--seeds auto`` cut off, a machine taken back) holds whole seeds rather
-    than many seeds of one setting and none of the others.
-    """
+    """The cells seed by seed (every setting's seed 0, then seed 1, ...), so a stopped study holds whole seeds."""
     return sorted(cells, key=lambda cell: cell.seed)
 
 
@@ -302,13 +221,7 @@ MAX_NAME_BYTES = 255
 
 
 def check_cell_folders(cells: Sequence[Cell]) -> None:
-    """Every cell has a folder of its own, whose name the file system accepts.
-
-    Raises:
-        ConfigError: two cells whose names read alike (the same config twice, values that differ only in
-            characters a folder name leaves out, ``x/y`` and ``x y``), or a name longer than
-            :data:`MAX_NAME_BYTES`.
-    """
+    """Raise ``ConfigError`` for two cells whose folder names read alike, or a name over :data:`MAX_NAME_BYTES`."""
 
     def described(cell: Cell) -> str:
         values = ", ".join(f"{k}={shortened(v, 40)}" for k, v in cell.values)

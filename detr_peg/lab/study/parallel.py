@@ -1,26 +1,7 @@
-"""Cells side by side on one machine: ``detr-peg study --jobs N``.
+"""Cells side by side on one machine (``detr-peg study --jobs N``), each in its own process.
 
-Each cell runs in a fresh process of its own: its training and its evaluation
-share that process, as they share the study's process with ``--jobs 1``, and
-whatever the cell allocated is returned to the system when it ends. On Linux
-the processes are forked from a ``multiprocessing`` fork server that has
-imported torch and the models once (:data:`PRELOAD`), so a cell does not pay
-the seconds of that import; the server itself runs no torch code, so the
-forked processes start with no threads and no device state of it. The server
-starts, with the study's environment, before the first cell and lives as
-long as the study. Elsewhere (macOS, where forking after torch has loaded
-the system's libraries is unsafe) each cell is a spawned interpreter. At
-most ``N`` cells run at a time; each process gets its share of the CPU cores
-as torch threads (:func:`threads_per_job`).
-
-Signals: the cell processes leave the terminal's process group, so Ctrl-C
-reaches the study, which passes the signal on once to every running cell
-(each stops after its current iteration and writes its checkpoint, as a
-training does) and starts no new cell; a second signal is passed on again
-(the cells then stop at once). The study then ends as an interrupted study:
-the same command resumes it. The fork server, which stays in the group,
-ignores SIGINT and SIGTERM: the cells are started and watched through it,
-so it must outlive a signal to the group.
+On Linux cells fork from a server that preloaded torch (:data:`PRELOAD`), elsewhere they spawn. Ctrl-C
+reaches the study, which passes it once to every cell (each stops after its checkpoint).
 """
 
 from __future__ import annotations
@@ -85,7 +66,7 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _cell_context() -> multiprocessing.context.BaseContext:
-    """The fork server's context on Linux, its server started now and deaf to the stop signals; else ``spawn``."""
+    """The fork server's context on Linux (started now, ignoring stop signals); else ``spawn``."""
     if not sys.platform.startswith("linux"):
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
@@ -145,15 +126,7 @@ def run_parallel(
     jobs: int,
     describe,
 ) -> tuple[list[CellOutcome], int | None]:
-    """Run the cells not done yet, ``jobs`` at a time, each in its own process.
-
-    Args:
-        run_command: runs one ``detr-peg`` command (a module-level function: it is sent to the processes).
-        describe: ``describe(outcome, index, total) -> str``, the line printed when a cell ends.
-
-    Returns:
-        Every cell's outcome, and the signal that stopped the study (None when none did).
-    """
+    """Run the cells not done, ``jobs`` at a time; outcomes and stopping signal (``run_command``: module-level)."""
     study_dir = Path(study_dir)
     context = _cell_context()
     threads = threads_per_job(jobs)
@@ -193,8 +166,7 @@ def run_parallel(
 
 
 def _outcome(job: _Running, study_dir: Path, *, stopping: bool) -> CellOutcome:
-    """The outcome a finished cell process sent; else an interruption (``stopping``: the study passed a signal
-    on) or a failure naming the exit status and the log."""
+    """The outcome a finished cell process sent; else an interruption or a failure naming the exit status and log."""
     job.process.join()
     try:
         if job.conn.poll():

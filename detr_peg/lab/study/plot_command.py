@@ -1,15 +1,10 @@
 """Redraw the figures of a study or of a single training run from the files they wrote.
 
-For a study folder (it holds plan.json): the results are read back from the
-cells' files (or their rows of cells.csv), the tables are rewritten and the figures
-drawn into STUDY/plots/ (AP against test scale per kind, learning curves, the
-main table as bars), with the paired comparisons against the reference setting
-the study was run with (--baseline and --equal-within choose others). For a training run folder (it holds metrics.jsonl): its
-learning curve (AP and AP50 against iteration, and the training loss) goes to
-RUN/plots/learning_curve.pdf and .png. --publish DEST writes the study's
-plan.json and one row per done cell (cells.csv; absolute paths under the current
-folder made relative) into DEST and draws the report there: a copy small enough
-to share that redraws every table and figure, and that detr-peg study resumes.
+A study folder (with plan.json): tables rewritten, figures drawn into STUDY/plots/,
+with the paired comparisons (--baseline and --equal-within choose others). A run
+folder (with metrics.jsonl): its learning curve into RUN/plots/learning_curve.pdf
+and .png. --publish DEST writes plan.json and cells.csv (paths made relative) and
+the report into DEST: a small copy that redraws everything and that detr-peg study resumes.
 
 Examples:
   detr-peg plot studies/demo

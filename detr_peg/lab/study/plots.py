@@ -1,29 +1,6 @@
-"""The figures of a study and of a single run, drawn with matplotlib (Agg, no display needed).
+"""The figures of a study (``STUDY/plots/``) and of a run (``RUN/plots/learning_curve``), as PDF and 300 dpi PNG.
 
-Every figure is written twice, as a vector PDF and as a 300 dpi PNG, into
-``STUDY/plots/``:
-
-* ``comparisons``: the paired comparisons as a forest plot, one panel per
-  model: for every setting and AP row, the mean difference from the
-  reference setting with its 95% interval over the differences of the
-  single seeds, a line at 0 and the band of ``--equal-within``, the verdict
-  written beside it;
-* ``ap_vs_scale``: AP against the test scale, one panel per model and kind of
-  test scale (resized / larger canvas, never mixed in one panel), ticks at
-  the measured scales;
-* ``learning_curves``: AP against the training iteration from the periodic
-  evaluations, one panel per model;
-* ``main_metrics``: AP, AP50 and AP75 at the configured validation size, one
-  panel per model.
-
-Error bars are 95% intervals of the mean over seeds (Student's t, none below
-two seeds). Series are labelled by their values (``sine``, ``peg``), the
-model (the base config) goes into every title with the metric, and every
-series has its own colour (matplotlib's colour-blind-safe
-``tableau-colorblind10`` cycle), marker and line style.
-
-A single run's figure is ``RUN/plots/learning_curve.png`` (and ``.pdf``):
-AP (and AP50) against iteration, and the training loss.
+Error bars are 95% t intervals of the mean over seeds (none below two seeds).
 """
 
 from __future__ import annotations
@@ -92,8 +69,7 @@ def series_label(entry: dict[str, Any]) -> str:
 
 
 def axis_name(key: str) -> str:
-    """A grid axis's short name for legend titles: the key without its section and a final ``.name``
-    (``model.position.name`` -> ``position``, ``train.ema_decay`` -> ``ema_decay``)."""
+    """A grid axis's legend name: ``model.position.name`` -> ``position``, ``train.ema_decay`` -> ``ema_decay``."""
     parts = key.split(".")
     if len(parts) > 1:
         parts = parts[1:]
@@ -109,8 +85,7 @@ def legend_title(settings: Sequence[dict[str, Any]]) -> str | None:
 
 
 def short_setting(baseline: str | None) -> str:
-    """The reference setting for a title: ``position=sine`` for ``model.position.name=sine``, a config by its
-    stem (``config=configs/proxy/detr_small.yaml`` -> ``detr_small``)."""
+    """The reference setting for a title: ``position=sine``, or a config by its stem."""
     if not baseline or "=" not in baseline:
         return baseline or "the reference"
     key, value = baseline.split("=", 1)
@@ -200,11 +175,7 @@ def figure_ap_vs_scale(settings: list[dict[str, Any]]) -> Figure | None:
 
 
 def figure_learning_curves(settings: list[dict[str, Any]]) -> Figure | None:
-    """AP against iteration, a panel per model (None without periodic evaluations).
-
-    A setting is drawn when its cells evaluated at two iterations or more: a study whose cells evaluate once,
-    at the end of training, has no curve to draw (its final AP is in the other figures).
-    """
+    """AP against iteration, a panel per model; None when no setting evaluated at two iterations or more."""
     models = {m: es for m, es in by_model(settings).items() if any(len(e["curve"]) > 1 for e in es)}
     if not models:
         return None
@@ -263,12 +234,7 @@ def _seed_count(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any]]) -> Figure | None:
-    """The forest plot of the paired differences (see the module docstring; None without comparisons).
-
-    One panel per model (base config), in the report's row order, sharing the difference axis: each row is
-    the mean paired difference with its 95% interval (marker and colour by verdict) over the seed-by-seed
-    differences themselves (small hollow grey circles), the verdict written at the right.
-    """
+    """The forest plot of paired differences (mean, 95% interval, verdict per row); None without rows."""
     rows = [r for r in comparisons.get("rows", []) if r.get("mean") is not None]
     if not rows:
         return None
@@ -323,16 +289,7 @@ def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any
 
 
 def plot_study(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
-    """Draw every figure of a study from its results (:func:`detr_peg.lab.study.results.collect`).
-
-    A figure with nothing to draw (no learning curves, no test scales) is not written, and its files from an
-    earlier drawing are removed, so ``STUDY/plots/`` never shows a figure its results no longer give. (The
-    commands that call this have checked that every figure name in ``plots/`` is theirs:
-    :func:`~detr_peg.guards.declared_io.plot_io`.)
-
-    Returns:
-        The files written.
-    """
+    """Draw every figure of a study's results (removing stale ones with nothing to draw); the files written."""
     out = Path(study_dir) / PLOTS_DIR
     make_folder(out)
     settings = results["settings"]

@@ -1,11 +1,6 @@
-"""A study's published copy: ``plan.json`` and one table of its cells, enough to redraw and resume it.
+"""A study's copy for ``detr-peg plot STUDY --publish DEST``: ``plan.json`` and ``cells.csv``, to redraw and resume.
 
-``detr-peg plot STUDY --publish DEST`` (:func:`plan_copy`, then :func:`write_copy`) writes into ``DEST``
-``plan.json`` and ``cells.csv`` with a published row per done cell (unfinished cells are left out);
-the report and figures are then drawn from the copy. A cell done in an earlier copy but not in ``STUDY``
-keeps its row. Absolute paths under the current folder are written relative to it (only where a path
-starts), so the copy names no machine's folders. Refused in one line before anything is written: a
-``STUDY`` without ``plan.json``, a damaged file of it, a ``DEST`` holding another study's copy.
+Paths under the current folder are made relative; nothing is written when a check fails.
 """
 
 from __future__ import annotations
@@ -28,15 +23,7 @@ from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, read_cells_csv
 
 @dataclass(frozen=True)
 class CopyPlan:
-    """What :func:`write_copy` will write, all of it checked.
-
-    Attributes:
-        plan_text: the copy's ``plan.json`` (paths made relative).
-        records: the copy's cell records (``cells.csv``), published.
-        copied: the done cells (names), in the plan's order; ``new``: those ``DEST`` did not hold done.
-        left_out: the cells of the plan that are not done.
-        kept: cells that ``DEST`` holds done from an earlier copy but the source no longer has done.
-    """
+    """What :func:`write_copy` will write, checked: plan text, records, and cells copied, new, left out, kept."""
 
     plan_text: str
     records: list[dict[str, Any]]
@@ -47,11 +34,7 @@ class CopyPlan:
 
 
 def relative_text(text: str, relative_to: str | Path) -> str:
-    """``text`` with every absolute path under ``relative_to`` written relative to it.
-
-    Both the folder's absolute name and its resolved one count; a match counts only at the start of a path,
-    not after a word character, ``.``, ``/``, ``~`` or ``-`` (``/mnt/home/x`` stays when the folder is ``/home``).
-    """
+    """``text`` with absolute paths under ``relative_to`` (as given or resolved) made relative, at path starts only."""
     for folder in {os.path.abspath(relative_to), str(Path(relative_to).resolve())}:
         prefix = folder.rstrip(os.sep) + os.sep
         if len(prefix) > 1:
@@ -60,11 +43,9 @@ def relative_text(text: str, relative_to: str | Path) -> str:
 
 
 def plan_copy(source: str | Path, dest: str | Path, relative_to: str | Path = ".") -> CopyPlan:
-    """Check everything a copy of study ``source`` into ``dest`` needs, writing nothing (see the module).
+    """Check everything a copy of ``source`` into ``dest`` needs, writing nothing.
 
-    Raises:
-        ConfigError: ``source`` has no ``plan.json``; ``dest`` holds another study's copy.
-        DamagedFileError: a ``plan.json``, ``cell.json`` or cell file that cannot be read as one.
+    Raises ``ConfigError`` (no ``plan.json``; ``dest`` holds another study) or ``DamagedFileError``.
     """
     source, dest = Path(source), Path(dest)
     plan = read_plan(source)

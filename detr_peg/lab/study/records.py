@@ -1,13 +1,4 @@
-"""The JSON records of a study's dataclasses, without the fields that only word messages.
-
-A study's definition, its cells and its comparison options are written to
-``plan.json`` and ``cell.json`` and compared with what a folder holds when a
-study resumes. Some of their fields say only where a value was given
-(``--grid``, ``s.yaml: grid``), for error messages: they are not part of what
-the value means, so they are neither compared nor recorded. Such a field is
-declared with :func:`message_only`, and :func:`record` leaves it out at any
-depth; nothing strips it by hand.
-"""
+"""The JSON records of a study's dataclasses, without the :func:`message_only` fields that only word messages."""
 
 from __future__ import annotations
 
@@ -24,11 +15,7 @@ def message_only(default: Any) -> Any:
 
 
 def record(value: Any) -> Any:
-    """``value`` as JSON-ready data: dataclasses as dicts without their :func:`message_only` fields, tuples as lists.
-
-    Args:
-        value: a dataclass instance, or a list, tuple or dict of them, or a plain value (returned as is).
-    """
+    """``value`` as JSON-ready data: dataclasses as dicts without :func:`message_only` fields, tuples as lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
             f.name: record(getattr(value, f.name))

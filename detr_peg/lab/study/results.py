@@ -1,12 +1,6 @@
-"""A study's results: read back from its cells, averaged over seeds, written as tables.
+"""A study's results: read back from its cells (or ``cells.csv`` rows), averaged over seeds, written as tables.
 
-A cell's numbers come from its folder (``eval/metrics.json``, ``eval/scales_*.json``,
-``eval/padding.json``, ``run/metrics.jsonl``: AP against iteration and what training cost) or, for
-a cell without a folder, from its row of ``cells.csv``. Written into the study folder: ``cells.csv``
-(one row per cell), ``study.json``, ``study.csv`` (one row per setting, kind, scale and metric) and
-``study.md`` (the paired comparisons of :mod:`~detr_peg.lab.study.comparisons` first, then per
-setting mean, sample standard deviation and per-seed values). COCO numbers in percent; -1 ("no such
-objects") is left out of the averages.
+COCO numbers in percent; -1 ("no such objects") is left out of the averages.
 """
 
 from __future__ import annotations
@@ -62,14 +56,9 @@ COST_KEYS = ("iterations", "iter_seconds", "wall_minutes")
 
 
 def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a run's ``metrics.jsonl`` in order.
+    """The JSON objects of a run's ``metrics.jsonl`` in order; lines that are not JSON objects are passed over.
 
-    A line that is not a JSON object (one being written, or cut short by a stop) is passed over.
-
-    Args:
-        metrics_jsonl: the log.
-        missing_ok: a log that cannot be read (missing, unreadable, not UTF-8) gives no record; with False,
-            the ``OSError`` or ``UnicodeDecodeError`` is raised.
+    ``missing_ok``: an unreadable log gives no record; with False the ``OSError``/``UnicodeDecodeError`` is raised.
     """
     try:
         lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
@@ -87,12 +76,7 @@ def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dic
 
 
 def learning_curve(records: Iterable[dict[str, Any]], stat: str = "AP") -> list[tuple[int, float]]:
-    """``(iteration, value in percent)`` of every ``eval`` record of a run's log (last one per iteration).
-
-    Args:
-        records: the run's ``metrics.jsonl`` records (:func:`log_records`).
-        stat: the COCO metric to read (``AP``, ``AP50``, ...).
-    """
+    """``(iteration, value in percent)`` of ``stat`` in every ``eval`` record (last one per iteration)."""
     points: dict[int, float] = {}
     for record in records:
         if record.get("type") == "eval" and is_number(record.get("iteration")):
@@ -103,19 +87,7 @@ def learning_curve(records: Iterable[dict[str, Any]], stat: str = "AP") -> list[
 
 
 def training_cost(records: Iterable[dict[str, Any]]) -> dict[str, float] | None:
-    """What a cell's training cost, from its run's log; None without a logged iteration.
-
-    Args:
-        records: the run's ``metrics.jsonl`` records (:func:`log_records`).
-
-    Returns:
-        ``iterations`` (the iterations trained: the ``end`` record's count, else the last iteration logged),
-        ``iter_seconds`` (the median of the logged iterations'
-        ``iter_time``: one iteration each, so short spells of other work on the machine move it less than
-        the mean; sustained load raises it too) and
-        ``wall_minutes`` (from each ``start`` record to the last record before the next one, summed over a
-        resumed run's segments: the time the training itself ran, its evaluations during training included).
-    """
+    """``{"iterations", "iter_seconds" (median), "wall_minutes" (summed over resumed segments)}``, or None."""
     times: list[float] = []
     wall = 0.0
     segment: list[float] = []
@@ -182,8 +154,7 @@ def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:
 
 
 def cell_records(study_dir: Path, cells: Sequence[Cell]) -> list[dict[str, Any]]:
-    """Every cell's record: from its folder (:func:`collect_cell`), or, without one, its published row of
-    ``cells.csv`` as this study names the cell (settings pair by config and values)."""
+    """Every cell's record: from its folder, or its published row of ``cells.csv`` (paired by config and values)."""
     records = []
     for cell in cells:
         row = table_row(study_dir, cell)
@@ -193,12 +164,7 @@ def cell_records(study_dir: Path, cells: Sequence[Cell]) -> list[dict[str, Any]]
 
 
 def aggregate(values: Sequence[float], signed: bool = False) -> dict[str, Any]:
-    """``{"mean", "std", "n", "values"}`` of the defined values; std is None below two.
-
-    Args:
-        values: COCO numbers (negative: COCO's -1, "no such objects", left out), or with ``signed`` differences
-            of them (every value kept; None is left out).
-    """
+    """``{"mean", "std", "n", "values"}`` (std None below two); negatives (COCO's -1) left out unless ``signed``."""
     kept = [float(v) for v in values if v is not None and (signed or v >= 0)]
     n = len(kept)
     mean = sum(kept) / n if n else None
@@ -207,11 +173,7 @@ def aggregate(values: Sequence[float], signed: bool = False) -> dict[str, Any]:
 
 
 def padding_change(cell: dict[str, Any]) -> float | None:
-    """A cell's AP in padded batches minus its AP one image at a time (None without both, or when equal).
-
-    The same number as the comparisons' row ``AP padding mixed - single``
-    (:func:`~detr_peg.lab.study.comparisons.cell_rows`), in the cell's own unit.
-    """
+    """A cell's AP in padded batches minus its AP one image at a time (None without both, or when equal)."""
     return cell_rows(cell).get(("padding", PADDING_CHANGE))
 
 
@@ -279,16 +241,7 @@ def collect(
     options: ComparisonOptions | None = None,
     rule: SeedRule | None = None,
 ) -> dict[str, Any]:
-    """The whole study's results (the content of ``study.json``).
-
-    Args:
-        options: how settings are compared (default: :class:`ComparisonOptions`).
-        rule: the stopping rule of a ``--seeds auto`` study, stated in the report.
-
-    Returns:
-        ``{"definition", "cells", "settings", "comparisons"}`` (see :func:`detr_peg.lab.study.comparisons.compare`),
-        and ``"seeds_auto"`` (the rule and the sentence saying what ended the study) with a rule.
-    """
+    """The study's results: ``{"definition", "cells", "settings", "comparisons"}``, with a rule ``"seeds_auto"``."""
     study_dir = Path(study_dir)
     records = cell_records(study_dir, cells)
     results = {"definition": definition.to_dict(), "unit": UNIT, "cells": records, "settings": summarize(records)}
@@ -316,15 +269,7 @@ COMPARISON_FIELDS = ("same", "above", "below", "ci_low", "ci_high", "test", "p",
 
 
 def csv_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The content of ``study.csv``.
-
-    ``row`` is ``setting`` for one row per setting, kind, scale and metric (mean, std, n and the per-seed
-    values), then ``difference`` for one row per paired comparison (``reference`` names the reference
-    setting; ``same`` the rows folded into it; mean, std and values are those of the per-seed differences in
-    AP points, with the seeds above and below zero, the interval, test, p-values, minimum detectable effect
-    and verdict of
-    :mod:`detr_peg.lab.study.comparisons`).
-    """
+    """``study.csv``: ``setting`` rows (setting, kind, scale, metric), then ``difference`` rows per comparison."""
     keys = [a["key"] for a in results["definition"]["axes"]]
     rows = []
     for entry in results["settings"]:
@@ -421,13 +366,7 @@ def csv_text(results: dict[str, Any]) -> str:
 
 
 def cells_lost(study_dir: Path, results: dict[str, Any]) -> list[str]:
-    """The cells the study's current ``study.json`` reports done that ``results`` no longer has done.
-
-    A redraw (``detr-peg plot``) must not drop results: a cell folder deleted
-    or moved away, or a ``cell.json`` rewritten, would otherwise vanish from
-    the report without a word. An unreadable ``study.json`` (the report is
-    rewritten from the cells anyway) lists none.
-    """
+    """The cells ``study.json`` reports done that ``results`` no longer has done (a redraw drops none silently)."""
     try:
         earlier = read_report_cells(study_dir / RESULTS_JSON) or []
     except UserError:
@@ -443,11 +382,7 @@ def _pending(records: Sequence[dict[str, Any]]) -> str:
 
 
 def progress_line(results: dict[str, Any]) -> str:
-    """``14 of 24 cells done; 2 running, 8 not started``: the cells of a study by their status.
-
-    The status is the one each cell recorded, except that a cell recorded as
-    running whose process is gone is ``stopped`` (:func:`~detr_peg.lab.study.cell.reported_status`).
-    """
+    """``14 of 24 cells done; 2 running, 8 not started`` (``stopped`` for a running cell whose process is gone)."""
     done = sum(cell["status"] == "done" for cell in results["cells"])
     rest = _pending(results["cells"])
     return f"{done} of {len(results['cells'])} cells done" + (f"; {rest}" if rest else "")
@@ -462,14 +397,7 @@ def format_stat(agg: dict[str, Any], digits: int = 1) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """``study.md``: the progress, the comparisons, the main table, one table per kind of test scale, padding,
-    cost, failures.
-
-    The progress lines (cells done, the seed rule's state) and each table stand between the markers of a named
-    section of ``pymdownx.snippets`` (:data:`SECTIONS`), so a documentation page includes them as
-    ``--8<-- "docs/results/STUDY/study.md:comparisons"`` and shows the study's own numbers, never a copy; the
-    markers are HTML comments, unseen where ``study.md`` itself is shown.
-    """
+    """``study.md``, each table in a ``pymdownx.snippets`` section (:data:`SECTIONS`) for documentation pages."""
     d = results["definition"]
     settings = results["settings"]
     axes = ", ".join(a["key"] for a in d["axes"]) or "none"
@@ -522,8 +450,7 @@ SECTIONS = ("progress", "comparisons", "validation", *KINDS, "padding", "cost")
 
 
 def section(name: str, table: Sequence[str]) -> list[str]:
-    """Lines (a table) between the start and end markers of the ``pymdownx.snippets`` section ``name`` (of
-    :data:`SECTIONS`)."""
+    """Lines between the markers of the ``pymdownx.snippets`` section ``name``."""
     return ["", f"<!-- --8<-- [start:{name}] -->", "", *table, "", f"<!-- --8<-- [end:{name}] -->"]
 
 
@@ -589,7 +516,7 @@ def padding_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
-    """The report's table of what a cell's training cost, per setting (none when no cell logged its times)."""
+    """The report's training-cost table per setting (none when no cell logged its times)."""
     if not any(e.get("cost", {}).get("iter_seconds", {}).get("n") for e in settings):
         return []
     lines = [
@@ -646,7 +573,7 @@ def _pairs_to_decide_sentence(tests: int) -> str:
 
 
 def comparison_lines(results: dict[str, Any]) -> list[str]:
-    """The section of ``study.md`` that leads it: every setting against the reference setting, seed by seed."""
+    """The leading section of ``study.md``: every setting against the reference setting, seed by seed."""
     comparisons = results.get("comparisons")
     if not comparisons or comparisons["baseline"] is None:
         return []

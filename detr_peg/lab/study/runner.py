@@ -1,23 +1,6 @@
-"""Running a study: record its plan, check what changed, run the missing cells, write the results.
+"""Running a study: record ``plan.json``, refuse a changed definition or cell config, run missing cells, write results.
 
-``STUDY/plan.json`` records the definition (base configs, axes, seeds,
-overrides, evaluation) and every cell's commands. Running a study again in the
-same folder
-
-* with the same definition: skips the finished cells, continues an
-  interrupted cell from its checkpoint and retries failed ones;
-* with more or fewer seeds: adds (or leaves out of the tables) the cells of
-  those seeds, the others unchanged (``--seeds auto`` adds seeds in rounds,
-  :func:`run_in_rounds`);
-* with any other change to the definition, or when a cell's resolved config
-  differs from the one it was started with (a base config file was edited): is
-  refused with one line naming what changed, before anything runs.
-
-Cells run one after the other in this process (:func:`run_here`), several at
-a time in processes of their own (``--jobs``, :mod:`detr_peg.lab.study.parallel`)
-or as jobs through submitit (:mod:`detr_peg.lab.study.slurm`). A failed cell is recorded and
-the others go on; a signal (Ctrl-C, SIGTERM) stops the study after the
-running cell wrote its checkpoint.
+A changed seed count adds or leaves out cells; a failed cell does not stop the others.
 """
 
 from __future__ import annotations
@@ -75,14 +58,7 @@ def prepare(
 ) -> list[Cell]:
     """The study's cells, after checking the folder's earlier plan and cells; writes ``plan.json``.
 
-    Args:
-        report: how the report compares settings (``comparison``) and the ``--seeds auto`` rule
-            (``seeds_auto``), recorded in ``plan.json`` for ``detr-peg plot``.
-
-    Raises:
-        ConfigError: a cell's config is invalid, the definition differs from the
-            folder's earlier study (other than the number of seeds), or a
-            started cell's resolved config changed.
+    Raises ``ConfigError``: an invalid cell config, a definition changed other than in seeds, a changed cell.
     """
     study_dir = Path(study_dir)
     cells = expand_cells(definition)
@@ -121,15 +97,7 @@ def prepare(
 
 
 def check_distinct_runs(cells: Sequence[Cell], configs: dict[str, dict]) -> None:
-    """Refuse two cells whose resolved configs are equal: one run trained twice under two names.
-
-    Grid values that read alike only once the config reads them (``train.lr=0.1,1e-1``), or two base configs
-    that resolve to the same config, would otherwise be two settings of one run, and the report would compare a
-    setting with itself.
-
-    Raises:
-        ConfigError: naming both cells and the values that read as one.
-    """
+    """Raise ``ConfigError`` naming two cells whose resolved configs are equal (one run under two names)."""
     first: dict[str, Cell] = {}
     for cell in cells:
         key = json.dumps(configs[cell.name], sort_keys=True, default=str)
@@ -169,13 +137,7 @@ DATA_PATHS = {
 
 
 def check_data_paths(cells: Sequence[Cell]) -> None:
-    """Refuse a study whose cells read a dataset that is not there, before any cell runs.
-
-    Every cell would otherwise fail on its own with the same error.
-
-    Raises:
-        DataError: the first missing file or folder, with the config that names it.
-    """
+    """Raise ``DataError`` for the first dataset file or folder a cell reads that is not there, before any cell runs."""
     seen: set[tuple[str, str]] = set()
     for cell in cells:
         data = cell_config(cell).data
@@ -198,11 +160,7 @@ def check_data_paths(cells: Sequence[Cell]) -> None:
 
 
 def check_test_scales(cells: Sequence[Cell], plan: EvalPlan) -> None:
-    """Refuse test scales that ``detr-peg eval`` would refuse for a cell's data, before any cell trains.
-
-    Raises:
-        ConfigError: from :func:`detr_peg.engine.evaluation.scales.check_scales`, naming the cell's config.
-    """
+    """Raise ``ConfigError`` for test scales ``detr-peg eval`` would refuse for a cell's data, before any training."""
     if not (plan.scales or plan.canvas_scales):
         return
     for config in dict.fromkeys(cell.config for cell in cells):
@@ -236,11 +194,7 @@ def plan_record(study_dir: Path, definition: StudyDefinition, cells: Sequence[Ce
 
 
 def make_canvas_sets(cells: Sequence[Cell], scales: Sequence[float]) -> None:
-    """Generate the larger-canvas validation sets of the cells' datasets now, once.
-
-    Cells running at the same time as jobs would otherwise each generate the
-    same cached set next to the dataset (the same work several times over).
-    """
+    """Generate the larger-canvas validation sets of the cells' datasets once, before cells run concurrently."""
     seen = set()
     for cell in cells:
         data = cell_config(cell).data
@@ -259,13 +213,7 @@ def run_here(
     *,
     jobs: int = 1,
 ) -> list[CellOutcome]:
-    """Run the cells one after the other in this process (``jobs`` 1), or ``jobs`` at a time in processes of
-    their own (:mod:`detr_peg.lab.study.parallel`), with a progress bar over the study; seed by seed
-    (:func:`~detr_peg.lab.study.grid.run_order`).
-
-    Raises:
-        StudyInterrupted: a cell was stopped by a signal (it resumes at the next run).
-    """
+    """Run the cells seed by seed, here or ``jobs`` at a time; ``StudyInterrupted`` when a signal stopped a cell."""
     study_dir = Path(study_dir)
     cells = run_order(cells)
     if jobs > 1:
@@ -319,16 +267,7 @@ def run_in_rounds(
     run_round: RoundRunner,
     report: dict | None = None,
 ) -> tuple[StudyDefinition, list[Cell], str]:
-    """``--seeds auto``: run rounds of seeds until :func:`~detr_peg.lab.study.seed_rule.stop_reason` says stop.
-
-    The first round has :meth:`SeedRule.start` seeds (as many as the folder already planned when more, so a
-    rerun continues where it stopped); after each round the cells are read back, compared, and the next
-    round's seed count taken from :func:`~detr_peg.lab.study.seed_rule.next_seeds`. Cells already done are
-    skipped by ``run_round`` as in any rerun.
-
-    Returns:
-        The definition and the cells of the last round, and the reason the rounds stopped.
-    """
+    """``--seeds auto``: rounds of seeds until ``stop_reason`` stops them; the last definition, cells and reason."""
     study_dir = Path(study_dir)
     earlier = read_plan(study_dir)
     seeds = rule.start(int(earlier["definition"]["seeds"]) if earlier else 0)

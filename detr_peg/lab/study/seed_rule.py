@@ -1,23 +1,6 @@
-"""``--seeds auto``: when a study has enough seeds, and how many the next round brings.
+"""``--seeds auto``: stop when every 95% interval is within ``±target_ci`` AP, at ``max_seeds``, or when a cell failed.
 
-A study run with ``--seeds auto`` trains its settings in rounds: the first
-round has :attr:`SeedRule.first_round` seeds per setting; after each round the
-results are read back and compared (:mod:`detr_peg.lab.study.comparisons`), and
-the study stops when
-
-* every comparison row's 95% interval has a half-width of at most
-  ``target_ci`` AP points ("all intervals within ±target"), or
-* every setting has ``max_seeds`` seeds ("reached --max-seeds N", with the
-  widest interval's half-width beside the target), or
-* a cell of the round failed (it is retried by the next run of the command;
-  more seeds would not settle anything it leaves open).
-
-Otherwise the next round brings every setting to the number of seeds that
-the widest interval's current spread says would narrow it to the target (the
-projection of :func:`~detr_peg.lab.study.comparisons.seeds_for_half_width`), at
-least one more and at most ``max_seeds``. Nothing of this is stored apart
-from the rule itself: a rerun reads the cells already done, so it continues
-where an interrupted study stopped.
+Otherwise the next round's seed count is projected from the widest interval's spread.
 """
 
 from __future__ import annotations
@@ -34,13 +17,7 @@ FIRST_ROUND = 3
 
 @dataclass(frozen=True)
 class SeedRule:
-    """The stopping rule of ``--seeds auto``.
-
-    Attributes:
-        target_ci: AP points: stop when every 95% interval's half-width is at most this.
-        max_seeds: stop when every setting has this many seeds.
-        first_round: seeds per setting of the first round.
-    """
+    """The stopping rule of ``--seeds auto``: ``target_ci`` AP points, ``max_seeds``, and ``first_round`` seeds."""
 
     target_ci: float = 1.0
     max_seeds: int = 10
@@ -64,7 +41,7 @@ class SeedRule:
         )
 
     def start(self, earlier_seeds: int) -> int:
-        """Seeds of this run's first round: the first round, or as many as the study folder already planned."""
+        """Seeds of this run's first round: ``first_round``, or as many as the folder already planned."""
         return max(min(self.first_round, self.max_seeds), earlier_seeds)
 
 
@@ -81,7 +58,7 @@ def widest_half_width(comparisons: dict[str, Any]) -> float | None:
 
 
 def _reached_max_seeds(comparisons: dict[str, Any], rule: SeedRule) -> str:
-    """``reached --max-seeds 10 with intervals up to ±2.6 AP (target ±1.0)``: how far from the target it stopped."""
+    """``reached --max-seeds 10 with intervals up to ±2.6 AP (target ±1.0)``."""
     widest = widest_half_width(comparisons)
     if widest is None:
         return f"reached --max-seeds {rule.max_seeds}"
@@ -113,15 +90,7 @@ def next_seeds(comparisons: dict[str, Any], seeds: int, rule: SeedRule) -> int:
 
 
 def describe_stop(comparisons: dict[str, Any], seeds: int, rule: SeedRule, pending: str = "") -> str:
-    """The report's sentence about the rule, from the study's cells (so ``detr-peg plot`` writes it too).
-
-    Args:
-        comparisons: the report's comparisons (their rows' half-widths).
-        seeds: seeds per setting of the current round.
-        rule: the stopping rule.
-        pending: the current round's cells that are not done, by status (``52 not started, 2 interrupted``);
-            empty when all are done. While any is pending the round is under way, and nothing has stopped it.
-    """
+    """The report's sentence about the rule; ``pending`` (cells of the round not done) means the round is under way."""
     head = f"Seeds: auto (target ±{format_points(rule.target_ci)} AP, at most {rule.max_seeds} seeds); {seeds} seeds per setting"
     if pending:
         return f"{head}; this round is not finished (cells: {pending})."

@@ -1,21 +1,7 @@
-"""Running a study's cells as cluster jobs through submitit: one job per cell, each cell on several GPUs.
+"""A study's cells as submitit jobs (SLURM, or local processes): one job per cell, one task per GPU.
 
-Each job has ``nodes x gpus_per_node`` tasks, one per GPU (submitit's
-task-per-GPU layout, as ``torchrun`` would start them). Every task exports
-the ``torch.distributed`` environment of the job
-(``submitit.helpers.TorchDistributedEnvironment``: ``MASTER_ADDR``,
-``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), so the ordinary
-``detr-peg train`` and ``detr-peg eval`` of the cell join one process group
-through :func:`detr_peg.engine.distributed.init_distributed`, exactly as under
-torchrun. The main task writes the cell's ``cell.json``.
-
-The submitting process waits for the jobs (a progress bar over the study) and
-then writes the tables; with ``--no-wait`` it returns after submitting, and
-running the same study command again later skips the finished cells and
-writes the tables. Job logs go to ``STUDY/jobs/``.
-
-``submitit.LocalExecutor`` runs the same jobs as local processes (no SLURM):
-the tests use it, and it suits a workstation with several GPUs.
+Each task exports the ``torch.distributed`` environment, so the cell's ``detr-peg train``/``eval`` join one
+process group as under torchrun; the main task writes ``cell.json``. Job logs go to ``STUDY/jobs/``.
 """
 
 from __future__ import annotations
@@ -51,17 +37,7 @@ JOBS_DIR = "jobs"
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    """Resources of each cell's job.
-
-    Attributes:
-        partition: SLURM partition (None: the cluster's default).
-        nodes: machines per cell.
-        gpus_per_node: GPUs (= training processes) per machine.
-        time: wall-clock limit, ``HH:MM:SS``, ``MM`` or ``D-HH:MM:SS``.
-        cpus_per_task: CPU cores per process (data loading workers).
-        mem: memory per machine, e.g. ``64G`` or ``500M`` (None: the cluster's default).
-        local: run the jobs as local processes (``submitit.LocalExecutor``) instead of SLURM.
-    """
+    """Each cell job's resources: partition, nodes, GPUs per node, time (``HH:MM:SS``), CPUs per task, memory."""
 
     partition: str | None = None
     nodes: int = 1
@@ -163,7 +139,7 @@ def submit(
 def wait(
     study_dir: Path, jobs: Sequence, cells: Sequence[Cell], total: int, initial: int, poll_seconds: float = 10
 ) -> list[CellOutcome]:
-    """Wait for the jobs, with a progress bar over the whole study; a job that crashed counts as failed."""
+    """Wait for the jobs with a progress bar; a job that crashed counts as failed."""
     import submitit
 
     outcomes = []

@@ -1,12 +1,6 @@
 """The files a study writes and reads back, with their declared shapes (see :mod:`detr_peg.fileio.json_shape`).
 
-A study reads its own ``plan.json``, each cell's ``cell.json`` and the
-evaluation files of its cells (``metrics.json``, ``scales_resized.json``,
-``scales_canvas.json``, ``padding.json``) whenever it resumes or ``detr-peg
-plot`` redraws its report. A file that was edited, cut short or replaced is
-one sentence naming it, the field and the value, and what to do (exit status
-2); a file that is not there is None (a cell not started, an evaluation not
-asked for).
+A damaged file raises one sentence naming it, the field and the value; a missing one reads as None.
 """
 
 from __future__ import annotations
@@ -134,13 +128,7 @@ _COLUMN_WORDS = {"resized": (3,), "canvas": (3,), "padding": (2, 3), "cost": (2,
 
 
 def cell_row(record: dict[str, Any]) -> dict[str, Any]:
-    """A cell's record (:func:`detr_peg.lab.study.results.collect_cell`) as one flat ``cells.csv`` row.
-
-    Columns: ``name setting seed config values status error published config_resolved`` (the last two JSON), the
-    COCO numbers (``AP``, ...), then ``resized x<scale> <field>``, ``canvas x<scale> <field>``, ``padding <mode>
-    <field>``, ``padding <key>`` (``null`` for None), ``cost <key>`` and ``curve`` (``iteration:AP`` pairs joined
-    by ``;``). Numbers keep every digit.
-    """
+    """A cell's record as one flat ``cells.csv`` row (JSON for ``config_resolved`` and ``values``; all digits kept)."""
     row: dict[str, Any] = {key: record.get(key) for key in ("name", "setting", "seed", "config")}
     row["values"] = json.dumps(record.get("values") or {})
     row.update(status=record.get("status"), error=record.get("error"))
@@ -192,11 +180,7 @@ def _number(text: str) -> Any:
 
 
 def read_cells_csv(path: Path) -> dict[str, dict[str, Any]]:
-    """The records of ``cells.csv`` by cell name (the inverse of :func:`cell_row`); empty without the file.
-
-    Raises:
-        DamagedFileError: the file is not a ``cells.csv`` (no ``name`` column, a row without one, bad ``values``).
-    """
+    """The records of ``cells.csv`` by cell name (inverse of :func:`cell_row`); ``DamagedFileError`` if not one."""
     try:
         text = path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError):  # no table; a study folder that is not one is named elsewhere

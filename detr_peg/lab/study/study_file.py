@@ -1,30 +1,15 @@
-"""Study files: a study's definition as YAML, so a whole grid is one command.
+"""Study files: a study's definition as YAML (only ``configs`` required; paths relative to the file)::
 
-Format (every field optional except ``configs``: paths relative to the file, or shipped config names)::
+    configs: [../detr_r50_sine.yaml, ../deformable_detr_r50_peg.yaml]   # an axis of the grid
+    grid: {model.position.peg_layers: [[0], [0, 1, 2]]}                 # more axes
+    seeds: 3                       # or auto (with target_ci, max_seeds)
+    baseline: model.position.name=sine
+    equal_within: 1.0              # AP points
+    overrides: [train.eval_every=5]
+    eval: {scales: [1.0, 1.5], canvas_scales: [1.5, 2.0], padding: true}
+    cluster: {nodes: 1, gpus_per_node: 8, time: "72:00:00"}
 
-    configs:                       # base configs: an axis of the grid
-      - ../detr_r50_sine.yaml
-      - ../deformable_detr_r50_peg.yaml
-    grid:                          # more axes: key -> list of values
-      model.position.peg_kernel: [3, 7]
-      model.position.peg_layers: [[0], [0, 1, 2]]
-    seeds: 3                       # or auto (then target_ci and max_seeds, as --target-ci and --max-seeds)
-    baseline: model.position.name=sine   # the reference setting of the paired comparisons (--baseline)
-    equal_within: 1.0              # AP points (--equal-within)
-    overrides:                     # applied to every cell
-      - train.eval_every=5
-    eval:
-      scales: [1.0, 1.5, 2.0]      # same images resized (detr-peg eval --scales)
-      canvas_scales: [1.5, 2.0]    # larger synthetic canvas (--canvas-scales)
-      padding: true                # mixed-size batches vs one image at a time (--padding)
-    cluster:                       # defaults of the SLURM options of detr-peg study
-      nodes: 1
-      gpus_per_node: 8
-      time: "72:00:00"
-
-Options given on the command line add to the file: ``--config`` and
-``--grid`` add axes values, overrides are appended, ``--seeds``, the eval
-options and the comparison options replace the file's.
+Command-line options add axes values and overrides, and replace seeds, eval and comparison options.
 """
 
 from __future__ import annotations
@@ -73,11 +58,7 @@ class StudyFile:
 
 
 def load_study_file(path: str | Path) -> StudyFile:
-    """Read and check a study file.
-
-    Raises:
-        ConfigError: a missing file, invalid YAML, an unknown key or a value of the wrong type.
-    """
+    """Read and check a study file; ``ConfigError`` for a missing file, bad YAML, unknown key or wrongly typed value."""
     path = resolve_config(path)  # a file, or a shipped study's name (study/proxy_synthetic)
     # Bounded like every config file: a regular file of at most 1 MiB, UTF-8, YAML of bounded depth and size.
     raw = decode_utf8(read_bounded_bytes(path, "Study file", "config", ConfigError), path, "Study file", ConfigError)
