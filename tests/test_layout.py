@@ -14,13 +14,13 @@ from tests.conftest import REPO_ROOT, main_in_fresh_interpreter, run_python
 MAX_FUNCTION_LINES = 80
 #: Ceilings of tools/layout_figures.py's figures; lower one when a change lowers its figure.
 CEILINGS = {
-    "core_lines": 21870,
-    "lab_lines": 5850,
-    "core_docstring_share": 0.32,
-    "defensive_lines": 2900,
+    "core_lines": 17000,
+    "lab_lines": 5000,
+    "core_docstring_share": 0.15,
+    "defensive_lines": 2100,
     "tracked_files": 600,
-    "config_path_files": 14,
-    "predict_path_files": 10,
+    "config_path_files": 6,
+    "predict_path_files": 8,
     "train_path_files": 13,
 }
 

@@ -37,7 +37,6 @@ DEFENSIVE = (
     "detr_peg/guards/",
     "detr_peg/fileio/",
     "detr_peg/config/ranges.py",
-    "detr_peg/data/dataset_memory.py",
     "detr_peg/models/argument_checks.py",
     "detr_peg/checkpoint/validation.py",
     "detr_peg/checkpoint/weights_check.py",

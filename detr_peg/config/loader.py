@@ -11,21 +11,15 @@ import math
 import os
 import types
 import typing
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
-from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of, section_of
-from detr_peg.config.ranges import (
-    field_memory,
-    field_non_empty,
-    field_range,
-    format_bytes,
-    machine_memory,
-    out_of_range,
-)
+from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of
+from detr_peg.config.ranges import field_non_empty, field_range, out_of_range
 from detr_peg.config.schema import Config
 from detr_peg.config.shipped import missing_config_message, resolve_config
 from detr_peg.errors import ConfigError
@@ -172,7 +166,6 @@ def build_config(layers: list[Layer], *, lenient: Collection[int] = ()) -> Confi
         value = _coerce(value, hint, key, source)
         _check_range(owner, name, value, key, source)
         setattr(owner, name, value)
-    _check_memory(cfg, _defaults_config(arch, encoding, defaults), {key: src for key, (_, src) in merged.items()})
     _check_pairs(cfg, {key: src for key, (_, src) in merged.items()})
     return cfg
 
@@ -195,16 +188,6 @@ def _check_pairs(cfg: Config, sources: Mapping[str, str]) -> None:
                 f"{key} is set ({sources.get(key, 'defaults')}) but {other} is not "
                 f"({sources.get(other, 'defaults')}); set both, or neither ({without})."
             )
-
-
-def _defaults_config(arch: str, encoding: str, defaults: Layer) -> Config:
-    """The config of ``arch`` and ``encoding`` with nothing but their defaults."""
-    cfg = new_config(arch, encoding)
-    for key, (value, source) in defaults.items():
-        if _has_field(cfg, key):
-            owner, name, hint = _resolve(cfg, key, source, arch, encoding)
-            setattr(owner, name, _coerce(value, hint, key, source))
-    return cfg
 
 
 def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
@@ -309,7 +292,7 @@ def _flatten(data: Mapping[str, Any], source: str, prefix: str = "", node: Any =
 def _has_field(cfg: Config, key: str) -> bool:
     section, _, name = key.rpartition(".")
     try:
-        owner = section_of(cfg, section)
+        owner = attrgetter(section)(cfg) if section else cfg
     except AttributeError:
         return False
     return dataclasses.is_dataclass(owner) and name in {f.name for f in dataclasses.fields(owner)}
@@ -357,67 +340,8 @@ def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> No
         raise ConfigError(f"{source}: '{key}' must be {why}, got {value!r}.")
 
 
-def memory_need(cfg: Config, key: str) -> float:
-    """Least bytes ``key``'s value forces a run of ``cfg`` to allocate, other values capped at their defaults."""
-    metadata = dict(_fields_with_memory(cfg))[key]
-    others = at_most_defaults(cfg)
-    return field_memory(metadata)(lambda other: _value(cfg, other) if other == key else others(other))
-
-
-def at_most_defaults(cfg: Config) -> Callable[[str], Any]:
-    """``get(key)``: each value of ``cfg`` capped at its default, so a size from the data is judged on its own."""
-    arch, encoding = cfg.model.arch, cfg.model.position.name
-    defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
-    baseline = _defaults_config(arch, encoding, defaults)
-    return lambda key: _smaller(_value(cfg, key), _value(baseline, key))
-
-
-def _need(cfg: Config, baseline: Config, key: str, metadata: Any, *, alone: bool) -> float:
-    def get(other: str) -> Any:
-        value = _value(cfg, other)
-        return value if other == key or not alone else _smaller(value, _value(baseline, other))
-
-    return field_memory(metadata)(get)
-
-
-def _check_memory(cfg: Config, baseline: Config, sources: Mapping[str, str]) -> None:
-    """Each resource-sized value alone must fit the memory of this machine (see :mod:`detr_peg.config.ranges`)."""
-    available = machine_memory()
-    fields = list(_fields_with_memory(cfg))
-    # First each value alone (the others at most their defaults), so the line names the value at fault;
-    # then all values together, naming the first whose estimate is too large with the others as given.
-    for alone in (True, False):
-        for key, metadata in fields:
-            need = _need(cfg, baseline, key, metadata, alone=alone)
-            if need > available:
-                together = "" if alone else " with the other values given"
-                raise ConfigError(
-                    f"{sources.get(key, 'defaults')}: '{key}' = {_value(cfg, key)!r}{together} needs at least "
-                    f"{format_bytes(need)} of memory, more than this machine has ({format_bytes(available)})."
-                )
-
-
-def _fields_with_memory(node: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
-    for f in dataclasses.fields(node):
-        child = getattr(node, f.name)
-        if dataclasses.is_dataclass(child):
-            yield from _fields_with_memory(child, f"{prefix}{f.name}.")
-        elif field_memory(f.metadata) is not None and child is not None:
-            yield f"{prefix}{f.name}", f.metadata
-
-
 def _value(cfg: Config, key: str) -> Any:
-    section, _, name = key.rpartition(".")
-    return getattr(section_of(cfg, section), name)
-
-
-def _smaller(value: Any, default: Any) -> Any:
-    """The smaller of a value and its default (lists by their largest item; ``None`` counts as unset)."""
-    if value is None or default is None:
-        return value if default is None else default
-    if isinstance(value, list):
-        return value if max(value, default=0) <= max(default, default=0) else default
-    return min(value, default)
+    return attrgetter(key)(cfg)
 
 
 def _type_name(hint: Any) -> str:

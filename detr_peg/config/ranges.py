@@ -1,37 +1,14 @@
-"""Valid ranges of numeric config fields, and what resource-sized values cost.
-
-Every numeric field of a config dataclass states its range in its field
-metadata, made by :func:`valid`::
-
-    num_queries: int = field(default=100, metadata=valid(1, memory=query_memory))
-
-The loader checks each value against its range (that floats are finite, and
-that a list marked ``non_empty`` holds an item) before anything is built, and then checks each resource-sized value (one with
-a ``memory`` estimate) against the memory of the machine. Both failures are
-one line naming the source, the key, the value and the range or the need.
-
-A ``memory`` estimate is a *lower bound* in bytes of what the value forces
-the run to allocate: ``memory(get)`` where ``get(key)`` returns a config
-value. When the loader checks one key, ``get`` returns that key's own value
-and, for every other resource-sized key, the smaller of its value and its
-default, so a refused value is refused because of itself (not because another
-key is also large) and a config that fits is never refused.
+"""Valid ranges of numeric config fields, stated in each field's metadata by :func:`valid` and checked by the
+loader (Rule "Config values" of docs/guarantees.md). Upper bounds keep a value to what a machine can hold; a run
+that still cannot allocate what it needs ends in one line (``detr_peg.cli.main.out_of_memory``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-#: Bytes of one float32 value.
-FLOAT = 4
-
-#: ``get(key) -> value`` as given to a memory estimate.
-Lookup = Callable[[str], Any]
-
 
 #: Longest image side (pixels) a test scale or an export may give: one image's feature maps beyond it
 #: outgrow a machine's memory.
@@ -40,6 +17,9 @@ MAX_TEST_SIDE = 8192
 #: Shortest resize target (pixels) a size field or a test scale may give: a resize to 1 x 1 px trips an
 #: assertion in torch's antialiased uint8 kernel, and every side of 2 px or more gives images of at least 1 x 2 px.
 MIN_IMAGE_SIDE = 2
+
+#: Most classes a model may have, from the config or from the categories of its data.
+MAX_CLASSES = 100_000
 
 
 @dataclass(frozen=True)
@@ -90,23 +70,10 @@ def valid(
     *,
     low_open: bool = False,
     high_open: bool = False,
-    memory: Callable[[Lookup], float] | None = None,
     non_empty: bool = False,
 ) -> dict[str, Any]:
-    """Field metadata: the valid range, for resource-sized fields the memory estimate, for lists whether one is needed.
-
-    Args:
-        low: smallest valid value.
-        high: largest valid value.
-        low_open: ``low`` itself is not valid.
-        high_open: ``high`` itself is not valid.
-        memory: ``memory(get) -> bytes``, a lower bound of what the value
-            forces a run to allocate (see the module docstring).
-        non_empty: a list field whose empty list means nothing (no stage, no
-            scale): the loader refuses ``[]`` instead of letting it fall back
-            to a default or to nothing.
-    """
-    return {"range": Range(low, high, high_open, low_open), "memory": memory, "non_empty": non_empty}
+    """Field metadata: the valid range; ``non_empty`` for a list whose ``[]`` means nothing (refused, not defaulted)."""
+    return {"range": Range(low, high, high_open, low_open), "non_empty": non_empty}
 
 
 def field_range(metadata: Any) -> Range | None:
@@ -117,11 +84,6 @@ def field_range(metadata: Any) -> Range | None:
 def field_non_empty(metadata: Any) -> bool:
     """Whether a list field needs at least one item."""
     return bool(metadata.get("non_empty")) if metadata else False
-
-
-def field_memory(metadata: Any) -> Callable[[Lookup], float] | None:
-    """The memory estimate in a field's metadata, if any."""
-    return metadata.get("memory") if metadata else None
 
 
 def out_of_range(value: Any, rng: Range | None) -> str | None:
@@ -155,62 +117,3 @@ def format_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} PiB"
-
-
-# --------------------------------------------------------- estimates of the shared fields
-
-
-def _layers(get: Lookup) -> int:
-    return get("model.transformer.enc_layers") + get("model.transformer.dec_layers")
-
-
-def transformer_width_memory(get: Lookup) -> float:
-    """Attention weights: four ``d x d`` projections per layer."""
-    return FLOAT * 4 * get("model.transformer.hidden_dim") ** 2 * _layers(get)
-
-
-def feedforward_memory(get: Lookup) -> float:
-    """Feed-forward weights: ``d x ff`` twice per layer."""
-    return FLOAT * 2 * get("model.transformer.hidden_dim") * get("model.transformer.dim_feedforward") * _layers(get)
-
-
-def heads_memory(get: Lookup) -> float:
-    """One query-by-query attention map per head in the decoder's self-attention."""
-    return FLOAT * get("model.transformer.nheads") * get("model.num_queries") ** 2
-
-
-def query_memory(get: Lookup, key: str = "model.num_queries") -> float:
-    """Query embeddings and one ``[Q, d]`` activation per decoder layer."""
-    return FLOAT * get(key) * get("model.transformer.hidden_dim") * (get("model.transformer.dec_layers") + 1)
-
-
-def classes_memory(get: Lookup) -> float:
-    """The class head (``d x classes``) and one ``[Q, classes]`` logit map per decoder layer."""
-    classes = get("model.num_classes") or 1
-    return FLOAT * classes * (get("model.transformer.hidden_dim") + get("model.num_queries"))
-
-
-def image_memory(get: Lookup, side: int) -> float:
-    """A batch of square RGB float images of short side ``side`` (capped by the longest side)."""
-    return FLOAT * 3 * get("train.batch_size") * min(side, get("data.train_max_size")) ** 2
-
-
-def train_scales_memory(get: Lookup) -> float:
-    return image_memory(get, max(get("data.train_scales"), default=1))
-
-
-def crop_memory(get: Lookup) -> float:
-    return image_memory(get, min(get("data.crop_size"), default=1))
-
-
-def val_scale_memory(get: Lookup) -> float:
-    return FLOAT * 3 * get("eval.batch_size") * min(get("data.val_scale"), get("data.val_max_size")) ** 2
-
-
-def batch_memory(get: Lookup) -> float:
-    """A training batch of the smallest training scale."""
-    return image_memory(get, min(get("data.train_scales"), default=1))
-
-
-def eval_batch_memory(get: Lookup) -> float:
-    return val_scale_memory(get)

@@ -1,6 +1,6 @@
 """The typed configuration shared by every architecture and encoding: one dataclass per section, official
 DETR defaults. Family and encoding fields are subclasses registered in :mod:`detr_peg.config.options`;
-each numeric field's valid range (and memory estimate) is in its metadata (:mod:`detr_peg.config.ranges`).
+each numeric field's valid range is in its metadata (:mod:`detr_peg.config.ranges`).
 """
 
 from __future__ import annotations
@@ -8,19 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from detr_peg.config.ranges import (
-    MIN_IMAGE_SIDE,
-    batch_memory,
-    classes_memory,
-    eval_batch_memory,
-    feedforward_memory,
-    heads_memory,
-    query_memory,
-    train_scales_memory,
-    transformer_width_memory,
-    val_scale_memory,
-    valid,
-)
+from detr_peg.config.ranges import MAX_CLASSES, MAX_TEST_SIDE, MIN_IMAGE_SIDE, valid
 
 #: Data-loader worker processes per training process, at most.
 MAX_WORKERS = 1024
@@ -72,11 +60,11 @@ class TransformerConfig:
     ``dec_layers``, feed-forward width ``dim_feedforward``, ``dropout`` and ``activation`` (``relu``/``gelu``).
     """
 
-    hidden_dim: int = field(default=256, metadata=valid(1, memory=transformer_width_memory))
-    nheads: int = field(default=8, metadata=valid(1, memory=heads_memory))
-    enc_layers: int = field(default=6, metadata=valid(0, memory=transformer_width_memory))
-    dec_layers: int = field(default=6, metadata=valid(1, memory=transformer_width_memory))
-    dim_feedforward: int = field(default=2048, metadata=valid(1, memory=feedforward_memory))
+    hidden_dim: int = field(default=256, metadata=valid(1, 16384))
+    nheads: int = field(default=8, metadata=valid(1, 1024))
+    enc_layers: int = field(default=6, metadata=valid(0, 1000))
+    dec_layers: int = field(default=6, metadata=valid(1, 1000))
+    dim_feedforward: int = field(default=2048, metadata=valid(1, 1_000_000))
     dropout: float = field(default=0.1, metadata=valid(0, 1, high_open=True))
     activation: Literal["relu", "gelu"] = "relu"
 
@@ -94,8 +82,8 @@ class ModelConfig:
     """
 
     arch: str = "detr"
-    num_classes: int | None = field(default=None, metadata=valid(1, memory=classes_memory))
-    num_queries: int = field(default=100, metadata=valid(1, memory=query_memory))
+    num_classes: int | None = field(default=None, metadata=valid(1, MAX_CLASSES))
+    num_queries: int = field(default=100, metadata=valid(1, 100_000))
     aux_loss: bool = True
     mask_rule: Literal["nearest", "stride"] = "nearest"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
@@ -145,7 +133,7 @@ class DataConfig:
     contiguous_labels: bool = True
     train_scales: list[int] = field(
         default_factory=lambda: list(range(480, 801, 32)),
-        metadata=valid(MIN_IMAGE_SIDE, memory=train_scales_memory, non_empty=True),
+        metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE, non_empty=True),
     )
     train_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE))
     train_size_per: Literal["image", "batch"] = "image"
@@ -155,7 +143,7 @@ class DataConfig:
     crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1, non_empty=True))
     crop_prob: float = field(default=0.5, metadata=valid(0, 1))
     hflip_prob: float = field(default=0.5, metadata=valid(0, 1))
-    val_scale: int = field(default=800, metadata=valid(MIN_IMAGE_SIDE, memory=val_scale_memory))
+    val_scale: int = field(default=800, metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE))
     val_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE))
     num_workers: int = field(default=2, metadata=valid(0, MAX_WORKERS))
     on_bad_sample: Literal["error", "skip"] = "error"
@@ -200,7 +188,7 @@ class TrainConfig:
     output_dir: str = "outputs/run"
     epochs: int = field(default=50, metadata=valid(1))
     max_iters: int | None = field(default=None, metadata=valid(1))
-    batch_size: int = field(default=4, metadata=valid(1, memory=batch_memory))
+    batch_size: int = field(default=4, metadata=valid(1, 100_000))
     total_batch_size: int | None = field(default=None, metadata=valid(1))
     lr: float = field(default=1e-4, metadata=valid(0))
     lr_backbone: float = field(default=2e-5, metadata=valid(0))
@@ -239,7 +227,7 @@ class EvalConfig:
         extra_padding: grow every evaluation batch by this fraction of its height and width (masked zeros).
     """
 
-    batch_size: int = field(default=2, metadata=valid(1, memory=eval_batch_memory))
+    batch_size: int = field(default=2, metadata=valid(1, 100_000))
     score_threshold: float = field(default=0.5, metadata=valid(0, 1))
     padding_mode: Literal["mixed", "exact"] = "mixed"
     extra_padding: float = field(default=0.0, metadata=valid(0, 4))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pycocotools.coco import COCO
 
-from detr_peg.data.dataset_memory import check_evaluation_memory
+from detr_peg.config.ranges import MAX_CLASSES
 from detr_peg.errors import DataError
 from detr_peg.fileio.bounded_read import parse_json, read_bounded_bytes
 
@@ -278,7 +278,11 @@ def read_coco_file(path: str | Path, *, on_bad_sample: OnBadSample = "error") ->
     path = Path(path)
     data = read_json_file(path)
     check_structure(data, path)
-    check_evaluation_memory(data, path)
+    if len(data["categories"]) > MAX_CLASSES:
+        raise DataError(
+            f"Annotation file {path}: 'categories' has {len(data['categories'])} entries, more than the "
+            f"{MAX_CLASSES} a model may have."
+        )
     problems = find_sample_problems(data, path)
     if problems and on_bad_sample == "error":
         more = f" ({len(problems) - 1} more problems in this file)" if len(problems) > 1 else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,6 @@ from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.config.loader import config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
-from detr_peg.data.dataset_memory import check_matching_memory
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import (
     CHECKPOINT_NAME,
@@ -141,10 +140,10 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
     stored_map = checkpoint_label_map(resume_ckpt, resume_ckpt.config) if resume_ckpt else None
     train_set = build_coco_dataset(cfg.data, "train", label_map=stored_map)
     label_map = train_set.label_map
-    cfg = resolve_num_classes(
-        cfg, label_map, str(train_set.annotation_file), categories=train_set.coco.dataset["categories"]
+    model_cfg = resolve_num_classes(
+        cfg.model, label_map, str(train_set.annotation_file), categories=train_set.coco.dataset["categories"]
     )
-    check_matching_memory(cfg, train_set.coco.dataset, train_set.annotation_file)
+    cfg = replace(cfg, model=model_cfg)
     val_set = None
     if cfg.data.val_images and cfg.data.val_annotations:
         val_set = build_coco_dataset(cfg.data, "val", label_map=label_map)
@@ -306,7 +305,7 @@ def _build_model(cfg: Config, env: DistEnv, label_map: LabelMap, *, resumed: boo
     # The same seed in every process gives every process the same initial weights.
     seed_everything(t.seed)
     starts_from_weights = resumed or t.init_from is not None
-    model = build_model(without_backbone_weights(cfg) if starts_from_weights else cfg)
+    model = build_model(without_backbone_weights(cfg.model) if starts_from_weights else cfg.model)
     if t.init_from and not resumed:
         load_initial_weights(
             model,

@@ -10,8 +10,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from detr_peg.config.schema import Config
-
 
 def _tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
@@ -97,9 +95,3 @@ def check_targets(outputs: dict, targets: Any) -> None:
                 f"targets[{i}]['boxes'] must be a floating Tensor[{labels.shape[0]}, 4] of normalised "
                 f"(cx, cy, w, h), got {_describe(boxes)}"
             )
-
-
-def check_config(cfg: Any, name: str = "cfg") -> None:
-    """``cfg`` is a :class:`Config` (from :func:`detr_peg.load_config`)."""
-    if not isinstance(cfg, Config):
-        raise TypeError(f"{name} must be a detr_peg Config (detr_peg.load_config(...)), got {_describe(cfg)}")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from detr_peg.config.schema import Config
-from detr_peg.models.argument_checks import check_config
+from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.models.criterion import SetCriterion
 from detr_peg.models.registry import MODELS, Architecture
 
@@ -14,14 +13,16 @@ import detr_peg.models.detr  # noqa: E402,F401  isort: skip
 import detr_peg.models.deformable  # noqa: E402,F401  isort: skip
 
 
-def _architecture(cfg: Config) -> Architecture:
-    check_config(cfg)
-    return MODELS.get(cfg.model.arch)
+def _architecture(cfg: Config | ModelConfig) -> Architecture:
+    model = cfg.model if isinstance(cfg, Config) else cfg
+    if not isinstance(model, ModelConfig):
+        raise TypeError(f"cfg must be a detr_peg Config (detr_peg.load_config(...)), got {type(cfg).__name__}")
+    return MODELS.get(model.arch)
 
 
-def build_model(cfg: Config) -> nn.Module:
-    """Build the detector described by ``cfg.model`` (random init, or backbone weights if configured)."""
-    return _architecture(cfg).build_model(cfg)
+def build_model(cfg: Config | ModelConfig) -> nn.Module:
+    """The detector of a config's ``model`` section (random init, or backbone weights if configured)."""
+    return _architecture(cfg).build_model(cfg.model if isinstance(cfg, Config) else cfg)
 
 
 def build_criterion(cfg: Config) -> SetCriterion:

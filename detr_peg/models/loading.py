@@ -14,43 +14,54 @@ from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, load_weights, read_checkpoint
 from detr_peg.config.loader import config_to_dict, load_config
-from detr_peg.config.schema import Config
-from detr_peg.data.dataset_memory import check_num_classes_memory, num_classes_origin
+from detr_peg.config.ranges import MAX_CLASSES
+from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError, ConfigError, DataError
 from detr_peg.models.builder import build_model, build_postprocessor
 from detr_peg.models.postprocess import Postprocessor
 
 
-def without_backbone_weights(cfg: Config) -> Config:
-    """``cfg`` with ``model.backbone.weights=None``, for models whose weights come from elsewhere."""
-    return replace(cfg, model=replace(cfg.model, backbone=replace(cfg.model.backbone, weights=None)))
+def without_backbone_weights(cfg: Config | ModelConfig) -> Config | ModelConfig:
+    """``cfg`` (a config or its model section) with ``backbone.weights=None``, for models whose weights come
+    from elsewhere."""
+    if isinstance(cfg, Config):
+        return replace(cfg, model=without_backbone_weights(cfg.model))
+    return replace(cfg, backbone=replace(cfg.backbone, weights=None))
 
 
 def resolve_num_classes(
-    cfg: Config, label_map: LabelMap, source: str, *, categories: Sequence[Mapping[str, Any]] | None = None
-) -> Config:
-    """``cfg`` with ``model.num_classes`` taken from the label map when unset.
-
-    ``categories`` (the file's list the map was made from) lets messages name the entry.
-    Raises ConfigError when a set ``num_classes`` does not fit the map; DataError when the derived
-    ``num_classes`` needs more memory than the machine has.
+    model: ModelConfig, label_map: LabelMap, source: str, *, categories: Sequence[Mapping[str, Any]] | None = None
+) -> ModelConfig:
+    """``model`` with ``num_classes`` taken from the label map when unset; ``categories`` (the file's list)
+    lets messages name the entry. ConfigError when a set ``num_classes`` does not fit the map; DataError when
+    the derived one is beyond the range of ``model.num_classes``.
     """
-    if cfg.model.num_classes is None:
-        resolved = replace(cfg, model=replace(cfg.model, num_classes=label_map.num_classes))
-        if categories is not None:
-            origin = num_classes_origin(categories, label_map.contiguous)
-        else:
-            origin = f"{len(label_map)} categories"
-        check_num_classes_memory(resolved, origin, source)
-        return resolved
-    problem = label_map_fit_problem(label_map, cfg.model.num_classes)
+    if model.num_classes is None:
+        if label_map.num_classes > MAX_CLASSES:
+            raise DataError(
+                f"Annotation file {source}: {_num_classes_origin(categories, label_map)} makes model.num_classes "
+                f"{label_map.num_classes}, more than the {MAX_CLASSES} a model may have."
+            )
+        return replace(model, num_classes=label_map.num_classes)
+    problem = label_map_fit_problem(label_map, model.num_classes)
     if problem:
         raise ConfigError(
-            f"model.num_classes is {cfg.model.num_classes} but {source} {problem}; "
+            f"model.num_classes is {model.num_classes} but {source} {problem}; "
             "remove model.num_classes to take it from the data."
         )
-    return cfg
+    return model
+
+
+def _num_classes_origin(categories: Sequence[Mapping[str, Any]] | None, label_map: LabelMap) -> str:
+    """The field ``model.num_classes`` comes from: ``'categories' (3 entries)``, or the largest id when
+    labels are the ids (``'categories[2].id' = 90 with data.contiguous_labels=false``)."""
+    if categories is None:
+        return f"{len(label_map)} categories"
+    if label_map.contiguous or not categories:
+        return f"'categories' ({len(categories)} entries)"
+    index = max(range(len(categories)), key=lambda i: categories[i]["id"])
+    return f"'categories[{index}].id' = {categories[index]['id']} with data.contiguous_labels=false"
 
 
 def label_map_fit_problem(label_map: LabelMap, num_classes: int) -> str | None:

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from detr_peg.config.options import ArchitectureSchema, register_architecture_schema
-from detr_peg.config.schema import Config
+from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.registry import Registry
 
 
@@ -52,7 +52,7 @@ class Architecture:
     this family only, or None.
     """
 
-    build_model: Callable[[Config], nn.Module]
+    build_model: Callable[[ModelConfig], nn.Module]
     build_criterion: Callable[[Config], nn.Module]
     build_postprocessor: Callable[[Config], nn.Module]
     options: Mapping[str, type] = field(default_factory=dict)

@@ -136,22 +136,19 @@ def test_ranges_describe_themselves():
 @pytest.mark.parametrize(
     "overrides, fragment",
     [
-        (["model.transformer.enc_layers=1000000000"], "'model.transformer.enc_layers' = 1000000000 needs at least"),
-        (["model.transformer.hidden_dim=10000000"], "'model.transformer.hidden_dim' = 10000000 needs at least"),
-        (
-            ["data.val_scale=10000000", "data.val_max_size=10000000"],
-            "'data.val_scale' = 10000000 with the other values given needs at least",
-        ),
+        (["model.transformer.enc_layers=1000000000"], "'model.transformer.enc_layers' must be in [0, 1000]"),
+        (["model.transformer.hidden_dim=10000000"], "'model.transformer.hidden_dim' must be in [1, 16384]"),
+        (["data.val_scale=10000000", "data.val_max_size=10000000"], "'data.val_scale' must be in [2, 8192]"),
         (
             ["model.arch=deformable_detr", "model.transformer.enc_n_points=100000000000"],
-            "'model.transformer.enc_n_points' = 100000000000 needs at least",
+            "'model.transformer.enc_n_points' must be in [1, 256]",
         ),
     ],
 )
-def test_a_value_too_large_for_the_machine_is_named_itself(overrides, fragment):
+def test_a_value_beyond_its_upper_bound_is_named_itself(overrides, fragment):
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides)
-    assert fragment in str(info.value) and "more than this machine has" in str(info.value)
+    assert fragment in str(info.value)
 
 
 def test_large_but_possible_values_are_accepted():

@@ -17,6 +17,8 @@ about 40 % more.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -54,7 +56,7 @@ def coco128_val(coco128_dir):
 def _loaded(overrides: list[str]) -> tuple[LoadedModel, object]:
     cfg = tiny_config(overrides)
     dataset = build_coco_dataset(cfg.data, "val")
-    cfg = resolve_num_classes(cfg, dataset.label_map, str(dataset.annotation_file))
+    cfg = replace(cfg, model=resolve_num_classes(cfg.model, dataset.label_map, str(dataset.annotation_file)))
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     return LoadedModel(model, build_postprocessor(cfg), cfg, dataset.label_map), dataset

@@ -15,25 +15,25 @@ COCO_LIKE = LabelMap(category_ids=[1, 2, 90], names=["person", "bicycle", "tooth
 
 
 def test_num_classes_comes_from_the_label_map_when_unset() -> None:
-    cfg = resolve_num_classes(load_config(None, []), COCO_LIKE, "train.json")
-    assert cfg.model.num_classes == 91
+    cfg = resolve_num_classes(load_config(None, []).model, COCO_LIKE, "train.json")
+    assert cfg.num_classes == 91
     contiguous = LabelMap(category_ids=[1, 2, 90], names=["a", "b", "c"])
-    assert resolve_num_classes(load_config(None, []), contiguous, "train.json").model.num_classes == 3
+    assert resolve_num_classes(load_config(None, []).model, contiguous, "train.json").num_classes == 3
 
 
 def test_a_set_num_classes_must_cover_the_labels() -> None:
-    assert resolve_num_classes(load_config(None, ["model.num_classes=100"]), COCO_LIKE, "x").model.num_classes == 100
+    assert resolve_num_classes(load_config(None, ["model.num_classes=100"]).model, COCO_LIKE, "x").num_classes == 100
     with pytest.raises(
         ConfigError,
         match="model.num_classes is 80 but train.json has category id 90, and labels equal to the ids need 91 "
         "classes; remove model.num_classes",
     ):
-        resolve_num_classes(load_config(None, ["model.num_classes=80"]), COCO_LIKE, "train.json")
+        resolve_num_classes(load_config(None, ["model.num_classes=80"]).model, COCO_LIKE, "train.json")
     contiguous = LabelMap(category_ids=[1, 2, 90], names=["a", "b", "c"])
     for given in (2, 4):  # contiguous labels: one class per category, no more, no fewer
         with pytest.raises(ConfigError, match=f"model.num_classes is {given} but x names 3 categories with contiguous"):
-            resolve_num_classes(load_config(None, [f"model.num_classes={given}"]), contiguous, "x")
-    assert resolve_num_classes(load_config(None, ["model.num_classes=3"]), contiguous, "x").model.num_classes == 3
+            resolve_num_classes(load_config(None, [f"model.num_classes={given}"]).model, contiguous, "x")
+    assert resolve_num_classes(load_config(None, ["model.num_classes=3"]).model, contiguous, "x").num_classes == 3
 
 
 def test_config_differences_ignore_backbone_weights_and_training_settings() -> None:

@@ -53,9 +53,9 @@ class ToyDetector(nn.Module):
         return {"pred_logits": logits, "pred_boxes": boxes}
 
 
-def build_toy(cfg):
-    backbone = build_backbone(cfg.model.backbone, [2])
-    return ToyDetector(backbone=backbone, num_classes=cfg.model.num_classes, num_queries=cfg.model.num_queries)
+def build_toy(model):  # the config's model section
+    backbone = build_backbone(model.backbone, [2])
+    return ToyDetector(backbone=backbone, num_classes=model.num_classes, num_queries=model.num_queries)
 
 
 def build_toy_criterion(cfg):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +104,10 @@ def load_for_evaluation(
     else:
         stored = LabelMap.from_dict(model.label_map) if model.label_map else None
     dataset = build_coco_dataset(cfg.data, "val", label_map=stored)
-    cfg = resolve_num_classes(
-        cfg, dataset.label_map, str(dataset.annotation_file), categories=dataset.coco.dataset["categories"]
+    model_cfg = resolve_num_classes(
+        cfg.model, dataset.label_map, str(dataset.annotation_file), categories=dataset.coco.dataset["categories"]
     )
+    cfg = replace(cfg, model=model_cfg)
     if isinstance(model, LoadedModel):
         loaded = LoadedModel(model.model, model.postprocessor, cfg, dataset.label_map, model.iteration, model.source)
     else:

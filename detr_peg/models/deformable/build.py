@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from detr_peg.config.schema import Config
+from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.attention import MultiheadAttention
 from detr_peg.models.backbones import build_backbone
@@ -28,8 +28,8 @@ def default_out_stages(num_feature_levels: int) -> list[int]:
     return [2, 3, 4][-min(num_feature_levels, 3) :]
 
 
-def _check(cfg: Config) -> None:
-    m, t = cfg.model, cfg.model.transformer
+def _check(m: ModelConfig) -> None:
+    t = m.transformer
     if t.hidden_dim % t.nheads:
         raise ConfigError(
             f"model.transformer.hidden_dim {t.hidden_dim} is not divisible by model.transformer.nheads {t.nheads}."
@@ -51,11 +51,11 @@ def _check(cfg: Config) -> None:
         )
 
 
-def build_deformable_detr(cfg: Config) -> DeformableDETR:
-    """Build :class:`DeformableDETR` from ``cfg.model``."""
-    _check(cfg)
-    m, t = cfg.model, cfg.model.transformer
-    num_classes = require_num_classes(cfg)
+def build_deformable_detr(m: ModelConfig) -> DeformableDETR:
+    """Build :class:`DeformableDETR` from a config's ``model`` section."""
+    _check(m)
+    t = m.transformer
+    num_classes = require_num_classes(m)
     backbone = build_backbone(m.backbone, m.backbone.out_stages or default_out_stages(t.num_feature_levels))
     position = build_position_encoding(
         m.position, dim=t.hidden_dim, num_levels=t.num_feature_levels, num_layers=t.enc_layers
@@ -118,7 +118,7 @@ def build_deformable_criterion(cfg: Config) -> SetCriterion:
         two_stage=cfg.model.two_stage,
     )
     return SetCriterion(
-        num_classes=require_num_classes(cfg),
+        num_classes=require_num_classes(cfg.model),
         matcher=matcher,
         weight_dict=weight_dict,
         class_loss="focal",

@@ -4,38 +4,11 @@ any of these fields with ``model.arch=detr`` is a config error.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from detr_peg.config.ranges import FLOAT, Lookup, query_memory, valid
+from detr_peg.config.ranges import valid
 from detr_peg.config.schema import EvalConfig, LossConfig, ModelConfig, TransformerConfig
-
-
-def _levels_memory(get: Lookup) -> float:
-    """One ``d x d`` input projection per feature level."""
-    return FLOAT * get("model.transformer.num_feature_levels") * get("model.transformer.hidden_dim") ** 2
-
-
-def _points_memory(key: str) -> Callable[[Lookup], float]:
-    def memory(get: Lookup) -> float:
-        """Sampling offsets and weights (3 per point) for every head and level, from ``d`` inputs."""
-        t = "model.transformer."
-        return (
-            FLOAT
-            * 3
-            * get(key)
-            * get(t + "nheads")
-            * get(t + "num_feature_levels")
-            * get(t + "hidden_dim")
-            * (get(t + "enc_layers") + get(t + "dec_layers"))
-        )
-
-    return memory
-
-
-def _proposals_memory(get: Lookup) -> float:
-    return query_memory(get, "model.transformer.two_stage_num_proposals")
 
 
 @dataclass
@@ -50,10 +23,10 @@ class DeformableModelConfig(ModelConfig):
 class DeformableTransformerConfig(TransformerConfig):
     """``model.transformer`` of Deformable-DETR; two-stage, ``two_stage_num_proposals`` replaces ``num_queries``."""
 
-    num_feature_levels: int = field(default=4, metadata=valid(1, memory=_levels_memory))
-    enc_n_points: int = field(default=4, metadata=valid(1, memory=_points_memory("model.transformer.enc_n_points")))
-    dec_n_points: int = field(default=4, metadata=valid(1, memory=_points_memory("model.transformer.dec_n_points")))
-    two_stage_num_proposals: int = field(default=300, metadata=valid(1, memory=_proposals_memory))
+    num_feature_levels: int = field(default=4, metadata=valid(1, 16))
+    enc_n_points: int = field(default=4, metadata=valid(1, 256))
+    dec_n_points: int = field(default=4, metadata=valid(1, 256))
+    two_stage_num_proposals: int = field(default=300, metadata=valid(1, 100_000))
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from detr_peg.config.schema import Config
+from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.backbones import build_backbone
 from detr_peg.models.criterion import SetCriterion, build_weight_dict
@@ -18,22 +18,22 @@ from detr_peg.models.postprocess import PostProcess
 from detr_peg.models.registry import Architecture, register_architecture
 
 
-def require_num_classes(cfg: Config) -> int:
-    """``cfg.model.num_classes``, or a clear error when it is still unset."""
-    if cfg.model.num_classes is None:
+def require_num_classes(model: ModelConfig) -> int:
+    """``model.num_classes``, or a clear error when it is still unset."""
+    if model.num_classes is None:
         raise ConfigError(
             "model.num_classes is not set: it is taken from the dataset when training; "
             "set it explicitly (for example model.num_classes=91 for COCO ids) to build a model without data."
         )
-    if cfg.model.num_classes < 1:
-        raise ConfigError(f"model.num_classes must be at least 1, got {cfg.model.num_classes}.")
-    return cfg.model.num_classes
+    if model.num_classes < 1:
+        raise ConfigError(f"model.num_classes must be at least 1, got {model.num_classes}.")
+    return model.num_classes
 
 
-def build_detr(cfg: Config) -> DETR:
-    """Build :class:`DETR` from ``cfg.model``."""
-    m, t = cfg.model, cfg.model.transformer
-    num_classes = require_num_classes(cfg)
+def build_detr(m: ModelConfig) -> DETR:
+    """Build :class:`DETR` from a config's ``model`` section."""
+    t = m.transformer
+    num_classes = require_num_classes(m)
     if t.hidden_dim % t.nheads:
         raise ConfigError(
             f"model.transformer.hidden_dim {t.hidden_dim} is not divisible by model.transformer.nheads {t.nheads}."
@@ -66,7 +66,7 @@ def build_detr_criterion(cfg: Config) -> SetCriterion:
         ce=loss.ce_loss_coef, bbox=loss.bbox_loss_coef, giou=loss.giou_loss_coef, num_aux=num_aux, two_stage=False
     )
     return SetCriterion(
-        num_classes=require_num_classes(cfg),
+        num_classes=require_num_classes(cfg.model),
         matcher=matcher,
         weight_dict=weight_dict,
         class_loss="ce",

@@ -7,15 +7,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from detr_peg.config.ranges import FLOAT, Lookup, valid
+from detr_peg.config.ranges import valid
 from detr_peg.config.schema import PositionConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.position.base import PositionalEncoding
 from detr_peg.models.position.registry import register_encoding
-
-
-def _tables_memory(get: Lookup) -> float:
-    return FLOAT * get("model.position.num_embeddings") * get("model.transformer.hidden_dim")
 
 
 @dataclass
@@ -23,7 +19,7 @@ class LearnedOptions(PositionConfig):
     """``model.position`` options of ``learned``: ``num_embeddings``, the largest feature-map side encodable."""
 
     name: str = "learned"
-    num_embeddings: int = field(default=50, metadata=valid(1, memory=_tables_memory))
+    num_embeddings: int = field(default=50, metadata=valid(1, 100_000))
 
 
 class LearnedPositionalEncoding(PositionalEncoding):

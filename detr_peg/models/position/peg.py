@@ -12,16 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from detr_peg.config.ranges import FLOAT, Lookup, valid
+from detr_peg.config.ranges import valid
 from detr_peg.config.schema import PositionConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.position.base import PositionalEncoding
 from detr_peg.models.position.registry import register_encoding
-
-
-def _kernel_memory(get: Lookup) -> float:
-    """One depthwise ``k x k`` kernel per channel."""
-    return FLOAT * get("model.position.peg_kernel") ** 2 * get("model.transformer.hidden_dim")
 
 
 @dataclass
@@ -30,7 +25,7 @@ class PEGOptions(PositionConfig):
 
     name: str = "peg"
     peg_layers: list[int] = field(default_factory=lambda: [0], metadata=valid(-1, non_empty=True))
-    peg_kernel: int = field(default=3, metadata=valid(1, memory=_kernel_memory))
+    peg_kernel: int = field(default=3, metadata=valid(1, 255))
 
 
 def masked_batch_norm(x: Tensor, valid: Tensor, bn: nn.BatchNorm2d) -> Tensor:
