@@ -15,8 +15,8 @@ MAX_FUNCTION_LINES = 80
 #: Ceilings of tools/layout_figures.py's figures; lower one when a change lowers its figure.
 CEILINGS = {
     "core_lines": 17000,
-    "lab_lines": 5000,
-    "core_docstring_share": 0.15,
+    "lab_lines": 4900,
+    "core_docstring_share": 0.13,
     "defensive_lines": 2100,
     "tracked_files": 600,
     "config_path_files": 6,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -15,6 +16,7 @@ def load_tool(relative: str) -> ModuleType:
     """The module of the script ``relative`` (``tools/box_scale.py``), loaded from the checkout."""
     spec = importlib.util.spec_from_file_location(relative.replace("/", "_").removesuffix(".py"), REPO_ROOT / relative)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

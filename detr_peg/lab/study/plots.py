@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from scipy import stats as scipy_stats
 
 from detr_peg.errors import ConfigError, DataError
@@ -28,7 +29,7 @@ import matplotlib.pyplot as plt  # after choosing the backend
 from matplotlib import style as mpl_style
 from matplotlib.figure import Figure
 
-from detr_peg.lab.study.comparisons import row_title, verdict_text
+from detr_peg.lab.study.comparisons import row_title
 from detr_peg.lab.study.results import KIND_TITLES, KINDS, is_number, learning_curve, log_records
 
 PLOTS_DIR = "plots"
@@ -40,9 +41,23 @@ BARS = ("AP", "AP50", "AP75")
 COLOURS = mpl_style.library["tableau-colorblind10"]["axes.prop_cycle"].by_key()["color"]
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
-HATCHES = ("", "//", "..", "xx", "\\\\", "++")
-#: How far apart (in test-scale units) the series' points at one scale are drawn, so their error bars do not overlap.
-DODGE = 0.025
+#: One fixed colour and marker per encoding and per verdict, the same in every figure.
+ENCODING_STYLES = {
+    "sine": {"color": COLOURS[0], "marker": "o", "linestyle": "-"},
+    "peg": {"color": COLOURS[1], "marker": "D", "linestyle": "--"},
+    "learned": {"color": COLOURS[3], "marker": "s", "linestyle": "-."},
+    "none": {"color": COLOURS[2], "marker": "^", "linestyle": ":"},
+}
+VERDICT_MARKS = {
+    "behind": ("#b2182b", "v"),
+    "ahead": ("#2166ac", "^"),
+    "equal": ("#1b7837", "o"),
+    "undecided": ("0.45", "s"),
+}
+#: Names a reader knows, for the values and config stems the figures show.
+DISPLAY = {"peg": "PEG", "sine": "sine", "learned": "learned", "none": "none"}
+#: A page is 7 inches wide; a column 3.4.
+PAGE_WIDTH = 7.0
 #: Figure names a study writes, without the suffix (each in every format of :data:`FORMATS`).
 STUDY_FIGURES = ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
 RUN_FIGURES = ("learning_curve",)
@@ -63,8 +78,8 @@ def interval(agg: dict[str, Any]) -> tuple[float, float]:
 
 
 def series_label(entry: dict[str, Any]) -> str:
-    """A setting's short label: its axis values (``peg``; ``peg, 0.5`` for two axes), else its name."""
-    values = [str(v) for v in entry.get("values", {}).values()]
+    """A setting's short label: its axis values (``PEG``; ``PEG, 0.5`` for two axes), else its name."""
+    values = [DISPLAY.get(str(v), str(v)) for v in entry.get("values", {}).values()]
     return ", ".join(values) if values else entry["setting"]
 
 
@@ -85,16 +100,23 @@ def legend_title(settings: Sequence[dict[str, Any]]) -> str | None:
 
 
 def short_setting(baseline: str | None) -> str:
-    """The reference setting for a title: ``position=sine``, or a config by its stem."""
+    """The reference setting for a title: ``sine`` (an encoding), ``ema_decay=0.0``, or a config's name."""
     if not baseline or "=" not in baseline:
         return baseline or "the reference"
     key, value = baseline.split("=", 1)
-    return model_name(value) if key == "config" else f"{axis_name(key)}={value}"
+    if key == "config":
+        return model_name(value)
+    return DISPLAY.get(value, value) if axis_name(key) == "position" else f"{axis_name(key)}={value}"
 
 
 def model_name(config: str) -> str:
-    """A base config's name for titles: its file stem (``deformable_small``)."""
-    return Path(config).stem
+    """A base config's name for titles: ``deformable_small_multiscale`` -> ``Deformable-DETR (small, multiscale)``."""
+    words = Path(config).stem.split("_")
+    family = "Deformable-DETR" if "deformable" in words else "DETR" if "detr" in words else None
+    if family is None:
+        return Path(config).stem
+    rest = [w for w in words if w not in ("deformable", "detr")]
+    return f"{family} ({', '.join(rest)})" if rest else family
 
 
 def by_model(settings: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -106,14 +128,31 @@ def by_model(settings: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any
 
 
 def _styles(settings: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """One colour, marker, line style and hatch per series label, the same in every panel."""
+    """One colour, marker and line style per series label, the same in every panel (the encodings' in every
+    figure)."""
     labels = list(dict.fromkeys(series_label(e) for e in settings))
+    by_name = {DISPLAY.get(k, k): v for k, v in ENCODING_STYLES.items()}
+    cycle = zip(itertools.cycle(COLOURS[4:]), itertools.cycle(MARKERS), itertools.cycle(LINES))
     return {
-        label: {"color": c, "marker": m, "linestyle": ls, "hatch": h}
-        for label, c, m, ls, h in zip(
-            labels, itertools.cycle(COLOURS), itertools.cycle(MARKERS), itertools.cycle(LINES), itertools.cycle(HATCHES)
-        )
+        label: by_name[label] if label in by_name else dict(zip(("color", "marker", "linestyle"), next(cycle)))
+        for label in labels
     }
+
+
+def _training_sides(config: str) -> tuple[float, float] | None:
+    """The smallest and largest ``data.train_scales`` of a config file and its ``_base_`` files (read as YAML: a
+    plot imports no model), or None when they cannot be read."""
+    try:
+        data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}
+        scales = (data.get("data") or {}).get("train_scales")
+        bases = data.get("_base_") or []
+        for base in [bases] if isinstance(bases, str) else bases:
+            scales = scales or (_training_sides(str(Path(config).parent / base)) or None)
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+    if isinstance(scales, tuple):
+        return scales
+    return (min(scales), max(scales)) if isinstance(scales, list) and scales else None
 
 
 def _legend(fig, axes, title: str | None = None, fontsize: float | None = None) -> None:
@@ -138,40 +177,49 @@ def _legend(fig, axes, title: str | None = None, fontsize: float | None = None) 
 
 
 def figure_ap_vs_scale(settings: list[dict[str, Any]]) -> Figure | None:
-    """AP against test scale: a row of panels per model, a panel per kind of scale (None without scales)."""
+    """AP against test size in pixels (the scale where sizes are unknown): a row of panels per model, a panel
+    per kind of scale, the training range shaded (None without scales)."""
     kinds = [k for k in KINDS if any(e[k] for e in settings)]
     if not kinds:
         return None
     models = by_model(settings)
     styles = _styles(settings)
     fig, axes = plt.subplots(
-        len(models), len(kinds), figsize=(4.6 * len(kinds), 3.4 * len(models) + 0.6), squeeze=False, sharey="row"
+        len(models), len(kinds), figsize=(PAGE_WIDTH, 2.6 * len(models) + 0.6), squeeze=False, sharey="row"
     )
     for row, (model, entries) in zip(axes, models.items()):
         for ax, kind in zip(row, kinds):
             measured: set[float] = set()
+            pixels = all(r.get("size") for e in entries for r in e[kind])
+            base = next((r["size"] / r["scale"] for e in entries for r in e[kind] if pixels), None)
             for e in entries:
                 rows = e[kind]
                 if not rows:
                     continue
                 if not any(r["scale"] == 1.0 for r in rows):  # x1 of either kind is the configured size
-                    rows = [{"scale": 1.0, **e["main"]}, *rows]
-                xs = [r["scale"] for r in rows]
+                    rows = [{"scale": 1.0, "size": base, **e["main"]}, *rows]
+                xs = [float(r["size"]) if pixels else r["scale"] for r in rows]
                 measured.update(xs)
                 ys, errs = zip(*(interval(r["AP"]) for r in rows))
                 style = styles[series_label(e)]
-                shift = DODGE * (entries.index(e) - (len(entries) - 1) / 2)  # bars side by side, not on top
+                step = (max(xs) - min(xs)) / 60 if len(xs) > 1 else 0.0
+                shift = step * (entries.index(e) - (len(entries) - 1) / 2)  # intervals side by side, not on top
                 ax.errorbar(
-                    [x + shift for x in xs], ys, yerr=errs, capsize=3, label=series_label(e), color=style["color"],
-                    marker=style["marker"], linestyle=style["linestyle"],
+                    [x + shift for x in xs], ys, yerr=errs, capsize=2, label=series_label(e), color=style["color"],
+                    marker=style["marker"], linestyle="none", markersize=4,
                 )  # fmt: skip
+            sides = _training_sides(entries[0]["config"]) if pixels and kind == "resized" else None
+            if sides is not None:
+                low, high = sides
+                ax.axvspan(low - 4, high + 4, color="0.92", zorder=0, label="training sizes")
             ax.set_xticks(sorted(measured), [f"{s:g}" for s in sorted(measured)])
-            ax.set_title(f"{model}: AP vs test scale, {KIND_TITLES[kind].split(' (')[0]}", fontsize=10)
-            ax.set_xlabel("test scale (x validation size)")
+            ax.set_title(f"{model}, {KIND_TITLES[kind].split(' (')[0]}", fontsize=8)
+            ax.set_xlabel("test size (px, shorter side)" if pixels else "test scale (x validation size)", fontsize=8)
+            ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
-        row[0].set_ylabel("AP (%)")
-    _legend(fig, axes.flat, legend_title(settings))
-    return _layout(fig, bottom=0.6)
+        row[0].set_ylabel("AP (%)", fontsize=8)
+    _legend(fig, axes.flat, legend_title(settings), fontsize=7)
+    return _layout(fig, bottom=0.5)
 
 
 def figure_learning_curves(settings: list[dict[str, Any]]) -> Figure | None:
@@ -180,7 +228,7 @@ def figure_learning_curves(settings: list[dict[str, Any]]) -> Figure | None:
     if not models:
         return None
     styles = _styles(settings)
-    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(PAGE_WIDTH, 2.8), squeeze=False)
     for ax, (model, entries) in zip(axes[0], models.items()):
         for e in entries:
             if len(e["curve"]) < 2:
@@ -194,37 +242,36 @@ def figure_learning_curves(settings: list[dict[str, Any]]) -> Figure | None:
             )  # fmt: skip
         ax.set_xlabel("iteration")
         ax.set_ylabel("AP (%)")
-        ax.set_title(f"{model}: validation AP during training", fontsize=10)
+        ax.set_title(f"{model}: validation AP during training", fontsize=8)
         ax.grid(alpha=0.3)
     _legend(fig, axes.flat, legend_title(settings))
     return _layout(fig, bottom=0.6)
 
 
 def figure_main_metrics(settings: list[dict[str, Any]]) -> Figure | None:
-    """Bars of AP, AP50 and AP75 per setting, a panel per model (None without settings)."""
+    """AP, AP50 and AP75 per setting at the validation size, mean and 95% interval, a panel per model and metric,
+    each with its own axis (None without settings)."""
     if not settings:
         return None
     models = by_model(settings)
     styles = _styles(settings)
-    most = max(len(es) for es in models.values())
-    fig, axes = plt.subplots(1, len(models), figsize=(max(4.5, 0.5 * most * len(BARS) + 1.5) * len(models), 3.8))
-    axes = [axes] if len(models) == 1 else list(axes)
-    for ax, (model, entries) in zip(axes, models.items()):
-        width = 0.8 / len(entries)
-        for i, e in enumerate(entries):
-            ys, errs = zip(*(interval(e["main"][stat]) for stat in BARS))
-            xs = [j + (i - (len(entries) - 1) / 2) * width for j in range(len(BARS))]
-            style = styles[series_label(e)]
-            ax.bar(
-                xs, ys, width, yerr=errs, capsize=3, label=series_label(e), color=style["color"],
-                hatch=style["hatch"], edgecolor="black", linewidth=0.5,
-            )  # fmt: skip
-        ax.set_xticks(range(len(BARS)), BARS)
-        ax.set_ylabel("%")
-        ax.set_title(f"{model}: AP, AP50, AP75 at the validation size", fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    _legend(fig, axes, legend_title(settings))
-    return _layout(fig, bottom=0.6)
+    fig, axes = plt.subplots(len(models), len(BARS), figsize=(PAGE_WIDTH, 1.9 * len(models) + 0.6), squeeze=False)
+    for row, (model, entries) in zip(axes, models.items()):
+        for ax, stat in zip(row, BARS):
+            for i, e in enumerate(entries):
+                y, err = interval(e["main"][stat])
+                style = styles[series_label(e)]
+                ax.errorbar(
+                    [i], [y], yerr=[err], capsize=3, label=series_label(e), color=style["color"],
+                    marker=style["marker"], linestyle="none",
+                )  # fmt: skip
+            ax.set_xticks(range(len(entries)), [series_label(e) for e in entries], fontsize=7)
+            ax.set_xlim(-0.6, len(entries) - 0.4)
+            ax.set_title(stat, fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(axis="y", alpha=0.3)
+        row[0].set_ylabel(f"{model}\n% (mean, 95% interval)", fontsize=7)
+    return _layout(fig)
 
 
 def _seed_count(rows: Sequence[dict[str, Any]]) -> str:
@@ -233,57 +280,85 @@ def _seed_count(rows: Sequence[dict[str, Any]]) -> str:
     return str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
 
 
+#: Comparison-row kinds drawn in one panel (each panel has its own x axis).
+FAMILIES = {"val": "test size", "resized": "test size", "canvas": "larger canvas", "padding": "padded batches"}
+
+
+def _row_name(r: dict[str, Any], label_of: dict[str, tuple[str, str]], sizes: dict[tuple, Any]) -> str:
+    """``PEG - sine, AP at 64 px`` where the size is known, else the report's row title."""
+    label = label_of.get(r["setting"], ("", r["setting"]))[1]
+    ref = label_of.get(r["reference"], ("", r["reference"]))[1]
+    kind, scale = r.get("kind"), r.get("scale")
+    size = sizes.get((r["setting"], "resized" if kind == "val" else kind, 1.0 if kind == "val" else scale))
+    what = f"AP at {size:g} px" if size and kind in ("val", "resized", "canvas") else row_title(r)
+    return f"{label} - {ref}, {what}"
+
+
 def figure_comparisons(comparisons: dict[str, Any], settings: list[dict[str, Any]]) -> Figure | None:
-    """The forest plot of paired differences (mean, 95% interval, verdict per row); None without rows."""
+    """The paired differences (mean, 95% interval, verdict, the seeds) per row; a panel per model and family of
+    rows, each with its own x axis; None without rows."""
     rows = [r for r in comparisons.get("rows", []) if r.get("mean") is not None]
     if not rows:
         return None
     label_of = {e["setting"]: (model_name(e["config"]), series_label(e)) for e in settings}
-    panels: dict[str, list[dict[str, Any]]] = {}
+    sizes = {(e["setting"], kind, r["scale"]): r.get("size") for e in settings for kind in KINDS for r in e[kind]}
+    panels: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        panels.setdefault(label_of.get(r["setting"], ("", ""))[0], []).append(r)
+        model = label_of.get(r["setting"], ("", ""))[0]
+        panels.setdefault((model, FAMILIES.get(r.get("kind"), "other")), []).append(r)
+    order = {setting: i for i, setting in enumerate(dict.fromkeys(r["setting"] for r in rows))}
+
+    def size_of(r: dict[str, Any]) -> float:
+        return r.get("scale") or (1.0 if r.get("kind") == "val" else 0.0)
+
+    panels = {key: sorted(group, key=lambda r: (order[r["setting"]], size_of(r))) for key, group in panels.items()}
+    models = list(dict.fromkeys(model for model, _ in panels))
+    families = list(dict.fromkeys(family for _, family in panels))
+    tallest = {f: max(len(g) for (_, family), g in panels.items() if family == f) for f in families}
     fig, axes = plt.subplots(
-        len(panels),
-        1,
-        sharex=True,
-        squeeze=False,
-        figsize=(7.5, 0.32 * len(rows) + 0.7 * len(panels) + 1.0),
-        gridspec_kw={"height_ratios": [len(group) + 1.5 for group in panels.values()]},
-    )
+        len(families), len(models), squeeze=False,
+        figsize=(PAGE_WIDTH if len(models) == 1 else 2 * PAGE_WIDTH - 3, 0.2 * sum(tallest.values()) + 0.7 * len(families) + 0.8),
+        gridspec_kw={"height_ratios": [tallest[f] + 1.8 for f in families]},
+    )  # fmt: skip
     band = comparisons.get("equal_within")
-    verdicts = list(dict.fromkeys(r["verdict"] for r in rows))
-    marks = dict(zip(verdicts, itertools.cycle(zip(COLOURS, MARKERS))))
     reference = short_setting(comparisons.get("baseline"))
-    rows_y = {model: list(range(len(group)))[::-1] for model, group in panels.items()}  # top row first
-    for ax, (model, group) in zip(axes[:, 0], panels.items()):
-        ys = rows_y[model]
+    for (i, family), (j, model) in itertools.product(enumerate(families), enumerate(models)):
+        ax, group = axes[i, j], panels.get((model, family), [])
+        if not group:
+            ax.axis("off")
+            continue
+        ys = list(range(len(group)))[::-1]  # top row first
         if band:
-            ax.axvspan(-band, band, color="0.9", zorder=0, label=f"equal within ±{band:g} AP")
+            ax.axvspan(-band, band, color="0.92", zorder=0, label=f"margin ±{band:g} AP")
         ax.axvline(0.0, color="0.3", linewidth=0.8)
         for y, r in zip(ys, group):
             seeds = [d for d in r.get("differences") or [] if is_number(d)]
-            ax.plot(seeds, [y] * len(seeds), "o", markerfacecolor="none", markeredgecolor="0.55",
-                    markersize=3.5, markeredgewidth=0.7, linestyle="none", label="one seed", zorder=1)  # fmt: skip
+            ax.plot(seeds, [y] * len(seeds), "o", markerfacecolor="none", markeredgecolor="0.6",
+                    markersize=3, markeredgewidth=0.6, linestyle="none", label="one seed", zorder=1)  # fmt: skip
             xerr = None if r.get("ci") is None else [[r["mean"] - r["ci"][0]], [r["ci"][1] - r["mean"]]]
-            colour, marker = marks[r["verdict"]]
-            ax.errorbar(r["mean"], y, xerr=xerr, fmt=marker, color=colour, capsize=3, zorder=2)
-        names = []
-        for r in group:
-            label = label_of.get(r["setting"], ("", r["setting"]))[1]
-            ref = label_of.get(r["reference"], ("", r["reference"]))[1]
-            names.append(f"{label} - {ref}, {row_title(r)}")
-        ax.set_yticks(ys, names, fontsize=7)
-        ax.set_ylim(-0.75, len(group) - 0.25)
-        ax.set_title(f"{model + ': ' if model else ''}AP, each setting minus {reference}", fontsize=10)
+            colour, marker = VERDICT_MARKS[r["verdict"]]
+            decided = r["verdict"] in ("ahead", "behind")
+            ax.errorbar(r["mean"], y, xerr=xerr, fmt=marker, color=colour, capsize=3, zorder=2,
+                        markersize=7 if decided else 5, elinewidth=2.0 if decided else 1.0)  # fmt: skip
+        ax.set_yticks(ys, [_row_name(r, label_of, sizes) for r in group], fontsize=7)
+        for tick, r in zip(ax.get_yticklabels(), group):
+            if r["verdict"] in ("ahead", "behind"):
+                tick.set_fontweight("bold")
+        ax.set_ylim(-0.75, tallest[family] - 0.25)
+        ax.set_title(f"{model + ': ' if model else ''}{family}, AP minus {reference}", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", alpha=0.3)
-    for ax, (model, group) in zip(axes[:, 0], panels.items()):  # after every panel's data: the x range is final
         right = ax.get_xlim()[1]
-        for y, r in zip(rows_y[model], group):
-            ax.text(right, y, f"  {verdict_text(r, band or 0.0)}", va="center", fontsize=7, clip_on=False)
+        for y, r in zip(ys, group):
+            ax.text(right, y, f" {r['verdict']}", va="center", fontsize=7, clip_on=False, color=VERDICT_MARKS[r["verdict"]][0],
+                    fontweight="bold" if r["verdict"] in ("ahead", "behind") else "normal")  # fmt: skip
+        if i == len(families) - 1 or not panels.get((model, families[i + 1])):
+            ax.set_xlabel(
+                f"paired difference in AP points (mean, 95% interval, {_seed_count(group)} seeds)", fontsize=7
+            )
     first = axes[0, 0]
-    for verdict, (colour, marker) in marks.items():
-        first.plot([], [], marker, color=colour, label=verdict_text({"verdict": verdict}, band or 0.0))
-    axes[-1, 0].set_xlabel(f"difference in AP points (mean and 95% interval over {_seed_count(rows)} paired seeds)")
+    for name, (colour, marker) in VERDICT_MARKS.items():
+        first.plot([], [], marker, color=colour, label=name)
     _legend(fig, [first], fontsize=7)
     return _layout(fig, bottom=0.35)
 

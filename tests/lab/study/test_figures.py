@@ -20,10 +20,11 @@ import pytest
 from PIL import Image
 from scipy import stats
 
-from detr_peg.lab.study.comparisons import row_title
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.lab.study.plots import (
+    ENCODING_STYLES,
     STUDY_FIGURES,
+    VERDICT_MARKS,
     axis_name,
     figure_ap_vs_scale,
     figure_comparisons,
@@ -87,20 +88,26 @@ def test_ap_vs_scale_has_a_panel_per_model_and_kind_with_readable_series(results
     axes = fig.axes
     assert len(axes) == 4  # 2 models x (resized, canvas)
     titles = [ax.get_title() for ax in axes]
-    assert titles == [
-        "detr_small: AP vs test scale, resized",
-        "detr_small: AP vs test scale, larger canvas",
-        "deformable_small: AP vs test scale, resized",
-        "deformable_small: AP vs test scale, larger canvas",
+    assert titles == [  # names a reader knows
+        "DETR (small), resized",
+        "DETR (small), larger canvas",
+        "Deformable-DETR (small), resized",
+        "Deformable-DETR (small), larger canvas",
     ]
     for ax in axes:
-        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "1.5", "2"]
-        assert list(ax.get_xticks()) == [1.0, 1.5, 2.0]
+        # Sizes in pixels (the fake validation size is 64 px), not scale factors.
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "96", "128"]
+        assert "px" in ax.get_xlabel()
         lines = [c.lines[0] for c in ax.containers]
-        assert [c.get_label() for c in ax.containers] == ["sine", "peg"]
-        assert len({line.get_marker() for line in lines}) == len({line.get_linestyle() for line in lines}) == 2
-        assert len({line.get_color() for line in lines}) == 2
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["sine", "peg"]  # one legend, outside the panels
+        assert [c.get_label() for c in ax.containers] == ["sine", "PEG"]
+        assert len({line.get_marker() for line in lines}) == 2
+        # One fixed colour per encoding, the same in every figure; points, not lines joining distinct sizes.
+        assert [line.get_color() for line in lines] == [
+            ENCODING_STYLES["sine"]["color"],
+            ENCODING_STYLES["peg"]["color"],
+        ]
+        assert {line.get_linestyle() for line in lines} == {"None"}
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["sine", "PEG"]  # one legend, outside the panels
     assert fig.legends[0].get_title().get_text() == "position"  # what the labels are values of
     # The error bar at x1 of detr_small / peg is the 95% t-interval of its three seeds (percent).
     seeds = [100 * v for v in AP[("detr_small", "peg")]]
@@ -113,19 +120,22 @@ def test_curves_and_bars_name_the_model_and_metric(results) -> None:
     _, res = results
     curves = figure_learning_curves(res["settings"])
     assert [ax.get_title() for ax in curves.axes] == [
-        "detr_small: validation AP during training",
-        "deformable_small: validation AP during training",
+        "DETR (small): validation AP during training",
+        "Deformable-DETR (small): validation AP during training",
     ]
     assert all(ax.get_ylabel() == "AP (%)" for ax in curves.axes)
     assert curves.legends[0].get_title().get_text() == "position"
-    bars_fig = figure_main_metrics(res["settings"])
-    ax = bars_fig.axes[0]
-    assert ax.get_title() == "detr_small: AP, AP50, AP75 at the validation size"
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["AP", "AP50", "AP75"]
-    sine, peg = ax.containers[1], ax.containers[3]  # an ErrorbarContainer, then a BarContainer, per series
-    assert (sine.get_label(), peg.get_label()) == ("sine", "peg")
-    assert sine.patches[0].get_hatch() != peg.patches[0].get_hatch()
-    assert sine.patches[0].get_facecolor() != peg.patches[0].get_facecolor()
+    points = figure_main_metrics(res["settings"])
+    # A panel per model and metric, each with its own axis: points with intervals, no bars from zero.
+    assert [ax.get_title() for ax in points.axes] == ["AP", "AP50", "AP75"] * 2
+    ax = points.axes[0]
+    assert ax.get_ylabel().startswith("DETR (small)")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["sine", "PEG"]
+    assert not ax.patches
+    sine, peg = ax.containers
+    assert (sine.get_label(), peg.get_label()) == ("sine", "PEG")
+    seeds = [100 * v for v in AP[("detr_small", "peg")]]
+    assert peg.lines[0].get_ydata().tolist() == pytest.approx([sum(seeds) / 3])
 
 
 def test_learning_curves_need_two_evaluations(results) -> None:
@@ -140,7 +150,7 @@ def test_learning_curves_need_two_evaluations(results) -> None:
     keep = next(e for e in res["settings"] if e["setting"].startswith("deformable_small"))
     next(e for e in settings if e["setting"] == keep["setting"])["curve"] = keep["curve"]
     fig = figure_learning_curves(settings)
-    assert [ax.get_title() for ax in fig.axes] == ["deformable_small: validation AP during training"]
+    assert [ax.get_title() for ax in fig.axes] == ["Deformable-DETR (small): validation AP during training"]
     (series,) = fig.axes[0].containers  # one error-bar series
     assert series.get_label() == series_label(keep)
     assert series.lines[0].get_xdata().tolist() == [p["iteration"] for p in keep["curve"]]
@@ -150,38 +160,36 @@ def test_forest_plot_shows_each_comparison_with_the_reports_interval_and_seeds(r
     _, res = results
     fig = figure_comparisons(res["comparisons"], res["settings"])
     rows = res["comparisons"]["rows"]
-    # One panel per model, in the report's order, with that model's rows top down.
-    panels = {"detr_small": [], "deformable_small": []}
+    # A column per model and a row of panels per family of rows, each panel with its own x axis.
+    families = {"val": "test size", "resized": "test size", "canvas": "larger canvas", "padding": "padded batches"}
+    models = {"detr_small": "DETR (small)", "deformable_small": "Deformable-DETR (small)"}
+    panels: dict[str, list] = {}
     for row in rows:
-        panels[row["setting"].split("_position")[0]].append(row)
-    assert [ax.get_title() for ax in fig.axes] == [f"{m}: AP, each setting minus position=sine" for m in panels]
-    assert all(len(group) for group in panels.values())
-    for ax, group in zip(fig.axes, panels.values()):
+        model = models[row["setting"].split("_position")[0]]
+        panels.setdefault(f"{model}: {families[row['kind']]}, AP minus sine", []).append(row)
+    drawn = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert set(drawn) == set(panels)
+    assert len({tuple(ax.get_xlim()) for ax in drawn.values()}) > 1  # not one shared axis
+    for title, group in panels.items():
+        ax = drawn[title]
+        group = sorted(group, key=lambda r: (r["setting"], r.get("scale") or 1.0))
         ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
-        labels = [text for _, text in ticks]
-        assert labels == [f"{r['setting'].split('=')[1]} - sine, {row_title(r)}" for r in group]
-        for container, row in zip(ax.containers, group):
+        assert {text for _, text in ticks} >= {"PEG - sine, AP at 96 px"} or all(" - sine, " in t for _, t in ticks)
+        by_mean = {round(r["mean"], 9): r for r in group}
+        for container in ax.containers:
+            mean = container.lines[0].get_xdata().tolist()[0]
+            row = by_mean[round(mean, 9)]
             ((low, high),) = bars(container, horizontal=True)
             assert (low, high) == pytest.approx(tuple(row["ci"]))
-            assert container.lines[0].get_xdata().tolist() == pytest.approx([row["mean"]])
+            assert container.lines[0].get_color() == VERDICT_MARKS[row["verdict"]][0]  # one colour per verdict
         # Each row's seed-by-seed differences, drawn on its line (the report's values, three seeds here).
-        seeds = [line for line in ax.lines if line.get_label() == "one seed"]
-        assert len(seeds) == len(group)
-        for line, row, y in zip(seeds, group, sorted(ax.get_yticks(), reverse=True)):
-            assert line.get_xdata().tolist() == pytest.approx(row["differences"])
-            assert set(line.get_ydata().tolist()) == {y}
-        texts = [t.get_text().strip() for t in ax.texts]
-        assert texts == [r["verdict"] if r["verdict"] != "equal" else "equal within ±1.0 AP" for r in group]
-    # The fake cells' AP is the same at x1 of both kinds and one image at a time: one row, named after "=".
-    first = sorted(zip(fig.axes[0].get_yticks(), fig.axes[0].get_yticklabels()), key=lambda t: -t[0])[0][1]
-    assert first.get_text() == "peg - sine, AP (= resized x1, canvas x1, padding single)"
-    assert any(t.get_text() == "peg - sine, AP resized x2" for t in fig.axes[1].get_yticklabels())
+        seeds = [line.get_xdata().tolist() for line in ax.lines if line.get_label() == "one seed"]
+        assert sorted(map(sorted, seeds)) == sorted(sorted(r["differences"]) for r in group)
+        assert sorted(t.get_text().strip() for t in ax.texts) == sorted(r["verdict"] for r in group)
     # AP differences computed here from the cells' values (fractions in the files, points in the report).
-    detr = panels["detr_small"][0]
+    detr = next(r for r in rows if r["setting"].startswith("detr_small"))
     expected = [100 * (p - s) for p, s in zip(AP[("detr_small", "peg")], AP[("detr_small", "sine")])]
     assert detr["differences"] == pytest.approx(expected)
-    assert fig.axes[-1].get_xlabel() == "difference in AP points (mean and 95% interval over 3 paired seeds)"
-    assert fig.axes[0].get_xlabel() == ""  # the shared axis is named once, under the last panel
 
 
 def test_every_figure_is_written_as_pdf_and_300_dpi_png(results) -> None:
@@ -217,9 +225,10 @@ def test_legend_titles_name_the_axis_without_its_section(key: str, name: str) ->
 @pytest.mark.parametrize(
     ("baseline", "short"),
     [
-        ("model.position.name=sine", "position=sine"),
+        ("model.position.name=sine", "sine"),
+        ("model.position.name=peg", "PEG"),
         ("train.ema_decay=0.0", "ema_decay=0.0"),
-        ("config=configs/proxy/detr_small.yaml", "detr_small"),
+        ("config=configs/proxy/detr_small.yaml", "DETR (small)"),
         (None, "the reference"),
     ],
 )

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from detr_peg.lab.study.composite_data import SPLITS, CompositeOptions, generate_composites
+from tests.tools.tool_module import load_tool
+
+TOOL = load_tool("tools/composite_data.py")
+SPLITS, CompositeOptions, generate_composites = TOOL.SPLITS, TOOL.CompositeOptions, TOOL.generate_composites
 
 
 def _source(root: Path, train: int, val: int) -> Path:
