@@ -29,7 +29,7 @@ except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path
 
 _EXPORTS = {
     "Detector": "detr_peg.detector",
-    "Detections": "detr_peg.engine.detections",
+    "Detections": "detr_peg.detections",
     "Config": "detr_peg.config",
     "load_config": "detr_peg.config",
     "build_model": "detr_peg.models",

@@ -26,7 +26,7 @@ from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.padding import pad_images
 from detr_peg.data.transforms import build_eval_transforms
-from detr_peg.engine.detections import Detections, category_of
+from detr_peg.detections import Detections, category_of
 from detr_peg.engine.distributed import process_group, resolve_device
 from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.evaluation.run import load_for_evaluation, run_evaluation
@@ -43,8 +43,10 @@ class Detector(HubFolders):
     """A detector ready for inference: model, post-processor, label map, device and precision.
 
     Build one with :meth:`from_checkpoint`, :meth:`from_pretrained`, :meth:`from_config` or
-    :meth:`from_onnx`. ``device``: ``auto`` (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:N``.
-    ``amp`` is ``train.amp`` of the config where the device supports it natively, else ``none``.
+    :meth:`from_onnx`, or train one with :meth:`train`. ``device``: ``auto`` (a GPU when there is one), ``cpu``,
+    ``cuda`` or ``cuda:N``. ``amp``: ``predict`` runs in float32 (``none``), as the ONNX graph does, so the two
+    give the same detections; set ``detector.amp = "auto"`` (or ``bf16``, ``fp16``) for autocast.
+    ``evaluate`` runs as ``detr-peg eval`` does, with the config's ``train.amp``.
     """
 
     def __init__(self, loaded: LoadedModel, *, device: str | torch.device = "auto") -> None:
@@ -54,7 +56,7 @@ class Detector(HubFolders):
             loaded.to(self.device).model.eval()
         else:  # an ONNX Runtime graph runs on the CPU
             self.device = torch.device("cpu")
-        self.amp = evaluation_amp(loaded.config.train.amp, self.device)
+        self.amp = "none"
         self._transform = build_eval_transforms(loaded.config.data)
 
     @classmethod
@@ -135,7 +137,7 @@ class Detector(HubFolders):
 
         ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays or ``(3, H, W)`` tensors (uint8, or float
         in [0, 1]). ``threshold`` defaults to ``eval.score_threshold``; results do not depend on ``batch_size``.
-        Returns one :class:`~detr_peg.engine.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in
+        Returns one :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in
         input order. Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size).
         """
         single = not isinstance(images, (list, tuple))
@@ -164,7 +166,8 @@ class Detector(HubFolders):
                 images, mask = pad_images([t for _, t, _ in chunk], self.loaded.model.size_divisibility)
                 batches.append((images, mask, [item for item, _, _ in chunk]))
         results: list[Detections | None] = [None] * len(inputs)
-        for batch in run_inference(self.loaded, batches, device=self.device, amp=self.amp):
+        amp = self.amp if self.amp == "none" else evaluation_amp(self.amp, self.device)
+        for batch in run_inference(self.loaded, batches, device=self.device, amp=amp):
             for item, detection in zip(batch.items, batch.detections):
                 source = items[item["index"]][2]
                 results[item["index"]] = Detections.from_postprocessed(
@@ -201,7 +204,7 @@ class Detector(HubFolders):
                 )
                 return run.metrics
             loaded, dataset, _ = load_for_evaluation(cfg, self.loaded, env)
-            out = evaluate_dataset(loaded, dataset, env, amp=self.amp)
+            out = evaluate_dataset(loaded, dataset, env, amp=evaluation_amp(self.config.train.amp, self.device))
             return out.metrics
 
     def evaluate_scales(
@@ -233,6 +236,30 @@ class Detector(HubFolders):
         evaluation = replace(cfg.eval, batch_size=batch_size) if batch_size is not None else cfg.eval
         return replace(cfg, data=data, eval=evaluation)
 
+    @classmethod
+    def train(
+        cls,
+        config: str | os.PathLike | Config,
+        output_dir: str | os.PathLike,
+        *,
+        train_images: str | os.PathLike,
+        train_annotations: str | os.PathLike,
+        val_images: str | os.PathLike | None = None,
+        val_annotations: str | os.PathLike | None = None,
+        overrides: Iterable[str] = (),
+        device: str | torch.device = "auto",
+        progress_bars: bool | None = None,
+    ) -> Detector:
+        """Train from scratch (or from the config's backbone weights) on a COCO-format dataset, as
+        ``detr-peg train`` does; ``model.num_classes`` comes from the data. Writes the run into ``output_dir``
+        and returns a :class:`Detector` of its checkpoint. Raises ``UserError`` (bad config, data or folder).
+        """
+        stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
+        return cls._train(
+            stored, output_dir, (train_images, train_annotations, val_images, val_annotations),
+            overrides, str(device), progress_bars, init_from=None, source=str(config),
+        )  # fmt: skip
+
     def fine_tune(
         self,
         output_dir: str | os.PathLike,
@@ -253,20 +280,30 @@ class Detector(HubFolders):
         Returns a :class:`Detector` of ``output_dir/checkpoint.pth`` on this device. Raises ``UserError``
         (ONNX detector, bad override or data, unfitting weights, occupied output folder).
         """
-        from detr_peg.engine.training import run_training
-
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(
                 "A detector from an ONNX graph has no weights to train; fine-tune the checkpoint it was "
                 "exported from (Detector.from_checkpoint)."
             )
+        return self._train(
+            config_to_dict(self.config), output_dir, (train_images, train_annotations, val_images, val_annotations),
+            overrides, str(self.device), progress_bars, init_from=self.loaded.source, source="the config of the detector",
+        )  # fmt: skip
+
+    @classmethod
+    def _train(
+        cls, stored: dict, output_dir: Any, data: tuple, overrides: Iterable[str], device: str,
+        progress_bars: bool | None, *, init_from: str | None, source: str,
+    ) -> Detector:  # fmt: skip
+        from detr_peg.engine.training import run_training
+
+        train_images, train_annotations, val_images, val_annotations = data
         if (val_images is None) != (val_annotations is None):
             given = "val_images" if val_annotations is None else "val_annotations"
             raise ConfigError(
-                f"fine_tune got {given} alone: val_images and val_annotations go together; give both to evaluate "
+                f"Training got {given} alone: val_images and val_annotations go together; give both to evaluate "
                 "the run, or neither."
             )
-        stored = config_to_dict(self.config)
         stored["model"]["num_classes"] = None  # taken from the dataset
         stored["data"].update(
             train_images=str(train_images),
@@ -274,14 +311,10 @@ class Detector(HubFolders):
             val_images=None if val_images is None else str(val_images),
             val_annotations=None if val_annotations is None else str(val_annotations),
         )
-        stored["train"].update(
-            output_dir=str(output_dir), resume=False, init_from=self.loaded.source, device=str(self.device)
-        )
-        cfg = load_config(
-            None, overrides, base=stored, base_source="the config of the detector", overrides_source="overrides"
-        )
+        stored["train"].update(output_dir=str(output_dir), resume=False, init_from=init_from, device=device)
+        cfg = load_config(None, overrides, base=stored, base_source=source, overrides_source="overrides")
         result = run_training(cfg, progress_bars=progress_bars)
-        return Detector.from_checkpoint(result.checkpoint, device=self.device)
+        return cls.from_checkpoint(result.checkpoint, device=device)
 
     def export_onnx(self, path: str | os.PathLike, **options: Any) -> Path:
         """Write the model to an ONNX file (``options``: see :func:`detr_peg.export.onnx_export.export_onnx`); the path.

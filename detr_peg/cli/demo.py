@@ -171,7 +171,6 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
 
     from detr_peg.cli.predict import predict_files
     from detr_peg.detector import Detector
-    from detr_peg.engine.drawing import draw_detections
     from detr_peg.fileio.atomic import save_image, write_json
     from detr_peg.fileio.os_errors import make_folder
 
@@ -186,7 +185,7 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
             if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
                 picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
                 detections.boxes = detections.boxes * factor
-            save_image(out / f"{path.stem}.png", draw_detections(picture, detections))
+            save_image(out / f"{path.stem}.png", detections.draw(picture))
     write_json(out / "predictions.json", records)
     return len(records)
 

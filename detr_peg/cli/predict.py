@@ -139,7 +139,6 @@ def run(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         from detr_peg.detector import Detector
-        from detr_peg.engine.drawing import draw_detections
         from detr_peg.engine.run_hints import no_detections_note, short_training_note
         from detr_peg.fileio.atomic import remove_stale_folders, write_json
         from detr_peg.fileio.os_errors import make_folder, write_error, writing
@@ -178,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
                     records.extend(detections.records(image_id))
                     name = unique_png_name(path, used)
                     with writing(out / name):
-                        draw_detections(picture, detections).save(stage / name)
+                        detections.draw(picture).save(stage / name)
             for name in sorted(used):
                 os.replace(stage / name, out / name)
             write_json(out / "predictions.json", records)

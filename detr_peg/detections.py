@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import colorsys
+import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from PIL import Image
 from torch import Tensor
 from torchvision.ops import clip_boxes_to_image
+from torchvision.transforms.v2 import functional as F
+from torchvision.utils import draw_bounding_boxes
 
 from detr_peg.data.label_map import LabelMap
 from detr_peg.messages import install_hint
@@ -101,6 +107,24 @@ class Detections:
             )
         return out
 
+    def draw(self, picture: Image.Image | str | os.PathLike, width: int | None = None) -> Image.Image:
+        """The picture (a PIL image or an image file, at the size predicted on) with each box, its class name
+        and score, in a colour per category; ``width`` of the lines defaults to the longer side / 320."""
+        if not isinstance(picture, Image.Image):
+            with Image.open(picture) as opened:
+                picture = opened.convert("RGB")
+        picture = picture if picture.mode == "RGB" else picture.convert("RGB")
+        if len(self) == 0:
+            return picture.copy()
+        if width is None:
+            width = max(2, round(max(picture.size) / 320))
+        labels = [f"{name} {score:.2f}" for name, score in zip(self.class_names, self.scores.tolist())]
+        colors = [category_color(c) for c in self.category_ids]
+        drawn = draw_bounding_boxes(
+            F.pil_to_tensor(picture), self.boxes, labels=labels, colors=colors, width=width, **_LABEL_STYLE
+        )
+        return F.to_pil_image(drawn)
+
     def to_supervision(self) -> Any:
         """The same detections as ``supervision.Detections`` (``class_id``: category ids, ``data["class_name"]``).
 
@@ -129,3 +153,18 @@ def category_of(label_map: LabelMap | None, label: int) -> tuple[int, str]:
         return label_map.category_id_of(label), label_map.name_of(label)
     except KeyError:
         return label, f"class {label}"
+
+
+def category_color(category_id: int) -> tuple[int, int, int]:
+    """A stable, well-separated colour per category (golden-ratio hues)."""
+    hue = (category_id * 0.618033988749895) % 1.0
+    r, g, b = colorsys.hsv_to_rgb(hue, 0.85, 0.95)
+    return int(r * 255), int(g * 255), int(b * 255)
+
+
+#: Label text on a filled box of the box's colour, where torchvision supports it (>= 0.23).
+_LABEL_STYLE = (
+    {"fill_labels": True, "label_colors": "white"}
+    if "fill_labels" in inspect.signature(draw_bounding_boxes).parameters
+    else {}
+)
