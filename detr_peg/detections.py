@@ -108,8 +108,8 @@ class Detections:
         return out
 
     def draw(self, picture: Image.Image | str | os.PathLike, width: int | None = None) -> Image.Image:
-        """The picture (a PIL image or an image file, at the size predicted on) with each box, its class name
-        and score, in a colour per category; ``width`` of the lines defaults to the longer side / 320."""
+        """The picture (PIL image or file, as predicted on) with each box, class name and score in a colour per
+        category; line ``width`` defaults to the longer side / 320."""
         if not isinstance(picture, Image.Image):
             with Image.open(picture) as opened:
                 picture = opened.convert("RGB")

@@ -250,10 +250,8 @@ class Detector(HubFolders):
         device: str | torch.device = "auto",
         progress_bars: bool | None = None,
     ) -> Detector:
-        """Train from scratch (or from the config's backbone weights) on a COCO-format dataset, as
-        ``detr-peg train`` does; ``model.num_classes`` comes from the data. Writes the run into ``output_dir``
-        and returns a :class:`Detector` of its checkpoint. Raises ``UserError`` (bad config, data or folder).
-        """
+        """Train from a config on a COCO-format dataset as ``detr-peg train`` does (``model.num_classes`` from the
+        data); the run goes into ``output_dir``. Returns its :class:`Detector`; ``UserError`` on bad input."""
         stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
         return cls._train(
             stored, output_dir, (train_images, train_annotations, val_images, val_annotations),

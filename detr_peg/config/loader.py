@@ -7,6 +7,7 @@ Every value is checked against its field before anything is built; a problem is 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import types
@@ -32,6 +33,8 @@ from detr_peg.fileio.bounded_read import (
     plain,
     read_bounded_bytes,
 )
+
+logger = logging.getLogger(__name__)
 
 BASE_KEY = "_base_"
 
@@ -158,8 +161,18 @@ def build_config(layers: list[Layer], *, lenient: Collection[int] = ()) -> Confi
     defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
     # Conditional defaults (the sine offset) and stored fields of another arch or encoding fall away.
     merged = {key: entry for key, entry in defaults.items() if _has_field(cfg, key)}
+    # Options of another encoding set before the layer that chose this one (a PEG config's peg_layers under
+    # model.position.name=sine, a study cell of a grid over encodings) are left out with a note.
+    chooser = max((i for i, layer in enumerate(layers) if "model.position.name" in layer), default=-1)
     for index, layer in enumerate(layers):
-        merged.update((key, entry) for key, entry in layer.items() if index not in lenient or _has_field(cfg, key))
+        for key, entry in layer.items():
+            superseded = index < chooser and key.startswith("model.position.")
+            if (index in lenient or superseded) and not _has_field(cfg, key):
+                note = "%s: left out '%s', an option of another encoding than model.position.name %r (%s)"
+                if index not in lenient:
+                    logger.info(note, entry[1], key, encoding, layers[chooser]["model.position.name"][1])
+            else:
+                merged[key] = entry
 
     for key, (value, source) in merged.items():
         owner, name, hint = _resolve(cfg, key, source, arch, encoding)

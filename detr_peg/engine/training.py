@@ -38,7 +38,7 @@ from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
 from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.trainer import HookBase, Trainer
 from detr_peg.engine.weight_average import WeightAverage
-from detr_peg.errors import ConfigError, TrainingError
+from detr_peg.errors import TrainingError
 from detr_peg.guards.declared_io import train_io
 from detr_peg.guards.output_guard import guard_outputs
 from detr_peg.guards.resume_rules import RunShape, resume_position, stored_shape
@@ -81,7 +81,7 @@ def run_training(
             or a stop request (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
     """
     with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
-        check_training_ranges(cfg, env.device)
+        check_amp(cfg.train.amp, env.device)  # the other values were checked against their ranges on loading
         owned = on_main(env, lambda: guard_outputs("train", *_train_io(cfg)))
         if owned is not None:
             claims.enter_context(owned)  # settled when the run ends, well or not
@@ -203,18 +203,6 @@ def _resume(
     if changed:
         notes = [*notes, f"the config differs from the checkpoint's in: {', '.join(changed[:8])}"]
     return progress, notes
-
-
-def check_training_ranges(cfg: Config, device: torch.device) -> None:
-    """Refuse mixed precision where it does not exist and epoch or iteration budgets below one."""
-    t = cfg.train
-    check_amp(t.amp, device)
-    if t.epochs < 1:
-        raise ConfigError(f"train.epochs must be at least 1, got {t.epochs}.")
-    if t.max_iters is not None and t.max_iters < 1:
-        raise ConfigError(f"train.max_iters must be at least 1 or null, got {t.max_iters}.")
-    if t.eval_every_iters < 0:
-        raise ConfigError(f"train.eval_every_iters must be 0 (off) or positive, got {t.eval_every_iters}.")
 
 
 @contextlib.contextmanager

@@ -175,10 +175,40 @@ def test_non_finite_floats_are_refused_everywhere(value):
                     load_config(None, [f"{path}.{f.name}={value}"])
 
 
-def test_layers_read_from_weights_keep_only_the_fields_of_the_chosen_encoding():
-    """``convert``: tables of a learned encoding read from the weights, converted to ``peg``."""
+def test_layers_read_from_weights_keep_only_the_fields_of_the_chosen_encoding(caplog):
+    """``convert``: tables of a learned encoding read from the weights, converted to ``peg``: left out silently
+    from a lenient (stored) layer, with a note from any other earlier layer."""
     from_weights = dotted_layer({"model.position.name": "learned", "model.position.num_embeddings": 50}, "weights")
     choice = parse_overrides(["model.position.name=peg"])
-    assert build_config([from_weights, choice], lenient={0}).model.position == PEGOptions()
-    with pytest.raises(ConfigError, match="'model.position.num_embeddings' is an option of model.position.name"):
-        build_config([from_weights, choice])
+    with caplog.at_level("INFO", logger="detr_peg.config.loader"):
+        assert build_config([from_weights, choice], lenient={0}).model.position == PEGOptions()
+        assert not caplog.records
+        assert build_config([from_weights, choice]).model.position == PEGOptions()
+    assert [r.getMessage() for r in caplog.records] == [
+        "weights: left out 'model.position.num_embeddings', an option of another encoding than model.position.name "
+        "'peg' (command line)"
+    ]
+
+
+@pytest.mark.parametrize("config", ["configs/detr_r50_peg.yaml", "configs/deformable_detr_r50_peg.yaml", "demo"])
+def test_a_peg_config_runs_with_any_encoding(config, caplog) -> None:
+    """The PEG options of a config file give way to a later model.position.name, with a note naming them."""
+    for name in ("sine", "learned", "none"):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="detr_peg.config.loader"):
+            cfg = load_config(config, [f"model.position.name={name}"])
+        assert cfg.model.position.name == name and not hasattr(cfg.model.position, "peg_layers")
+        notes = [r.getMessage() for r in caplog.records]
+        assert any("left out 'model.position.peg_layers'" in n and f"model.position.name '{name}'" in n for n in notes)
+    # Given together with the other encoding, a PEG option is a contradiction: refused.
+    with pytest.raises(ConfigError, match=r"'model.position.peg_layers' is an option of model.position.name 'peg'"):
+        load_config(config, ["model.position.name=sine", "model.position.peg_layers=[1]"])
+
+
+def test_a_study_over_encodings_plans_from_a_peg_config(tmp_path, capsys) -> None:
+    from detr_peg.cli.main import main
+
+    args = ["study", "--config", "configs/detr_r50_peg.yaml", "--grid", "model.position.name=sine,peg", "--plan"]
+    assert main([*args, "--output", str(tmp_path / "study")]) == 0
+    out = capsys.readouterr().out
+    assert "model.position.name=sine" in out and "model.position.name=peg" in out
