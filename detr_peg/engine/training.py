@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
-from detr_peg.config.loader import config_to_dict
+from detr_peg.config.loader import config_from_dict, config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.label_map import LabelMap
@@ -80,8 +80,9 @@ def run_training(
         UserError: bad config, data or checkpoint, an unwritable or full output folder, a non-finite loss,
             or a stop request (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
     """
+    cfg = config_from_dict(config_to_dict(cfg), "run_training's config")  # a Config made in Python meets the ranges
     with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
-        check_amp(cfg.train.amp, env.device)  # the other values were checked against their ranges on loading
+        check_amp(cfg.train.amp, env.device)
         owned = on_main(env, lambda: guard_outputs("train", *_train_io(cfg)))
         if owned is not None:
             claims.enter_context(owned)  # settled when the run ends, well or not
