@@ -174,7 +174,12 @@ def test_forest_plot_shows_each_comparison_with_the_reports_interval_and_seeds(r
         ax = drawn[title]
         group = sorted(group, key=lambda r: (r["setting"], r.get("scale") or 1.0))
         ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
-        assert {text for _, text in ticks} >= {"PEG - sine, AP at 96 px"} or all(" - sine, " in t for _, t in ticks)
+        expected = {  # rows in size order, sizes in pixels (the fake validation size is 64 px)
+            "test size": ["PEG - sine, AP at 64 px", "PEG - sine, AP at 96 px", "PEG - sine, AP at 128 px"],
+            "larger canvas": ["PEG - sine, AP at 96 px"],
+            "padded batches": ["PEG - sine, AP padding mixed", "PEG - sine, AP padding mixed - single"],
+        }
+        assert [text for _, text in ticks] == expected[title.split(": ")[1].split(",")[0]]
         by_mean = {round(r["mean"], 9): r for r in group}
         for container in ax.containers:
             mean = container.lines[0].get_xdata().tolist()[0]
