@@ -34,9 +34,9 @@ from detr_peg.engine.evaluation.scales import run_scale_evaluation
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.errors import ConfigError
-from detr_peg.guards.output_guard import Input, Output, guard_outputs
 from detr_peg.hub import HubFolders
 from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
+from detr_peg.outputs import Input, Output, guard_outputs
 
 
 class Detector(HubFolders):

@@ -15,6 +15,7 @@ import torch
 from huggingface_hub import ModelCard, ModelHubMixin
 
 from detr_peg.checkpoint.format import Checkpoint
+from detr_peg.checkpoint.hub_files import hub_errors, model_folder
 from detr_peg.checkpoint.hub_folder import (
     CONFIG_JSON,
     DOCUMENTATION,
@@ -31,7 +32,6 @@ from detr_peg.convert.transformers_folder import convert_transformers
 from detr_peg.engine.evaluation.metric_units import read_metrics
 from detr_peg.engine.evaluation.run import METRICS_JSON
 from detr_peg.errors import CheckpointError, ConfigError
-from detr_peg.fileio.hub_files import hub_errors, model_folder
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint
 
 #: The arguments of ``huggingface_hub.hf_hub_download`` that ``from_pretrained`` passes on.

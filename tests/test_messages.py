@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from detr_peg.errors import ConfigError
-from detr_peg.fileio.os_errors import write_error
 from detr_peg.lab.study.grid import StudyDefinition, expand_cells, parse_axis
 from detr_peg.messages import listed, shortened
+from detr_peg.outputs import write_error
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from pycocotools.coco import COCO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from detr_peg.fileio.atomic import atomic_write_text  # noqa: E402
+from detr_peg.outputs import atomic_write_text  # noqa: E402
 
 SPLITS = ("train", "tune", "val", "test")
 _SPLIT_CODES = {name: i for i, name in enumerate(SPLITS)}

@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 LAB = "detr_peg/lab/"
 #: Modules whose only concern is refusing bad input or protecting outputs (they hold no detector logic).
 DEFENSIVE = (
-    "detr_peg/guards/",
-    "detr_peg/fileio/",
+    "detr_peg/outputs.py",
+    "detr_peg/bounded_read.py",
+    "detr_peg/checkpoint/resume_rules.py",
     "detr_peg/config/ranges.py",
     "detr_peg/models/argument_checks.py",
     "detr_peg/checkpoint/validation.py",

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from detr_peg.cli.main import OneLineParser  # noqa: E402
 from detr_peg.engine.evaluation.metric_units import percent_metrics  # noqa: E402
 from detr_peg.errors import UserError  # noqa: E402
-from detr_peg.fileio.os_errors import make_folder  # noqa: E402
+from detr_peg.outputs import make_folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MULTISCALE = ["data.train_scales=[64,72,80,88,96,104,112,120,128]", "data.train_max_size=128"]

@@ -2,6 +2,7 @@
 atomic writes re-exported; rebuilding a model from a checkpoint is :func:`detr_peg.load_model`.
 """
 
+from detr_peg.checkpoint.files import atomic_torch_save, read_checkpoint_file
 from detr_peg.checkpoint.format import (
     Checkpoint,
     checkpoint_dict,
@@ -9,7 +10,6 @@ from detr_peg.checkpoint.format import (
     read_checkpoint,
     save_checkpoint,
 )
-from detr_peg.fileio.checkpoint_files import atomic_torch_save, read_checkpoint_file
 
 __all__ = [
     "Checkpoint",

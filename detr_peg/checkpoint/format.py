@@ -14,13 +14,13 @@ from typing import Any
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
+from detr_peg.checkpoint.files import atomic_torch_save, read_checkpoint_file
 from detr_peg.checkpoint.validation import check_checkpoint_fields
 from detr_peg.checkpoint.weights_check import check_loaded_weights
 from detr_peg.config.loader import config_from_dict, config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError, ConfigError
-from detr_peg.fileio.atomic import atomic_write
-from detr_peg.fileio.checkpoint_files import atomic_torch_save, read_checkpoint_file
+from detr_peg.outputs import atomic_write
 
 FORMAT = "detr_peg"
 FORMAT_VERSION = 1

@@ -19,7 +19,7 @@ from detr_peg.checkpoint.format import FORMAT, FORMAT_VERSION, Checkpoint, read_
 from detr_peg.config.loader import config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio.atomic import atomic_write_text
+from detr_peg.outputs import atomic_write_text
 
 CONFIG_JSON = "config.json"
 WEIGHTS = "model.safetensors"

@@ -60,7 +60,7 @@ def list_configs() -> int:
 def copy_config(name: str, dest: str | None) -> int:
     from detr_peg.config.shipped import portable_text, require_shipped
     from detr_peg.errors import UserError
-    from detr_peg.fileio.atomic import atomic_write_text
+    from detr_peg.outputs import atomic_write_text
 
     source = require_shipped(name)
     target = Path(dest) if dest else Path(source.name)

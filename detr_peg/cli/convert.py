@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from pathlib import Path
 
 from detr_peg.cli import option_types
 from detr_peg.config.options import own_options
@@ -62,10 +63,10 @@ def run(args: argparse.Namespace) -> int:
             check_config_file(args.config)
 
         from detr_peg.convert import convert_file
-        from detr_peg.guards.declared_io import convert_io
-        from detr_peg.guards.output_guard import guard_outputs
+        from detr_peg.outputs import Output, guard_outputs, inputs
 
-        claims.enter_context(guard_outputs("convert", *convert_io(args.src, args.dst, args.config)))
+        reads = inputs((args.src, "SRC"), (args.config, "--config"))
+        claims.enter_context(guard_outputs("convert", reads, [Output(Path(args.dst), "DST")]))
         report = convert_file(args.src, args.dst, config_path=args.config, overrides=args.overrides)
         m = report.config.model
         t = m.transformer

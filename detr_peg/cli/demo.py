@@ -145,7 +145,7 @@ def is_picture_file(path: Path) -> bool:
 def clear_folder(folder: Path, ours: Callable[[Path], bool]) -> None:
     """Remove what a previous demo wrote into ``folder``; raises UserError when it holds anything else."""
     from detr_peg.errors import UserError
-    from detr_peg.guards.output_guard import OWNERSHIP_FILE
+    from detr_peg.outputs import OWNERSHIP_FILE
 
     if not folder.is_dir():
         return
@@ -171,8 +171,7 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
 
     from detr_peg.cli.predict import predict_files
     from detr_peg.detector import Detector
-    from detr_peg.fileio.atomic import save_image, write_json
-    from detr_peg.fileio.os_errors import make_folder
+    from detr_peg.outputs import make_folder, save_image, write_json
 
     detector = Detector.from_checkpoint(checkpoint, device="cpu")
     make_folder(out)
@@ -196,14 +195,21 @@ def run(args: argparse.Namespace) -> int:
         config_file = _config_file(args)
         from detr_peg.config.loader import load_config
         from detr_peg.data.synthetic import generate_synthetic_coco
-        from detr_peg.guards.declared_io import demo_io
-        from detr_peg.guards.output_guard import guard_outputs
+        from detr_peg.engine.training import RUN_NAMES
+        from detr_peg.outputs import Output, guard_outputs, inputs
 
         out = Path(args.output)
         run_dir, pictures_dir = out / "run", out / "predictions"
         # Validate the config before spending time on the data.
         load_config(config_file, args.overrides)
-        claims.enter_context(guard_outputs("demo", *demo_io(out, config_file)))
+        data_names = ("annotations_train.json", "annotations_val.json", "manifest.json", "train", "val")
+        outputs = [  # the folders inside first, so a refusal names the file of the user's rather than its folder
+            Output(out / "data", "--output", data_names),
+            Output(run_dir, "--output", RUN_NAMES, kind="train"),
+            Output(pictures_dir, "--output", ("predictions.json",)),
+            Output(out, "--output", ("data", "run", "predictions")),
+        ]
+        claims.enter_context(guard_outputs("demo", inputs((config_file, "--config")), outputs))
 
         print(
             f"demo: synthetic dataset in {out / 'data'} ({args.num_train} training, {args.num_val} validation images)",

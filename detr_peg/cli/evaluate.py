@@ -88,8 +88,8 @@ def config_over_checkpoint(checkpoint, config_file: str | None, overrides: list[
 
 
 def run(args: argparse.Namespace) -> int:
+    from detr_peg.checkpoint.files import check_checkpoint_location
     from detr_peg.config.loader import check_config_file
-    from detr_peg.fileio.file_locations import check_checkpoint_location
 
     # Inputs that are not there are refused before torch and the models are imported.
     check_checkpoint_location(args.checkpoint)
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from detr_peg.checkpoint.format import read_checkpoint
     from detr_peg.detector import Detector
     from detr_peg.engine.distributed import on_main, process_group
-    from detr_peg.guards.declared_io import eval_io
-    from detr_peg.guards.output_guard import Input, guard_outputs
+    from detr_peg.engine.evaluation.run import eval_io
+    from detr_peg.outputs import Input, guard_outputs
 
     checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
     cfg = config_over_checkpoint(checkpoint, args.config, args.overrides)

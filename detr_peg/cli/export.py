@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from pathlib import Path
 
 from detr_peg.cli import option_types
 
@@ -69,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
+        from detr_peg.checkpoint.files import check_checkpoint_location
         from detr_peg.export.export_options import check_export_options, require_onnx
-        from detr_peg.fileio.file_locations import check_checkpoint_location
 
         # Refused before torch and the models are imported and before anything is read or written.
         require_onnx()
@@ -81,11 +82,12 @@ def run(args: argparse.Namespace) -> int:
 
         from detr_peg.export.onnx_export import export_onnx
         from detr_peg.export.onnx_runtime import compare_with_pytorch
-        from detr_peg.guards.declared_io import export_io
-        from detr_peg.guards.output_guard import guard_outputs
         from detr_peg.models.loading import load_model
+        from detr_peg.outputs import Output, guard_outputs, inputs
 
-        claims.enter_context(guard_outputs("export", *export_io(args.checkpoint, args.output)))
+        claims.enter_context(
+            guard_outputs("export", inputs((args.checkpoint, "--checkpoint")), [Output(Path(args.output), "--output")])
+        )
         model = load_model(args.checkpoint, overrides=args.overrides, overrides_source="command line")
         path = export_onnx(
             model,

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.errors import UserError
-from detr_peg.fileio.atomic import write_json
-from detr_peg.fileio.os_errors import describe_os_error
-from detr_peg.guards.output_guard import Output, check_writable
+from detr_peg.outputs import Output, check_writable, describe_os_error, write_json
 
 
 def run_json_report(prog: str, compute: Callable[[], dict[str, Any]], output: Path | None) -> int:

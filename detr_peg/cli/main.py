@@ -243,7 +243,7 @@ def _run_command(words: list[str]) -> int:
     except OSError as exc:
         if exc.filename is None:  # an operating-system error about no file is a bug: keep its traceback
             raise
-        from detr_peg.fileio.os_errors import describe_os_error
+        from detr_peg.outputs import describe_os_error
 
         print(f"detr-peg {top.command}: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2

@@ -113,9 +113,9 @@ def checked_inputs(args: argparse.Namespace) -> tuple[list[str], list[str], list
 
     Raises UserError: no image input, or an input or the model file that is not there.
     """
+    from detr_peg.checkpoint.files import check_checkpoint_file, check_checkpoint_location
     from detr_peg.data.image_paths import collect_images
     from detr_peg.errors import ConfigError
-    from detr_peg.fileio.file_locations import check_checkpoint_file, check_checkpoint_location
 
     paths, overrides = _split(args.inputs)
     if not paths:
@@ -140,19 +140,23 @@ def run(args: argparse.Namespace) -> int:
 
         from detr_peg.detector import Detector
         from detr_peg.engine.run_hints import no_detections_note, short_training_note
-        from detr_peg.fileio.atomic import remove_stale_folders, write_json
-        from detr_peg.fileio.os_errors import make_folder, write_error, writing
-        from detr_peg.guards.declared_io import predict_io
-        from detr_peg.guards.output_guard import guard_outputs
+        from detr_peg.outputs import (
+            Output,
+            guard_outputs,
+            inputs,
+            make_folder,
+            remove_stale,
+            write_error,
+            write_json,
+            writing,
+        )
 
         png_names: set[str] = set()
         for image in images:
             unique_png_name(image, png_names)
-        claims.enter_context(
-            guard_outputs(
-                "predict", *predict_io(paths, model_file, args.output, sorted(png_names), model_option=model_option)
-            )
-        )
+        reads = inputs(*((p, "INPUT") for p in paths), (model_file, model_option))
+        names = ("predictions.json", *sorted(png_names))
+        claims.enter_context(guard_outputs("predict", reads, [Output(Path(args.output), "--output", names)]))
         if args.onnx:
             detector = Detector.from_onnx(args.onnx, overrides=overrides)
         else:
@@ -165,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
         records: list[dict] = []
         used: set[str] = set()
-        remove_stale_folders(out, STAGE_PREFIX)  # the staging of a predict that was killed
+        remove_stale(out, STAGE_PREFIX)  # the staging of a predict that was killed
         stage = out / f"{STAGE_PREFIX}{os.getpid()}"
         try:
             stage.mkdir()

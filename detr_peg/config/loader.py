@@ -19,13 +19,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of
-from detr_peg.config.ranges import field_non_empty, field_range, out_of_range
-from detr_peg.config.schema import Config
-from detr_peg.config.shipped import missing_config_message, resolve_config
-from detr_peg.errors import ConfigError
-from detr_peg.fileio.atomic import atomic_write_text
-from detr_peg.fileio.bounded_read import (
+from detr_peg.bounded_read import (
     ScalarText,
     check_regular_file,
     decode_utf8,
@@ -33,6 +27,12 @@ from detr_peg.fileio.bounded_read import (
     plain,
     read_bounded_bytes,
 )
+from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of
+from detr_peg.config.ranges import field_non_empty, field_range, out_of_range
+from detr_peg.config.schema import Config
+from detr_peg.config.shipped import missing_config_message, resolve_config
+from detr_peg.errors import ConfigError
+from detr_peg.outputs import atomic_write_text
 
 logger = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ from torch import Tensor
 
 import detr_peg.convert.deformable  # noqa: F401  (registers the Deformable-DETR format)
 import detr_peg.convert.detr  # noqa: F401  (registers the DETR format)
+from detr_peg.checkpoint.files import read_checkpoint_file
 from detr_peg.config.loader import Layer, dotted_layer
 from detr_peg.config.schema import Config
 from detr_peg.convert.registry import OFFICIAL_FORMATS, OfficialFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers, save_report
 from detr_peg.convert.source_kind import OFFICIAL_FILE
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio.checkpoint_files import read_checkpoint_file
 
 
 def _load_official(src: str) -> tuple[dict[str, Tensor], dict[str, Any] | None, list[str]]:

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from detr_peg.bounded_read import plain
 from detr_peg.checkpoint.format import save_checkpoint
 from detr_peg.config.loader import Layer, build_config, dotted_layer, file_layers, parse_overrides
 from detr_peg.config.schema import Config
 from detr_peg.convert.key_map import KeyMap
 from detr_peg.errors import CheckpointError, ConfigError
-from detr_peg.fileio.bounded_read import plain
 from detr_peg.models.builder import build_model
 from detr_peg.models.loading import without_backbone_weights
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from detr_peg.fileio.file_locations import check_checkpoint_location
-from detr_peg.fileio.hub_files import is_hub_name
+from detr_peg.checkpoint.files import check_checkpoint_location
+from detr_peg.checkpoint.hub_files import is_hub_name
 
 #: How messages name an official checkpoint file.
 OFFICIAL_FILE = "official checkpoint"

@@ -14,13 +14,13 @@ from torch import Tensor
 
 import detr_peg.convert.transformers_deformable  # noqa: F401  (registers the Deformable-DETR format)
 import detr_peg.convert.transformers_detr  # noqa: F401  (registers the DETR format)
+from detr_peg.checkpoint.files import read_checkpoint_file
+from detr_peg.checkpoint.hub_files import ModelFolder, model_folder
 from detr_peg.convert.registry import TRANSFORMERS_FORMATS, TransformersFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers, save_report
 from detr_peg.convert.transformers_config import label_map_of, read_config_json, refusal
 from detr_peg.convert.transformers_keys import fuse_attention_projections
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio.checkpoint_files import read_checkpoint_file
-from detr_peg.fileio.hub_files import ModelFolder, model_folder
 from detr_peg.models.loading import label_map_fit_problem
 
 CONFIG_JSON = "config.json"

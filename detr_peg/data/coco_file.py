@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pycocotools.coco import COCO
 
+from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.config.ranges import MAX_CLASSES
 from detr_peg.errors import DataError
-from detr_peg.fileio.bounded_read import parse_json, read_bounded_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import torch
 from PIL import Image, ImageFile
 from torch import Tensor
 
+from detr_peg.bounded_read import check_image_shape, check_regular_file
 from detr_peg.errors import DataError
-from detr_peg.fileio.bounded_read import check_image_shape, check_regular_file
 
 #: Modes whose values are grey levels of 0..65535, scaled to 0..255.
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")

@@ -6,8 +6,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from detr_peg.bounded_read import check_regular_file
 from detr_peg.errors import DataError
-from detr_peg.fileio.bounded_read import check_regular_file
 
 #: The file name endings a folder is searched for (compared in lower case).
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")

@@ -19,8 +19,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from detr_peg.errors import DataError
-from detr_peg.fileio.atomic import atomic_write_text
-from detr_peg.fileio.os_errors import make_folder, writing
+from detr_peg.outputs import atomic_write_text, make_folder, writing
 
 SHAPES = ("circle", "square", "triangle", "cross")
 MANIFEST_NAME = "manifest.json"

@@ -16,8 +16,8 @@ from typing import Any
 from tqdm import tqdm
 
 from detr_peg.errors import ConfigError, TrainingError
-from detr_peg.fileio.os_errors import write_error
 from detr_peg.messages import install_hint
+from detr_peg.outputs import write_error
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
+from detr_peg.checkpoint.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.config.loader import config_from_dict, config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
@@ -39,12 +40,13 @@ from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.trainer import HookBase, Trainer
 from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import TrainingError
-from detr_peg.guards.declared_io import train_io
-from detr_peg.guards.output_guard import guard_outputs
-from detr_peg.guards.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
 from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
+from detr_peg.outputs import Output, data_inputs, guard_outputs, inputs
+
+#: What a training run writes into ``train.output_dir``.
+RUN_NAMES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json")
 
 
 @dataclass
@@ -95,11 +97,11 @@ def run_training(
 
 
 def _train_io(cfg: Config) -> tuple:
-    t = cfg.train
-    return train_io(
-        cfg.data, t.output_dir, init_from=t.init_from, backbone_weights=cfg.model.backbone.weights,
-        tensorboard=t.tensorboard, resume=t.resume,
-    )  # fmt: skip
+    """The data, ``train.init_from`` and backbone weights in; the run folder out (adopted by ``--resume``)."""
+    t, weights = cfg.train, cfg.model.backbone.weights
+    reads = data_inputs(cfg.data) + inputs((t.init_from, "train.init_from"), (weights, "model.backbone.weights"))
+    names = RUN_NAMES + (("tensorboard",) if t.tensorboard else ())
+    return reads, [Output(Path(t.output_dir), "train.output_dir", names, adopt=t.resume)]
 
 
 def _result(trainer: Trainer, losses: dict[str, float]) -> TrainResult:

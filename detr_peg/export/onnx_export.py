@@ -25,10 +25,10 @@ from detr_peg.config.loader import config_to_dict
 from detr_peg.errors import ConfigError
 from detr_peg.export import DEFAULT_OPSET
 from detr_peg.export.export_options import check_export_options, export_note, require_onnx
-from detr_peg.fileio.os_errors import write_error
 from detr_peg.models.loading import LoadedModel, load_model
 from detr_peg.models.postprocess import Postprocessor
 from detr_peg.models.registry import attention_impl
+from detr_peg.outputs import write_error
 
 logger = logging.getLogger(__name__)
 

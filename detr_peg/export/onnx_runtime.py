@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detr_peg.checkpoint.files import check_checkpoint_file
 from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
 from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError
@@ -21,7 +22,6 @@ from detr_peg.export.onnx_export import (
     METADATA_SIZE_DIVISIBILITY,
 )
 from detr_peg.export.onnx_session import session_options
-from detr_peg.fileio.file_locations import check_checkpoint_file
 from detr_peg.models.builder import build_model, build_postprocessor
 from detr_peg.models.loading import LoadedModel, without_backbone_weights
 

@@ -78,9 +78,9 @@ def test_json_and_config_files_are_synced_before_they_replace_the_old_ones(tmp_p
     """``metrics.json``-style files and ``config.yaml``: written, fsynced, renamed; the folder fsynced too."""
     import os
 
+    from detr_peg import outputs as atomic
     from detr_peg.config.loader import save_config
-    from detr_peg.fileio import atomic
-    from detr_peg.fileio.atomic import write_json
+    from detr_peg.outputs import write_json
 
     synced: list[str] = []
     real_fsync = os.fsync

@@ -5,7 +5,7 @@ The rules, each one mechanism:
 * a key given twice in one YAML mapping, at any depth (two ``data:``
   sections, ``lr`` twice, a flow mapping, a ``_base_`` file, a study file, an
   override's YAML value) is refused by the one YAML reader
-  (:func:`detr_peg.fileio.bounded_read.load_yaml_text`), naming the file,
+  (:func:`detr_peg.bounded_read.load_yaml_text`), naming the file,
   both lines and the key; keys brought in by a ``<<`` merge may be overridden;
 * an option that takes a value given twice (``--config a.yaml --config
   b.yaml``) is refused by the parser class of every command;

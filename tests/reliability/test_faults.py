@@ -32,12 +32,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from detr_peg.checkpoint.files import atomic_torch_save
 from detr_peg.checkpoint.format import read_checkpoint, save_checkpoint
 from detr_peg.cli.main import main
 from detr_peg.config import load_config
 from detr_peg.engine import checkpointing
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio import atomic_torch_save
 from tests.cli_process import apply_limits, can_drop_file_access_override
 from tests.engine.tiny_run import logged_iterations, wait_for_iteration
 from tests.reliability.conftest import (

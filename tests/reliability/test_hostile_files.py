@@ -1,6 +1,6 @@
 """Class 4: hostile or odd files are bounded before use and named precisely when refused.
 
-Every file detr-peg reads goes through :mod:`detr_peg.fileio.bounded_read`:
+Every file detr-peg reads goes through :mod:`detr_peg.bounded_read`:
 config YAML, COCO JSON, checkpoints and images. Each case makes one of them
 hostile (nested YAML aliases, very deep JSON, integers beyond 64 bits, files
 that are not UTF-8, very long names, FIFOs, devices, link loops, images of

@@ -5,7 +5,7 @@ otherwise, a symbolic or hard link, a folder inside an input folder, a file
 the command writes into its output folder that is an input) or that holds a
 file of the user's. Each is refused up front with one line, and the whole
 case folder (inputs and the earlier run) stays byte-identical. The rule and
-its mechanism: :mod:`detr_peg.guards.output_guard`.
+its mechanism: :mod:`detr_peg.outputs`.
 """
 
 from __future__ import annotations

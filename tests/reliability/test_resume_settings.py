@@ -7,7 +7,7 @@ another number of processes, another number of training images. Settings
 the restored optimizer and schedule would silently override (learning
 rates, weight decay, the step schedule) are refused at any point. A batch
 size that divides the images done continues from the right image. The table
-of rules: :mod:`detr_peg.guards.resume_rules`.
+of rules: :mod:`detr_peg.checkpoint.resume_rules`.
 """
 
 from __future__ import annotations

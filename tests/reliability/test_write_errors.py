@@ -2,7 +2,7 @@
 
 Every command declares what it writes, and before it computes anything each
 output folder is created and locked and each file name is tried as the atomic
-writer will write it (``detr_peg.guards.output_guard.check_writable``); what
+writer will write it (``detr_peg.outputs.check_writable``); what
 still fails while writing goes through the one writer (or, naming a file, the
 command line's ``OSError`` rule). The faults below are the kinds of operating
 system refusal a user meets, and every command that writes meets each of them.
@@ -129,8 +129,8 @@ def test_a_stop_signal_while_probing_an_output_leaves_no_probe(tmp_path: Path, m
     creation and its removal (a SIGTERM at start-up had left one in an evaluation's folder)."""
     import os
 
-    from detr_peg.guards import output_guard
-    from detr_peg.guards.output_guard import Output, check_writable
+    from detr_peg import outputs as output_guard
+    from detr_peg.outputs import Output, check_writable
 
     real_close = os.close
 

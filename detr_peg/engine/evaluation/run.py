@@ -22,10 +22,8 @@ from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.evaluation.metric_units import UNIT
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import evaluation_amp
-from detr_peg.fileio.atomic import write_json
-from detr_peg.guards.declared_io import eval_io
-from detr_peg.guards.output_guard import Input, guard_outputs
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint, resolve_num_classes
+from detr_peg.outputs import Input, Output, data_inputs, guard_outputs, inputs, write_json
 
 METRICS_JSON = "metrics.json"
 DETECTIONS_JSON = "detections.json"
@@ -160,3 +158,13 @@ def _source(checkpoint: str | Path | Checkpoint | LoadedModel) -> str | None:
 def _open(out: Path, progress_bars: bool | None) -> MetricsLog:
     check_output_dir(out, 0)
     return MetricsLog(out, progress_bars=progress_bars, jsonl=False)
+
+
+#: What an evaluation writes into its output folder.
+EVAL_NAMES = ("metrics.json", "detections.json", "scales_resized.json", "scales_canvas.json", "padding.json")
+
+
+def eval_io(cfg: Config, checkpoint: object, output_dir: str | Path, extra_inputs: Sequence[Input] = ()) -> tuple:
+    """The checkpoint and the validation data in; the evaluation's files out."""
+    reads = [*data_inputs(cfg.data, ("val",)), *inputs((checkpoint, "--checkpoint")), *extra_inputs]
+    return reads, [Output(Path(output_dir), "--output", EVAL_NAMES)]

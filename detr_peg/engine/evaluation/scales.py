@@ -30,8 +30,8 @@ from detr_peg.engine.evaluation.padding import (
 )
 from detr_peg.engine.evaluation.run import load_for_evaluation
 from detr_peg.errors import ConfigError, DataError
-from detr_peg.fileio.atomic import write_json
 from detr_peg.models.loading import LoadedModel
+from detr_peg.outputs import write_json
 
 logger = logging.getLogger(__name__)
 

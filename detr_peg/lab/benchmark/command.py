@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from detr_peg.cli import option_types
@@ -119,13 +120,14 @@ def _measure_peak(args: argparse.Namespace, amp: str, device: str) -> MatmulPeak
 
 def run(args: argparse.Namespace) -> int:
     from detr_peg.config import load_config
-    from detr_peg.guards.declared_io import bench_io
-    from detr_peg.guards.output_guard import guard_outputs
+    from detr_peg.outputs import Output, guard_outputs, inputs
 
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
         _check_gpu(args)
         cfg = load_config(args.config, args.overrides)  # validates the config before any work
-        claims.enter_context(guard_outputs("bench", *bench_io(args.output, args.config)))
+        claims.enter_context(
+            guard_outputs("bench", inputs((args.config, "--config")), [Output(Path(args.output), "--output")])
+        )
         modes = _check_options(args, cfg)
         _report(args, _run_with_peaks(args, _plan(args, cfg, modes)))
         return 0

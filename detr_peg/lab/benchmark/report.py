@@ -6,8 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from detr_peg.fileio.atomic import atomic_write_text
-from detr_peg.fileio.os_errors import make_folder
+from detr_peg.outputs import atomic_write_text, make_folder
 
 
 def _mib(n: int | None) -> str:

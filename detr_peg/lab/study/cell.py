@@ -15,11 +15,10 @@ from typing import Any
 from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
 from detr_peg.config.schema import Config
 from detr_peg.errors import UserError
-from detr_peg.fileio.atomic import write_json
-from detr_peg.guards.folder_lock import holder_alive
 from detr_peg.lab.study.grid import Cell, EvalPlan
 from detr_peg.lab.study.records import record
 from detr_peg.lab.study.stored_files import CELLS_CSV, read_cell_state, read_cells_csv
+from detr_peg.outputs import holder_alive, write_json
 
 CELLS_DIR = "cells"
 STATE_FILE = "cell.json"

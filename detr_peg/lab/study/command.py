@@ -352,8 +352,8 @@ def run(args: argparse.Namespace) -> int:
         if not (args.plan or args.slurm):  # cluster jobs may see other file systems than this machine
             runner.check_data_paths([c for c in expand_cells(definition) if not runner.is_done(study_dir, c)])
         if not args.plan:
-            from detr_peg.guards.declared_io import study_io
-            from detr_peg.guards.output_guard import guard_outputs
+            from detr_peg.lab.study.stored_files import study_io
+            from detr_peg.outputs import guard_outputs
 
             claims.enter_context(guard_outputs("study", *study_io(study_dir, definition.configs, args.study)))
         report = {"comparison": options.to_dict(), "seeds_auto": rule.to_dict() if rule else None}

@@ -41,9 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
         from detr_peg.errors import UserError
-        from detr_peg.guards.declared_io import plot_io
-        from detr_peg.guards.output_guard import guard_outputs
         from detr_peg.lab.study.plots import plot_run, plot_study
+        from detr_peg.lab.study.stored_files import plot_io
+        from detr_peg.outputs import guard_outputs
 
         path = Path(args.path)
         if not path.is_dir():
@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
         study = os.path.lexists(path / "plan.json")  # a plan.json that cannot be read is named by its reader
         published = []
         if args.publish is not None:
-            from detr_peg.guards.declared_io import publish_io
-            from detr_peg.guards.output_guard import check_no_overlap
             from detr_peg.lab.study.publish import plan_copy, write_copy
+            from detr_peg.lab.study.stored_files import publish_io
+            from detr_peg.outputs import check_no_overlap
 
             if not args.publish.strip():
                 raise UserError("--publish is empty; give the folder for the study's copy.")

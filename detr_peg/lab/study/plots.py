@@ -15,9 +15,8 @@ import yaml
 from scipy import stats as scipy_stats
 
 from detr_peg.errors import ConfigError, DataError
-from detr_peg.fileio.atomic import save_figure
-from detr_peg.fileio.os_errors import make_folder, writing
 from detr_peg.messages import install_hint
+from detr_peg.outputs import make_folder, save_figure, writing
 
 try:
     import matplotlib

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.errors import ConfigError, OutputError
-from detr_peg.fileio.atomic import atomic_write_text
-from detr_peg.fileio.os_errors import make_folder
 from detr_peg.lab.study.cell import first_difference
 from detr_peg.lab.study.grid import StudyDefinition, expand_cells
 from detr_peg.lab.study.results import cell_records
 from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, read_cells_csv, read_plan, write_cells_csv
+from detr_peg.outputs import atomic_write_text, make_folder
 
 
 @dataclass(frozen=True)

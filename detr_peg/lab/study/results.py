@@ -17,7 +17,6 @@ from typing import Any
 
 from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
 from detr_peg.errors import UserError
-from detr_peg.fileio.atomic import atomic_write_text, write_json
 from detr_peg.lab.study.cell import cell_paths, read_state, reported_status, table_row
 from detr_peg.lab.study.comparisons import (
     ALPHA,
@@ -43,6 +42,7 @@ from detr_peg.lab.study.stored_files import (
     read_report_cells,
     write_cells_csv,
 )
+from detr_peg.outputs import atomic_write_text, write_json
 
 STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 KINDS = {"resized": "scales_resized.json", "canvas": "scales_canvas.json"}

@@ -17,7 +17,6 @@ from tqdm import tqdm
 from detr_peg.engine.evaluation.scales import canvas_data, check_scales
 from detr_peg.engine.metrics_log import format_duration
 from detr_peg.errors import ConfigError, DataError, UserError
-from detr_peg.fileio.atomic import write_json
 from detr_peg.lab.study.cell import (
     CellOutcome,
     CommandRunner,
@@ -40,6 +39,7 @@ from detr_peg.lab.study.results import collect
 from detr_peg.lab.study.seed_rule import SeedRule, next_seeds, stop_reason
 from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, read_plan
 from detr_peg.messages import listed
+from detr_peg.outputs import write_json
 
 #: Exit status of a study in which some cells failed (the others finished).
 CELLS_FAILED = 3

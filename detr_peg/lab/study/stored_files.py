@@ -1,4 +1,4 @@
-"""The files a study writes and reads back, with their declared shapes (see :mod:`detr_peg.fileio.json_shape`).
+"""The files a study writes and reads back, with their declared shapes (see :mod:`detr_peg.lab.study.json_shape`).
 
 A damaged file raises one sentence naming it, the field and the value; a missing one reads as None.
 """
@@ -8,13 +8,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from detr_peg.engine.evaluation.metric_units import STAT_NAMES
 from detr_peg.errors import DamagedFileError
-from detr_peg.fileio.atomic import atomic_write_text
-from detr_peg.fileio.json_shape import (
+from detr_peg.lab.study.grid import MAX_CELLS
+from detr_peg.lab.study.json_shape import (
     Anything,
     Fields,
     Flag,
@@ -27,7 +29,7 @@ from detr_peg.fileio.json_shape import (
     Text,
     read_json_file,
 )
-from detr_peg.lab.study.grid import MAX_CELLS
+from detr_peg.outputs import OWNERSHIP_FILE, Output, atomic_write_text, inputs
 
 #: A study folder's plan: its definition, cells and report options (written by ``detr-peg study``).
 PLAN_FILE = "plan.json"
@@ -245,3 +247,54 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
         **{kind: sorted(entries.values(), key=lambda e: float(e["scale"])) for kind, entries in scales.items()},
         "padding": padding or None,
     }  # fmt: skip
+
+
+#: What ``study --output DIR`` writes into ``DIR`` (each cell is a training run and an evaluation inside ``cells/``).
+STUDY_NAMES = (PLAN_FILE, "cells", "jobs", "plots", "study.json", "study.csv", "cells.csv", "study.md")
+#: What ``plot`` writes: a study's tables and figures, or a training run's learning curve.
+STUDY_TABLE_NAMES = ("study.json", "study.csv", "cells.csv", "study.md", "plots")
+STUDY_PLOT_NAMES = tuple(
+    f"{name}.{fmt}"
+    for name in ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
+    for fmt in ("pdf", "png")
+)
+RUN_PLOT_NAMES = ("learning_curve.pdf", "learning_curve.png")
+
+
+def study_io(
+    study_dir: str | os.PathLike, config_files: Sequence[str | os.PathLike], study_file: str | os.PathLike | None
+) -> tuple:
+    """A study: its study file and base configs in; the study folder out (adopted when it holds ``plan.json``)."""
+    out = Path(study_dir)
+    reads = inputs((study_file, "--study"), *((c, "--config") for c in config_files))
+    ours = (out / PLAN_FILE).is_file()
+    return reads, [
+        Output(out / "plots", "--output", STUDY_PLOT_NAMES, kind="study", adopt=ours),
+        Output(out, "--output", STUDY_NAMES, adopt=ours),
+    ]
+
+
+def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> tuple:
+    """``plot STUDY --publish DEST``: the study in; the copy out (adopted when it holds ``plan.json``)."""
+    out = Path(dest)
+    ours = (out / PLAN_FILE).is_file()
+    return inputs((study_dir, "RUN_OR_STUDY")), [
+        Output(out, "--publish", (PLAN_FILE, "cells", *STUDY_TABLE_NAMES), kind="study", adopt=ours),
+        Output(out / "plots", "--publish", STUDY_PLOT_NAMES, kind="study", adopt=ours),
+    ]
+
+
+def plot_io(folder: str | os.PathLike, study: bool) -> tuple:
+    """Figures: the tables and ``plots/`` of a study folder, or ``plots/`` of a run folder.
+
+    A folder without an ownership file (written before ownership was recorded) is adopted.
+    """
+    root = Path(folder)
+    kind = "study" if study else "train"
+    legacy = not os.path.lexists(root / OWNERSHIP_FILE)
+    names, pictures = (STUDY_TABLE_NAMES, STUDY_PLOT_NAMES) if study else (("plots",), RUN_PLOT_NAMES)
+    outputs = [
+        Output(root / "plots", "RUN_OR_STUDY", pictures, kind=kind, adopt=legacy),
+        Output(root, "RUN_OR_STUDY", names, kind=kind, adopt=legacy),
+    ]
+    return [], outputs

@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
+from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
 from detr_peg.config.shipped import resolve_config
 from detr_peg.errors import ConfigError
-from detr_peg.fileio.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
 
 KNOWN_KEYS = (
     "configs",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from detr_peg.checkpoint.files import fetch_url, is_url, read_checkpoint_file
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio.checkpoint_files import fetch_url, read_checkpoint_file
-from detr_peg.fileio.file_locations import is_url
 
 #: The config key that chooses the backbone's weights (for every backbone source).
 WEIGHTS_KEY = "model.backbone.weights"

@@ -29,10 +29,10 @@ import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
 from detr_peg.cli.main import main
-from detr_peg.guards.folder_lock import HOLDER_FILE
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.lab.study.parallel import _cell_context, run_parallel, threads_per_job
 from detr_peg.lab.study.runner import describe
+from detr_peg.outputs import HOLDER_FILE
 from tests.conftest import python_env
 from tests.lab.study.conftest import tiny_overrides, write_base_config
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from detr_peg.cli.main import main
-from detr_peg.guards.output_guard import OWNERSHIP_FILE
 from detr_peg.lab.study.cell import cell_paths, new_state, write_state
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.lab.study.runner import plan_record
 from detr_peg.lab.study.stored_files import CELLS_CSV, PLAN_FILE, read_cells_csv
+from detr_peg.outputs import OWNERSHIP_FILE
 from tests.lab.study.study_cells import write_done_cell
 
 #: A cell's log: a path under the current folder, and two that only contain its name (they stay as they are).

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.errors import UserError
-from detr_peg.guards.output_guard import OWNERSHIP_FILE, Input, Output, guard_outputs
+from detr_peg.outputs import OWNERSHIP_FILE, Input, Output, guard_outputs
 
 
 def test_a_hard_link_of_an_input_is_the_input(tmp_path: Path) -> None:

@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 
 from detr_peg.checkpoint.format import read_checkpoint
-from detr_peg.guards.folder_lock import HOLDER_FILE, LOCK_FILE, FolderInUse, FolderLock, holder_alive
-from detr_peg.guards.output_guard import Output, guard_outputs
+from detr_peg.outputs import HOLDER_FILE, LOCK_FILE, FolderInUse, FolderLock, Output, guard_outputs, holder_alive
 from tests.conftest import REPO_ROOT, python_env, run_python
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from detr_peg.guards.output_guard import Output, guard_outputs
+from detr_peg.outputs import Output, guard_outputs
 with guard_outputs("train", [], [Output(Path(sys.argv[1]), "--output", ("metrics.json",))]):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from detr_peg import bounded_read
+from detr_peg.bounded_read import check_tree, load_yaml_text, read_bounded_bytes
 from detr_peg.errors import DataError
-from detr_peg.fileio import bounded_read
-from detr_peg.fileio.bounded_read import check_tree, load_yaml_text, read_bounded_bytes
 
 
 def test_a_regular_file_within_its_limit_is_read_whole(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from detr_peg.checkpoint.files import check_checkpoint_location, is_url
 from detr_peg.convert.source_kind import check_source, is_transformers_source
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio.file_locations import check_checkpoint_location, is_url
 
 
 def test_urls_pass_and_local_paths_are_checked(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from detr_peg.errors import UserError
-from detr_peg.fileio.os_errors import path_obstacle
 from detr_peg.messages import shortened
+from detr_peg.outputs import path_obstacle
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from detr_peg.checkpoint.files import atomic_torch_save, read_checkpoint_file
 from detr_peg.errors import OutputError, TrainingError
-from detr_peg.fileio import atomic_torch_save, atomic_write, atomic_write_text, read_checkpoint_file
-from detr_peg.fileio.atomic import save_figure
+from detr_peg.outputs import atomic_write, atomic_write_text, save_figure
 
 
 def test_text_and_torch_files_are_replaced_whole(tmp_path: Path) -> None:

@@ -17,11 +17,27 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch.hub import download_url_to_file, get_dir
 
+from detr_peg.bounded_read import check_regular_file
 from detr_peg.errors import CheckpointError, UserError
-from detr_peg.fileio.atomic import atomic_write
-from detr_peg.fileio.file_locations import check_checkpoint_file, is_url
+from detr_peg.outputs import atomic_write
 
 SAFE_GLOBALS = [argparse.Namespace]
+
+
+def is_url(spec: str) -> bool:
+    """True for ``http://`` and ``https://`` locations."""
+    return spec.startswith(("http://", "https://"))
+
+
+def check_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> int:
+    """Check that ``path`` is a readable regular file within the checkpoint limit; return its size (CheckpointError)."""
+    return check_regular_file(path, f"The {what} file", "checkpoint", CheckpointError)
+
+
+def check_checkpoint_location(spec: str | os.PathLike, what: str = "checkpoint") -> None:
+    """:func:`check_checkpoint_file` for a local path; a URL passes (it is checked once downloaded)."""
+    if not is_url(str(spec)):
+        check_checkpoint_file(spec, what)
 
 
 def fetch_url(url: str) -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from detr_peg.checkpoint.hub_files import is_hub_name, model_folder
 from detr_peg.errors import CheckpointError
-from detr_peg.fileio.hub_files import is_hub_name, model_folder
 
 
 @pytest.mark.parametrize(

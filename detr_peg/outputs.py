@@ -1,0 +1,496 @@
+"""Output safety (docs/guarantees.md): atomic writes, one command per output folder, outputs that never overlap
+inputs and never replace a file that another kind of command or the user wrote, OS errors as one sentence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from filelock import FileLock, Timeout
+
+from detr_peg.errors import OutputError, UserError
+from detr_peg.messages import shortened
+
+#: In each output folder: the lock, its holder's description (for messages), and the names detr-peg wrote there.
+LOCK_FILE, HOLDER_FILE, OWNERSHIP_FILE = ".detr-peg.lock", ".detr-peg.lock.json", ".detr-peg-outputs.json"
+#: Kinds of command whose files another kind may replace, besides its own.
+MAY_REPLACE = {"eval": ("train",)}
+
+# --- Operating-system errors as one sentence: the path, the system's reason, what to do.
+
+_YOURS, _SPACE = "choose a folder you can write to", "or choose a folder on another disk"
+_ADVICE = {
+    errno.EACCES: _YOURS,
+    errno.EPERM: _YOURS,
+    errno.EROFS: "the file system is read-only: choose a folder on a writable disk",
+    errno.ENOSPC: f"free some space {_SPACE}",
+    errno.EDQUOT: f"free some space within your quota {_SPACE}",
+    errno.ENAMETOOLONG: "choose a shorter name",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: choose another path",
+    errno.EISDIR: "a folder is in the way of the file: choose another name",
+    errno.EEXIST: "something is in the way: choose another path",
+    errno.ENOENT: "a folder on the way does not exist and cannot be created there: choose another path",
+    errno.ELOOP: "the path has a loop of symbolic links: choose another path",
+}
+
+
+def _shown(path: object) -> str:
+    return shortened(os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path), 120)
+
+
+def path_obstacle(path: str | os.PathLike) -> str | None:
+    """What stands in the way of ``path``: its first part that is a dangling link or a file; else None."""
+    parts = [*reversed(Path(os.fsdecode(path)).parents), Path(os.fsdecode(path))]
+    for index, part in enumerate(parts):
+        try:
+            if part.is_symlink() and not part.exists():
+                return f"{_shown(part)} is a symbolic link to {_shown(os.readlink(part))}, which does not exist"
+            if index < len(parts) - 1 and part.exists() and not part.is_dir():
+                return f"{_shown(part)} is a file, not a folder"
+        except OSError:
+            return None
+    return None
+
+
+def _reason(exc: OSError, path: object = None) -> str:
+    path = path if path is not None else exc.filename
+    if exc.errno in (errno.ENOTDIR, errno.ENOENT, errno.EEXIST) and isinstance(path, (str, bytes, os.PathLike)):
+        obstacle = path_obstacle(path)
+        if obstacle is not None:
+            return f"{obstacle}; choose another path"
+    reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
+    advice = _ADVICE.get(exc.errno or 0)
+    return f"{reason}; {advice}" if advice else reason
+
+
+def write_error(path: str | os.PathLike, exc: OSError, verb: str = "write") -> OutputError:
+    """``Could not <verb> PATH: <reason>; <what to do>.`` as an :class:`OutputError`."""
+    return OutputError(f"Could not {verb} {_shown(path)}: {_reason(exc, path)}.")
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One sentence for an ``OSError`` that reached the command line (its files, the reason, what to do)."""
+    if exc.filename is None:
+        return f"{_reason(exc)}."
+    target = _shown(exc.filename) + (f" -> {_shown(exc.filename2)}" if exc.filename2 is not None else "")
+    return f"Could not access {target}: {_reason(exc)}."
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, verb: str = "write") -> Iterator[None]:
+    """Run the block; an ``OSError`` in it becomes :func:`write_error` naming ``path`` (or the file it names)."""
+    try:
+        yield
+    except OSError as exc:
+        raise write_error(exc.filename if exc.filename is not None else path, exc, verb) from None
+
+
+def make_folder(path: str | os.PathLike) -> None:
+    """``mkdir -p path``, or one :class:`OutputError` sentence saying why it cannot be made."""
+    with writing(path, "create the folder"):
+        os.makedirs(path, exist_ok=True)
+
+
+# --- Atomic writes: ``.NAME.tmp-PID`` in the same folder, fsync, ``os.replace``, fsync of the folder.
+
+
+class _Recorder:
+    """A file whose ``write``/``flush`` keep the OSErrors they raise (torch.save reports them as RuntimeError)."""
+
+    def __init__(self, handle: BinaryIO, errors: list[OSError]) -> None:
+        self._handle, self._errors = handle, errors
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._handle, name)
+        if name not in ("write", "flush"):
+            return attr
+
+        def recorded(*args: Any) -> Any:
+            try:
+                return attr(*args)
+            except OSError as exc:
+                self._errors.append(exc)
+                raise
+
+        return recorded
+
+
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, error: type[UserError] | None = OutputError
+) -> Path:
+    """Write ``path`` atomically with ``write(handle)``; temporaries of killed writers are removed afterwards.
+
+    Raises ``error`` (None: the OSError) with the :func:`write_error` sentence; the previous file is untouched.
+    """
+    path = Path(path)
+    tmp, errors = path.with_name(f".{path.name}.tmp-{os.getpid()}"), []
+    try:
+        with open(tmp, "wb") as handle:
+            try:
+                write(_Recorder(handle, errors))
+            except RuntimeError:
+                if errors:
+                    raise errors[0] from None
+                raise
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if error is None:
+            raise
+        raise error(str(write_error(path, exc))) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable; not every platform can open a folder
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    remove_stale(path.parent, f".{path.name}.tmp-")
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, error: type[UserError] | None = OutputError) -> Path:
+    """Write ``text`` as UTF-8 atomically (see :func:`atomic_write`)."""
+    data = text.encode("utf-8")
+    return atomic_write(path, lambda handle: handle.write(data), error=error)
+
+
+def write_json(path: str | Path, data: Any, *, indent: int | None = 1) -> Path:
+    """Write ``data`` as JSON atomically (``indent=None``: compactly); raises OutputError."""
+    separators = None if indent is not None else (",", ":")
+    return atomic_write_text(path, json.dumps(data, indent=indent, separators=separators) + "\n")
+
+
+def save_image(path: str | os.PathLike, image: Any, **options: Any) -> Path:
+    """Save a ``PIL.Image.Image`` atomically, in the format its suffix names (``.png``, ``.jpg``, ...)."""
+    from PIL import Image
+
+    Image.init()
+    fmt = Image.EXTENSION[Path(path).suffix.lower()]
+    return atomic_write(path, lambda handle: image.save(handle, format=fmt, **options))
+
+
+def save_figure(path: str | os.PathLike, figure: Any, **options: Any) -> Path:
+    """Save a Matplotlib figure atomically in the format its suffix names; a PDF gets no date, so redraws match."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    if fmt == "pdf":
+        options.setdefault("metadata", {"CreationDate": None})
+    return atomic_write(path, lambda handle: figure.savefig(handle, format=fmt, **options))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale(folder: str | os.PathLike, prefix: str) -> list[Path]:
+    """Remove the files and folders ``folder/PREFIX<pid>`` of processes that no longer exist; return them."""
+    removed: list[Path] = []
+    if os.name != "posix":  # os.kill(pid, 0) probes a process only on POSIX
+        return removed
+    with contextlib.suppress(OSError):
+        for leftover in Path(folder).glob(f"{glob.escape(prefix)}*"):
+            pid = leftover.name[len(prefix) :]
+            if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    leftover.unlink(missing_ok=True)
+                removed.append(leftover)
+    return removed
+
+
+# --- One command per output folder: a ``filelock`` (``flock``) on ``.detr-peg.lock``, re-entrant in one process.
+
+
+class FolderInUse(UserError):
+    """Another process holds the folder's lock."""
+
+
+def _holder(folder: Path) -> dict | None:
+    """The holder described in ``folder``; None when absent or damaged (it serves messages only)."""
+    path = Path(folder) / HOLDER_FILE
+    try:
+        if not path.is_file() or path.is_symlink():
+            return None
+        with open(path, "rb") as handle:
+            holder = json.loads(handle.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    fields = {"pid": int, "host": str, "command": str, "since": str}
+    if not isinstance(holder, dict) or any(type(holder.get(k)) is not t for k, t in fields.items()):
+        return None
+    return holder if 0 < holder["pid"] < 2**31 else None
+
+
+def holder_alive(folder: Path, command: str | None = None) -> bool | None:
+    """Whether the holder described in ``folder`` still runs (the lock itself is not tried).
+
+    None: no holder, or another ``command``'s; False: a gone process of this machine; True: running, or elsewhere.
+    """
+    holder = _holder(folder)
+    if holder is None or command not in (None, holder["command"]):
+        return None
+    return holder["host"] != socket.gethostname() or process_alive(holder["pid"])
+
+
+class FolderLock:
+    """The exclusive lock of one output folder (created when missing, removed on release if still empty)."""
+
+    def __init__(self, folder: Path, command: str, option: str) -> None:
+        self.folder, self.command, self.option = Path(folder), command, option
+        self._lock: FileLock | None = None
+        self._created = self._new_file = False
+
+    def acquire(self) -> None:
+        """Take the lock; raises FolderInUse naming the holder, or OutputError when the folder cannot be written."""
+        try:
+            self._created = not self.folder.exists()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._new_file = not (self.folder / LOCK_FILE).exists()
+            lock = FileLock(str(self.folder / LOCK_FILE), timeout=0, is_singleton=True)
+            lock.acquire()
+        except Timeout:
+            holder = _holder(self.folder)
+            who = "another detr-peg command"
+            if holder is not None:
+                who = f"detr-peg {holder['command']} (process {holder['pid']} on {holder['host']}, since {holder['since']})"
+            raise FolderInUse(
+                f"{self.option} {self.folder} is in use by {who}; wait for it to end, or stop it, "
+                f"or choose another {self.option}."
+            ) from None
+        except OSError as exc:
+            self._created = False
+            if isinstance(exc, FileExistsError):  # mkdir met a file where a folder of the path should be
+                exc = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            raise write_error(self.folder, exc, f"write into {self.option}") from None
+        self._lock = lock
+        if lock.lock_counter == 1:  # the first holder in this process describes itself
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command}
+            with contextlib.suppress(OSError):
+                text = json.dumps({**holder, "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+                (self.folder / HOLDER_FILE).write_text(text + "\n")
+
+    def release(self) -> None:
+        """Release the lock; its files go, and the folder too if it was created for the lock and is empty."""
+        lock, self._lock = self._lock, None
+        if lock is None:
+            return
+        last = lock.lock_counter == 1
+        if last:
+            with contextlib.suppress(OSError):
+                (self.folder / HOLDER_FILE).unlink(missing_ok=True)
+                if self._new_file:
+                    (self.folder / LOCK_FILE).unlink(missing_ok=True)  # while held: no one can lock a gone file
+        lock.release()
+        if last and self._created:
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only when empty: nothing was written there
+
+
+# --- What a command reads and writes, checked, locked and claimed before it writes anything.
+
+
+@dataclass(frozen=True)
+class Input:
+    """Something a command reads; ``option`` is how the user named it (``--checkpoint``, ``SRC``)."""
+
+    path: Path
+    option: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file, or a folder and the ``names`` written into it. ``kind``: who owns them (default: the command);
+    ``adopt``: existing names missing from the ownership file count as owned (``--resume`` of an older run).
+    """
+
+    path: Path
+    option: str
+    names: tuple[str, ...] = ()
+    kind: str | None = None
+    adopt: bool = False
+
+    @property
+    def folder(self) -> Path:
+        return self.path if self.names else self.path.parent
+
+    def targets(self) -> list[Path]:
+        return [self.path / name for name in self.names] if self.names else [self.path]
+
+
+def inputs(*pairs: tuple[object, str]) -> list[Input]:
+    """The local files and folders among ``(path, option)`` pairs (None, URLs and ``torchvision://`` left out)."""
+    remote = ("http://", "https://", "torchvision://", "timm://")
+    return [Input(Path(str(path)), option) for path, option in pairs if path and not str(path).startswith(remote)]
+
+
+def data_inputs(data: Any, splits: Sequence[str] = ("train", "val")) -> list[Input]:
+    """The image folders and annotation files of a ``DataConfig`` for ``splits``."""
+    keys = [f"{split}_{what}" for split in splits for what in ("images", "annotations")]
+    return inputs(*((getattr(data, key), f"data.{key}") for key in keys))
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): compare where they would be
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return Path(os.path.realpath(child)).is_relative_to(os.path.realpath(parent))
+
+
+def check_no_overlap(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> None:
+    """Refuse outputs that are, alias or lie inside an input; raises UserError naming both options and paths."""
+    for output in outputs:
+        for item in inputs:
+            problem, reads_folder = None, os.path.isdir(item.path)
+            if output.names and reads_folder and _inside(output.path, item.path):
+                where = "is" if _same(output.path, item.path) else "is inside"
+                problem = f"{output.option} {output.path} {where} {item.option} {item.path}, a folder it reads"
+            for target in output.targets():
+                if problem is None and _same(target, item.path):
+                    shown = target if target == output.path else f"{output.path} (its {target.name})"
+                    problem = f"{output.option} {shown} is the same file as {item.option} {item.path}"
+                elif problem is None and reads_folder and _inside(target, item.path):
+                    problem = f"{output.option} {target} is inside {item.option} {item.path}, a folder it reads"
+            if problem:
+                raise UserError(f"{problem}; {command} never writes over its inputs: choose another output.")
+
+
+def _owned(folder: Path) -> dict[str, str]:
+    """Name -> kind of command, from the folder's ownership file (empty when it has none or it is damaged)."""
+    try:
+        names = json.loads((folder / OWNERSHIP_FILE).read_text(encoding="utf-8"))["names"]
+        return {n: k for n, k in names.items() if isinstance(k, str)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def check_ownership(command: str, outputs: Sequence[Output]) -> None:
+    """Refuse to replace a file that the same kind of command (or :data:`MAY_REPLACE`) did not write."""
+    for output in outputs:
+        if output.names and os.path.exists(output.path) and not os.path.isdir(output.path):
+            raise UserError(f"{output.option} {output.path} is a file, not a folder; choose a folder.")
+        if not output.names and os.path.isdir(output.path):
+            raise UserError(f"{output.option} {output.path} is a folder; give a file name.")
+        kind, owned = output.kind or command, _owned(output.folder)
+        for target in output.targets():
+            by = owned.get(target.name, kind if output.adopt else None)
+            if os.path.lexists(target) and by not in (kind, *MAY_REPLACE.get(kind, ())):
+                origin = f"was written by detr-peg {by}, not {kind}" if by else "was not written by detr-peg"
+                raise UserError(
+                    f"{target} exists and {origin}; {command} replaces only files it wrote itself: move it "
+                    f"or choose another {output.option}."
+                )
+
+
+def check_writable(command: str, outputs: Sequence[Output]) -> None:
+    """Refuse an output the atomic writer could not write, by creating ``.NAME.tmp-PID`` as it would (OutputError)."""
+    for output in outputs:
+        for target in output.targets():
+            if not output.names and target.is_dir():
+                raise OutputError(
+                    f"Could not write {output.option} {target}: it is a folder; choose a file name for {output.option}."
+                )
+            probe = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            if os.path.lexists(probe):
+                continue  # this process is writing it already
+            try:
+                os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            except OSError as exc:
+                raise write_error(target, exc, f"write {output.option}") from None
+            finally:
+                with contextlib.suppress(OSError):  # also when a stop signal lands between the two calls
+                    probe.unlink()
+
+
+def _write_ledger(folder: Path, names: dict[str, str]) -> None:
+    content = {"written_by": "detr-peg", "names": dict(sorted(names.items()))}
+    atomic_write_text(folder / OWNERSHIP_FILE, json.dumps(content, indent=1) + "\n")
+
+
+class OutputClaims:
+    """A command's folder locks and the names it added to ownership files (before writing, so a killed run still
+    owns them). Leaving the ``with`` block takes back the names not written, then releases the locks.
+    """
+
+    def __init__(self) -> None:
+        self.locks: list[FolderLock] = []
+        self.claims: list[tuple[Path, bytes | None, set[str]]] = []  # folder, earlier ledger, names added
+
+    def __enter__(self) -> OutputClaims:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.settle()
+
+    def settle(self) -> None:
+        """Take back unwritten names and release the locks, deepest folder first (idempotent)."""
+        claims, self.claims, locks, self.locks = self.claims, [], self.locks, []
+        for folder, previous, added in claims:
+            unused = {name for name in added if not os.path.lexists(folder / name)}
+            with contextlib.suppress(OSError, UserError):  # a ledger that keeps a needless name is harmless
+                if unused == added and previous is None:
+                    (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
+                elif unused == added:
+                    atomic_write(folder / OWNERSHIP_FILE, lambda handle, data=previous: handle.write(data))
+                elif unused:
+                    _write_ledger(folder, {n: k for n, k in _owned(folder).items() if n not in unused})
+        for lock in sorted(locks, key=lambda lock: -len(Path(os.path.abspath(lock.folder)).parts)):
+            lock.release()
+
+
+def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> OutputClaims:
+    """Check, lock and claim ``outputs`` for ``command``; call once before writing and write inside the block.
+
+    Raises UserError (FolderInUse: a locked folder) naming the options at fault, or OutputError: an unwritable output.
+    """
+    inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
+    outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
+    check_no_overlap(command, inputs, outputs)
+    # Before the locks create missing folders (a folder made for a lock holds no file of the user's); a second
+    # command of the same kind passes it and then stops at the lock.
+    check_ownership(command, outputs)
+    claims = OutputClaims()
+    try:
+        for output in outputs:
+            if all(os.path.abspath(lock.folder) != os.path.abspath(output.folder) for lock in claims.locks):
+                claims.locks.append(FolderLock(output.folder, command, output.option))
+                claims.locks[-1].acquire()
+        check_writable(command, outputs)
+        for output in outputs:
+            kind, owned = output.kind or command, _owned(output.folder)
+            added = {target.name: kind for target in output.targets() if target.name not in owned}
+            if added:
+                ledger = output.folder / OWNERSHIP_FILE
+                previous = ledger.read_bytes() if ledger.is_file() else None
+                _write_ledger(output.folder, {**owned, **added})
+                claims.claims.append((output.folder, previous, set(added)))
+    except BaseException:
+        claims.settle()
+        raise
+    return claims
