@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -131,12 +131,17 @@ class Detector(HubFolders):
         return [category_of(self.label_map, label)[1] for label in range(self.config.model.num_classes)]
 
     def predict(
-        self, images: ImageInput | Sequence[ImageInput], *, threshold: float | None = None, batch_size: int = 8
+        self,
+        images: ImageInput | Sequence[ImageInput],
+        *,
+        threshold: float | None = None,
+        batch_size: int = 8,
+        channels: Literal["RGB", "BGR"] = "RGB",
     ) -> Detections | list[Detections]:
         """Detect objects in one image or a list of images.
 
-        ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays or ``(3, H, W)`` tensors (uint8, or float
-        in [0, 1]). ``threshold`` defaults to ``eval.score_threshold``; results do not depend on ``batch_size``.
+        ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays (RGB; ``channels="BGR"`` for OpenCV's
+        frames) or ``(3, H, W)`` tensors (uint8, or float in [0, 1]). ``threshold`` defaults to ``eval.score_threshold``; results do not depend on ``batch_size``.
         Returns one :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in
         input order. Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size).
         """
@@ -147,15 +152,19 @@ class Detector(HubFolders):
             raise ConfigError(f"threshold must be between 0 and 1, got {threshold}.")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}.")
-        results = self._detect(inputs, threshold, batch_size)
+        if channels not in ("RGB", "BGR"):
+            raise ConfigError(f"channels must be 'RGB' or 'BGR', got {channels!r}.")
+        results = self._detect(inputs, threshold, batch_size, bgr=channels == "BGR")
         return results[0] if single else results
 
-    def _detect(self, inputs: list[ImageInput], threshold: float, batch_size: int) -> list[Detections]:
+    def _detect(
+        self, inputs: list[ImageInput], threshold: float, batch_size: int, bgr: bool = False
+    ) -> list[Detections]:
         from torchvision import tv_tensors
 
         items, groups = [], {}
         for index, image in enumerate(inputs):
-            pixels = as_rgb_tensor(image, name=_describe(image, index))
+            pixels = as_rgb_tensor(image, name=_describe(image, index), bgr=bgr)
             model_input = self._transform(tv_tensors.Image(pixels))
             items.append(({"orig_size": torch.tensor(pixels.shape[-2:]), "index": index}, model_input, image))
             groups.setdefault(tuple(model_input.shape[-2:]), []).append(index)
@@ -193,7 +202,7 @@ class Detector(HubFolders):
 
         Runs in the current process group (``torchrun`` shares the images out). ``images`` and ``annotations``
         default to ``data.val_images`` / ``data.val_annotations``; with ``output_dir`` it also writes
-        ``metrics.json`` and ``detections.json`` there. Returns ``{"AP", "AP50", "AP75", "APs", "APm", "APl",
+        ``metrics.json``, ``detections.json``, ``per_class.csv`` and ``confusion_matrix.json`` there. Returns ``{"AP", "AP50", "AP75", "APs", "APm", "APl",
         "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"}``. Raises ``UserError`` for bad data or an unwritable folder.
         """
         cfg = self._evaluation_config(images, annotations, batch_size)

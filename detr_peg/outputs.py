@@ -1,5 +1,6 @@
-"""Output safety (docs/guarantees.md): atomic writes, one command per output folder, outputs that never overlap
-inputs and never replace a file that another kind of command or the user wrote, OS errors as one sentence.
+"""Output safety (docs/guarantees.md), in this order: operating-system errors as one sentence; atomic writes;
+one command per output folder (a ``filelock`` on ``.detr-peg.lock``); outputs that never overlap inputs and never
+replace a file that another kind of command or the user wrote.
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ LOCK_FILE, HOLDER_FILE, OWNERSHIP_FILE = ".detr-peg.lock", ".detr-peg.lock.json"
 #: Kinds of command whose files another kind may replace, besides its own.
 MAY_REPLACE = {"eval": ("train",)}
 
-# --- Operating-system errors as one sentence: the path, the system's reason, what to do.
-
-_YOURS, _SPACE = "choose a folder you can write to", "or choose a folder on another disk"
+_SPACE = "or choose a folder on another disk"
 _ADVICE = {
-    errno.EACCES: _YOURS,
-    errno.EPERM: _YOURS,
+    **dict.fromkeys((errno.EACCES, errno.EPERM), "choose a folder you can write to"),
     errno.EROFS: "the file system is read-only: choose a folder on a writable disk",
     errno.ENOSPC: f"free some space {_SPACE}",
     errno.EDQUOT: f"free some space within your quota {_SPACE}",
@@ -102,10 +100,7 @@ def make_folder(path: str | os.PathLike) -> None:
         os.makedirs(path, exist_ok=True)
 
 
-# --- Atomic writes: ``.NAME.tmp-PID`` in the same folder, fsync, ``os.replace``, fsync of the folder.
-
-
-class _Recorder:
+class ErrorRecorder:
     """A file whose ``write``/``flush`` keep the OSErrors they raise (torch.save reports them as RuntimeError)."""
 
     def __init__(self, handle: BinaryIO, errors: list[OSError]) -> None:
@@ -127,18 +122,16 @@ class _Recorder:
 
 
 def atomic_write(
-    path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, error: type[UserError] | None = OutputError
+    path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, error: type[UserError] = OutputError
 ) -> Path:
-    """Write ``path`` atomically with ``write(handle)``; temporaries of killed writers are removed afterwards.
-
-    Raises ``error`` (None: the OSError) with the :func:`write_error` sentence; the previous file is untouched.
-    """
+    """Write ``path`` atomically with ``write(handle)``, removing temporaries of killed writers; raises ``error``
+    with the :func:`write_error` sentence, the previous file untouched."""
     path = Path(path)
     tmp, errors = path.with_name(f".{path.name}.tmp-{os.getpid()}"), []
     try:
         with open(tmp, "wb") as handle:
             try:
-                write(_Recorder(handle, errors))
+                write(ErrorRecorder(handle, errors))
             except RuntimeError:
                 if errors:
                     raise errors[0] from None
@@ -148,8 +141,6 @@ def atomic_write(
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if error is None:
-            raise
         raise error(str(write_error(path, exc))) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -164,7 +155,7 @@ def atomic_write(
     return path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *, error: type[UserError] | None = OutputError) -> Path:
+def atomic_write_text(path: str | os.PathLike, text: str, *, error: type[UserError] = OutputError) -> Path:
     """Write ``text`` as UTF-8 atomically (see :func:`atomic_write`)."""
     data = text.encode("utf-8")
     return atomic_write(path, lambda handle: handle.write(data), error=error)
@@ -174,15 +165,6 @@ def write_json(path: str | Path, data: Any, *, indent: int | None = 1) -> Path:
     """Write ``data`` as JSON atomically (``indent=None``: compactly); raises OutputError."""
     separators = None if indent is not None else (",", ":")
     return atomic_write_text(path, json.dumps(data, indent=indent, separators=separators) + "\n")
-
-
-def save_image(path: str | os.PathLike, image: Any, **options: Any) -> Path:
-    """Save a ``PIL.Image.Image`` atomically, in the format its suffix names (``.png``, ``.jpg``, ...)."""
-    from PIL import Image
-
-    Image.init()
-    fmt = Image.EXTENSION[Path(path).suffix.lower()]
-    return atomic_write(path, lambda handle: image.save(handle, format=fmt, **options))
 
 
 def save_figure(path: str | os.PathLike, figure: Any, **options: Any) -> Path:
@@ -199,8 +181,8 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:
-        return True
+    except OSError:  # another user's
+        pass
     return True
 
 
@@ -221,20 +203,15 @@ def remove_stale(folder: str | os.PathLike, prefix: str) -> list[Path]:
     return removed
 
 
-# --- One command per output folder: a ``filelock`` (``flock``) on ``.detr-peg.lock``, re-entrant in one process.
-
-
 class FolderInUse(UserError):
     """Another process holds the folder's lock."""
 
 
 def _holder(folder: Path) -> dict | None:
     """The holder described in ``folder``; None when absent or damaged (it serves messages only)."""
-    path = Path(folder) / HOLDER_FILE
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW  # a FIFO must not block, a link is not ours
     try:
-        if not path.is_file() or path.is_symlink():
-            return None
-        with open(path, "rb") as handle:
+        with open(os.open(Path(folder) / HOLDER_FILE, flags), "rb") as handle:
             holder = json.loads(handle.read(1 << 16))
     except (OSError, ValueError):
         return None
@@ -255,61 +232,47 @@ def holder_alive(folder: Path, command: str | None = None) -> bool | None:
     return holder["host"] != socket.gethostname() or process_alive(holder["pid"])
 
 
-class FolderLock:
-    """The exclusive lock of one output folder (created when missing, removed on release if still empty)."""
-
-    def __init__(self, folder: Path, command: str, option: str) -> None:
-        self.folder, self.command, self.option = Path(folder), command, option
-        self._lock: FileLock | None = None
-        self._created = self._new_file = False
-
-    def acquire(self) -> None:
-        """Take the lock; raises FolderInUse naming the holder, or OutputError when the folder cannot be written."""
-        try:
-            self._created = not self.folder.exists()
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._new_file = not (self.folder / LOCK_FILE).exists()
-            lock = FileLock(str(self.folder / LOCK_FILE), timeout=0, is_singleton=True)
-            lock.acquire()
-        except Timeout:
-            holder = _holder(self.folder)
-            who = "another detr-peg command"
-            if holder is not None:
-                who = f"detr-peg {holder['command']} (process {holder['pid']} on {holder['host']}, since {holder['since']})"
-            raise FolderInUse(
-                f"{self.option} {self.folder} is in use by {who}; wait for it to end, or stop it, "
-                f"or choose another {self.option}."
-            ) from None
-        except OSError as exc:
-            self._created = False
-            if isinstance(exc, FileExistsError):  # mkdir met a file where a folder of the path should be
-                exc = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-            raise write_error(self.folder, exc, f"write into {self.option}") from None
-        self._lock = lock
-        if lock.lock_counter == 1:  # the first holder in this process describes itself
-            holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command}
+@contextlib.contextmanager
+def folder_lock(folder: Path, command: str, option: str) -> Iterator[None]:
+    """Hold the exclusive lock of ``folder`` (created when missing, removed on release if left empty), re-entrant in
+    one process; raises FolderInUse naming the holder, or OutputError when the folder cannot be written."""
+    folder = Path(folder)
+    try:
+        created = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)
+        new_file = not (folder / LOCK_FILE).exists()
+        lock = FileLock(str(folder / LOCK_FILE), timeout=0, is_singleton=True)
+        lock.acquire()
+    except Timeout:
+        holder = _holder(folder)
+        who = "another detr-peg command"
+        if holder is not None:
+            who = f"detr-peg {holder['command']} (process {holder['pid']} on {holder['host']}, since {holder['since']})"
+        raise FolderInUse(
+            f"{option} {folder} is in use by {who}; wait for it to end, or stop it, or choose another {option}."
+        ) from None
+    except OSError as exc:
+        if isinstance(exc, FileExistsError):  # mkdir met a file where a folder of the path should be
+            exc = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        raise write_error(folder, exc, f"write into {option}") from None
+    first = lock.lock_counter == 1  # the first holder in this process describes itself, and cleans up
+    if first:
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command}
+        with contextlib.suppress(OSError):
+            text = json.dumps({**holder, "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+            (folder / HOLDER_FILE).write_text(text + "\n")
+    try:
+        yield
+    finally:
+        if first:
             with contextlib.suppress(OSError):
-                text = json.dumps({**holder, "since": time.strftime("%Y-%m-%d %H:%M:%S")})
-                (self.folder / HOLDER_FILE).write_text(text + "\n")
-
-    def release(self) -> None:
-        """Release the lock; its files go, and the folder too if it was created for the lock and is empty."""
-        lock, self._lock = self._lock, None
-        if lock is None:
-            return
-        last = lock.lock_counter == 1
-        if last:
-            with contextlib.suppress(OSError):
-                (self.folder / HOLDER_FILE).unlink(missing_ok=True)
-                if self._new_file:
-                    (self.folder / LOCK_FILE).unlink(missing_ok=True)  # while held: no one can lock a gone file
+                (folder / HOLDER_FILE).unlink(missing_ok=True)
+                if new_file:
+                    (folder / LOCK_FILE).unlink(missing_ok=True)  # while held: no one can lock a gone file
         lock.release()
-        if last and self._created:
+        if first and created:
             with contextlib.suppress(OSError):
-                self.folder.rmdir()  # only when empty: nothing was written there
-
-
-# --- What a command reads and writes, checked, locked and claimed before it writes anything.
+                folder.rmdir()  # only when empty: nothing was written there
 
 
 @dataclass(frozen=True)
@@ -322,9 +285,8 @@ class Input:
 
 @dataclass(frozen=True)
 class Output:
-    """A file, or a folder and the ``names`` written into it. ``kind``: who owns them (default: the command);
-    ``adopt``: existing names missing from the ownership file count as owned (``--resume`` of an older run).
-    """
+    """A file, or a folder and the ``names`` written into it; ``kind`` owns them (default: the command); with
+    ``adopt``, existing names the ownership file lacks count as owned (``--resume`` of an older run)."""
 
     path: Path
     option: str
@@ -344,12 +306,6 @@ def inputs(*pairs: tuple[object, str]) -> list[Input]:
     """The local files and folders among ``(path, option)`` pairs (None, URLs and ``torchvision://`` left out)."""
     remote = ("http://", "https://", "torchvision://", "timm://")
     return [Input(Path(str(path)), option) for path, option in pairs if path and not str(path).startswith(remote)]
-
-
-def data_inputs(data: Any, splits: Sequence[str] = ("train", "val")) -> list[Input]:
-    """The image folders and annotation files of a ``DataConfig`` for ``splits``."""
-    keys = [f"{split}_{what}" for split in splits for what in ("images", "annotations")]
-    return inputs(*((getattr(data, key), f"data.{key}") for key in keys))
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -393,10 +349,9 @@ def _owned(folder: Path) -> dict[str, str]:
 def check_ownership(command: str, outputs: Sequence[Output]) -> None:
     """Refuse to replace a file that the same kind of command (or :data:`MAY_REPLACE`) did not write."""
     for output in outputs:
-        if output.names and os.path.exists(output.path) and not os.path.isdir(output.path):
-            raise UserError(f"{output.option} {output.path} is a file, not a folder; choose a folder.")
-        if not output.names and os.path.isdir(output.path):
-            raise UserError(f"{output.option} {output.path} is a folder; give a file name.")
+        if os.path.exists(output.path) and os.path.isdir(output.path) != bool(output.names):
+            problem = "is a file, not a folder; choose a folder" if output.names else "is a folder; give a file name"
+            raise UserError(f"{output.option} {output.path} {problem}.")
         kind, owned = output.kind or command, _owned(output.folder)
         for target in output.targets():
             by = owned.get(target.name, kind if output.adopt else None)
@@ -408,14 +363,10 @@ def check_ownership(command: str, outputs: Sequence[Output]) -> None:
                 )
 
 
-def check_writable(command: str, outputs: Sequence[Output]) -> None:
+def _check_writable(outputs: Sequence[Output]) -> None:
     """Refuse an output the atomic writer could not write, by creating ``.NAME.tmp-PID`` as it would (OutputError)."""
     for output in outputs:
         for target in output.targets():
-            if not output.names and target.is_dir():
-                raise OutputError(
-                    f"Could not write {output.option} {target}: it is a folder; choose a file name for {output.option}."
-                )
             probe = target.with_name(f".{target.name}.tmp-{os.getpid()}")
             if os.path.lexists(probe):
                 continue  # this process is writing it already
@@ -433,39 +384,20 @@ def _write_ledger(folder: Path, names: dict[str, str]) -> None:
     atomic_write_text(folder / OWNERSHIP_FILE, json.dumps(content, indent=1) + "\n")
 
 
-class OutputClaims:
-    """A command's folder locks and the names it added to ownership files (before writing, so a killed run still
-    owns them). Leaving the ``with`` block takes back the names not written, then releases the locks.
-    """
-
-    def __init__(self) -> None:
-        self.locks: list[FolderLock] = []
-        self.claims: list[tuple[Path, bytes | None, set[str]]] = []  # folder, earlier ledger, names added
-
-    def __enter__(self) -> OutputClaims:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.settle()
-
-    def settle(self) -> None:
-        """Take back unwritten names and release the locks, deepest folder first (idempotent)."""
-        claims, self.claims, locks, self.locks = self.claims, [], self.locks, []
-        for folder, previous, added in claims:
-            unused = {name for name in added if not os.path.lexists(folder / name)}
-            with contextlib.suppress(OSError, UserError):  # a ledger that keeps a needless name is harmless
-                if unused == added and previous is None:
-                    (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
-                elif unused == added:
-                    atomic_write(folder / OWNERSHIP_FILE, lambda handle, data=previous: handle.write(data))
-                elif unused:
-                    _write_ledger(folder, {n: k for n, k in _owned(folder).items() if n not in unused})
-        for lock in sorted(locks, key=lambda lock: -len(Path(os.path.abspath(lock.folder)).parts)):
-            lock.release()
+def _take_back(folder: Path, added: set[str]) -> None:
+    """Drop from ``folder``'s ownership file the names of ``added`` that were never written."""
+    unused = {name for name in added if not os.path.lexists(folder / name)}
+    owned = {name: kind for name, kind in _owned(folder).items() if name not in unused}
+    with contextlib.suppress(OSError, UserError):  # a ledger that keeps a needless name is harmless
+        if unused and owned:
+            _write_ledger(folder, owned)
+        elif unused:
+            (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
 
 
-def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> OutputClaims:
-    """Check, lock and claim ``outputs`` for ``command``; call once before writing and write inside the block.
+def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> contextlib.ExitStack:
+    """Check, lock and claim ``outputs`` for ``command``; call once before writing, and write inside the returned
+    block: leaving it takes back the names not written, then releases the locks (deepest folder first).
 
     Raises UserError (FolderInUse: a locked folder) naming the options at fault, or OutputError: an unwritable output.
     """
@@ -475,22 +407,15 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     # Before the locks create missing folders (a folder made for a lock holds no file of the user's); a second
     # command of the same kind passes it and then stops at the lock.
     check_ownership(command, outputs)
-    claims = OutputClaims()
-    try:
-        for output in outputs:
-            if all(os.path.abspath(lock.folder) != os.path.abspath(output.folder) for lock in claims.locks):
-                claims.locks.append(FolderLock(output.folder, command, output.option))
-                claims.locks[-1].acquire()
-        check_writable(command, outputs)
-        for output in outputs:
+    with contextlib.ExitStack() as claims:
+        folders = {os.path.abspath(output.folder): output for output in reversed(outputs)}  # each folder's first
+        for key in sorted(folders, key=lambda folder: len(Path(folder).parts)):
+            claims.enter_context(folder_lock(folders[key].folder, command, folders[key].option))
+        _check_writable(outputs)
+        for output in outputs:  # claimed before anything is written, so a killed run still owns its files
             kind, owned = output.kind or command, _owned(output.folder)
             added = {target.name: kind for target in output.targets() if target.name not in owned}
             if added:
-                ledger = output.folder / OWNERSHIP_FILE
-                previous = ledger.read_bytes() if ledger.is_file() else None
                 _write_ledger(output.folder, {**owned, **added})
-                claims.claims.append((output.folder, previous, set(added)))
-    except BaseException:
-        claims.settle()
-        raise
-    return claims
+                claims.callback(_take_back, output.folder, set(added))
+        return claims.pop_all()

@@ -109,6 +109,14 @@ def test_every_input_kind_gives_the_same_detections(detector, coco128_dir) -> No
     for other in results[1:]:
         other.source = results[0].source
         _assert_same(other, results[0])
+    bgr = np.ascontiguousarray(array[:, :, ::-1])  # as OpenCV reads the picture
+    from_bgr = detector.predict(bgr, threshold=0.0, channels="BGR")
+    from_bgr.source = results[0].source
+    _assert_same(from_bgr, results[0])
+    read_as_rgb = detector.predict(bgr, threshold=0.0)  # the same array taken as RGB: other colours, other detections
+    assert not torch.equal(read_as_rgb.scores, results[0].scores)
+    with pytest.raises(ConfigError, match="channels must be 'RGB' or 'BGR', got 'bgr'"):
+        detector.predict(bgr, channels="bgr")
     threshold = float(results[0].scores[3])
     kept = detector.predict(path, threshold=threshold)
     assert len(kept) == int((results[0].scores >= threshold).sum()) and bool((kept.scores >= threshold).all())

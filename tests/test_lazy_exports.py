@@ -13,7 +13,14 @@ import pytest
 from detr_peg.lazy_exports import lazy_exports
 from tests.conftest import run_python
 
-PACKAGES = ["detr_peg", "detr_peg.convert", "detr_peg.data", "detr_peg.engine", "detr_peg.export"]
+PACKAGES = [
+    "detr_peg",
+    "detr_peg.checkpoint",
+    "detr_peg.convert",
+    "detr_peg.data",
+    "detr_peg.engine",
+    "detr_peg.export",
+]
 TOY_MODULES = ("lazy_registry", "lazy_target", "lazy_other")
 
 

@@ -13,10 +13,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError, safe_open
-from torch.hub import download_url_to_file, get_dir
-
 from detr_peg.bounded_read import check_regular_file
 from detr_peg.errors import CheckpointError, UserError
 from detr_peg.outputs import atomic_write
@@ -42,6 +38,8 @@ def check_checkpoint_location(spec: str | os.PathLike, what: str = "checkpoint")
 
 def fetch_url(url: str) -> Path:
     """Download ``url`` into torch's hub cache (once) and return the local path."""
+    from torch.hub import download_url_to_file, get_dir
+
     cache = Path(get_dir()) / "checkpoints"
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / os.path.basename(url.split("?")[0])
@@ -58,6 +56,8 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
 
     Raises CheckpointError: missing, unreadable, truncated or corrupt, or holding pickled objects.
     """
+    import torch  # imported on reading: checking a path alone must not import torch
+
     spec = str(path)
     local = fetch_url(spec) if is_url(spec) else Path(spec)
     check_checkpoint_file(local, what)
@@ -104,6 +104,8 @@ def _unpickler_reason(text: str) -> str:
 
 
 def _read_safetensors(path: Path, what: str) -> dict[str, Any]:
+    from safetensors import SafetensorError, safe_open
+
     try:
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = handle.metadata() or {}
@@ -113,6 +115,8 @@ def _read_safetensors(path: Path, what: str) -> dict[str, Any]:
     return {"state_dict": tensors, "metadata": dict(metadata)}
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike, *, error: type[UserError] | None = CheckpointError) -> Path:
-    """``torch.save`` atomically; raises ``error`` (None: the OSError) on failure, the previous file untouched."""
+def atomic_torch_save(obj: Any, path: str | os.PathLike, *, error: type[UserError] = CheckpointError) -> Path:
+    """``torch.save`` atomically; raises ``error`` on failure, the previous file untouched."""
+    import torch
+
     return atomic_write(path, lambda handle: torch.save(obj, handle), error=error)

@@ -14,6 +14,7 @@ from typing import Any
 from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
+from detr_peg.bounded_read import parse_json
 from detr_peg.checkpoint.files import atomic_torch_save, read_checkpoint_file
 from detr_peg.checkpoint.validation import check_checkpoint_fields
 from detr_peg.checkpoint.weights_check import check_loaded_weights
@@ -83,11 +84,11 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         meta = obj["metadata"]
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{spec} is a safetensors file without detr_peg metadata (format, config).")
-        try:
-            cfg_dict = json.loads(meta["config"])
-            label_map = json.loads(meta.get("label_map", "null"))
-        except (KeyError, json.JSONDecodeError):
-            raise CheckpointError(f"{spec}: the detr_peg metadata 'config' is missing or not valid JSON.") from None
+        if "config" not in meta:
+            raise CheckpointError(f"{spec}: the detr_peg metadata has no 'config'.")
+        what = "The detr_peg metadata of"  # a JSON text inside the file: the same bounds as a config file
+        cfg_dict = parse_json(meta["config"].encode(), spec, what, "config", CheckpointError)
+        label_map = parse_json(meta.get("label_map", "null").encode(), spec, what, "record", CheckpointError)
         check_checkpoint_fields({"model": obj["state_dict"], "label_map": label_map}, spec)
         return Checkpoint(spec, _config(cfg_dict, spec), obj["state_dict"], label_map)
     if not isinstance(obj, dict):

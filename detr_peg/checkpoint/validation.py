@@ -1,7 +1,4 @@
-"""A checkpoint is checked as a whole, field by field, when read and before any of it is used (Rule 6 of
-docs/guarantees.md). Weight dtypes and finiteness are checked against the model later, in
-:mod:`~detr_peg.checkpoint.weights_check`.
-"""
+"""A checkpoint is checked as a whole when read, before any of it is used (Rule 6 of docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -15,12 +12,6 @@ from torch import Tensor
 
 from detr_peg.errors import CheckpointError
 from detr_peg.messages import shortened
-
-#: Counters of a training checkpoint: non-negative integers.
-COUNTERS = ("epoch", "iteration", "epoch_batches_done", "train_images", "ema_updates")
-
-#: State dicts of a training checkpoint: mappings.
-STATE_DICTS = ("optimizer", "lr_scheduler", "grad_scaler")
 
 
 def _kind(value: Any) -> str:
@@ -39,10 +30,10 @@ def check_checkpoint_fields(obj: Mapping[str, Any], spec: str) -> None:
     label_map = obj.get("label_map")
     if label_map is not None and not isinstance(label_map, Mapping):
         raise CheckpointError(f"{spec}: 'label_map' holds {_kind(label_map)}; it must be a mapping or null.")
-    for key in COUNTERS:
+    for key in ("epoch", "iteration", "epoch_batches_done", "train_images", "ema_updates"):
         if key in obj and (isinstance(obj[key], bool) or not isinstance(obj[key], int) or obj[key] < 0):
             raise CheckpointError(f"{spec}: '{key}' holds {_kind(obj[key])}; it must be an integer of at least 0.")
-    for key in STATE_DICTS:
+    for key in ("optimizer", "lr_scheduler", "grad_scaler"):
         if key in obj and not isinstance(obj[key], Mapping):
             raise CheckpointError(f"{spec}: '{key}' holds {_kind(obj[key])}; it must be a state dict (a mapping).")
     skipped = obj.get("skipped_image_ids", [])

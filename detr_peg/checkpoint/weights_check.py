@@ -1,10 +1,8 @@
-"""Nothing is reported from numbers that are not finite (Rule 2 of docs/guarantees.md): weights when loaded and
-before a checkpoint is replaced, model outputs before post-processing.
-"""
+"""Nothing is reported from numbers that are not finite (Rule 2 of docs/guarantees.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -13,49 +11,34 @@ from torch import Tensor
 from detr_peg.errors import CheckpointError, TrainingError, UserError
 
 
-def _first_non_finite(state: Mapping[str, Tensor]) -> tuple[str, int, str] | None:
-    """``(key, count, example)`` of the first floating tensor holding NaN or infinity, else None."""
-    for key, value in state.items():
+def _non_finite(tensors: Mapping[str, Any]) -> Iterator[tuple[str, int, str]]:
+    """``(key, count, example)`` of each floating tensor holding NaN or infinity; the callers raise at the first."""
+    for key, value in tensors.items():
         if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()):
             bad = ~torch.isfinite(value)
-            count = int(bad.sum())
-            if count:
-                example = str(value[bad].flatten()[0].item())
-                return key, count, example
-    return None
+            if bad.any():
+                yield key, int(bad.sum()), str(value[bad].flatten()[0].item())
 
 
 def check_loaded_weights(state: Mapping[str, Tensor], own: Mapping[str, Tensor], source: str) -> None:
-    """Refuse weights whose dtype kind differs from the model's ``own`` (no silent int cast) or that are not finite.
-
-    Raises CheckpointError naming ``source``, the key and the problem.
-    """
+    """Refuse (CheckpointError naming ``source`` and the key) weights that are not finite, or not floating point where
+    the model's ``own`` are: an int checkpoint is never cast."""
     for key, mine in own.items():
         value = state.get(key)
-        if not isinstance(value, Tensor):
-            if key in state:
-                raise CheckpointError(f"{source}: '{key}' holds a {type(value).__name__}, not a tensor.")
-            continue
-        if mine.is_floating_point() and not value.is_floating_point():
+        if key in state and not isinstance(value, Tensor):
+            raise CheckpointError(f"{source}: '{key}' holds a {type(value).__name__}, not a tensor.")
+        if value is not None and mine.is_floating_point() and not value.is_floating_point():
+            got, expected = (str(t.dtype).replace("torch.", "") for t in (value, mine))
             raise CheckpointError(
-                f"{source}: '{key}' holds {str(value.dtype).replace('torch.', '')} values but the model expects "
-                f"floating point ({str(mine.dtype).replace('torch.', '')}); the file was not written as weights "
-                "of this model."
+                f"{source}: '{key}' holds {got} values, not the {expected} weights the model expects."
             )
-    bad = _first_non_finite(state)
-    if bad is not None:
-        key, count, example = bad
-        raise CheckpointError(
-            f"{source}: '{key}' holds {count} non-finite values ({example}); refusing to use weights that "
-            "cannot give finite results."
-        )
+    for key, count, example in _non_finite(state):
+        raise CheckpointError(f"{source}: '{key}' holds {count} non-finite values ({example}); refusing these weights.")
 
 
 def check_saved_weights(state: Mapping[str, Tensor], iteration: int, checkpoint: Any) -> None:
-    """Refuse to replace a checkpoint with non-finite weights; raises TrainingError (the previous one is kept)."""
-    bad = _first_non_finite(state)
-    if bad is not None:
-        key, count, example = bad
+    """Refuse to replace a checkpoint with non-finite weights: TrainingError, and the previous checkpoint is kept."""
+    for key, count, example in _non_finite(state):
         raise TrainingError(
             f"Non-finite weights after iteration {iteration} ('{key}' holds {count} values like {example}); "
             f"training stopped and the previous checkpoint {checkpoint} (if any) is kept. Lower train.lr or keep "
@@ -64,11 +47,8 @@ def check_saved_weights(state: Mapping[str, Tensor], iteration: int, checkpoint:
 
 
 def check_outputs(outputs: Mapping[str, Any], what: str = "The model") -> None:
-    """Refuse non-finite model outputs before anything is computed from them; raises UserError naming the output."""
-    tensors = {key: value for key, value in outputs.items() if isinstance(value, Tensor)}
-    bad = _first_non_finite(tensors)
-    if bad is not None:
-        key, count, example = bad
+    """Refuse non-finite model outputs before anything is computed from them: UserError naming the output."""
+    for key, count, example in _non_finite(outputs):
         raise UserError(
             f"{what} produced {count} non-finite values ({example}) in '{key}'; no metrics or detections are "
             "reported from them (check the weights, or train again with a lower train.lr)."

@@ -171,7 +171,7 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
 
     from detr_peg.cli.predict import predict_files
     from detr_peg.detector import Detector
-    from detr_peg.outputs import make_folder, save_image, write_json
+    from detr_peg.outputs import atomic_write, make_folder, write_json
 
     detector = Detector.from_checkpoint(checkpoint, device="cpu")
     make_folder(out)
@@ -184,7 +184,8 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
             if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
                 picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
                 detections.boxes = detections.boxes * factor
-            save_image(out / f"{path.stem}.png", detections.draw(picture))
+            drawn = detections.draw(picture)
+            atomic_write(out / f"{path.stem}.png", lambda handle, drawn=drawn: drawn.save(handle, format="PNG"))
     write_json(out / "predictions.json", records)
     return len(records)
 

@@ -9,19 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.errors import UserError
-from detr_peg.outputs import Output, check_writable, describe_os_error, write_json
+from detr_peg.outputs import Output, describe_os_error, guard_outputs, write_json
 
 
 def run_json_report(prog: str, compute: Callable[[], dict[str, Any]], output: Path | None) -> int:
-    """Check ``output``, run ``compute``, write and print its report; return 0, or 2 after one line on stderr
-    for a ``UserError`` or a file ``OSError``.
+    """Claim ``output`` (the rules of every command's outputs), run ``compute``, write and print its report;
+    return 0, or 2 after one line on stderr for a ``UserError`` or a file ``OSError``.
     """
     try:
-        if output is not None:
-            check_writable(prog, [Output(output, "--output")])
-        report = compute()
-        if output is not None:
-            write_json(output, report)
+        with guard_outputs(prog, [], [Output(output, "--output")] if output is not None else []):
+            report = compute()
+            if output is not None:
+                write_json(output, report)
     except UserError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

@@ -225,11 +225,18 @@ def _run_command(words: list[str]) -> int:
         registry.fill_on_first_read(lambda: importlib.import_module("detr_peg.models"))
         retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
     handler = show_messages()
+    from detr_peg.outputs import ErrorRecorder
+
+    stdout, stdout_errors = sys.stdout, []  # a write to stdout that fails is told apart from other errors
+    if stdout is not None:
+        sys.stdout = ErrorRecorder(stdout, stdout_errors)
     try:
         status = int(module.run(args) or 0)
         # What the command printed is out before SIGTERM gets its default action back: a signal while the
-        # interpreter exits must not lose the last lines ("Wrote ...") from stdout's buffer.
-        sys.stdout.flush()
+        # interpreter exits must not lose the last lines ("Wrote ...") from stdout's buffer. A closed stdout
+        # (`>&-`) is None: Python drops what is printed, and the command runs as usual.
+        if sys.stdout is not None:
+            sys.stdout.flush()
         return status
     except UserError as exc:
         message = in_users_words(str(exc), module, words)
@@ -241,6 +248,14 @@ def _run_command(words: list[str]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as exc:
+        if exc in stdout_errors:  # `> /dev/full`, or a full disk under stdout's file
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())  # no second error at exit
+            print(
+                f"detr-peg {top.command}: error: standard output cannot be written ({exc.strerror or exc}); "
+                "the files the command finished are complete.",
+                file=sys.stderr,
+            )
+            return 2
         if exc.filename is None:  # an operating-system error about no file is a bug: keep its traceback
             raise
         from detr_peg.outputs import describe_os_error
@@ -257,6 +272,7 @@ def _run_command(words: list[str]) -> int:
         print(f"detr-peg {top.command}: interrupted", file=sys.stderr)
         return 130
     finally:
+        sys.stdout = stdout
         logging.getLogger("detr_peg").removeHandler(handler)
 
 

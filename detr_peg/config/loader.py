@@ -28,7 +28,7 @@ from detr_peg.bounded_read import (
     read_bounded_bytes,
 )
 from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of
-from detr_peg.config.ranges import field_non_empty, field_range, out_of_range
+from detr_peg.config.ranges import out_of_range
 from detr_peg.config.schema import Config
 from detr_peg.config.shipped import missing_config_message, resolve_config
 from detr_peg.errors import ConfigError
@@ -345,10 +345,10 @@ def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> No
     """A numeric value outside its field's range, a non-finite float or an empty list that needs an item is an error."""
     spec = next(f for f in dataclasses.fields(owner) if f.name == name)
     metadata = spec.metadata
-    if value == [] and field_non_empty(metadata):
+    if value == [] and metadata.get("non_empty"):
         unset = " (leave it unset or null for the default)" if spec.default is None else ""
         raise ConfigError(f"{source}: '{key}' must hold at least one item, got []{unset}.")
-    why = out_of_range(value, field_range(metadata))
+    why = out_of_range(value, metadata.get("range"))
     if why is not None:
         raise ConfigError(f"{source}: '{key}' must be {why}, got {value!r}.")
 

@@ -6,7 +6,6 @@ that still cannot allocate what it needs ends in one line (``detr_peg.cli.main.o
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +23,7 @@ MAX_CLASSES = 100_000
 
 @dataclass(frozen=True)
 class Range:
-    """A closed (or right-open) interval of valid numbers.
-
-    Attributes:
-        low: smallest valid value (``None``: no lower bound).
-        high: largest valid value (``None``: no upper bound).
-        high_open: ``high`` itself is not valid (``[0, 1)``).
-        low_open: ``low`` itself is not valid (``above 0``).
-    """
+    """An interval of valid numbers; ``None``: unbounded on that side; ``*_open``: the bound itself is invalid."""
 
     low: float | None = None
     high: float | None = None
@@ -47,21 +39,15 @@ class Range:
 
     def describe(self) -> str:
         """``"at least 1"``, ``"above 0"``, ``"at most 1"`` or ``"in [0, 1)"``."""
-        low, high = _number(self.low), _number(self.high)
+        low, high = (
+            "" if x is None else str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+            for x in (self.low, self.high)
+        )
         if self.high is None:
             return f"{'above' if self.low_open else 'at least'} {low}"
         if self.low is None:
             return f"{'below' if self.high_open else 'at most'} {high}"
         return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
-
-
-def _number(x: float | None) -> str:
-    """Whole numbers without a fraction or exponent (``2147483647``), others short (``0.1``)."""
-    if x is None:
-        return ""
-    if float(x).is_integer() and abs(x) < 1e16:
-        return str(int(x))
-    return f"{x:g}"
 
 
 def valid(
@@ -74,16 +60,6 @@ def valid(
 ) -> dict[str, Any]:
     """Field metadata: the valid range; ``non_empty`` for a list whose ``[]`` means nothing (refused, not defaulted)."""
     return {"range": Range(low, high, high_open, low_open), "non_empty": non_empty}
-
-
-def field_range(metadata: Any) -> Range | None:
-    """The :class:`Range` in a field's metadata, if any."""
-    return metadata.get("range") if metadata else None
-
-
-def field_non_empty(metadata: Any) -> bool:
-    """Whether a list field needs at least one item."""
-    return bool(metadata.get("non_empty")) if metadata else False
 
 
 def out_of_range(value: Any, rng: Range | None) -> str | None:
@@ -100,20 +76,3 @@ def out_of_range(value: Any, rng: Range | None) -> str | None:
         if rng is not None and item not in rng:
             return rng.describe()
     return None
-
-
-def machine_memory() -> int:
-    """Bytes of physical memory of this machine (the most any one process can hold)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not POSIX: no bound
-        return 1 << 62
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes in the largest unit that keeps the number at least 1 (``"1.5 TiB"``)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} PiB"

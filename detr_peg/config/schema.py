@@ -148,6 +148,10 @@ class DataConfig:
     num_workers: int = field(default=2, metadata=valid(0, MAX_WORKERS))
     on_bad_sample: Literal["error", "skip"] = "error"
 
+    def files(self, splits: tuple[str, ...] = ("train", "val")) -> list[tuple[str | None, str]]:
+        """``(path, key)`` of the image folders and annotation files of ``splits`` (what a run reads)."""
+        return [(getattr(self, f"{s}_{w}"), f"data.{s}_{w}") for s in splits for w in ("images", "annotations")]
+
 
 @dataclass
 class TrainConfig:
@@ -180,6 +184,9 @@ class TrainConfig:
         eval_every: evaluate every this many epochs (0: only at the end).
         eval_every_iters: also evaluate every this many iterations, within epochs (0: off).
         checkpoint_every: also checkpoint every this many iterations, for mid-epoch resume (0: off).
+        save_best: keep the evaluated weights of the best evaluation by this metric in ``checkpoint_best.pth``.
+        early_stop: end the run after this many evaluations without a better ``save_best`` metric (AP if unset;
+            0: off).
         log_every: iterations between metric log lines.
         tensorboard: also write TensorBoard events.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
@@ -211,6 +218,10 @@ class TrainConfig:
     eval_every: int = field(default=1, metadata=valid(0))
     eval_every_iters: int = field(default=0, metadata=valid(0))
     checkpoint_every: int = field(default=0, metadata=valid(0))
+    save_best: (
+        Literal["AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"] | None
+    ) = None
+    early_stop: int = field(default=0, metadata=valid(0))
     log_every: int = field(default=20, metadata=valid(1))
     tensorboard: bool = False
     device: str = "auto"

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from detr_peg.bounded_read import plain
 from detr_peg.checkpoint.format import save_checkpoint
+from detr_peg.checkpoint.weights_check import check_loaded_weights
 from detr_peg.config.loader import Layer, build_config, dotted_layer, file_layers, parse_overrides
 from detr_peg.config.schema import Config
 from detr_peg.convert.key_map import KeyMap
@@ -115,6 +116,7 @@ def fit_to_model(cfg: Config, mapped: dict[str, Tensor], src: str) -> tuple[dict
                 f"{src}: '{key}' has shape {tuple(mapped[key].shape)} but the configured model expects "
                 f"{tuple(own[key].shape)}; check the config values the weights do not determine."
             )
+    check_loaded_weights(mapped, own, src)  # integer or non-finite weights are refused, never cast
     new_keys = sorted(k for k in own.keys() - mapped.keys() if not k.endswith("num_batches_tracked"))
     unused = sorted(mapped.keys() - own.keys())
     # Weights saved in half precision are stored in the model's float32, as loading them would.

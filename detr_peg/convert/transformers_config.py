@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
+from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.convert.detr import RESNET_DEPTHS
 from detr_peg.convert.transformers_keys import is_resnet_layout
 from detr_peg.data.label_map import LabelMap
@@ -35,10 +36,8 @@ def refusal(src: str, field: str, value: Any, why: str) -> CheckpointError:
 
 def read_config_json(path: Path, src: str) -> dict[str, Any]:
     """The parsed ``config.json`` of a model folder; ``CheckpointError`` if unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{src}: config.json cannot be read as JSON ({exc}).") from None
+    raw = read_bounded_bytes(path, "Model config", "record", CheckpointError)
+    data = parse_json(raw, path, "Model config", "record", CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"{src}: config.json holds {type(data).__name__}, not a JSON object.")
     return data

@@ -5,7 +5,6 @@ Weights are read from safetensors (sharded or not) or ``pytorch_model.bin`` with
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -14,12 +13,14 @@ from torch import Tensor
 
 import detr_peg.convert.transformers_deformable  # noqa: F401  (registers the Deformable-DETR format)
 import detr_peg.convert.transformers_detr  # noqa: F401  (registers the DETR format)
+from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.checkpoint.files import read_checkpoint_file
 from detr_peg.checkpoint.hub_files import ModelFolder, model_folder
 from detr_peg.convert.registry import TRANSFORMERS_FORMATS, TransformersFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers, save_report
 from detr_peg.convert.transformers_config import label_map_of, read_config_json, refusal
 from detr_peg.convert.transformers_keys import fuse_attention_projections
+from detr_peg.data.coco_file import file_name_problem
 from detr_peg.errors import CheckpointError
 from detr_peg.models.loading import label_map_fit_problem
 
@@ -51,10 +52,16 @@ def read_weights(folder: ModelFolder, **download: Any) -> dict[str, Tensor]:
         return read_checkpoint_file(path, what="Transformers weights")["state_dict"]
     index = folder.file(SAFETENSORS_INDEX, **download)
     if index is not None:
+        raw = read_bounded_bytes(index, "Weights index", "record", CheckpointError)
+        data = parse_json(raw, index, "Weights index", "record", CheckpointError)
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            shards = sorted(set(data["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{folder.spec}: {SAFETENSORS_INDEX} has no readable weight_map ({exc}).") from None
+        for shard in shards:
+            problem = file_name_problem(shard, "the model folder")
+            if problem is not None:
+                raise CheckpointError(f"{folder.spec}: {SAFETENSORS_INDEX} names the shard {shard!r}, {problem}.")
         state: dict[str, Tensor] = {}
         for shard in shards:
             state.update(read_weights_file(folder.first_file([shard], "listed shard", **download), folder.spec))

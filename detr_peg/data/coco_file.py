@@ -66,23 +66,23 @@ def read_json_file(path: Path) -> Any:
     return parse_json(raw, path, "Annotation file", "annotations", DataError)
 
 
-def file_name_problem(file_name: Any) -> str | None:
-    """Why an image ``file_name`` is unusable (empty, NUL, absolute, or ``..`` leaving the folder), or ``None``.
+def file_name_problem(file_name: Any, folder: str = "the image folder") -> str | None:
+    """Why a file name read from a file is unusable (empty, NUL, absolute, or ``..`` leaving ``folder``), or None.
 
-    Backslashes count as separators.
+    Backslashes count as separators. The rule of image ``file_name``s and of a Transformers folder's shards.
     """
     if not isinstance(file_name, str) or not file_name.strip():
         return "which is not a non-empty string"
     if "\x00" in file_name:
         return "which contains a NUL character, which no file name can hold"
     if file_name.startswith(("/", "\\")) or PureWindowsPath(file_name).drive:
-        return "which is absolute, but file names must be relative to the image folder"
+        return f"which is absolute, but file names must be relative to {folder}"
     depth = 0
     for part in PurePosixPath(file_name.replace("\\", "/")).parts:
         if part == "..":
             depth -= 1
             if depth < 0:
-                return "which leaves the image folder, but file names must stay inside it"
+                return f"which leaves {folder}, but file names must stay inside it"
         elif part != ".":
             depth += 1
     return None

@@ -119,11 +119,11 @@ ACCEPTED = (
 )
 
 
-def as_rgb_tensor(image: ImageInput, name: str = "image") -> Tensor:
+def as_rgb_tensor(image: ImageInput, name: str = "image", *, bgr: bool = False) -> Tensor:
     """One image as an RGB uint8 ``Tensor[3, H, W]`` on the CPU; ``DataError`` naming ``name`` if unusable.
 
     Accepts a path (:func:`load_rgb_image`), a PIL image (:func:`to_rgb`), a NumPy uint8 ``(H, W, 3)`` or ``(H, W)``
-    array, or a ``(3, H, W)`` tensor, uint8 or float in ``[0, 1]``.
+    array (RGB; with ``bgr``, BGR as OpenCV reads frames), or a ``(3, H, W)`` tensor, uint8 or float in ``[0, 1]``.
     """
     if isinstance(image, (str, os.PathLike)):
         image = load_rgb_image(image)
@@ -131,7 +131,7 @@ def as_rgb_tensor(image: ImageInput, name: str = "image") -> Tensor:
         rgb = to_rgb(image, name)
         return torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()
     if isinstance(image, np.ndarray):
-        return _from_array(image, name)
+        return _from_array(image[:, :, ::-1] if bgr and image.ndim == 3 else image, name)
     if isinstance(image, Tensor):
         return _from_tensor(image, name)
     raise DataError(f"{name} is a {type(image).__name__}; expected {ACCEPTED}.")

@@ -16,7 +16,6 @@ from torchvision.ops import box_convert
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from detr_peg.config.ranges import field_range
 from detr_peg.config.schema import DataConfig
 from detr_peg.errors import ConfigError
 
@@ -142,7 +141,7 @@ def _to_model_input() -> list[v2.Transform]:
 def _check_sizes(name: str, given: Any) -> list[int]:
     """The sizes of ``data.<name>`` as a list, checked against the field's range in the schema."""
     values = list(given) if isinstance(given, (list, tuple)) else [given]
-    allowed = field_range(DataConfig.__dataclass_fields__[name].metadata)
+    allowed = DataConfig.__dataclass_fields__[name].metadata["range"]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v in allowed for v in values):
         raise ConfigError(f"data.{name} is {given!r}; it must hold whole numbers of pixels {allowed.describe()}.")
     return values

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,10 +79,40 @@ def init_distributed(device_spec: str = "auto") -> DistEnv:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(minutes=30))
+        store = _meet(rank, world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=30))
     if dist.is_available() and dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def _meet(rank: int, world_size: int) -> dist.TCPStore:
+    """The store at ``MASTER_ADDR:MASTER_PORT`` once all ``world_size`` processes reached it, waited for in short
+    steps so that SIGTERM and Ctrl-C act; TrainingError after ``DETR_PEG_START_TIMEOUT`` seconds (default 600).
+    Under ``torchrun`` the agent holds the store and every process is its client."""
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 29500)
+    limit = float(os.environ.get("DETR_PEG_START_TIMEOUT", "600"))
+    master = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    key = f"detr_peg/started/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    deadline, store, count = time.monotonic() + limit, None, 0
+    while True:
+        try:
+            if store is None:
+                store = dist.TCPStore(host, port, world_size, master, timedelta(seconds=1), wait_for_workers=False)
+                store.add(key, 1)
+            count = store.add(key, 0)
+            if count >= world_size:
+                store.set_timeout(timedelta(minutes=30))  # the group's own waits, as before
+                return store
+        except (RuntimeError, ValueError):  # the master is not listening yet
+            pass
+        if time.monotonic() > deadline:
+            raise TrainingError(
+                f"the process group did not start: {count} of WORLD_SIZE={world_size} processes reached "
+                f"{host}:{port} within {limit:g} s; start the others with the same MASTER_ADDR and MASTER_PORT "
+                "(torchrun does), or run one process (unset WORLD_SIZE)."
+            )
+        time.sleep(0.2)
 
 
 @contextlib.contextmanager

@@ -1,17 +1,24 @@
-"""The default training hooks (:func:`default_hooks`): schedule, average, budget, checkpoint, log, signals, eval."""
+"""The default training hooks (:func:`default_hooks`): schedule, average, budget, checkpoint, log, signals, eval,
+best checkpoint and early stop."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 from types import FrameType
 
-from detr_peg.engine.distributed import any_process
+from detr_peg.checkpoint.format import save_checkpoint
+from detr_peg.engine.distributed import any_process, on_main
 from detr_peg.engine.evaluation.run import EvalResult, evaluate_and_write
+from detr_peg.engine.metrics_log import METRICS_FILE
 from detr_peg.engine.trainer import EpochStats, HookBase, Trainer
 from detr_peg.errors import TrainingError
 from detr_peg.models.loading import LoadedModel
+
+#: Where ``train.save_best`` keeps the best evaluated weights, in the run folder.
+BEST_CHECKPOINT = "checkpoint_best.pth"
 
 
 class LrScheduleHook(HookBase):
@@ -159,18 +166,18 @@ class EvalHook(HookBase):
 
     def __init__(self) -> None:
         self.last: EvalResult | None = None
-        self._evaluated_at = -1
+        self.evaluated_at = -1
 
     def evaluate(self, trainer: Trainer, epoch: int) -> None:
         """Evaluate now (if there is validation data and this iteration was not evaluated yet)."""
-        if trainer.val_set is None or self._evaluated_at == trainer.progress.iteration:
+        if trainer.val_set is None or self.evaluated_at == trainer.progress.iteration:
             return
         loaded = LoadedModel(trainer.eval_model, trainer.postprocessor, trainer.cfg, trainer.label_map)
         extra = {"epoch": epoch, "iteration": trainer.progress.iteration}
         self.last = evaluate_and_write(
             loaded, trainer.val_set, trainer.env, trainer.out, trainer.log, amp=trainer.amp, extra=extra
         )
-        self._evaluated_at = trainer.progress.iteration
+        self.evaluated_at = trainer.progress.iteration
         trainer.model.train()  # back to training mode for the rest of the epoch
 
     def after_step(self, trainer: Trainer) -> None:
@@ -188,6 +195,67 @@ class EvalHook(HookBase):
         self.evaluate(trainer, trainer.progress.epoch)
 
 
+class BestHook(HookBase):
+    """After each evaluation of ``evaluations``: ``train.save_best`` writes the evaluated weights of the best one so
+    far to ``checkpoint_best.pth`` (with ``best``: metric, value, iteration); ``train.early_stop`` ends the run after
+    that many evaluations without a better value. A resumed run takes the best so far from ``metrics.jsonl``."""
+
+    def __init__(self, evaluations: EvalHook) -> None:
+        self.evaluations, self.seen = evaluations, None
+        self.best: tuple[float, int] | None = None  # value, iteration
+        self.since = 0  # evaluations since the best
+
+    def _recall(self, trainer: Trainer, metric: str) -> None:
+        """The best value and the evaluations after it, from the eval records of earlier iterations."""
+        log = trainer.out / METRICS_FILE
+        lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
+        for line in lines:
+            record = json.loads(line) if line.startswith("{") else {}
+            if record.get("type") == "eval" and record.get("iteration", 0) < trainer.progress.iteration:
+                self._update(float(record.get(metric, -1)), int(record["iteration"]))
+
+    def _update(self, value: float, iteration: int) -> bool:
+        better = self.best is None or value > self.best[0]
+        self.best, self.since = ((value, iteration), 0) if better else (self.best, self.since + 1)
+        return better
+
+    def _check(self, trainer: Trainer) -> None:
+        last, t, iteration = self.evaluations.last, trainer.cfg.train, self.evaluations.evaluated_at
+        if last is None or self.seen == iteration or not (t.save_best or t.early_stop):
+            return
+        metric = t.save_best or "AP"
+        if self.seen is None:
+            self._recall(trainer, metric)
+        self.seen = iteration
+        value = float(last.metrics.get(metric, -1))
+        if self._update(value, iteration) and t.save_best:
+            best = {"metric": metric, "value": value, "iteration": iteration}
+            state, labels = trainer.eval_model.state_dict(), trainer.label_map.to_dict()
+            path = trainer.out / BEST_CHECKPOINT
+            on_main(
+                trainer.env, lambda: save_checkpoint(path, trainer.cfg, state, labels, iteration=iteration, best=best)
+            )
+            if trainer.log is not None:
+                trainer.log.info(f"best {metric} so far: {value:.1f} % at iteration {iteration}; wrote {path}")
+
+    def stop_training(self, trainer: Trainer) -> bool:
+        patience = trainer.cfg.train.early_stop
+        return patience > 0 and self.since >= patience
+
+    def halt_epoch(self, trainer: Trainer) -> bool:
+        return self.stop_training(trainer)
+
+    def after_step(self, trainer: Trainer) -> None:
+        self._check(trainer)
+        trainer.halt = trainer.halt or self.stop_training(trainer)  # right after the evaluation that decided it
+
+    def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
+        self._check(trainer)
+
+    def after_train(self, trainer: Trainer) -> None:
+        self._check(trainer)
+
+
 def default_hooks() -> list[HookBase]:
     """The hooks of ``detr-peg train``, in the order they run (see the module docstring)."""
     return [
@@ -197,5 +265,6 @@ def default_hooks() -> list[HookBase]:
         CheckpointHook(),
         EpochLogHook(),
         StopSignalHook(),
-        EvalHook(),
+        evaluations := EvalHook(),
+        BestHook(evaluations),
     ]

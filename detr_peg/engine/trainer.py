@@ -176,7 +176,10 @@ class Trainer:
         self.criterion.train()
         params = [p for p in self.train_model.parameters() if p.requires_grad]
         tally = _Tally()
-        bar = self.log.progress(total=self.per_epoch, initial=start, desc=f"epoch {epoch}") if self.log else None
+        end = self.per_epoch  # where this epoch stops: its end, or train.max_iters within it
+        if t.max_iters is not None:
+            end = max(start, min(end, start + t.max_iters - progress.iteration))
+        bar = self.log.progress(total=end, initial=start, desc=f"epoch {epoch}") if self.log else None
         began = last = time.perf_counter()
         batches = iterate_batches(loader)
         try:
@@ -192,7 +195,7 @@ class Trainer:
                 now = time.perf_counter()
                 tally.add(record, targets)
                 if self.log is not None:
-                    eta = (now - began) / tally.count * (self.per_epoch - progress.epoch_batches_done)
+                    eta = (now - began) / tally.count * max(0, end - progress.epoch_batches_done)
                     times = {"data_time": round(data_time, 4), "iter_time": round(now - last, 4)}
                     batch = (progress.epoch_batches_done, self.per_epoch)
                     _log_iteration(self.log, bar, record, current_lrs(self.optimizer), epoch=epoch,

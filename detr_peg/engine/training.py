@@ -43,10 +43,11 @@ from detr_peg.errors import TrainingError
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
 from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
-from detr_peg.outputs import Output, data_inputs, guard_outputs, inputs
+from detr_peg.outputs import Output, guard_outputs, inputs
 
 #: What a training run writes into ``train.output_dir``.
-RUN_NAMES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json")
+RUN_NAMES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json", "per_class.csv",
+             "confusion_matrix.json", "checkpoint_best.pth")  # fmt: skip
 
 
 @dataclass
@@ -99,7 +100,7 @@ def run_training(
 def _train_io(cfg: Config) -> tuple:
     """The data, ``train.init_from`` and backbone weights in; the run folder out (adopted by ``--resume``)."""
     t, weights = cfg.train, cfg.model.backbone.weights
-    reads = data_inputs(cfg.data) + inputs((t.init_from, "train.init_from"), (weights, "model.backbone.weights"))
+    reads = inputs(*cfg.data.files(), (t.init_from, "train.init_from"), (weights, "model.backbone.weights"))
     names = RUN_NAMES + (("tensorboard",) if t.tensorboard else ())
     return reads, [Output(Path(t.output_dir), "train.output_dir", names, adopt=t.resume)]
 

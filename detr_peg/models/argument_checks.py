@@ -1,6 +1,4 @@
-"""Arguments of the public model API, checked before any computation (Rule 7 of docs/guarantees.md): ``TypeError``
-or ``ValueError`` naming the argument; value checks are skipped while ``torch.compile`` or an export traces.
-"""
+"""The public model API refuses what it cannot use, before computing (Rule 7 of docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ from torch import Tensor
 
 
 def _tracing() -> bool:
+    """While ``torch.compile`` or an export traces, only the checks of shapes and dtypes run."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
@@ -26,15 +25,9 @@ def check_images(images: Tensor, name: str = "images") -> None:
     if not isinstance(images, Tensor):
         raise TypeError(f"{name} must be a Tensor[B, 3, H, W] or a list of Tensor[3, H, W], got {_describe(images)}")
     if images.dim() != 4 or images.shape[1] != 3:
-        raise ValueError(
-            f"{name} must have 3 colour channels, as Tensor[B, 3, H, W] (or a list of Tensor[3, H, W]), "
-            f"got {_describe(images)}"
-        )
+        raise ValueError(f"{name} must have 3 colour channels, as Tensor[B, 3, H, W], got {_describe(images)}")
     if not images.is_floating_point():
-        raise TypeError(
-            f"{name} must be floating point (normalised pixels, e.g. from detr_peg.data.image_input.as_rgb_tensor "
-            f"and the config's normalisation), got {_describe(images)}"
-        )
+        raise TypeError(f"{name} must be floating point (normalised pixels), got {_describe(images)}")
     if images.dtype == torch.float64:
         raise TypeError(f"{name} is float64 but the detectors compute in float32: pass images.float()")
     if _tracing():
@@ -47,7 +40,7 @@ def check_images(images: Tensor, name: str = "images") -> None:
 
 
 def check_image_list(images: Sequence[Any], name: str = "images") -> None:
-    """A non-empty list of ``Tensor[3, H, W]`` of one floating dtype, before padding."""
+    """A non-empty list of ``Tensor[3, H, W]`` of one dtype, before padding (then :func:`check_images`)."""
     if len(images) == 0:
         raise ValueError(f"{name} is an empty list; pass at least one Tensor[3, H, W]")
     for i, image in enumerate(images):
@@ -58,36 +51,29 @@ def check_image_list(images: Sequence[Any], name: str = "images") -> None:
         raise TypeError(f"{name} mixes dtypes {sorted(str(d).replace('torch.', '') for d in dtypes)}; use one")
 
 
-def check_same_batch(outputs: dict, other: Any, name: str) -> None:
-    """``other`` (sizes or targets) counts as many images as ``outputs["pred_logits"]``."""
+def _check_same_batch(outputs: dict, other: Sequence | Tensor, name: str) -> None:
+    """``other`` (sizes or targets) counts as many images as ``outputs["pred_logits"]``: never broadcast."""
     logits = outputs.get("pred_logits") if isinstance(outputs, dict) else None
     if not isinstance(logits, Tensor):
         raise TypeError(f"outputs must be the model's output dict with 'pred_logits', got {_describe(outputs)}")
-    if _tracing():
-        return
-    count = len(other) if isinstance(other, (Sequence, Tensor)) else None
-    if count != logits.shape[0]:
-        raise ValueError(
-            f"{name} describes {count if count is not None else _describe(other)} images but the outputs hold "
-            f"{logits.shape[0]}; give one entry per image, in the batch's order"
-        )
+    if not _tracing() and len(other) != logits.shape[0]:
+        raise ValueError(f"{name} describes {len(other)} images but the outputs hold {logits.shape[0]}; give one each")
 
 
 def check_target_sizes(outputs: dict, target_sizes: Any) -> None:
     """``target_sizes`` is ``Tensor[B, 2]`` (h, w) with one row per image of ``outputs``."""
     if not isinstance(target_sizes, Tensor) or target_sizes.dim() != 2 or target_sizes.shape[1] != 2:
         raise ValueError(f"target_sizes must be a Tensor[B, 2] of (height, width), got {_describe(target_sizes)}")
-    check_same_batch(outputs, target_sizes, "target_sizes")
+    _check_same_batch(outputs, target_sizes, "target_sizes")
 
 
 def check_targets(outputs: dict, targets: Any) -> None:
     """One target per image: ``labels`` integer ``Tensor[N]``, ``boxes`` floating ``Tensor[N, 4]``."""
     if not isinstance(targets, (list, tuple)):
         raise TypeError(f"targets must be a list of dicts, one per image, got {_describe(targets)}")
-    check_same_batch(outputs, targets, "targets")
+    _check_same_batch(outputs, targets, "targets")
     for i, target in enumerate(targets):
-        labels = target.get("labels") if isinstance(target, dict) else None
-        boxes = target.get("boxes") if isinstance(target, dict) else None
+        labels, boxes = (target.get("labels"), target.get("boxes")) if isinstance(target, dict) else (None, None)
         if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.is_floating_point():
             raise ValueError(f"targets[{i}]['labels'] must be an integer Tensor[N], got {_describe(labels)}")
         if not isinstance(boxes, Tensor) or boxes.shape != (labels.shape[0], 4) or not boxes.is_floating_point():

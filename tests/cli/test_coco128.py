@@ -8,6 +8,7 @@ validation images; ``eval`` and ``predict`` then use the checkpoint it wrote.
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -64,6 +65,18 @@ def test_eval_writes_metrics_and_detections(trained: Path, coco128_dir: Path, tm
     assert metrics["bbox"] == pytest.approx(json.loads((trained / "metrics.json").read_text())["bbox"])
     detections = json.loads((out / "detections.json").read_text())
     assert {d["category_id"] for d in detections} <= _category_ids(coco128_dir / "annotations_val.json")
+    # per-class AP: its mean over the categories present is the AP; the confusion matrix counts every ground truth
+    # and every detection at its threshold once
+    rows = list(csv.DictReader((out / "per_class.csv").open()))
+    present = [float(r["AP"]) for r in rows if int(r["instances"]) > 0]
+    assert detections and present
+    assert sum(present) / len(present) == pytest.approx(metrics["bbox"]["AP"], abs=1e-6)
+    matrix = json.loads((out / "confusion_matrix.json").read_text())
+    annotations = json.loads((coco128_dir / "annotations_val.json").read_text())["annotations"]
+    counts, k = matrix["counts"], len(matrix["category_ids"])
+    assert sum(sum(row) for row in counts[:k]) == sum(1 for a in annotations if not a.get("iscrowd", 0))
+    kept = sum(1 for d in detections if d["score"] >= matrix["score_threshold"])
+    assert sum(row[j] for row in counts for j in range(k)) == kept
 
 
 def test_predict_writes_json_and_pictures(trained: Path, coco128_dir: Path, tmp_path: Path) -> None:

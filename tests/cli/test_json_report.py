@@ -34,17 +34,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
     assert printed.err.startswith("tool.py: ") and str(tmp_path / "folder") in printed.err
 
 
-def test_a_missing_output_folder_is_refused_before_the_work(tmp_path: Path, capsys) -> None:
+def test_the_output_follows_the_rules_of_every_command(tmp_path: Path, capsys) -> None:
+    """A missing folder is created; a folder, or a file of the user's, is refused before the work."""
     ran = []
     missing = tmp_path / "no" / "report.json"
-    assert run_json_report("tool.py", lambda: ran.append(1) or {}, missing) == 2
-    assert ran == [] and not missing.parent.exists()
-    assert capsys.readouterr().err == (
-        f"tool.py: Could not write --output {missing}: No such file or directory; a folder on the way does not exist "
-        "and cannot be created there: choose another path.\n"
-    )
+    assert run_json_report("tool.py", lambda: ran.append(1) or {"a": 1}, missing) == 0
+    assert ran == [1] and json.loads(missing.read_text()) == {"a": 1}
+    capsys.readouterr()
     (tmp_path / "folder").mkdir()
-    assert run_json_report("tool.py", lambda: ran.append(1) or {}, tmp_path / "folder") == 2
-    assert ran == [] and capsys.readouterr().err == (
-        f"tool.py: Could not write --output {tmp_path / 'folder'}: it is a folder; choose a file name for --output.\n"
+    assert run_json_report("tool.py", lambda: ran.append(2) or {}, tmp_path / "folder") == 2
+    assert ran == [1] and capsys.readouterr().err == (
+        f"tool.py: --output {tmp_path / 'folder'} is a folder; give a file name.\n"
     )
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes")
+    assert run_json_report("tool.py", lambda: ran.append(3) or {}, mine) == 2
+    assert ran == [1] and mine.read_text() == "my notes"
+    assert "mine.json exists and was not written by detr-peg" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 from detr_peg.config import config_from_dict, config_to_dict, load_config
 from detr_peg.config.loader import build_config, dotted_layer, parse_overrides
 from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, own_options, section_of
-from detr_peg.config.ranges import Range, field_range
+from detr_peg.config.ranges import Range
 from detr_peg.config.schema import Config
 from detr_peg.errors import ConfigError
 from detr_peg.models.position import POSITION_ENCODINGS, PEGOptions
@@ -120,7 +120,7 @@ def test_every_numeric_field_states_its_range(arch, encoding):
     for path, section in _sections(new_config(arch, encoding)):
         hints = typing.get_type_hints(type(section))
         for f in dataclasses.fields(section):
-            if _numeric(hints[f.name]) and field_range(f.metadata) is None:
+            if _numeric(hints[f.name]) and f.metadata.get("range") is None:
                 missing.append(f"{path}.{f.name}")
     assert not missing
 

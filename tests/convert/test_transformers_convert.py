@@ -191,3 +191,69 @@ def test_a_shared_head_stored_under_another_index_fills_every_layer(transformers
     assert report.new_keys == []
     for key, value in expected.items():
         assert torch.equal(report.state_dict[key], value), key
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "backslashes"])
+def test_a_shard_named_outside_the_folder_is_refused(transformers_folder, tmp_path, capsys, where):
+    """Shard names follow the rule of image file names: relative, and inside the folder."""
+    folder = tmp_path / "models" / "sharded"
+    load(transformers_folder("detr")).save_pretrained(folder, max_shard_size="20MB")
+    index_file = folder / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    first = sorted(set(index["weight_map"].values()))[0]
+    outside = tmp_path / "elsewhere" / first
+    outside.parent.mkdir()
+    shutil.copyfile(folder / first, outside)  # a readable file there: only the name's rule can refuse it
+    name = {
+        "parent": f"../../elsewhere/{first}",
+        "absolute": str(outside),
+        "backslashes": f"..\\..\\elsewhere\\{first}",
+    }
+    index["weight_map"] = {k: (name[where] if v == first else v) for k, v in index["weight_map"].items()}
+    index_file.write_text(json.dumps(index))
+    dst = tmp_path / "converted.pth"
+    assert main(["convert", str(folder), str(dst)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"names the shard {name[where]!r}" in err[0], err
+    assert ("absolute" if where == "absolute" else "leaves the model folder") in err[0]
+    assert not dst.exists()
+    with pytest.raises(CheckpointError, match="names the shard"):
+        detr_peg.Detector.from_pretrained(folder, device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_integer_weights_are_refused_not_cast(transformers_folder, tmp_path, capsys, dtype):
+    """A float tensor stored under an integer dtype (its bytes read as I32, ...) is refused by convert and by
+    Detector.from_pretrained, never cast into weights around 1e9."""
+    folder = shutil.copytree(transformers_folder("detr"), tmp_path / "ints")
+    state = load_file(folder / "model.safetensors")
+    key = next(k for k, v in state.items() if v.is_floating_point() and v.dim() == 2)
+    value = state[key].contiguous()  # int32: the float's bytes read as integers, as a wrong header would say
+    state[key] = value.view(torch.int32) if dtype == torch.int32 else (value * 100).to(dtype)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    dst = tmp_path / "converted.pth"
+    assert main(["convert", str(folder), str(dst)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    name = str(dtype).removeprefix("torch.")
+    assert len(err) == 1 and f"holds {name} values, not the float32 weights the model expects" in err[0], err
+    assert not dst.exists()
+    with pytest.raises(CheckpointError, match=f"holds {name} values"):
+        detr_peg.Detector.from_pretrained(folder, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda p: p.write_text("[" * 200_000 + "]" * 200_000), "is nested too deeply to parse"),
+        (lambda p: p.write_bytes(b'{"model_type": "detr", "x": "\xff"}'), "is not UTF-8 text"),
+        (lambda p: p.write_text('{"a": ' + "[" * 40 + "]" * 40 + "}"), "is nested more than 32 levels deep"),
+    ],
+    ids=["200000 levels", "not UTF-8", "deeper than a config"],
+)
+def test_a_damaged_config_json_is_one_line(transformers_folder, tmp_path, capsys, damage, says):
+    """config.json and the shard index are read by the bounded reader of every JSON file."""
+    folder = shutil.copytree(transformers_folder("detr"), tmp_path / "damaged")
+    damage(folder / "config.json")
+    assert main(["convert", str(folder), str(tmp_path / "out.pth")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"Model config {folder / 'config.json'} {says}" in err[0], err

@@ -105,3 +105,39 @@ def test_two_processes_train_evaluate_and_match_one_process(tmp_path: Path) -> N
     assert len(detections) == len(single_detections)
     for name in STAT_NAMES:
         assert metrics["bbox"][name] == pytest.approx(single.metrics[name], abs=0.1), name  # percent: 0.1 point
+
+
+@pytest.mark.parametrize("stop", ["time limit", "SIGTERM"])
+def test_a_process_alone_in_its_group_stops_at_start_up(tmp_path: Path, stop: str) -> None:
+    """WORLD_SIZE=2 and no second process: the start-up ends after DETR_PEG_START_TIMEOUT with one line, and a
+    SIGTERM while it waits stops it at once (exit 143); nothing is written."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    limit = "3" if stop == "time limit" else "300"
+    env = {**python_env(), "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    args = [sys.executable, "-m", "detr_peg.cli.main", "train", "--config", "demo", "--output", "run"]
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env={**env, "DETR_PEG_START_TIMEOUT": limit}, stderr=subprocess.PIPE, text=True
+    )
+    if stop == "SIGTERM":
+        deadline = time.monotonic() + 120
+        while True:  # until the store listens: the process waits for the other one
+            with socket.socket() as client:
+                if client.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=120)[1]
+    lines = stderr.strip().splitlines()
+    if stop == "SIGTERM":
+        assert proc.returncode == 143 and lines[-1].startswith("detr-peg train: stopped by SIGTERM"), stderr
+    else:
+        assert proc.returncode == 2 and len(lines) == 1, stderr
+        assert lines[0].startswith("detr-peg train: error: the process group did not start: 1 of WORLD_SIZE=2")
+    assert not (tmp_path / "run").exists()

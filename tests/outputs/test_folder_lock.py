@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from detr_peg.checkpoint.format import read_checkpoint
-from detr_peg.outputs import HOLDER_FILE, LOCK_FILE, FolderInUse, FolderLock, Output, guard_outputs, holder_alive
+from detr_peg.outputs import HOLDER_FILE, LOCK_FILE, FolderInUse, Output, folder_lock, guard_outputs, holder_alive
 from tests.conftest import REPO_ROOT, python_env, run_python
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides
 
@@ -119,14 +119,10 @@ def test_a_killed_holder_blocks_nothing(tmp_path: Path) -> None:
 
 def test_the_lock_is_reentrant_in_one_process_and_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
     folder = tmp_path / "demo" / "run"
-    outer = FolderLock(folder, "demo", "--output")
-    outer.acquire()
-    inner = FolderLock(folder, "train", "train.output_dir")
-    inner.acquire()  # the demo's training run, in the same process
-    assert json.loads((folder / HOLDER_FILE).read_text())["command"] == "demo"
-    inner.release()
-    assert (folder / HOLDER_FILE).exists()  # still held by the outer one
-    outer.release()
+    with folder_lock(folder, "demo", "--output"):
+        with folder_lock(folder, "train", "train.output_dir"):  # the demo's training run, in the same process
+            assert json.loads((folder / HOLDER_FILE).read_text())["command"] == "demo"
+        assert (folder / HOLDER_FILE).exists()  # still held by the outer one
     assert not folder.exists()  # created for the lock, nothing written: gone again
     folder.mkdir(parents=True)
     (folder / "mine.txt").write_text("x")

@@ -147,3 +147,34 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, stderr
     assert "Traceback" not in stderr and stderr == "", stderr
+
+
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+@pytest.mark.parametrize("args", [["configs", "list"], ["configs", "copy", "demo", "mine.yaml"]], ids=["list", "copy"])
+def test_a_full_or_closed_standard_output_ends_without_a_traceback(tmp_path: Path, stdout: str, args) -> None:
+    """``> /dev/full``: one line and exit 2, the files written complete; ``>&-``: Python drops the output, exit 0."""
+    from tests.conftest import REPO_ROOT, python_env
+
+    code = f"import sys; from detr_peg.cli.main import main; sys.exit(main({args!r}))"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            stdout=full if stdout == "full" else None,
+            preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None,
+            stderr=subprocess.PIPE,
+            env=python_env(),
+            cwd=tmp_path,
+            timeout=120,
+        )
+    stderr = proc.stderr.decode()
+    if stdout == "full":
+        assert proc.returncode == 2, stderr
+        assert stderr.splitlines() == [
+            "detr-peg configs: error: standard output cannot be written (No space left on device); "
+            "the files the command finished are complete."
+        ]
+    else:
+        assert (proc.returncode, stderr) == (0, ""), stderr
+    if args[1] == "copy":
+        shipped = (REPO_ROOT / "configs" / "demo.yaml").read_text()
+        assert (tmp_path / "mine.yaml").read_text() == shipped

@@ -2,7 +2,7 @@
 
 Every command declares what it writes, and before it computes anything each
 output folder is created and locked and each file name is tried as the atomic
-writer will write it (``detr_peg.outputs.check_writable``); what
+writer will write it (``detr_peg.outputs.guard_outputs``); what
 still fails while writing goes through the one writer (or, naming a file, the
 command line's ``OSError`` rule). The faults below are the kinds of operating
 system refusal a user meets, and every command that writes meets each of them.
@@ -130,7 +130,7 @@ def test_a_stop_signal_while_probing_an_output_leaves_no_probe(tmp_path: Path, m
     import os
 
     from detr_peg import outputs as output_guard
-    from detr_peg.outputs import Output, check_writable
+    from detr_peg.outputs import Output, _check_writable
 
     real_close = os.close
 
@@ -140,8 +140,8 @@ def test_a_stop_signal_while_probing_an_output_leaves_no_probe(tmp_path: Path, m
 
     monkeypatch.setattr(output_guard.os, "close", close_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        check_writable("eval", [Output(tmp_path, "--output", ("metrics.json",))])
+        _check_writable([Output(tmp_path, "--output", ("metrics.json",))])
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
-    check_writable("eval", [Output(tmp_path, "--output", ("metrics.json",))])  # and a probe that completes
+    _check_writable([Output(tmp_path, "--output", ("metrics.json",))])  # and a probe that completes
     assert list(tmp_path.iterdir()) == []

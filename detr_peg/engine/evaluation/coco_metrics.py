@@ -73,9 +73,22 @@ def evaluate_coco(coco_gt: COCO, results: list[dict], image_ids: Iterable[int] |
 
     Images without detections count as misses; ``-1`` where COCO defines no value; all ``0`` without any detection.
     """
+    return coco_stats(run_cocoeval(coco_gt, results, image_ids))
+
+
+def coco_stats(evaluator: COCOeval | None) -> dict[str, float]:
+    """:data:`STAT_NAMES` in percent of a summarised ``COCOeval``; all ``0`` for None (no detection)."""
+    if evaluator is None:
+        return {name: 0.0 for name in STAT_NAMES}
+    return {name: to_percent(value) for name, value in zip(STAT_NAMES, np.asarray(evaluator.stats).tolist())}
+
+
+def run_cocoeval(coco_gt: COCO, results: list[dict], image_ids: Iterable[int] | None = None) -> COCOeval | None:
+    """``COCOeval`` (bbox) evaluated, accumulated and summarised over ``image_ids`` (default: all); None without
+    results."""
     ids = sorted(coco_gt.getImgIds() if image_ids is None else set(image_ids))
     if not results:
-        return {name: 0.0 for name in STAT_NAMES}
+        return None
     with contextlib.redirect_stdout(io.StringIO()):
         # loadRes adds fields (id, area) to the dicts it is given.
         dt = coco_gt.loadRes(copy.deepcopy(results))
@@ -84,7 +97,7 @@ def evaluate_coco(coco_gt: COCO, results: list[dict], image_ids: Iterable[int] |
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    return {name: to_percent(value) for name, value in zip(STAT_NAMES, np.asarray(evaluator.stats).tolist())}
+    return evaluator
 
 
 def format_metrics_table(metrics: dict[str, float], title: str = "COCO bbox evaluation") -> str:

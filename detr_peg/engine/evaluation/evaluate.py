@@ -12,7 +12,8 @@ from detr_peg.data.coco_dataset import CocoDetection
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.padding import further_padding
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
-from detr_peg.engine.evaluation.coco_metrics import detections_to_coco, evaluate_coco
+from detr_peg.engine.evaluation.coco_metrics import coco_stats, detections_to_coco, run_cocoeval
+from detr_peg.engine.evaluation.per_class import confusion_matrix, per_class_ap
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.loader import build_eval_loader, iterate_batches
 from detr_peg.engine.metrics_log import MetricsLog
@@ -27,6 +28,8 @@ class EvalOutput:
     metrics: dict[str, float]
     detections: list[dict] = field(default_factory=list)
     num_images: int = 0
+    per_class: list[dict] = field(default_factory=list)  # see per_class.per_class_ap; main process only
+    confusion: dict | None = None  # see per_class.confusion_matrix; main process only
 
 
 def predict_coco(
@@ -105,11 +108,13 @@ def evaluate(
     shards = [shard for shard, _ in gathered]
     if is_main:
         detections, num_images = merge_shards(shards)
-        metrics = evaluate_coco(coco_gt, detections)
+        evaluator = run_cocoeval(coco_gt, detections)
+        metrics, confusion = coco_stats(evaluator), confusion_matrix(coco_gt, detections)
+        per_class = per_class_ap(evaluator) if evaluator is not None else []
     else:
-        detections, num_images, metrics = [], 0, {}
+        detections, num_images, metrics, per_class, confusion = [], 0, {}, [], None
     metrics, num_images = broadcast_object((metrics, num_images))
-    return EvalOutput(metrics=metrics, detections=detections, num_images=num_images)
+    return EvalOutput(metrics, detections, num_images, per_class, confusion)
 
 
 def evaluate_dataset(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,11 @@ from detr_peg.engine.distributed import DistEnv, on_main, process_group
 from detr_peg.engine.evaluation.coco_metrics import format_metrics_table
 from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.evaluation.metric_units import UNIT
+from detr_peg.engine.evaluation.per_class import CONFUSION_JSON, PER_CLASS_CSV, per_class_csv
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint, resolve_num_classes
-from detr_peg.outputs import Input, Output, data_inputs, guard_outputs, inputs, write_json
+from detr_peg.outputs import Input, Output, atomic_write_text, guard_outputs, inputs, write_json
 
 METRICS_JSON = "metrics.json"
 DETECTIONS_JSON = "detections.json"
@@ -38,6 +39,9 @@ class EvalResult:
     detections_file: Path | None
     num_images: int
     num_detections: int = 0
+    #: Rows of ``per_class.csv`` and the content of ``confusion_matrix.json`` (main process; see evaluation.per_class).
+    per_class: list[dict] = field(default_factory=list)
+    confusion: dict | None = None
 
 
 def evaluate_and_write(
@@ -70,6 +74,8 @@ def evaluate_and_write(
                 **extra,
             },
         )
+        atomic_write_text(output_dir / PER_CLASS_CSV, per_class_csv(out.per_class))
+        write_json(output_dir / CONFUSION_JSON, out.confusion, indent=None)
         return metrics, detections
 
     files = on_main(env, write)
@@ -90,6 +96,8 @@ def evaluate_and_write(
         detections_file=detections_file,
         num_images=out.num_images,
         num_detections=len(out.detections),
+        per_class=out.per_class,
+        confusion=out.confusion,
     )
 
 
@@ -161,10 +169,11 @@ def _open(out: Path, progress_bars: bool | None) -> MetricsLog:
 
 
 #: What an evaluation writes into its output folder.
-EVAL_NAMES = ("metrics.json", "detections.json", "scales_resized.json", "scales_canvas.json", "padding.json")
+EVAL_NAMES = ("metrics.json", "detections.json", "per_class.csv", "confusion_matrix.json", "scales_resized.json",
+              "scales_canvas.json", "padding.json")  # fmt: skip
 
 
 def eval_io(cfg: Config, checkpoint: object, output_dir: str | Path, extra_inputs: Sequence[Input] = ()) -> tuple:
     """The checkpoint and the validation data in; the evaluation's files out."""
-    reads = [*data_inputs(cfg.data, ("val",)), *inputs((checkpoint, "--checkpoint")), *extra_inputs]
+    reads = [*inputs(*cfg.data.files(("val",)), (checkpoint, "--checkpoint")), *extra_inputs]
     return reads, [Output(Path(output_dir), "--output", EVAL_NAMES)]

@@ -30,10 +30,9 @@ from matplotlib.figure import Figure
 
 from detr_peg.lab.study.comparisons import row_title
 from detr_peg.lab.study.results import KIND_TITLES, KINDS, is_number, learning_curve, log_records
+from detr_peg.lab.study.stored_files import FORMATS, figure_files
 
 PLOTS_DIR = "plots"
-#: Every figure in both formats: vector for print, PNG for screens and the docs.
-FORMATS = ("pdf", "png")
 DPI = 300
 BARS = ("AP", "AP50", "AP75")
 #: matplotlib's colour-blind-safe cycle; markers and line styles tell series apart in grey too.
@@ -57,14 +56,6 @@ VERDICT_MARKS = {
 DISPLAY = {"peg": "PEG", "sine": "sine", "learned": "learned", "none": "none"}
 #: A page is 7 inches wide; a column 3.4.
 PAGE_WIDTH = 7.0
-#: Figure names a study writes, without the suffix (each in every format of :data:`FORMATS`).
-STUDY_FIGURES = ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
-RUN_FIGURES = ("learning_curve",)
-
-
-def figure_files(names: Sequence[str]) -> tuple[str, ...]:
-    """The file names of figures ``names`` in every format."""
-    return tuple(f"{name}.{fmt}" for name in names for fmt in FORMATS)
 
 
 def interval(agg: dict[str, Any]) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""The files a study writes and reads back, with their declared shapes (see :mod:`detr_peg.lab.study.json_shape`).
+"""The files a study writes and reads back, with their declared shapes.
 
 A damaged file raises one sentence naming it, the field and the value; a missing one reads as None.
 """
@@ -8,28 +8,127 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.engine.evaluation.metric_units import STAT_NAMES
 from detr_peg.errors import DamagedFileError
 from detr_peg.lab.study.grid import MAX_CELLS
-from detr_peg.lab.study.json_shape import (
-    Anything,
-    Fields,
-    Flag,
-    Integer,
-    ListOf,
-    MapOf,
-    Nullable,
-    Number,
-    Shape,
-    Text,
-    read_json_file,
-)
+from detr_peg.messages import shortened
 from detr_peg.outputs import OWNERSHIP_FILE, Output, atomic_write_text, inputs
+
+
+class ShapeError(Exception):
+    """A value without its declared shape, at ``where`` (``definition.seeds``)."""
+
+
+def _fail(where: str, value: Any, problem: str) -> ShapeError:
+    shown = {dict: "an object", list: "a list"}.get(type(value)) or shortened(json.dumps(value, allow_nan=True))
+    return ShapeError(f"{where or 'the file'} is {shown}, {problem}")
+
+
+def _at(where: str, key: str | int) -> str:
+    return f"{where}[{key}]" if isinstance(key, int) else (f"{where}.{key}" if where else key)
+
+
+class Shape:
+    """A declared shape; ``check(value, where)`` raises :class:`ShapeError` for a value without it."""
+
+    check: Callable[[Any, str], None]
+
+
+@dataclass(frozen=True)
+class Number(Shape):
+    above: float | None = None
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise _fail(where, value, "not a finite number")
+        if self.above is not None and value <= self.above:
+            raise _fail(where, value, f"not above {self.above:g}")
+
+
+@dataclass(frozen=True)
+class Integer(Shape):
+    minimum: int = -(2**63)
+    maximum: int = 2**63 - 1
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _fail(where, value, "not a whole number")
+        if not self.minimum <= value <= self.maximum:
+            raise _fail(where, value, f"not from {self.minimum} to {self.maximum:,}")
+
+
+@dataclass(frozen=True)
+class Text(Shape):
+    choices: tuple[str, ...] = ()
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, str) or (self.choices and value not in self.choices):
+            raise _fail(where, value, f"not one of {', '.join(self.choices)}" if self.choices else "not a string")
+
+
+@dataclass(frozen=True)
+class Flag(Shape):
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, bool):
+            raise _fail(where, value, "not true or false")
+
+
+@dataclass(frozen=True)
+class Nullable(Shape):
+    shape: Shape
+
+    def check(self, value: Any, where: str) -> None:
+        if value is not None:
+            self.shape.check(value, where)
+
+
+@dataclass(frozen=True)
+class ListOf(Shape):
+    shape: Shape
+    min_length: int = 0
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, list) or len(value) < self.min_length:
+            raise _fail(where, value, f"not a list of at least {self.min_length} values")
+        for index, item in enumerate(value):
+            self.shape.check(item, _at(where, index))
+
+
+@dataclass(frozen=True)
+class MapOf(Shape):
+    shape: Shape
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise _fail(where, value, "not an object")
+        for key, item in value.items():
+            self.shape.check(item, _at(where, key))
+
+
+@dataclass(frozen=True)
+class Fields(Shape):
+    """An object with the ``required`` keys and perhaps the ``optional`` ones, each of its shape (others pass)."""
+
+    required: Mapping[str, Shape] = field(default_factory=dict)
+    optional: Mapping[str, Shape] = field(default_factory=dict)
+
+    def check(self, value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise _fail(where, value, "not an object")
+        for key, shape in [*self.required.items(), *self.optional.items()]:
+            if key in value:
+                shape.check(value[key], _at(where, key))
+            elif key in self.required:
+                raise ShapeError(f"{where or 'the file'} has no field {key!r}")
+
 
 #: A study folder's plan: its definition, cells and report options (written by ``detr-peg study``).
 PLAN_FILE = "plan.json"
@@ -67,11 +166,10 @@ PLAN = Fields(
                 optional={"first_round": Integer(1, MAX_CELLS)},
             )
         ),
-        "cells": Anything(),
     },
 )
 CELL_STATE = Fields(
-    required={"status": Text(STATUSES), "stages": MapOf(Text()), "config_resolved": MapOf(Anything())},
+    required={"status": Text(STATUSES), "stages": MapOf(Text()), "config_resolved": Fields()},
     optional={"error": Nullable(Text())},
 )
 EVAL_METRICS = Fields({"bbox": METRICS}, optional={"unit": UNIT})
@@ -87,15 +185,10 @@ REPORT = Fields({"cells": ListOf(Fields({"name": Text(), "status": Text()}))})
 _RERUN_CELL = "delete the cell's folder to run the cell again"
 
 
-def read_plan_file(path: Path) -> dict[str, Any] | None:
-    """A study's ``plan.json`` (None when there is none)."""
-    advice = "it is written by detr-peg study: restore it, or run the study in a new folder."
-    return _read(path, PLAN, "Study plan", advice)
-
-
 def read_plan(study_dir: str | Path) -> dict[str, Any] | None:
-    """``plan.json`` of a study folder (:data:`PLAN_FILE`), its shape checked, or None when there is none."""
-    return read_plan_file(Path(study_dir) / PLAN_FILE)
+    """``plan.json`` of a study folder, its shape checked, or None when there is none."""
+    advice = "it is written by detr-peg study: restore it, or run the study in a new folder."
+    return _read(Path(study_dir) / PLAN_FILE, PLAN, "Study plan", advice)
 
 
 def read_cell_state(path: Path) -> dict[str, Any] | None:
@@ -117,7 +210,16 @@ def read_report_cells(path: Path) -> list[dict[str, Any]] | None:
 
 
 def _read(path: Path, shape: Shape, what: str, advice: str) -> dict[str, Any] | None:
-    return read_json_file(path, shape, what, advice, DamagedFileError)
+    """The content of ``path`` (None when absent), bounded and checked against ``shape``; raises DamagedFileError."""
+    if not os.path.lexists(path):
+        return None
+    raw = read_bounded_bytes(path, what, "record", DamagedFileError)
+    data = parse_json(raw, path, what, "record", DamagedFileError, advice)
+    try:
+        shape.check(data, "")
+    except ShapeError as err:
+        raise DamagedFileError(f"{what} {path}: {err}; {advice}") from None
+    return data
 
 
 #: One row per cell: what every table, comparison and figure of the report is drawn from.
@@ -249,52 +351,41 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-#: What ``study --output DIR`` writes into ``DIR`` (each cell is a training run and an evaluation inside ``cells/``).
+#: What a study writes into its folder, and the figures (each in every format) ``plot`` draws.
 STUDY_NAMES = (PLAN_FILE, "cells", "jobs", "plots", "study.json", "study.csv", "cells.csv", "study.md")
-#: What ``plot`` writes: a study's tables and figures, or a training run's learning curve.
-STUDY_TABLE_NAMES = ("study.json", "study.csv", "cells.csv", "study.md", "plots")
-STUDY_PLOT_NAMES = tuple(
-    f"{name}.{fmt}"
-    for name in ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
-    for fmt in ("pdf", "png")
-)
-RUN_PLOT_NAMES = ("learning_curve.pdf", "learning_curve.png")
+STUDY_FIGURES = ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
+RUN_FIGURES = ("learning_curve",)
+FORMATS = ("pdf", "png")  # vector for print, PNG for screens and the docs
 
 
-def study_io(
-    study_dir: str | os.PathLike, config_files: Sequence[str | os.PathLike], study_file: str | os.PathLike | None
-) -> tuple:
-    """A study: its study file and base configs in; the study folder out (adopted when it holds ``plan.json``)."""
-    out = Path(study_dir)
-    reads = inputs((study_file, "--study"), *((c, "--config") for c in config_files))
-    ours = (out / PLAN_FILE).is_file()
-    return reads, [
-        Output(out / "plots", "--output", STUDY_PLOT_NAMES, kind="study", adopt=ours),
-        Output(out, "--output", STUDY_NAMES, adopt=ours),
-    ]
+def figure_files(names: Sequence[str]) -> tuple[str, ...]:
+    """The file names of figures ``names`` in every format."""
+    return tuple(f"{name}.{fmt}" for name in names for fmt in FORMATS)
+
+
+def _study_outputs(folder: Path, option: str, names: Sequence[str], adopt: bool) -> list[Output]:
+    figures = figure_files(STUDY_FIGURES)
+    return [Output(folder / "plots", option, figures, "study", adopt), Output(folder, option, names, "study", adopt)]
+
+
+def study_io(study_dir: str | os.PathLike, configs: Sequence[str | os.PathLike], study_file: object) -> tuple:
+    """A study: its study file and configs in; its folder out (adopted when it holds ``plan.json``)."""
+    reads = inputs((study_file, "--study"), *((c, "--config") for c in configs))
+    return reads, _study_outputs(Path(study_dir), "--output", STUDY_NAMES, (Path(study_dir) / PLAN_FILE).is_file())
 
 
 def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> tuple:
     """``plot STUDY --publish DEST``: the study in; the copy out (adopted when it holds ``plan.json``)."""
-    out = Path(dest)
-    ours = (out / PLAN_FILE).is_file()
-    return inputs((study_dir, "RUN_OR_STUDY")), [
-        Output(out, "--publish", (PLAN_FILE, "cells", *STUDY_TABLE_NAMES), kind="study", adopt=ours),
-        Output(out / "plots", "--publish", STUDY_PLOT_NAMES, kind="study", adopt=ours),
-    ]
+    names = (PLAN_FILE, "cells", *STUDY_NAMES[4:], "plots")
+    return inputs((study_dir, "RUN_OR_STUDY")), _study_outputs(
+        Path(dest), "--publish", names, (Path(dest) / PLAN_FILE).is_file()
+    )
 
 
 def plot_io(folder: str | os.PathLike, study: bool) -> tuple:
-    """Figures: the tables and ``plots/`` of a study folder, or ``plots/`` of a run folder.
-
-    A folder without an ownership file (written before ownership was recorded) is adopted.
-    """
-    root = Path(folder)
-    kind = "study" if study else "train"
-    legacy = not os.path.lexists(root / OWNERSHIP_FILE)
-    names, pictures = (STUDY_TABLE_NAMES, STUDY_PLOT_NAMES) if study else (("plots",), RUN_PLOT_NAMES)
-    outputs = [
-        Output(root / "plots", "RUN_OR_STUDY", pictures, kind=kind, adopt=legacy),
-        Output(root, "RUN_OR_STUDY", names, kind=kind, adopt=legacy),
-    ]
-    return [], outputs
+    """The tables and figures of a study folder, or a run's learning curve; a folder never claimed is adopted."""
+    root, adopt = Path(folder), not os.path.lexists(Path(folder) / OWNERSHIP_FILE)
+    if study:
+        return [], _study_outputs(root, "RUN_OR_STUDY", (*STUDY_NAMES[4:], "plots"), adopt)
+    return [], [Output(root / "plots", "RUN_OR_STUDY", figure_files(RUN_FIGURES), "train", adopt),
+                Output(root, "RUN_OR_STUDY", ("plots",), "train", adopt)]  # fmt: skip

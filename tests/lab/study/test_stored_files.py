@@ -120,7 +120,11 @@ def test_a_damaged_study_file_is_one_line_and_nothing_changes(study: Path, kind:
     [
         ("plan", lambda d: d["definition"].pop("configs"), "Study plan {path}: definition has no field 'configs'"),
         ("plan", lambda d: d["definition"].update(seeds=0), "definition.seeds is 0, not from 1 to 10,000"),
-        ("plan", lambda d: d["definition"]["axes"][0].update(values=5), "definition.axes[0].values is 5, not a list of at least 1 values"),
+        (
+            "plan",
+            lambda d: d["definition"]["axes"][0].update(values=5),
+            "definition.axes[0].values is 5, not a list of at least 1 values",
+        ),
         ("plan", lambda d: d["comparison"].update(equal_within=-1), "comparison.equal_within is -1, not above 0"),
         ("cell state", lambda d: d.update(status="bogus"), 'status is "bogus", not one of new, running, done,'),
         ("cell state", lambda d: d.update(error={"a": 1}), "error is an object, not a string"),

@@ -1,0 +1,78 @@
+"""``train.save_best`` and ``train.early_stop``, checked against the evaluations a run logged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr_peg.checkpoint.format import read_checkpoint
+from detr_peg.engine.training import run_training
+from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
+
+EVERY_ITERATION = ["train.eval_every_iters=1", "train.epochs=100", "train.batch_size=2", "train.lr=0.001"]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return synthetic_data(tmp_path_factory.mktemp("shapes"))
+
+
+def _evaluations(run: Path, metric: str) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["iteration"], r[metric]) for r in records if r["type"] == "eval"]
+
+
+def _best(evaluations: list[tuple[int, float]]) -> tuple[int, float]:
+    best = evaluations[0]
+    for iteration, value in evaluations[1:]:
+        if value > best[1]:
+            best = (iteration, value)
+    return best
+
+
+def _train(shapes, run: Path, *extra: str):
+    overrides = synthetic_overrides(shapes, run, *EVERY_ITERATION, *extra)
+    return run_training(tiny_config(overrides), progress_bars=False)
+
+
+def test_the_best_checkpoint_is_the_best_logged_evaluation_and_a_resume_keeps_it(shapes, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _train(shapes, run, "train.max_iters=3", "train.save_best=AP50")
+    iteration, value = _best(_evaluations(run, "AP50"))
+    stored = read_checkpoint(run / "checkpoint_best.pth")
+    assert stored.extra["best"] == {"metric": "AP50", "value": value, "iteration": iteration}
+    assert stored.extra["iteration"] == iteration
+    if iteration == 3:  # the last evaluation was the best: its weights are the run's last evaluated weights
+        last = read_checkpoint(run / "checkpoint.pth").state_dict
+        for key, tensor in stored.state_dict.items():
+            torch.testing.assert_close(tensor, last[key], rtol=0, atol=0)
+    _train(shapes, run, "train.max_iters=5", "train.save_best=AP50", "train.resume=true")
+    evaluations = _evaluations(run, "AP50")
+    assert [i for i, _ in evaluations] == [1, 2, 3, 4, 5]
+    iteration, value = _best(evaluations)
+    assert read_checkpoint(run / "checkpoint_best.pth").extra["best"] == {
+        "metric": "AP50",
+        "value": value,
+        "iteration": iteration,
+    }
+
+
+@pytest.mark.parametrize("patience", [1, 2])
+def test_early_stop_ends_the_run_after_that_many_evaluations_without_a_better_one(
+    shapes, tmp_path: Path, patience: int
+) -> None:
+    run = tmp_path / "run"
+    result = _train(shapes, run, "train.max_iters=8", f"train.early_stop={patience}")
+    evaluations = _evaluations(run, "AP")
+    expected, since, best = 8, 0, None  # where the rule says the run ends, from the values it logged
+    for iteration, value in evaluations:
+        since = 0 if best is None or value > best else since + 1
+        best = value if since == 0 else best
+        if since >= patience:
+            expected = iteration
+            break
+    assert evaluations[-1][0] == expected and result.iterations == expected
+    assert not (run / "checkpoint_best.pth").exists()  # early_stop alone keeps no best checkpoint
