@@ -396,26 +396,26 @@ def _take_back(folder: Path, added: set[str]) -> None:
 
 
 def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> contextlib.ExitStack:
-    """Check, lock and claim ``outputs`` for ``command``; call once before writing, and write inside the returned
-    block: leaving it takes back the names not written, then releases the locks (deepest folder first).
-
-    Raises UserError (FolderInUse: a locked folder) naming the options at fault, or OutputError: an unwritable output.
-    """
+    """Check, lock and claim ``outputs`` before ``command`` writes inside the returned block, whose end takes back
+    the names not written and releases the locks; raises UserError (FolderInUse) naming the options, or OutputError."""
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)
     # Before the locks create missing folders (a folder made for a lock holds no file of the user's); a second
     # command of the same kind passes it and then stops at the lock.
     check_ownership(command, outputs)
-    with contextlib.ExitStack() as claims:
-        folders = {os.path.abspath(output.folder): output for output in reversed(outputs)}  # each folder's first
-        for key in sorted(folders, key=lambda folder: len(Path(folder).parts)):
-            claims.enter_context(folder_lock(folders[key].folder, command, folders[key].option))
-        _check_writable(outputs)
-        for output in outputs:  # claimed before anything is written, so a killed run still owns its files
-            kind, owned = output.kind or command, _owned(output.folder)
-            added = {target.name: kind for target in output.targets() if target.name not in owned}
-            if added:
-                _write_ledger(output.folder, {**owned, **added})
-                claims.callback(_take_back, output.folder, set(added))
+    folders: dict[str, list[Output]] = {}
+    for output in outputs:
+        folders.setdefault(os.path.abspath(output.folder), []).append(output)
+    with contextlib.ExitStack() as claims:  # left in reverse: each folder's names taken back, then its lock released
+        for key in sorted(folders, key=lambda folder: len(Path(folder).parts)):  # outer folders first
+            first = folders[key][0]
+            claims.enter_context(folder_lock(first.folder, command, first.option))
+            _check_writable(folders[key])
+            for output in folders[key]:  # claimed before anything is written, so a killed run still owns its files
+                kind, owned = output.kind or command, _owned(output.folder)
+                added = {target.name: kind for target in output.targets() if target.name not in owned}
+                if added:
+                    _write_ledger(output.folder, {**owned, **added})
+                    claims.callback(_take_back, output.folder, set(added))
         return claims.pop_all()

@@ -44,19 +44,6 @@ MAX_OBJECTS = 4
 DATA_SEED = 0
 COLOR_BY_CLASS = False
 
-#: Files and folders a training run writes into its output folder; a run
-#: folder holding anything else is not replaced.
-RUN_FILES = (
-    "checkpoint.pth",
-    "config.yaml",
-    "metrics.jsonl",
-    "metrics.json",
-    "detections.json",
-    "tensorboard",
-    "eval",
-    "plots",
-)
-
 #: Pictures smaller than this (longer side, pixels) are enlarged for drawing, so labels stay legible.
 DRAW_MIN_SIDE = 384
 
@@ -134,7 +121,9 @@ def _config_file(args: argparse.Namespace) -> Path:
 
 def is_run_file(path: Path) -> bool:
     """Whether a training run writes ``path`` into its folder (hidden names are temporaries)."""
-    return path.name in RUN_FILES or path.name.startswith(".")
+    from detr_peg.engine.training import RUN_NAMES
+
+    return path.name in (*RUN_NAMES, "tensorboard", "eval", "plots") or path.name.startswith(".")
 
 
 def is_picture_file(path: Path) -> bool:

@@ -96,7 +96,7 @@ CASES = [
     Hostile(
         "eval-int64-weights",
         _eval("int.pth"),
-        ["int.pth", "holds int64 values but the model expects floating"],
+        ["int.pth", "holds int64 values, not the float32 weights the model expects"],
         _edited("int.pth", _as_int64),
     ),
     Hostile(

@@ -377,9 +377,8 @@ def study_io(study_dir: str | os.PathLike, configs: Sequence[str | os.PathLike],
 def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> tuple:
     """``plot STUDY --publish DEST``: the study in; the copy out (adopted when it holds ``plan.json``)."""
     names = (PLAN_FILE, "cells", *STUDY_NAMES[4:], "plots")
-    return inputs((study_dir, "RUN_OR_STUDY")), _study_outputs(
-        Path(dest), "--publish", names, (Path(dest) / PLAN_FILE).is_file()
-    )
+    outputs = _study_outputs(Path(dest), "--publish", names, (Path(dest) / PLAN_FILE).is_file())
+    return inputs((study_dir, "RUN_OR_STUDY")), outputs[::-1]  # the copy's folder first: refusals name it
 
 
 def plot_io(folder: str | os.PathLike, study: bool) -> tuple:

@@ -23,12 +23,10 @@ from scipy import stats
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
 from detr_peg.lab.study.plots import (
     ENCODING_STYLES,
-    STUDY_FIGURES,
     VERDICT_MARKS,
     axis_name,
     figure_ap_vs_scale,
     figure_comparisons,
-    figure_files,
     figure_learning_curves,
     figure_main_metrics,
     legend_title,
@@ -39,7 +37,7 @@ from detr_peg.lab.study.plots import (
 )
 from detr_peg.lab.study.results import collect
 from detr_peg.lab.study.runner import plan_record
-from detr_peg.lab.study.stored_files import PLAN_FILE
+from detr_peg.lab.study.stored_files import PLAN_FILE, STUDY_FIGURES, figure_files
 from tests.lab.study.test_results import fake_cell
 
 AP = {  # (config, encoding) -> AP per seed (fractions, as fake_cell writes them)

@@ -173,3 +173,33 @@ def test_the_fork_server_outlives_a_sigterm_to_the_group() -> None:
     cell.start()
     cell.join(60)
     assert cell.exitcode == 0
+
+
+def test_a_second_study_into_a_running_studys_folder_exits_2_at_once(tmp_path: Path, shapes) -> None:
+    """The rule of one command per output folder holds for studies: the second one neither waits nor runs cells."""
+    base = write_base_config(tmp_path / "base.yaml")
+    out = tmp_path / "study"
+    argv = [
+        sys.executable, "-m", "detr_peg.cli.main", "study", "--config", str(base), *GRID, "--output", str(out),
+        *tiny_overrides(shapes), "train.max_iters=100000", "train.epochs=100000", "train.eval_every_iters=0",
+    ]  # fmt: skip
+    first = subprocess.Popen(
+        argv, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "cells" / CELLS[0] / "run" / "metrics.jsonl").is_file():  # the first cell trains
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first study did not start its cell"
+            time.sleep(0.2)
+        started = time.monotonic()
+        second = subprocess.run(argv, env=python_env(), capture_output=True, text=True, timeout=120)
+        assert time.monotonic() - started < 60  # at once: no wait for the first study's cells
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.communicate(timeout=180)
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1, second.stderr
+    assert lines[0].startswith(
+        f"detr-peg study: error: --output {out} is in use by detr-peg study (process {first.pid}"
+    )

@@ -21,10 +21,10 @@ from pymdownx.snippets import SnippetMissingError
 from detr_peg.cli.main import main
 from detr_peg.lab.study.cell import cell_paths, new_state, reported_status, write_state
 from detr_peg.lab.study.grid import EvalPlan, StudyDefinition, expand_cells, parse_axis
-from detr_peg.lab.study.plots import STUDY_FIGURES, figure_files, plot_study
+from detr_peg.lab.study.plots import plot_study
 from detr_peg.lab.study.results import SECTIONS, STATS, aggregate, collect, csv_rows, write_results
 from detr_peg.lab.study.runner import plan_record
-from detr_peg.lab.study.stored_files import PLAN_FILE
+from detr_peg.lab.study.stored_files import PLAN_FILE, STUDY_FIGURES, figure_files
 from detr_peg.outputs import HOLDER_FILE, OWNERSHIP_FILE
 from tests.conftest import main_in_fresh_interpreter
 

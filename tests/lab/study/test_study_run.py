@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from detr_peg.cli.main import main
-from detr_peg.lab.study.plots import STUDY_FIGURES, figure_files
 from detr_peg.lab.study.results import STATS, format_stat
+from detr_peg.lab.study.stored_files import STUDY_FIGURES, figure_files
 from tests.conftest import REPO_ROOT, python_env
 from tests.lab.study.conftest import tiny_overrides, write_base_config
 
