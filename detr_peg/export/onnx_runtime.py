@@ -14,7 +14,7 @@ from torch import Tensor
 from detr_peg.checkpoint.files import check_checkpoint_file
 from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
 from detr_peg.data.label_map import LabelMap
-from detr_peg.errors import CheckpointError
+from detr_peg.errors import CheckpointError, DataError
 from detr_peg.export.export_options import require_onnx
 from detr_peg.export.onnx_export import (
     METADATA_CONFIG,
@@ -77,6 +77,12 @@ class OnnxDetector:
             if orig_sizes is None:
                 raise ValueError(f"{self.path} was exported with post-processing and needs orig_sizes")
             feed["orig_sizes"] = _numpy(orig_sizes, np.int64)
+        fixed = self.session.get_inputs()[self.input_names.index("images")].shape  # ints where the export fixed them
+        if any(isinstance(want, int) and want != got for want, got in zip(fixed, feed["images"].shape)):
+            raise DataError(
+                f"{self.path} was exported for image batches of shape {fixed}, not {list(feed['images'].shape)}; "
+                "export without --image-size and --batch-size for any size, or give images of that size."
+            )
         outputs = self.session.run(self.output_names, feed)
         return {name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)}
 

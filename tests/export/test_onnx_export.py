@@ -17,6 +17,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from detr_peg.config import load_config
 from detr_peg.data.label_map import LabelMap
+from detr_peg.errors import DataError
 from detr_peg.export.onnx_export import ExportWrapper, export_onnx
 from detr_peg.export.onnx_runtime import OnnxDetector
 from detr_peg.models import build_model, build_postprocessor
@@ -217,6 +218,12 @@ def test_fixed_size_export(tmp_path):
     got = detector(images, mask)
     torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
     torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+    for batch, size in ((2, (64, 128)), (1, (96, 128))):  # another size, another batch: one sentence, not onnxruntime's
+        images, mask, _ = padded_batch(batch, size)
+        with pytest.raises(
+            DataError, match=r"fixed.onnx was exported for image batches of shape \[2, 3, 96, 128\], not"
+        ):
+            detector(images, mask)
 
 
 @pytest.mark.parametrize("name", ["detr_peg", DEFORMABLE])
