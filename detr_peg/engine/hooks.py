@@ -210,8 +210,15 @@ class BestHook(HookBase):
         log = trainer.out / METRICS_FILE
         lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
         for line in lines:
-            record = json.loads(line) if line.startswith("{") else {}
-            if record.get("type") == "eval" and record.get("iteration", 0) < trainer.progress.iteration:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line a killed run left half-written
+                continue
+            if (
+                isinstance(record, dict)
+                and record.get("type") == "eval"
+                and record.get("iteration", 0) < trainer.progress.iteration
+            ):
                 self._update(float(record.get(metric, -1)), int(record["iteration"]))
 
     def _update(self, value: float, iteration: int) -> bool:

@@ -31,7 +31,8 @@ from detr_peg.engine.checkpointing import (
 )
 from detr_peg.engine.distributed import DistEnv, on_main, process_group
 from detr_peg.engine.evaluation.metric_units import UNIT, format_percent
-from detr_peg.engine.hooks import EvalHook, default_hooks
+from detr_peg.engine.evaluation.per_class import CONFUSION_JSON, PER_CLASS_CSV
+from detr_peg.engine.hooks import BEST_CHECKPOINT, EvalHook, default_hooks
 from detr_peg.engine.loader import check_train_size
 from detr_peg.engine.metrics_log import METRICS_FILE, MetricsLog
 from detr_peg.engine.mixed_precision import build_grad_scaler, check_amp, resolve_amp
@@ -46,8 +47,8 @@ from detr_peg.models.position.peg import PEG
 from detr_peg.outputs import Output, guard_outputs, inputs
 
 #: What a training run writes into ``train.output_dir``.
-RUN_NAMES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json", "per_class.csv",
-             "confusion_matrix.json", "checkpoint_best.pth")  # fmt: skip
+RUN_NAMES = ("checkpoint.pth", "config.yaml", "metrics.jsonl", "metrics.json", "detections.json", PER_CLASS_CSV,
+             CONFUSION_JSON, BEST_CHECKPOINT)  # fmt: skip
 
 
 @dataclass

@@ -13,7 +13,7 @@ from detr_peg.data.label_map import LabelMap
 from detr_peg.data.padding import further_padding
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, broadcast_object
 from detr_peg.engine.evaluation.coco_metrics import coco_stats, detections_to_coco, run_cocoeval
-from detr_peg.engine.evaluation.per_class import confusion_matrix, per_class_ap
+from detr_peg.engine.evaluation.per_class import per_class_ap
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.loader import build_eval_loader, iterate_batches
 from detr_peg.engine.metrics_log import MetricsLog
@@ -29,7 +29,6 @@ class EvalOutput:
     detections: list[dict] = field(default_factory=list)
     num_images: int = 0
     per_class: list[dict] = field(default_factory=list)  # see per_class.per_class_ap; main process only
-    confusion: dict | None = None  # see per_class.confusion_matrix; main process only
 
 
 def predict_coco(
@@ -109,12 +108,12 @@ def evaluate(
     if is_main:
         detections, num_images = merge_shards(shards)
         evaluator = run_cocoeval(coco_gt, detections)
-        metrics, confusion = coco_stats(evaluator), confusion_matrix(coco_gt, detections)
+        metrics = coco_stats(evaluator)
         per_class = per_class_ap(evaluator) if evaluator is not None else []
     else:
-        detections, num_images, metrics, per_class, confusion = [], 0, {}, [], None
+        detections, num_images, metrics, per_class = [], 0, {}, []
     metrics, num_images = broadcast_object((metrics, num_images))
-    return EvalOutput(metrics, detections, num_images, per_class, confusion)
+    return EvalOutput(metrics, detections, num_images, per_class)
 
 
 def evaluate_dataset(

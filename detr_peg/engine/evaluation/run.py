@@ -20,7 +20,7 @@ from detr_peg.engine.distributed import DistEnv, on_main, process_group
 from detr_peg.engine.evaluation.coco_metrics import format_metrics_table
 from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.evaluation.metric_units import UNIT
-from detr_peg.engine.evaluation.per_class import CONFUSION_JSON, PER_CLASS_CSV, per_class_csv
+from detr_peg.engine.evaluation.per_class import CONFUSION_JSON, PER_CLASS_CSV, confusion_matrix, per_class_csv
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import evaluation_amp
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint, resolve_num_classes
@@ -75,8 +75,9 @@ def evaluate_and_write(
             },
         )
         atomic_write_text(output_dir / PER_CLASS_CSV, per_class_csv(out.per_class))
-        write_json(output_dir / CONFUSION_JSON, out.confusion, indent=None)
-        return metrics, detections
+        confusion = confusion_matrix(dataset.coco, out.detections)  # only where it is written
+        write_json(output_dir / CONFUSION_JSON, confusion, indent=None)
+        return metrics, detections, confusion
 
     files = on_main(env, write)
     if log is not None:
@@ -89,7 +90,7 @@ def evaluate_and_write(
             }
         )
         log.info(format_metrics_table(out.metrics, f"COCO bbox evaluation ({out.num_images} images)"))
-    metrics_file, detections_file = files if files else (None, None)
+    metrics_file, detections_file, confusion = files if files else (None, None, None)
     return EvalResult(
         metrics=out.metrics,
         metrics_file=metrics_file,
@@ -97,7 +98,7 @@ def evaluate_and_write(
         num_images=out.num_images,
         num_detections=len(out.detections),
         per_class=out.per_class,
-        confusion=out.confusion,
+        confusion=confusion,
     )
 
 
@@ -169,7 +170,7 @@ def _open(out: Path, progress_bars: bool | None) -> MetricsLog:
 
 
 #: What an evaluation writes into its output folder.
-EVAL_NAMES = ("metrics.json", "detections.json", "per_class.csv", "confusion_matrix.json", "scales_resized.json",
+EVAL_NAMES = ("metrics.json", "detections.json", PER_CLASS_CSV, CONFUSION_JSON, "scales_resized.json",
               "scales_canvas.json", "padding.json")  # fmt: skip
 
 
