@@ -109,9 +109,9 @@ class DataConfig:
 
     Attributes:
         train_images: folder of training images.
-        train_annotations: COCO annotation JSON for training.
+        train_annotations: COCO annotation JSON for training, or a YOLO ``data.yaml``.
         val_images: folder of validation images.
-        val_annotations: COCO annotation JSON for validation.
+        val_annotations: COCO annotation JSON for validation, or a YOLO ``data.yaml``.
         contiguous_labels: map category ids to ``0..K-1``; ``False`` keeps raw ids (official COCO models).
         train_scales: short sides drawn at random for training.
         train_max_size: longest side after resizing, training.

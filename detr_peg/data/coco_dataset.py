@@ -58,7 +58,7 @@ class CocoDetection(Dataset):
         self.images_dir = Path(images_dir)
         if not self.images_dir.is_dir():
             raise DataError(f"Image folder {self.images_dir} does not exist or is not a folder.")
-        coco_file = read_coco_file(annotation_file, on_bad_sample=on_bad_sample)
+        coco_file = read_coco_file(annotation_file, on_bad_sample=on_bad_sample, images_dir=self.images_dir)
         self.annotation_file = coco_file.path
         self.coco = coco_file.coco
         self.num_invalid_skipped = len(coco_file.problems)

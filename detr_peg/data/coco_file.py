@@ -18,6 +18,7 @@ from pycocotools.coco import COCO
 
 from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.config.ranges import MAX_CLASSES
+from detr_peg.data.yolo_file import is_yolo_file, read_yolo_dataset
 from detr_peg.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
     image_ids = {img["id"] for img in data["images"]}
     category_ids = {cat["id"] for cat in data["categories"]}
     for index, ann in enumerate(data["annotations"]):
-        where = f"Annotation file {path} has annotation id {ann['id']} with"
+        where = (ann.get("source") or f"Annotation file {path} has annotation id {ann['id']}") + " with"
         image_id = ann.get("image_id")
         if not _is_int(image_id) or image_id not in image_ids:
             problems.append(
@@ -267,8 +268,10 @@ def build_coco_index(data: dict) -> COCO:
     return coco
 
 
-def read_coco_file(path: str | Path, *, on_bad_sample: OnBadSample = "error") -> CocoFile:
-    """Read, validate and index a COCO annotation file.
+def read_coco_file(
+    path: str | Path, *, on_bad_sample: OnBadSample = "error", images_dir: str | Path | None = None
+) -> CocoFile:
+    """Read, validate and index a COCO annotation file, or a YOLO ``data.yaml`` with the images of ``images_dir``.
 
     ``skip`` logs each per-sample problem and leaves the affected images out. Raises ``DataError`` for a structural
     problem, a per-sample problem in ``error`` mode, or no image left after skipping.
@@ -276,7 +279,7 @@ def read_coco_file(path: str | Path, *, on_bad_sample: OnBadSample = "error") ->
     if on_bad_sample not in ("error", "skip"):
         raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {on_bad_sample!r}")
     path = Path(path)
-    data = read_json_file(path)
+    data = read_yolo_dataset(path, images_dir or path.parent) if is_yolo_file(path) else read_json_file(path)
     check_structure(data, path)
     if len(data["categories"]) > MAX_CLASSES:
         raise DataError(

@@ -1,0 +1,115 @@
+"""A YOLO-format detection dataset read as a COCO dict, so the COCO file's rules and evaluation apply unchanged.
+
+The layout is Ultralytics': a ``data.yaml`` whose ``names`` (a list, or a mapping from class index) name the
+classes; the boxes of ``.../images/<name>.jpg`` are in ``.../labels/<name>.txt``, one ``class cx cy w h`` line per
+object, normalised to the image (a polygon line ``class x1 y1 x2 y2 ...`` gives its box). An image without a label
+file has no objects. Class ``i`` becomes category id ``i``; each annotation keeps its line as ``source``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from PIL import Image
+
+from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
+from detr_peg.data.image_paths import IMAGE_SUFFIXES
+from detr_peg.errors import DataError
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def is_yolo_file(path: str | Path) -> bool:
+    """Whether an annotation path names a YOLO ``data.yaml`` rather than a COCO JSON file."""
+    return Path(path).suffix.lower() in YAML_SUFFIXES
+
+
+def _read_text(path: Path, what: str) -> str:
+    return decode_utf8(read_bounded_bytes(path, what, "annotations", DataError), path, what, DataError)
+
+
+def read_categories(path: Path) -> list[dict[str, Any]]:
+    """COCO categories from ``data.yaml``'s ``names``; ``DataError`` naming the file if there are none."""
+    try:
+        data = load_yaml_text(_read_text(path, "Dataset file"), path, "Dataset file", "annotations", DataError)
+    except yaml.YAMLError:
+        raise DataError(f"Dataset file {path}: invalid YAML.") from None
+    names = data.get("names") if isinstance(data, dict) else None
+    if isinstance(names, list):
+        names = dict(enumerate(names))
+    if not isinstance(names, dict) or not names or not all(isinstance(k, int) for k in names):
+        raise DataError(
+            f"Dataset file {path} has 'names' {names!r}; a YOLO data.yaml names its classes as a list or as a "
+            "mapping from class index (0: person)."
+        )
+    return [{"id": index, "name": name} for index, name in sorted(names.items())]
+
+
+def label_path(image: Path) -> Path:
+    """Ultralytics' rule: the last ``images`` folder of the path becomes ``labels``, the ending ``.txt``."""
+    parts = image.parts
+    if "images" not in parts[:-1]:
+        raise DataError(
+            f"Image {image} is not under a folder named 'images', so its YOLO label file cannot be found "
+            "(the boxes of .../images/a.jpg are in .../labels/a.txt)."
+        )
+    at = len(parts) - 2 - parts[-2::-1].index("images")
+    return Path(*parts[:at], "labels", *parts[at + 1 :]).with_suffix(".txt")
+
+
+def _number(token: str) -> float | str:
+    try:
+        return float(token)
+    except ValueError:
+        return token
+
+
+def _annotation(tokens: list[str], width: int, height: int) -> dict[str, Any]:
+    """A COCO annotation (pixel ``[x, y, w, h]`` box) of one label line; faulty values are kept for the checks."""
+    category: Any = int(tokens[0]) if tokens[0].isdigit() else tokens[0]
+    values = [_number(t) for t in tokens[1:]]
+    if not all(isinstance(v, float) for v in values) or len(values) < 4 or (len(values) != 4 and len(values) % 2):
+        return {"category_id": category, "bbox": tokens[1:]}
+    if len(values) == 4:
+        cx, cy, w, h = values
+        x, y = cx - w / 2, cy - h / 2
+    else:
+        x, y = min(values[0::2]), min(values[1::2])
+        w, h = max(values[0::2]) - x, max(values[1::2]) - y
+    box = [x * width, y * height, w * width, h * height]
+    return {"category_id": category, "bbox": box}
+
+
+def read_yolo_dataset(path: str | Path, images_dir: str | Path) -> dict[str, Any]:
+    """The COCO dict of the images under ``images_dir`` (recursively) and their label files; classes from ``path``.
+
+    An image whose header cannot be read is listed without a size, so loading it fails (or skips) as any bad image.
+    """
+    path, images_dir = Path(path), Path(images_dir)
+    data: dict[str, Any] = {"images": [], "annotations": [], "categories": read_categories(path)}
+    files = sorted(p for p in images_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise DataError(f"Image folder {images_dir} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
+    for image_id, image in enumerate(files, start=1):
+        record: dict[str, Any] = {"id": image_id, "file_name": image.relative_to(images_dir).as_posix()}
+        data["images"].append(record)
+        try:
+            with Image.open(image) as img:
+                record["width"], record["height"] = img.size
+        except (OSError, ValueError, SyntaxError):
+            continue
+        labels = label_path(image)
+        if not labels.exists():
+            continue
+        for number, line in enumerate(_read_text(labels, "Label file").splitlines(), start=1):
+            if line.strip():
+                ann = _annotation(line.split(), record["width"], record["height"])
+                ann.update(
+                    id=len(data["annotations"]) + 1,
+                    image_id=image_id,
+                    source=f"Label file {labels} has, on line {number}, a box",
+                )
+                data["annotations"].append(ann)
+    return data

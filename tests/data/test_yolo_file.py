@@ -1,0 +1,148 @@
+"""YOLO-format datasets: a YOLO export of coco128, made here, reads as the COCO file does, trains and evaluates."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from detr_peg.data import CocoDetection
+from detr_peg.errors import DataError
+from tests.conftest import CLI, COCO128_SMALL, run_python
+from tests.data.conftest import assert_one_sentence
+from tests.engine.tiny_run import RUN, TINY_MODEL, data_overrides
+
+
+def export_yolo(coco128_dir: Path, root: Path) -> Path:
+    """Write coco128 in Ultralytics' layout under ``root`` (class i = the i-th COCO id); returns its data.yaml.
+
+    Crowd regions are left out (YOLO has none), and images without objects get no label file.
+    """
+    for split in ("train", "val"):
+        data = json.loads((coco128_dir / f"annotations_{split}.json").read_text())
+        class_of = {c["id"]: i for i, c in enumerate(sorted(data["categories"], key=lambda c: c["id"]))}
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        lines: dict[int, list[str]] = {}
+        sizes = {img["id"]: (img["width"], img["height"]) for img in data["images"]}
+        for ann in data["annotations"]:
+            if not ann["iscrowd"]:
+                (w, h), (x, y, bw, bh) = sizes[ann["image_id"]], ann["bbox"]
+                box = ((x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h)
+                lines.setdefault(ann["image_id"], []).append(
+                    f"{class_of[ann['category_id']]} " + " ".join(f"{v:.8f}" for v in box)
+                )
+        for img in data["images"]:
+            shutil.copy(coco128_dir / "images" / img["file_name"], root / "images" / split / img["file_name"])
+            if img["id"] in lines:
+                (root / "labels" / split / img["file_name"]).with_suffix(".txt").write_text(
+                    "\n".join(lines[img["id"]]) + "\n"
+                )
+    names = [c["name"] for c in sorted(data["categories"], key=lambda c: c["id"])]
+    (root / "data.yaml").write_text(
+        json.dumps({"path": ".", "train": "images/train", "val": "images/val", "names": names})
+    )
+    return root / "data.yaml"
+
+
+@pytest.fixture(scope="module")
+def yolo(coco128_dir: Path, tmp_path_factory) -> Path:
+    return export_yolo(coco128_dir, tmp_path_factory.mktemp("yolo"))
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_yolo_export_reads_as_the_coco_file(yolo: Path, coco128_dir: Path, split: str) -> None:
+    from_coco = CocoDetection(
+        images_dir=coco128_dir / "images", annotation_file=coco128_dir / f"annotations_{split}.json"
+    )
+    from_yolo = CocoDetection(images_dir=yolo.parent / "images" / split, annotation_file=yolo)
+    assert len(from_yolo) == len(from_coco) and from_yolo.label_map.names == from_coco.label_map.names
+    for index in range(len(from_coco)):
+        coco_image, coco_target = from_coco[index]
+        yolo_image, yolo_target = from_yolo[index]
+        assert from_yolo.image_path(index).name == from_coco.image_path(index).name
+        torch.testing.assert_close(yolo_image, coco_image, rtol=0, atol=0)
+        torch.testing.assert_close(yolo_target["labels"], coco_target["labels"])
+        # 8 decimals of the normalised box: within 1e-5 px on a 640 px image
+        torch.testing.assert_close(yolo_target["boxes"], coco_target["boxes"], rtol=0, atol=1e-3, check_stride=False)
+
+
+def test_train_on_a_yolo_copy_of_coco128_runs_and_evaluates(yolo: Path, tmp_path: Path) -> None:
+    images = yolo.parent / "images"
+    proc = run_python(
+        *CLI, "train", "--output", str(tmp_path / "run"), *TINY_MODEL, *COCO128_SMALL, *RUN,
+        "train.batch_size=2", "train.max_iters=2", "data.num_workers=0",
+        *data_overrides(images / "train", yolo, images / "val", yolo),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["num_images"] == 28 and set(metrics["bbox"]) >= {"AP", "AP50"}
+    rows = list(csv.DictReader((tmp_path / "run" / "per_class.csv").open()))
+    assert [r["name"] for r in rows][:3] == ["person", "bicycle", "car"] and len(rows) == 80
+
+
+def _dataset(tmp_path: Path, label: str, yaml_text: str = "names: [cat, dog]\n", folder: str = "images") -> Path:
+    """One 32 x 24 picture under ``tmp_path/<folder>`` with ``label`` as its label file; returns the data.yaml."""
+    from PIL import Image
+
+    (tmp_path / folder).mkdir(parents=True)
+    Image.new("RGB", (32, 24)).save(tmp_path / folder / "a.png")
+    if folder == "images":
+        (tmp_path / "labels").mkdir()
+        (tmp_path / "labels" / "a.txt").write_text(label)
+    (tmp_path / "data.yaml").write_text(yaml_text)
+    return tmp_path / "data.yaml"
+
+
+@pytest.mark.parametrize(
+    ("label", "yaml_text", "folder", "fragments"),
+    [
+        ("2 0.5 0.5 0.2 0.2\n", None, "images", ["a.txt has, on line 1, a box with category_id 2"]),
+        ("cat 0.5 0.5 0.2 0.2\n", None, "images", ["category_id 'cat'"]),
+        ("0 0.5 0.5\n", None, "images", ["a.txt has, on line 1", "not a list of 4 numbers"]),
+        ("\n0 0.5 0.5 0.2 nan\n", None, "images", ["on line 2", "nan] whose x or y is not finite"]),
+        ("0 0.5 0.5 -0.2 0.2\n", None, "images", ["width is -6.4"]),
+        ("0 0.5 0.5 0.2 0.2 0.9\n", None, "images", ["of length 5"]),
+        ("0 0.5 0.5 0.2 0.2\n", "nc: 2\n", "images", ["data.yaml has 'names' None"]),
+        ("0 0.5 0.5 0.2 0.2\n", "names: {a: cat}\n", "images", ["'names' {'a': 'cat'}"]),
+        ("0 0.5 0.5 0.2 0.2\n", "names: [cat\n", "images", ["data.yaml: invalid YAML"]),
+        ("0 0.5 0.5 0.2 0.2\n", "names: [1, 2]\n", "images", ["'name' 1; names must be strings"]),
+        ("0 0.5 0.5 0.2 0.2\n", None, "pictures", ["is not under a folder named 'images'"]),
+    ],
+)
+def test_bad_yolo_input_is_one_sentence(tmp_path: Path, label: str, yaml_text, folder: str, fragments: list) -> None:
+    data_yaml = _dataset(tmp_path, label, yaml_text or "names: [cat, dog]\n", folder)
+    with pytest.raises(DataError) as err:
+        CocoDetection(images_dir=tmp_path / folder, annotation_file=data_yaml)
+    assert_one_sentence(str(err.value), *fragments)
+
+
+def test_a_polygon_line_gives_its_box(tmp_path: Path) -> None:
+    data_yaml = _dataset(tmp_path, "1 0.25 0.5 0.75 0.25 0.5 1.0\n")
+    _, target = CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)[0]
+    torch.testing.assert_close(target["boxes"].as_subclass(torch.Tensor), torch.tensor([[8.0, 6.0, 24.0, 24.0]]))
+    assert target["labels"].tolist() == [1]
+
+
+def test_an_image_with_a_bad_line_is_skipped_on_request(tmp_path: Path) -> None:
+    from PIL import Image
+
+    data_yaml = _dataset(tmp_path, "0 0.5 0.5 0.2 0.2 0.9\n")
+    Image.new("RGB", (32, 24)).save(tmp_path / "images" / "b.png")  # no label file: no objects
+    dataset = CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml, on_bad_sample="skip")
+    assert dataset.num_invalid_skipped == 1 and [dataset.image_path(i).name for i in range(len(dataset))] == ["b.png"]
+    assert dataset[0][1]["labels"].numel() == 0
+
+
+def test_bad_yolo_data_exits_2_with_one_line(tmp_path: Path) -> None:
+    data_yaml = _dataset(tmp_path, "7 0.5 0.5 0.2 0.2\n")
+    images = str(tmp_path / "images")
+    proc = run_python(*CLI, "train", "--output", str(tmp_path / "run"), *TINY_MODEL, *RUN,
+                      *data_overrides(images, data_yaml, images, data_yaml))  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert_one_sentence(proc.stderr.strip().splitlines()[-1].removeprefix("error: "), "category_id 7")
+    assert not (tmp_path / "run" / "checkpoint.pth").exists()
