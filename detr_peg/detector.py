@@ -29,6 +29,7 @@ from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.detections import Detections, category_of
 from detr_peg.engine.distributed import process_group, resolve_device
 from detr_peg.engine.evaluation.evaluate import evaluate_dataset
+from detr_peg.engine.evaluation.per_class import Metrics, confusion_matrix
 from detr_peg.engine.evaluation.run import load_for_evaluation, run_evaluation
 from detr_peg.engine.evaluation.scales import run_scale_evaluation
 from detr_peg.engine.inference import run_inference
@@ -197,13 +198,14 @@ class Detector(HubFolders):
         output_dir: str | os.PathLike | None = None,
         extra_inputs: Sequence[Input] = (),
         progress_bars: bool | None = None,
-    ) -> dict[str, float]:
-        """COCO bbox metrics (percent, 0-100; ``-1`` where COCO defines none) on a COCO-format set.
+    ) -> Metrics:
+        """COCO bbox metrics (percent, 0-100; ``-1`` where COCO defines none) on a COCO- or YOLO-format set.
 
         Runs in the current process group (``torchrun`` shares the images out). ``images`` and ``annotations``
         default to ``data.val_images`` / ``data.val_annotations``; with ``output_dir`` it also writes
-        ``metrics.json``, ``detections.json``, ``per_class.csv`` and ``confusion_matrix.json`` there. Returns ``{"AP", "AP50", "AP75", "APs", "APm", "APl",
-        "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"}``. Raises ``UserError`` for bad data or an unwritable folder.
+        ``metrics.json``, ``detections.json``, ``per_class.csv`` and ``confusion_matrix.json`` there. Returns
+        ``{"AP", "AP50", ..., "ARl"}`` with ``.per_class`` and ``.confusion`` (see :class:`Metrics`). Raises
+        ``UserError`` for bad data or an unwritable folder.
         """
         cfg = self._evaluation_config(images, annotations, batch_size)
         with process_group(str(self.device)) as env:
@@ -211,10 +213,11 @@ class Detector(HubFolders):
                 run = run_evaluation(
                     cfg, self.loaded, output_dir, extra_inputs=extra_inputs, progress_bars=progress_bars
                 )
-                return run.metrics
+                return Metrics(run.metrics, run.per_class, run.confusion)
             loaded, dataset, _ = load_for_evaluation(cfg, self.loaded, env)
             out = evaluate_dataset(loaded, dataset, env, amp=evaluation_amp(self.config.train.amp, self.device))
-            return out.metrics
+            confusion = confusion_matrix(dataset.coco, out.detections) if env.is_main else None
+            return Metrics(out.metrics, out.per_class, confusion)
 
     def evaluate_scales(
         self,

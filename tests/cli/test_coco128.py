@@ -114,3 +114,28 @@ def test_predict_writes_json_and_pictures(trained: Path, coco128_dir: Path, tmp_
     for name in names:
         with Image.open(coco128_dir / "images" / name) as original, Image.open(out / f"{Path(name).stem}.png") as drawn:
             assert drawn.size == original.size and drawn.mode == "RGB"
+
+
+def test_evaluate_returns_per_class_and_confusion_and_plot_draws_it(trained: Path, tmp_path: Path) -> None:
+    detector = detr_peg.Detector.from_checkpoint(trained / "checkpoint.pth", device="cpu")
+    written = detector.evaluate(output_dir=tmp_path / "eval", batch_size=4)
+    held = detector.evaluate(batch_size=4)  # no files: the same metrics, rows and matrix
+    assert dict(held) == pytest.approx(dict(written)) and held.confusion == written.confusion
+    assert held.per_class == written.per_class
+    rows = list(csv.DictReader((tmp_path / "eval" / "per_class.csv").open()))
+    assert [(int(r["category_id"]), float(r["AP"])) for r in rows] == [
+        (r["category_id"], pytest.approx(r["AP"])) for r in written.per_class
+    ]
+    assert json.loads((tmp_path / "eval" / "confusion_matrix.json").read_text()) == written.confusion
+
+    shutil.copy(trained / "metrics.jsonl", tmp_path / "eval" / "metrics.jsonl")  # a run folder's log
+    assert main(["plot", str(tmp_path / "eval")]) == 0
+    with Image.open(tmp_path / "eval" / "plots" / "confusion_matrix.png") as picture:
+        assert picture.format == "PNG" and min(picture.size) > 500
+    assert (tmp_path / "eval" / "plots" / "confusion_matrix.pdf").read_bytes()[:5] == b"%PDF-"
+    # a matrix that is not square is refused in one sentence, the figures already drawn kept
+    matrix = written.confusion | {"counts": written.confusion["counts"][:-1]}
+    (tmp_path / "eval" / "confusion_matrix.json").write_text(json.dumps(matrix))
+    before = (tmp_path / "eval" / "plots" / "confusion_matrix.png").read_bytes()
+    assert main(["plot", str(tmp_path / "eval")]) == 2
+    assert (tmp_path / "eval" / "plots" / "confusion_matrix.png").read_bytes() == before

@@ -20,6 +20,15 @@ PER_CLASS_CSV, CONFUSION_JSON = "per_class.csv", "confusion_matrix.json"
 CONFUSION_SCORE, CONFUSION_IOU = 0.3, 0.5
 
 
+class Metrics(dict):
+    """COCO bbox metrics by name (percent), with the same evaluation's ``per_class`` rows (:func:`per_class_ap`) and
+    ``confusion`` matrix (:func:`confusion_matrix`; None outside the main process)."""
+
+    def __init__(self, metrics: dict[str, float], per_class: list[dict], confusion: dict | None) -> None:
+        super().__init__(metrics)
+        self.per_class, self.confusion = per_class, confusion
+
+
 def _mean(precision: np.ndarray) -> float:
     defined = precision[precision > -1]
     return float(defined.mean()) if defined.size else -1.0

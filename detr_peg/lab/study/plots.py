@@ -1,4 +1,4 @@
-"""The figures of a study (``STUDY/plots/``) and of a run (``RUN/plots/learning_curve``), as PDF and 300 dpi PNG.
+"""The figures of a study (``STUDY/plots/``) and of a run (``RUN/plots/``), as PDF and 300 dpi PNG.
 
 Error bars are 95% t intervals of the mean over seeds (none below two seeds).
 """
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from scipy import stats as scipy_stats
 
@@ -30,7 +31,7 @@ from matplotlib.figure import Figure
 
 from detr_peg.lab.study.comparisons import row_title
 from detr_peg.lab.study.results import KIND_TITLES, KINDS, is_number, learning_curve, log_records
-from detr_peg.lab.study.stored_files import FORMATS, figure_files
+from detr_peg.lab.study.stored_files import FORMATS, figure_files, read_confusion
 
 PLOTS_DIR = "plots"
 DPI = 300
@@ -147,23 +148,13 @@ def _training_sides(config: str) -> tuple[float, float] | None:
 
 def _legend(fig, axes, title: str | None = None, fontsize: float | None = None) -> None:
     """One legend for the figure, below the panels (never over the data), titled by what its labels are."""
-    handles, labels = {}, []
+    handles: dict[str, Any] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in handles:
-                handles[label] = handle
-                labels.append(label)
-    if labels:
-        fig.legend(
-            [handles[label] for label in labels],
-            labels,
-            loc="lower center",
-            ncol=min(len(labels), 6),
-            frameon=False,
-            bbox_to_anchor=(0.5, 0.0),
-            title=title,
-            fontsize=fontsize,
-        )
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(len(handles), 6), frameon=False,
+                   bbox_to_anchor=(0.5, 0.0), title=title, fontsize=fontsize)  # fmt: skip
 
 
 def figure_ap_vs_scale(settings: list[dict[str, Any]]) -> Figure | None:
@@ -370,8 +361,27 @@ def plot_study(study_dir: str | Path, results: dict[str, Any]) -> list[Path]:
     return [path for name, fig in figures.items() if fig is not None for path in save(fig, out, name)]
 
 
+def figure_confusion(matrix: dict[str, Any], title: str) -> Figure:
+    """A ``confusion_matrix.json`` drawn row-normalised (classes with no ground truth and no detection left out)."""
+    counts = np.asarray(matrix["counts"], dtype=float)
+    keep = np.flatnonzero(counts.sum(0) + counts.sum(1))
+    counts, names = counts[np.ix_(keep, keep)], [matrix["names"][i] for i in keep]
+    shares = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    side = min(3 + 0.22 * len(names), 24)
+    fig, ax = plt.subplots(figsize=(side, side * 0.9))
+    fig.colorbar(ax.imshow(shares, cmap="Blues", vmin=0, vmax=1), ax=ax, shrink=0.8, label="share of the row")
+    ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    for (i, j), n in np.ndenumerate(counts if len(names) <= 16 else []):
+        if n:
+            ax.text(j, i, f"{n:.0f}", ha="center", va="center", fontsize=7, color="w" if shares[i, j] > 0.5 else "k")
+    ax.set(xlabel="detected class", ylabel="ground truth class")
+    ax.set_title(f"{title}: IoU >= {matrix['iou']:g}, score >= {matrix['score_threshold']:g}", fontsize=10)
+    return fig
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
-    """Draw a training run's learning curve from its ``metrics.jsonl`` into ``RUN/plots/learning_curve.*``."""
+    """Draw a run's learning curve (``metrics.jsonl``) and confusion matrix (if written) into ``RUN/plots/``."""
     run_dir = Path(run_dir)
     log = run_dir / "metrics.jsonl"
     try:
@@ -391,25 +401,23 @@ def plot_run(run_dir: str | Path) -> list[Path]:
             f"{log} holds no usable record (no training iteration with a loss and no evaluation); nothing to plot. "
             "Plot a run after its first logged iteration."
         )
+    matrix = read_confusion(run_dir / "confusion_matrix.json")  # evaluation.per_class.CONFUSION_JSON needs torch
     fig, (ax_ap, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
     for (stat, curve), colour, marker, line in zip(curves.items(), COLOURS, MARKERS, LINES):
         if curve:  # percent (learning_curve reads older logs too)
             ax_ap.plot(*zip(*curve), marker=marker, color=colour, linestyle=line, label=stat)
-    ax_ap.set_xlabel("iteration")
-    ax_ap.set_ylabel("%")
-    ax_ap.set_title(f"{run_dir.name}: validation AP", fontsize=10)
-    ax_ap.grid(alpha=0.3)
     if ax_ap.lines:
         ax_ap.legend()
     if losses:
         ax_loss.plot(*zip(*losses), color=COLOURS[0])
-    ax_loss.set_xlabel("iteration")
-    ax_loss.set_ylabel("loss")
-    ax_loss.set_title(f"{run_dir.name}: training loss", fontsize=10)
-    ax_loss.grid(alpha=0.3)
+    for ax, unit, what in ((ax_ap, "%", "validation AP"), (ax_loss, "loss", "training loss")):
+        ax.set(xlabel="iteration", ylabel=unit)
+        ax.set_title(f"{run_dir.name}: {what}", fontsize=10)
+        ax.grid(alpha=0.3)
     out = run_dir / PLOTS_DIR
     make_folder(out)
-    return save(_layout(fig), out, "learning_curve")
+    files = save(_layout(fig), out, "learning_curve")
+    return files + (save(_layout(figure_confusion(matrix, run_dir.name)), out, "confusion_matrix") if matrix else [])
 
 
 def _layout(fig: Figure, bottom: float = 0.0) -> Figure:

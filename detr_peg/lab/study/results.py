@@ -458,24 +458,11 @@ def scale_lines(settings: Sequence[dict[str, Any]], kind: str) -> list[str]:
     """The report's table of one kind of test scale (none when no cell measured it)."""
     if not any(e[kind] for e in settings):
         return []
-    return [
-        "",
-        f"## Test scales: {KIND_TITLES[kind]}",
-        *section(
-            kind,
-            [
-                "| setting | scale | size | n | " + " | ".join(STATS) + " |",
-                "|---|---|---|---|" + "---|" * len(STATS),
-                *(
-                    f"| {e['setting']} | x{r['scale']:g} | {r.get('size') or 'n/a'} | {r['AP']['n']} | "
-                    + " | ".join(format_stat(r[s]) for s in STATS)
-                    + " |"
-                    for e in settings
-                    for r in e[kind]
-                ),
-            ],
-        ),
-    ]
+    table = [f"| setting | scale | size | n | {' | '.join(STATS)} |", "|---|---|---|---|" + "---|" * len(STATS)]
+    for e in settings:
+        table += [f"| {e['setting']} | x{r['scale']:g} | {r.get('size') or 'n/a'} | {r['AP']['n']} | "
+                  + " | ".join(format_stat(r[s]) for s in STATS) + " |" for r in e[kind]]  # fmt: skip
+    return ["", f"## Test scales: {KIND_TITLES[kind]}", *section(kind, table)]
 
 
 def padding_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
@@ -523,16 +510,12 @@ def cost_lines(settings: Sequence[dict[str, Any]]) -> list[str]:
         "",
         "## Cost per cell",
         "",
-        "What the training run cost (evaluations during training included, the study's evaluations after it "
-        "not), mean ± sample standard deviation over the seeds: the iterations trained; the median of the "
-        "logged iterations' times (moved less than the mean by short spells of other work on the machine, "
-        "but raised by sustained load, as is the wall time); the run's wall time, summed "
-        "over its resumed segments.",
+        "What the training run cost (evaluations during training included, the study's evaluations after it not), "
+        "mean ± sample standard deviation over the seeds: the iterations trained; the median of the logged "
+        "iterations' times (moved less than the mean by short spells of other work on the machine, but raised by "
+        "sustained load, as is the wall time); the run's wall time, summed over its resumed segments.",
     ]
-    table = [
-        "| setting | n | iterations | seconds per iteration | training wall time (min) |",
-        "|---|---|---|---|---|",
-    ]
+    table = ["| setting | n | iterations | seconds per iteration | training wall time (min) |", "|---|---|---|---|---|"]
     for e in settings:
         cost = e.get("cost") or {}
         if not cost.get("iter_seconds", {}).get("n"):

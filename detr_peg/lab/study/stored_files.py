@@ -180,6 +180,8 @@ SCALES = Fields(
 PADDING = Fields({"modes": MapOf(Fields({"metrics": METRICS}))}, optional={"unit": UNIT})
 
 #: What a redraw reads back of the report it replaces (``study.json``): its cells' names and statuses.
+CONFUSION = Fields({"iou": Number(), "score_threshold": Number(), "names": ListOf(Text(), 2),
+                    "counts": ListOf(ListOf(Integer(0)))})  # fmt: skip
 REPORT = Fields({"cells": ListOf(Fields({"name": Text(), "status": Text()}))})
 
 _RERUN_CELL = "delete the cell's folder to run the cell again"
@@ -201,6 +203,16 @@ def read_eval_file(path: Path, shape: Shape) -> dict[str, Any] | None:
     writer = "train" if path.parent.name == "run" else "eval"
     advice = f"it is written by detr-peg {writer}: restore it, or {_RERUN_CELL}."
     return _read(path, shape, "Evaluation file", advice)
+
+
+def read_confusion(path: Path) -> dict[str, Any] | None:
+    """A run's ``confusion_matrix.json``, square and of its names' size, or None when there is none."""
+    advice = "it is written by detr-peg eval and train: restore it, or evaluate again."
+    data = _read(path, CONFUSION, "Confusion matrix", advice)
+    if data is not None and {len(row) for row in [data["counts"], *data["counts"]]} != {len(data["names"])}:
+        raise DamagedFileError(f"Confusion matrix {path}: counts is not {len(data['names'])} x {len(data['names'])}, "
+                               f"one row and column per name; {advice}")  # fmt: skip
+    return data
 
 
 def read_report_cells(path: Path) -> list[dict[str, Any]] | None:
@@ -354,7 +366,7 @@ def _record(row: dict[str, str]) -> dict[str, Any]:
 #: What a study writes into its folder, and the figures (each in every format) ``plot`` draws.
 STUDY_NAMES = (PLAN_FILE, "cells", "jobs", "plots", "study.json", "study.csv", "cells.csv", "study.md")
 STUDY_FIGURES = ("comparisons", "ap_vs_scale", "learning_curves", "main_metrics")
-RUN_FIGURES = ("learning_curve",)
+RUN_FIGURES = ("learning_curve", "confusion_matrix")
 FORMATS = ("pdf", "png")  # vector for print, PNG for screens and the docs
 
 
