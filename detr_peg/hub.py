@@ -33,6 +33,7 @@ from detr_peg.engine.evaluation.metric_units import read_metrics
 from detr_peg.engine.evaluation.run import METRICS_JSON
 from detr_peg.errors import CheckpointError, ConfigError
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint
+from detr_peg.outputs import Output, guard_outputs
 
 #: The arguments of ``huggingface_hub.hf_hub_download`` that ``from_pretrained`` passes on.
 DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token")
@@ -102,12 +103,15 @@ class HubFolders(
 
         ``metrics`` (COCO, percent) go into the model card; default: the ``metrics.json`` next to the source
         checkpoint. ``kwargs``: ``push_to_hub=True, repo_id=...`` etc. Returns the commit URL when pushed,
-        else None. Raises ``ConfigError`` (ONNX graph) or ``CheckpointError`` (unwritable file).
+        else None. Under the commands' output rules: ``UserError`` for a ``config.json`` or ``model.safetensors``
+        not written by ``save_pretrained``, or a folder another process writes; ``ConfigError`` for an ONNX graph.
         """
         card = dict(kwargs.pop("model_card_kwargs", None) or {})
         card.setdefault("metrics", metrics)
         card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
-        return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
+        # README.md is written only where there is none, so a user's own is kept rather than refused
+        with guard_outputs("save", [], [Output(Path(save_directory), "save_directory", (CONFIG_JSON, WEIGHTS))]):
+            return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
 
     def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> str:
         """Save the folder and upload it to the Hub repository ``repo_id``; the commit URL.
@@ -115,7 +119,9 @@ class HubFolders(
         ``model_card_kwargs={"metrics": {...}}`` sets the model card's metrics.
         """
         card = {"name": repo_id, **(model_card_kwargs or {})}
-        return super().push_to_hub(repo_id, model_card_kwargs=card, **kwargs)
+        ignore = kwargs.pop("ignore_patterns", None) or []
+        ignore = [ignore] if isinstance(ignore, str) else list(ignore)
+        return super().push_to_hub(repo_id, model_card_kwargs=card, ignore_patterns=[*ignore, ".detr-peg*"], **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
         if not isinstance(self.loaded.model, torch.nn.Module):

@@ -22,7 +22,8 @@ import detr_peg
 from detr_peg.cli.main import main
 from detr_peg.config import config_to_dict
 from detr_peg.data.padding import pad_images
-from detr_peg.errors import CheckpointError
+from detr_peg.errors import CheckpointError, UserError
+from tests.data.conftest import assert_one_sentence
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides
 
 FOLDER_FILES = {"config.json", "model.safetensors", "README.md"}
@@ -53,7 +54,7 @@ def test_save_then_load_gives_the_same_model_and_the_folder_holds_no_pickle(trai
     detector = detr_peg.Detector.from_checkpoint(trained, device="cpu")
     folder = tmp_path / "hub"
     assert detector.save_pretrained(folder) is None
-    assert {p.name for p in folder.iterdir()} == FOLDER_FILES
+    assert {p.name for p in folder.iterdir() if not p.name.startswith(".detr-peg")} == FOLDER_FILES
     for path in folder.iterdir():
         assert not path.read_bytes().startswith(PICKLE_STARTS), path.name
     with safe_open(folder / "model.safetensors", "pt") as weights:
@@ -98,9 +99,12 @@ def test_push_to_hub_uploads_the_saved_folder(trained, monkeypatch):
         def create_repo(self, repo_id, **kwargs):
             return type("RepoUrl", (), {"repo_id": repo_id})()
 
-        def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        def upload_folder(self, *, repo_id, folder_path, ignore_patterns=None, **kwargs):
             folder = Path(folder_path)
-            uploaded.update(repo_id=repo_id, files={p.name for p in folder.iterdir()})
+            names = huggingface_hub.utils.filter_repo_objects(
+                [p.name for p in folder.iterdir()], ignore_patterns=ignore_patterns
+            )  # what the real upload_folder sends
+            uploaded.update(repo_id=repo_id, files=set(names))
             uploaded["card"] = (folder / "README.md").read_text()
             return "https://huggingface.co/owner/tiny-detr/commit/0"
 
@@ -109,6 +113,23 @@ def test_push_to_hub_uploads_the_saved_folder(trained, monkeypatch):
     assert detector.push_to_hub("owner/tiny-detr").endswith("/commit/0")
     assert uploaded["repo_id"] == "owner/tiny-detr" and uploaded["files"] == FOLDER_FILES
     assert 'Detector.from_pretrained("owner/tiny-detr")' in uploaded["card"]
+
+
+def test_save_pretrained_replaces_only_what_it_wrote(trained, tmp_path):
+    detector = detr_peg.Detector.from_checkpoint(trained, device="cpu")
+    detector.save_pretrained(tmp_path / "hub")
+    detector.save_pretrained(tmp_path / "hub")  # its own files: replaced
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    (mine / "README.md").write_text("my notes")  # kept, never refused: README.md is written only where absent
+    with pytest.raises(UserError) as err:
+        detector.save_pretrained(mine)
+    assert_one_sentence(str(err.value), f"{mine / 'config.json'} exists and was not written by detr-peg")
+    assert (mine / "config.json").read_text() == '{"mine": true}' and not (mine / "model.safetensors").exists()
+    (mine / "config.json").unlink()
+    detector.save_pretrained(mine)
+    assert (mine / "README.md").read_text() == "my notes" and (mine / "model.safetensors").is_file()
 
 
 def test_a_config_json_that_differs_from_the_weights_is_refused(trained, tmp_path):
