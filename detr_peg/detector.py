@@ -262,7 +262,7 @@ class Detector(HubFolders):
         device: str | torch.device = "auto",
         progress_bars: bool | None = None,
     ) -> Detector:
-        """Train from a config on a COCO-format dataset as ``detr-peg train`` does (``model.num_classes`` from the
+        """Train from a config on a COCO- or YOLO-format dataset as ``detr-peg train`` does (``model.num_classes`` from the
         data); the run goes into ``output_dir``. Returns its :class:`Detector`; ``UserError`` on bad input."""
         stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
         return cls._train(

@@ -179,6 +179,7 @@ class Trainer:
         end = self.per_epoch  # where this epoch stops: its end, or train.max_iters within it
         if t.max_iters is not None:
             end = max(start, min(end, start + t.max_iters - progress.iteration))
+        run_end = min(t.epochs * self.per_epoch, t.max_iters or t.epochs * self.per_epoch)  # the run's last iteration
         bar = self.log.progress(total=end, initial=start, desc=f"epoch {epoch}") if self.log else None
         began = last = time.perf_counter()
         batches = iterate_batches(loader)
@@ -195,7 +196,7 @@ class Trainer:
                 now = time.perf_counter()
                 tally.add(record, targets)
                 if self.log is not None:
-                    eta = (now - began) / tally.count * max(0, end - progress.epoch_batches_done)
+                    eta = (now - began) / tally.count * max(0, run_end - progress.iteration)  # at this epoch's pace
                     times = {"data_time": round(data_time, 4), "iter_time": round(now - last, 4)}
                     batch = (progress.epoch_batches_done, self.per_epoch)
                     _log_iteration(self.log, bar, record, current_lrs(self.optimizer), epoch=epoch,
@@ -400,7 +401,8 @@ def _log_iteration(
     lr = next(iter(lrs.values()))
     log.step(bar, loss=record["loss"], lr=lr)
     if iteration == 1 or iteration % max(log_every, 1) == 0:
-        log.write({"type": "iter", "epoch": epoch, "iteration": iteration, "batch": batch[0], **record, **lrs, **times})
+        log.write({"type": "iter", "epoch": epoch, "iteration": iteration, "batch": batch[0], **record, **lrs, **times,
+                   "eta": round(eta, 2)})  # fmt: skip
         log.line(
             f"epoch {epoch} [{batch[0]}/{batch[1]}] iter {iteration} loss {record['loss']:.4f} lr {lr:.2e} "
             f"grad {record['grad_norm']:.3f} eta {format_duration(eta)}"

@@ -182,3 +182,16 @@ def test_warmup_rises_per_iteration_and_resumes_mid_warmup(shapes, tmp_path: Pat
     # Iteration k (1-based) trains at the warm-up factor of k - 1 finished steps, times 0.1 from epoch 1 on.
     warm = [1e-3 * (0.001 + 0.999 * min(done, 6) / 6) for done in range(8)]
     assert lrs == pytest.approx([w * (1.0 if i < 4 else 0.1) for i, w in enumerate(warm)])
+
+
+def test_eta_is_the_rest_of_the_run_at_the_epochs_pace(shapes, tmp_path: Path) -> None:
+    """6 of 3 x 4 iterations: each logged eta is the epoch's mean iteration time so far times the iterations left."""
+    _run(shapes, tmp_path, "train.max_iters=6", "train.log_every=1")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    iters = [r for r in records if r["type"] == "iter"]
+    assert [r["iteration"] for r in iters] == [1, 2, 3, 4, 5, 6]
+    for r in iters:
+        in_epoch = [x["iter_time"] for x in iters if x["epoch"] == r["epoch"] and x["iteration"] <= r["iteration"]]
+        expected = sum(in_epoch) / len(in_epoch) * (6 - r["iteration"])
+        assert r["eta"] == pytest.approx(expected, abs=0.01 + 1e-4 * len(in_epoch) * 6), r
+    assert iters[-1]["eta"] == 0 and iters[0]["eta"] > 0
