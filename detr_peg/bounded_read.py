@@ -118,7 +118,8 @@ def check_tree(data: Any, path: StrPath, what: str, kind: str, error: ErrorType)
             children = [*value.keys(), *value.values()] if isinstance(value, dict) else value
             stack.extend((child, depth + 1) for child in children)
         elif isinstance(value, int) and not -(2**63) <= value < 2**63:  # True and False are in range
-            raise refuse(f"holds the integer {shortened(str(value), 30)}, outside the signed 64-bit range")
+            shown = f"the integer {shortened(str(value), 30)}" if value.bit_length() < 9999 else "a larger integer"
+            raise refuse(f"holds {shown}, outside the signed 64-bit range")
     return data
 
 
@@ -179,7 +180,10 @@ class _BoundedLoader(yaml.SafeLoader):
         return {plain(key): value for key, value in mapping.items()} if self.keep_text else mapping  # plain keys
 
     def construct_object(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
-        value = super().construct_object(node, deep=deep)
+        try:
+            value = super().construct_object(node, deep=deep)
+        except ValueError:  # Python reads no decimal integer of more than 4,300 digits
+            raise self.refuse(f"holds a number of {len(node.value):,} digits", REFUSING) from None
         plain_scalar = isinstance(node, yaml.ScalarNode) and node.style is None and not isinstance(value, str)
         return ScalarText(value, node.value) if self.keep_text and plain_scalar else value
 

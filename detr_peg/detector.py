@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
-from detr_peg.config.loader import config_to_dict, load_config
+from detr_peg.config.loader import config_to_dict, config_with, load_config
 from detr_peg.config.schema import Config
 from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
@@ -236,17 +235,14 @@ class Detector(HubFolders):
         self, images: str | os.PathLike | None, annotations: str | os.PathLike | None, batch_size: int | None
     ) -> Config:
         cfg = self.config
-        data = replace(
-            cfg.data,
-            val_images=str(images) if images is not None else cfg.data.val_images,
-            val_annotations=str(annotations) if annotations is not None else cfg.data.val_annotations,
-        )
-        if not (data.val_images and data.val_annotations):
+        given = {"data.val_images": images, "data.val_annotations": annotations, "eval.batch_size": batch_size}
+        given = {key: str(v) if isinstance(v, os.PathLike) else v for key, v in given.items() if v is not None}
+        cfg = config_with(cfg, given, "evaluate")
+        if not (cfg.data.val_images and cfg.data.val_annotations):
             raise ConfigError(
                 "evaluate needs images and annotations (or data.val_images and data.val_annotations in the config)."
             )
-        evaluation = replace(cfg.eval, batch_size=batch_size) if batch_size is not None else cfg.eval
-        return replace(cfg, data=data, eval=evaluation)
+        return cfg
 
     @classmethod
     def train(

@@ -87,8 +87,8 @@ class HubFolders(
         """
         spec = str(pretrained_model_name_or_path)
         model_folder(spec)  # a folder or a Hub name, else one sentence before the Hub is asked
-        with hub_errors(spec):
-            return super().from_pretrained(spec, device=device, revision=revision, **download)
+        with hub_errors(spec):  # not ModelHubMixin's, which parses config.json unbounded before _from_pretrained
+            return cls._from_pretrained(model_id=spec, revision=revision, device=device, **download)
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision: str | None, device: Any = "auto", **download: Any) -> Any:
@@ -109,8 +109,9 @@ class HubFolders(
         card = dict(kwargs.pop("model_card_kwargs", None) or {})
         card.setdefault("metrics", metrics)
         card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
-        # README.md is written only where there is none, so a user's own is kept rather than refused
-        with guard_outputs("save", [], [Output(Path(save_directory), "save_directory", (CONFIG_JSON, WEIGHTS))]):
+        readme = Path(save_directory) / "README.md"  # claimed unless a file is there (a dangling link is refused)
+        names = (CONFIG_JSON, WEIGHTS) if os.path.isfile(readme) else (CONFIG_JSON, WEIGHTS, readme.name)
+        with guard_outputs("save", [], [Output(Path(save_directory), "save_directory", names)]):
             return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
 
     def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> str:

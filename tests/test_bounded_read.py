@@ -56,6 +56,19 @@ def test_the_number_of_alias_uses_is_bounded() -> None:
         load_yaml_text(text, "many.yaml", "Config file", "config", DataError)
 
 
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("n: 1{0}\n", "holds a number of 5,001 digits; refusing"),
+        ("[-1{0}]\n", "holds a number of 5,002 digits; refusing"),
+        ("n: 0x1{0}\n", "holds a larger integer, outside the signed 64-bit range"),
+    ],
+)
+def test_an_integer_python_cannot_read_or_print_is_refused(text: str, words: str) -> None:
+    with pytest.raises(DataError, match=f"big.yaml {words}"):
+        load_yaml_text(text.format("9" * 5000), "big.yaml", "Config file", "config", DataError)
+
+
 def test_a_few_aliases_are_fine_but_their_expansion_counts() -> None:
     data = load_yaml_text("a: &a [1, 2]\nb: *a\n", "ok.yaml", "Config file", "config", DataError)
     assert data == {"a": [1, 2], "b": [1, 2]}

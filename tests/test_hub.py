@@ -132,6 +132,34 @@ def test_save_pretrained_replaces_only_what_it_wrote(trained, tmp_path):
     assert (mine / "README.md").read_text() == "my notes" and (mine / "model.safetensors").is_file()
 
 
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"{", "config.json"),
+        ('{"a": "\u00e9"}'.encode("latin-1"), "UTF-8"),
+        (b"[1]", "config.json"),
+        (b"[" * 100000, "nested"),
+    ],
+)
+def test_a_damaged_config_json_is_one_sentence(trained, tmp_path, content: bytes, words: str):
+    folder = tmp_path / "hub"
+    detr_peg.Detector.from_checkpoint(trained, device="cpu").save_pretrained(folder)
+    (folder / "config.json").write_bytes(content)
+    with pytest.raises(UserError) as err:
+        detr_peg.Detector.from_pretrained(folder)
+    assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_a_readme_that_is_a_dangling_link_is_refused_not_written_through(trained, tmp_path):
+    folder, elsewhere = tmp_path / "hub", tmp_path / "elsewhere" / "NOTES.md"
+    folder.mkdir()
+    (folder / "README.md").symlink_to(elsewhere)
+    with pytest.raises(UserError) as err:
+        detr_peg.Detector.from_checkpoint(trained, device="cpu").save_pretrained(folder)
+    assert_one_sentence(str(err.value), "README.md exists and was not written by detr-peg")
+    assert not elsewhere.parent.exists() and not (folder / "config.json").exists()
+
+
 def test_a_config_json_that_differs_from_the_weights_is_refused(trained, tmp_path):
     folder = tmp_path / "hub"
     detr_peg.Detector.from_checkpoint(trained, device="cpu").save_pretrained(folder)

@@ -14,8 +14,7 @@ from detr_peg.errors import CheckpointError
 from detr_peg.messages import shortened
 
 
-def _kind(value: Any) -> str:
-    """What a value is, in a few words, for messages."""
+def _kind(value: Any) -> str:  # what a value is, in a few words, for messages
     if isinstance(value, Tensor):
         layout = "" if value.layout == torch.strided else f"{str(value.layout).replace('torch.', '')} "
         return f"a {layout}{str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"

@@ -10,28 +10,28 @@ from torch import Tensor
 
 from detr_peg.errors import CheckpointError, TrainingError, UserError
 
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 
 def _non_finite(tensors: Mapping[str, Any]) -> Iterator[tuple[str, int, str]]:
     """``(key, count, example)`` of each floating tensor holding NaN or infinity; the callers raise at the first."""
     for key, value in tensors.items():
-        if isinstance(value, Tensor) and (value.is_floating_point() or value.is_complex()):
+        if isinstance(value, Tensor) and value.dtype in FLOATS:
             bad = ~torch.isfinite(value)
             if bad.any():
                 yield key, int(bad.sum()), str(value[bad].flatten()[0].item())
 
 
 def check_loaded_weights(state: Mapping[str, Tensor], own: Mapping[str, Tensor], source: str) -> None:
-    """Refuse (CheckpointError naming ``source`` and the key) weights that are not finite, or not floating point where
-    the model's ``own`` are: an int checkpoint is never cast."""
+    """Refuse (CheckpointError naming ``source`` and the key) weights that are not finite, or not of :data:`FLOATS`
+    where the model's ``own`` are floating point: an int or float8 checkpoint is never cast."""
     for key, mine in own.items():
         value = state.get(key)
         if key in state and not isinstance(value, Tensor):
             raise CheckpointError(f"{source}: '{key}' holds a {type(value).__name__}, not a tensor.")
-        if value is not None and mine.is_floating_point() and not value.is_floating_point():
+        if value is not None and mine.is_floating_point() and value.dtype not in FLOATS:
             got, expected = (str(t.dtype).replace("torch.", "") for t in (value, mine))
-            raise CheckpointError(
-                f"{source}: '{key}' holds {got} values, not the {expected} weights the model expects."
-            )
+            raise CheckpointError(f"{source}: '{key}' holds {got} values, not the {expected} weights it needs.")
     for key, count, example in _non_finite(state):
         raise CheckpointError(f"{source}: '{key}' holds {count} non-finite values ({example}); refusing these weights.")
 

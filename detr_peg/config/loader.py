@@ -89,6 +89,11 @@ def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
     return build_config([_flatten(data, source)], lenient={0})
 
 
+def config_with(cfg: Config, values: Mapping[str, Any], source: str) -> Config:
+    """``cfg`` with the dotted ``values`` set, each checked as an override from ``source`` is (ConfigError)."""
+    return build_config([_flatten(config_to_dict(cfg), "config"), dotted_layer(values, source)], lenient={0})
+
+
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain nested dicts, lists and scalars (safe to pickle or dump)."""
     return dataclasses.asdict(cfg)

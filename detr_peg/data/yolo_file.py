@@ -8,6 +8,7 @@ file has no objects. Class ``i`` becomes category id ``i``; each annotation keep
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def _number(token: str) -> float | str:
 
 def _annotation(tokens: list[str], width: int, height: int) -> dict[str, Any]:
     """A COCO annotation (pixel ``[x, y, w, h]`` box) of one label line; faulty values are kept for the checks."""
-    category: Any = int(tokens[0]) if tokens[0].isdigit() else tokens[0]
+    category: Any = int(tokens[0]) if tokens[0].isascii() and tokens[0].isdigit() and len(tokens[0]) < 10 else tokens[0]
     values = [_number(t) for t in tokens[1:]]
     if not all(isinstance(v, float) for v in values) or len(values) < 4 or (len(values) != 4 and len(values) % 2):
         return {"category_id": category, "bbox": tokens[1:]}
@@ -92,18 +93,22 @@ def read_yolo_dataset(path: str | Path, images_dir: str | Path) -> dict[str, Any
     files = sorted(p for p in images_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise DataError(f"Image folder {images_dir} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
+    found: dict[Path, Path] = {}  # label file -> image
     for image_id, image in enumerate(files, start=1):
         record: dict[str, Any] = {"id": image_id, "file_name": image.relative_to(images_dir).as_posix()}
         data["images"].append(record)
+        labels = label_path(image)
+        if labels in found:
+            raise DataError(f"Images {found[labels]} and {image} share the label file {labels}; rename one of them.")
+        found[labels] = image
         try:
             with Image.open(image) as img:
                 record["width"], record["height"] = img.size
-        except (OSError, ValueError, SyntaxError):
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+            continue  # named when the image is loaded
+        if not os.path.lexists(labels):  # a dangling link is refused by the read
             continue
-        labels = label_path(image)
-        if not labels.exists():
-            continue
-        for number, line in enumerate(_read_text(labels, "Label file").splitlines(), start=1):
+        for number, line in enumerate(_read_text(labels, "Label file").lstrip("\ufeff").splitlines(), start=1):
             if line.strip():
                 ann = _annotation(line.split(), record["width"], record["height"])
                 ann.update(
@@ -112,4 +117,7 @@ def read_yolo_dataset(path: str | Path, images_dir: str | Path) -> dict[str, Any
                     source=f"Label file {labels} has, on line {number}, a box",
                 )
                 data["annotations"].append(ann)
+    if not any(os.path.lexists(labels) for labels in found):
+        raise DataError(f"None of the {len(files)} images under {images_dir} has a label file (for {files[0]}: "
+                        f"{label_path(files[0])}); a YOLO dataset keeps its boxes in a labels folder.")  # fmt: skip
     return data

@@ -43,14 +43,20 @@ class DistEnv:
 T = TypeVar("T")
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: int, low: int, high: int, kind: type = int) -> Any:
+    """The environment variable ``name`` as a ``kind`` in ``[low, high]`` (``default`` when unset), or ConfigError."""
     value = os.environ.get(name)
     if value is None or value == "":
         return default
     try:
-        return int(value)
+        number = kind(value) if len(value) < 30 else None
     except ValueError:
-        raise ConfigError(f"Environment variable {name}={value!r} is not an integer.") from None
+        number = None
+    if number is None or not low <= number <= high:  # NaN too
+        raise ConfigError(
+            f"Environment variable {name}={value[:40]!r} is not {'an integer' if kind is int else 'a number'} from {low} to {high:,}."
+        )
+    return number
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -71,9 +77,9 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
 
 def init_distributed(device_spec: str = "auto") -> DistEnv:
     """Join the ``torchrun`` process group (reused if it exists), or describe the single process."""
-    world_size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
+    world_size = _env_number("WORLD_SIZE", 1, 1, 2**20)
+    rank = _env_number("RANK", 0, 0, world_size - 1)
+    local_rank = _env_number("LOCAL_RANK", 0, 0, 2**20)
     device = resolve_device(device_spec, local_rank)
     if world_size > 1 and not (dist.is_available() and dist.is_initialized()):
         if device.type == "cuda":
@@ -90,8 +96,8 @@ def _meet(rank: int, world_size: int) -> dist.TCPStore:
     """The store at ``MASTER_ADDR:MASTER_PORT`` once all ``world_size`` processes reached it, waited for in short
     steps so that SIGTERM and Ctrl-C act; TrainingError after ``DETR_PEG_START_TIMEOUT`` seconds (default 600).
     Under ``torchrun`` the agent holds the store and every process is its client."""
-    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 29500)
-    limit = float(os.environ.get("DETR_PEG_START_TIMEOUT", "600"))
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_number("MASTER_PORT", 29500, 1, 65535)
+    limit = _env_number("DETR_PEG_START_TIMEOUT", 600, 0, 86400, float)
     master = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     key = f"detr_peg/started/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     deadline, store, count = time.monotonic() + limit, None, 0

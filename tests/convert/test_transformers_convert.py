@@ -235,7 +235,7 @@ def test_integer_weights_are_refused_not_cast(transformers_folder, tmp_path, cap
     assert main(["convert", str(folder), str(dst)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     name = str(dtype).removeprefix("torch.")
-    assert len(err) == 1 and f"holds {name} values, not the float32 weights the model expects" in err[0], err
+    assert len(err) == 1 and f"holds {name} values, not the float32 weights it needs" in err[0], err
     assert not dst.exists()
     with pytest.raises(CheckpointError, match=f"holds {name} values"):
         detr_peg.Detector.from_pretrained(folder, device="cpu")

@@ -112,6 +112,9 @@ def _dataset(tmp_path: Path, label: str, yaml_text: str = "names: [cat, dog]\n",
         ("0 0.5 0.5 0.2 0.2\n", "names: [cat\n", "images", ["data.yaml: invalid YAML"]),
         ("0 0.5 0.5 0.2 0.2\n", "names: [1, 2]\n", "images", ["'name' 1; names must be strings"]),
         ("0 0.5 0.5 0.2 0.2\n", None, "pictures", ["is not under a folder named 'images'"]),
+        ("9" * 5000 + " 0.5 0.5 0.2 0.2\n", None, "images", ["category_id '99999"]),
+        ("\u00b2 0.5 0.5 0.2 0.2\n", None, "images", ["category_id '\u00b2'"]),
+        ("\u0661 0.5 0.5 0.2 0.2\n", None, "images", ["category_id '\u0661'"]),
     ],
 )
 def test_bad_yolo_input_is_one_sentence(tmp_path: Path, label: str, yaml_text, folder: str, fragments: list) -> None:
@@ -146,3 +149,35 @@ def test_bad_yolo_data_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_sentence(proc.stderr.strip().splitlines()[-1].removeprefix("error: "), "category_id 7")
     assert not (tmp_path / "run" / "checkpoint.pth").exists()
+
+
+def test_yolo_files_that_are_not_what_they_seem(tmp_path: Path) -> None:
+    from PIL import Image
+
+    data_yaml = _dataset(tmp_path, "\ufeff1 0.5 0.5 0.5 0.5\n")  # a byte-order mark is not part of the class
+    assert CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)[0][1]["labels"].tolist() == [1]
+    Image.new("RGB", (32, 24)).save(tmp_path / "images" / "a.jpg")  # a.png and a.jpg would share labels/a.txt
+    with pytest.raises(DataError) as err:
+        CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)
+    assert_one_sentence(str(err.value), "a.jpg and", "a.png share the label file", "rename one of them")
+    (tmp_path / "images" / "a.jpg").unlink()
+    (tmp_path / "labels" / "a.txt").unlink()
+    (tmp_path / "labels" / "a.txt").symlink_to(tmp_path / "missing.txt")  # a dangling link is not "no objects"
+    with pytest.raises(DataError) as err:
+        CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)
+    assert_one_sentence(str(err.value), "a.txt")
+    (tmp_path / "labels" / "a.txt").unlink()  # no label file at all: not a dataset without objects
+    with pytest.raises(DataError) as err:
+        CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)
+    assert_one_sentence(str(err.value), "None of the 1 images under", "has a label file", "labels/a.txt")
+
+
+def test_an_image_whose_header_is_too_large_is_named_when_loaded(tmp_path: Path, monkeypatch) -> None:
+    from PIL import Image
+
+    data_yaml = _dataset(tmp_path, "0 0.5 0.5 0.5 0.5\n")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 32 x 24 is now more than twice the limit: a "bomb"
+    dataset = CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)
+    with pytest.raises(DataError) as err:
+        dataset[0]
+    assert "a.png is too large to decode safely" in str(err.value)

@@ -141,3 +141,25 @@ def test_a_process_alone_in_its_group_stops_at_start_up(tmp_path: Path, stop: st
         assert proc.returncode == 2 and len(lines) == 1, stderr
         assert lines[0].startswith("detr-peg train: error: the process group did not start: 1 of WORLD_SIZE=2")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1' is not an integer from 1 to 1,048,576"),
+        ({"WORLD_SIZE": "1", "RANK": "3"}, "RANK='3' is not an integer from 0 to 0"),
+        ({"WORLD_SIZE": "9" * 23}, "WORLD_SIZE='99999999999999999999999' is not an integer"),
+        ({"WORLD_SIZE": "2", "DETR_PEG_START_TIMEOUT": "abc"}, "DETR_PEG_START_TIMEOUT='abc' is not a number from 0"),
+        ({"WORLD_SIZE": "2", "DETR_PEG_START_TIMEOUT": "nan"}, "DETR_PEG_START_TIMEOUT='nan' is not a number"),
+        ({"WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not an integer from 1 to 65,535"),
+        ({"LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not an integer"),
+    ],
+)
+def test_a_bad_process_group_variable_is_one_sentence(tmp_path: Path, env: dict, words: str) -> None:
+    from tests.conftest import CLI, run_python
+
+    proc = run_python(*CLI, "train", "--config", "demo", "--output", str(tmp_path / "run"), cwd=tmp_path, **env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith(f"detr-peg train: error: Environment variable {words}") and lines[0].endswith(".")
+    assert not (tmp_path / "run" / "checkpoint.pth").exists()

@@ -134,3 +134,24 @@ def test_the_criterion_needs_one_valid_target_per_image(parts, case: str) -> Non
 def test_the_builders_need_a_config_object(builder, cfg) -> None:
     with pytest.raises(TypeError, match=r"^cfg must be a detr_peg Config \(detr_peg.load_config\(...\)\), got "):
         builder(cfg)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("4", "must be an integer, got '4'"),
+        (2.5, "must be an integer"),
+        (True, "must be an integer"),
+        (0, "must be in [1, 100000], got 0"),
+        (10**12, "must be in [1, 100000]"),
+    ],  # fmt: skip
+)
+def test_evaluate_checks_its_batch_size_as_the_config_does(value, words: str, tmp_path) -> None:
+    from detr_peg import Detector
+    from detr_peg.errors import ConfigError
+
+    detector = Detector.from_config(_config("detr"), device="cpu")
+    with pytest.raises(ConfigError) as err:
+        detector.evaluate(tmp_path, tmp_path / "annotations.json", batch_size=value)
+    message = str(err.value)
+    assert message.startswith(f"evaluate: 'eval.batch_size' {words}") and message.endswith(".") and "\n" not in message

@@ -54,6 +54,10 @@ def _as_int32(key: str, value: torch.Tensor) -> torch.Tensor:
     return value.round().int() if value.is_floating_point() else value
 
 
+def _as_float8(key: str, value: torch.Tensor) -> torch.Tensor:
+    return value.to(torch.float8_e4m3fn) if value.is_floating_point() else value
+
+
 def _overflowing(key: str, value: torch.Tensor) -> torch.Tensor:
     """Finite weights whose projection of the backbone features overflows float32."""
     return torch.full_like(value, 3e38) if key == "input_proj.weight" else value
@@ -96,11 +100,17 @@ CASES = [
     Hostile(
         "eval-int64-weights",
         _eval("int.pth"),
-        ["int.pth", "holds int64 values, not the float32 weights the model expects"],
+        ["int.pth", "holds int64 values, not the float32 weights it needs"],
         _edited("int.pth", _as_int64),
     ),
     Hostile(
         "predict-int32-weights", _predict("int.pth"), ["int.pth", "holds int32 values"], _edited("int.pth", _as_int32)
+    ),
+    Hostile(
+        "eval-float8-weights",
+        _eval("f8.pth"),
+        ["f8.pth", "holds float8_e4m3fn values, not the float32 weights it needs"],
+        _edited("f8.pth", _as_float8),
     ),
     Hostile(
         "eval-nan-safetensors", _eval("nan.safetensors"), ["nan.safetensors", "non-finite values"], _nan_safetensors

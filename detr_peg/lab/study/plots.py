@@ -33,6 +33,8 @@ from detr_peg.lab.study.comparisons import row_title
 from detr_peg.lab.study.results import KIND_TITLES, KINDS, is_number, learning_curve, log_records
 from detr_peg.lab.study.stored_files import FORMATS, figure_files, read_confusion
 
+matplotlib.rcParams["text.parse_math"] = False  # class and folder names are drawn as written, never as TeX
+
 PLOTS_DIR = "plots"
 DPI = 300
 BARS = ("AP", "AP50", "AP75")

@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 from scipy import stats
@@ -27,6 +28,7 @@ from detr_peg.lab.study.plots import (
     axis_name,
     figure_ap_vs_scale,
     figure_comparisons,
+    figure_confusion,
     figure_learning_curves,
     figure_main_metrics,
     legend_title,
@@ -37,7 +39,7 @@ from detr_peg.lab.study.plots import (
 )
 from detr_peg.lab.study.results import collect
 from detr_peg.lab.study.runner import plan_record
-from detr_peg.lab.study.stored_files import PLAN_FILE, STUDY_FIGURES, figure_files
+from detr_peg.lab.study.stored_files import PLAN_FILE, RUN_FIGURES, STUDY_FIGURES, figure_files
 from tests.lab.study.test_results import fake_cell
 
 AP = {  # (config, encoding) -> AP per seed (fractions, as fake_cell writes them)
@@ -237,3 +239,23 @@ def test_legend_titles_name_the_axis_without_its_section(key: str, name: str) ->
 )
 def test_the_reference_is_named_shortly_in_titles(baseline, short) -> None:
     assert short_setting(baseline) == short
+
+
+def test_a_run_is_drawn_with_its_confusion_matrix_and_names_stay_text(tmp_path: Path) -> None:
+    """Names and folders with TeX in them (``$\\foo$``) are drawn as written, not parsed as math."""
+    run = tmp_path / "run$\\foo$x"
+    run.mkdir()
+    records = [{"type": "iter", "iteration": i, "loss": 3.0 / i} for i in (1, 2)] + [
+        {"type": "eval", "iteration": 2, "bbox": {"AP": 1.0, "AP50": 2.0}}
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    matrix = {"iou": 0.5, "score_threshold": 0.3, "names": ["$\\foo$", "cat", "background"],
+              "counts": [[3, 0, 1], [0, 0, 0], [2, 0, 0]]}  # fmt: skip
+    (run / "confusion_matrix.json").write_text(json.dumps(matrix))
+    files = plot_run(run)
+    assert sorted(p.name for p in files) == sorted(figure_files(RUN_FIGURES))
+    fig = figure_confusion(matrix, run.name)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["$\\foo$", "background"]  # cat: no ground truth and no detection
+    shares = fig.axes[0].images[0].get_array()
+    np.testing.assert_allclose(shares, [[0.75, 0.25], [1.0, 0.0]])
