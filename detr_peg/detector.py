@@ -260,6 +260,10 @@ class Detector(HubFolders):
     ) -> Detector:
         """Train from a config on a COCO- or YOLO-format dataset as ``detr-peg train`` does (``model.num_classes`` from the
         data); the run goes into ``output_dir``. Returns its :class:`Detector`; ``UserError`` on bad input."""
+        if not isinstance(config, (str, os.PathLike, Config)):  # None would silently mean the ResNet-50 defaults
+            raise ConfigError(
+                f"Detector.train needs a config (a shipped name such as 'demo', a file or a Config), got {config!r}."
+            )
         stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
         return cls._train(
             stored, output_dir, (train_images, train_annotations, val_images, val_annotations),
