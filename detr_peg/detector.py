@@ -247,7 +247,7 @@ class Detector(HubFolders):
     @classmethod
     def train(
         cls,
-        config: str | os.PathLike | Config,
+        config: str | os.PathLike | Config | None,
         output_dir: str | os.PathLike,
         *,
         train_images: str | os.PathLike,
@@ -259,11 +259,8 @@ class Detector(HubFolders):
         progress_bars: bool | None = None,
     ) -> Detector:
         """Train from a config on a COCO- or YOLO-format dataset as ``detr-peg train`` does (``model.num_classes`` from the
-        data); the run goes into ``output_dir``. Returns its :class:`Detector`; ``UserError`` on bad input."""
-        if not isinstance(config, (str, os.PathLike, Config)):  # None would silently mean the ResNet-50 defaults
-            raise ConfigError(
-                f"Detector.train needs a config (a shipped name such as 'demo', a file or a Config), got {config!r}."
-            )
+        data; ``config=None``: the defaults, as without ``--config``); the run goes into ``output_dir``. Returns its
+        :class:`Detector`; ``UserError`` on bad input."""
         stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
         return cls._train(
             stored, output_dir, (train_images, train_annotations, val_images, val_annotations),

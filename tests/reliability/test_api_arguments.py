@@ -155,13 +155,3 @@ def test_evaluate_checks_its_batch_size_as_the_config_does(value, words: str, tm
         detector.evaluate(tmp_path, tmp_path / "annotations.json", batch_size=value)
     message = str(err.value)
     assert message.startswith(f"evaluate: 'eval.batch_size' {words}") and message.endswith(".") and "\n" not in message
-
-
-@pytest.mark.parametrize("config", [None, 3, ["demo"]])
-def test_train_needs_a_config(config, tmp_path) -> None:
-    from detr_peg import Detector
-    from detr_peg.errors import ConfigError
-
-    with pytest.raises(ConfigError, match=r"Detector.train needs a config \(a shipped name such as 'demo'"):
-        Detector.train(config, tmp_path / "run", train_images=tmp_path, train_annotations=tmp_path / "a.json")
-    assert not (tmp_path / "run").exists()
