@@ -8,6 +8,7 @@ file has no objects. Class ``i`` becomes category id ``i``; each annotation keep
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,8 @@ def _annotation(tokens: list[str], width: int, height: int) -> dict[str, Any]:
         x, y = min(values[0::2]), min(values[1::2])
         w, h = max(values[0::2]) - x, max(values[1::2]) - y
     box = [x * width, y * height, w * width, h * height]
-    return {"category_id": category, "bbox": box}
+    sound = all(math.isfinite(v) for v in box) and min(box[2:]) > 0  # else the bbox check names the fault
+    return {"category_id": category, "bbox": box, "iscrowd": 0, **({"area": box[2] * box[3]} if sound else {})}
 
 
 def read_yolo_dataset(path: str | Path, images_dir: str | Path) -> dict[str, Any]:
