@@ -33,7 +33,7 @@ from detr_peg.engine.evaluation.metric_units import read_metrics
 from detr_peg.engine.evaluation.run import METRICS_JSON
 from detr_peg.errors import CheckpointError, ConfigError
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint
-from detr_peg.outputs import Output, guard_outputs
+from detr_peg.outputs import HOLDER_FILE, LOCK_FILE, OWNERSHIP_FILE, Output, guard_outputs
 
 #: The arguments of ``huggingface_hub.hf_hub_download`` that ``from_pretrained`` passes on.
 DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token")
@@ -122,7 +122,8 @@ class HubFolders(
         card = {"name": repo_id, **(model_card_kwargs or {})}
         ignore = kwargs.pop("ignore_patterns", None) or []
         ignore = [ignore] if isinstance(ignore, str) else list(ignore)
-        return super().push_to_hub(repo_id, model_card_kwargs=card, ignore_patterns=[*ignore, ".detr-peg*"], **kwargs)
+        ignore += [LOCK_FILE, HOLDER_FILE, OWNERSHIP_FILE]  # the output rules' own files stay here
+        return super().push_to_hub(repo_id, model_card_kwargs=card, ignore_patterns=ignore, **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
         if not isinstance(self.loaded.model, torch.nn.Module):

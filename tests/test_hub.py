@@ -147,7 +147,7 @@ def test_a_damaged_config_json_is_one_sentence(trained, tmp_path, content: bytes
     (folder / "config.json").write_bytes(content)
     with pytest.raises(UserError) as err:
         detr_peg.Detector.from_pretrained(folder)
-    assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+    assert_one_sentence(str(err.value), words)
 
 
 def test_a_readme_that_is_a_dangling_link_is_refused_not_written_through(trained, tmp_path):

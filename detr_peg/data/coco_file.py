@@ -279,7 +279,7 @@ def read_coco_file(
     if on_bad_sample not in ("error", "skip"):
         raise ValueError(f"on_bad_sample must be 'error' or 'skip', got {on_bad_sample!r}")
     path = Path(path)
-    data = read_yolo_dataset(path, images_dir or path.parent) if is_yolo_file(path) else read_json_file(path)
+    data = read_yolo_dataset(path, images_dir) if is_yolo_file(path) else read_json_file(path)
     check_structure(data, path)
     if len(data["categories"]) > MAX_CLASSES:
         raise DataError(

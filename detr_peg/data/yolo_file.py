@@ -85,11 +85,13 @@ def _annotation(tokens: list[str], width: int, height: int) -> dict[str, Any]:
     return {"category_id": category, "bbox": box, "iscrowd": 0, **({"area": box[2] * box[3]} if sound else {})}
 
 
-def read_yolo_dataset(path: str | Path, images_dir: str | Path) -> dict[str, Any]:
+def read_yolo_dataset(path: str | Path, images_dir: str | Path | None) -> dict[str, Any]:
     """The COCO dict of the images under ``images_dir`` (recursively) and their label files; classes from ``path``.
 
     An image whose header cannot be read is listed without a size, so loading it fails (or skips) as any bad image.
     """
+    if images_dir is None:  # the data.yaml's folder would mix the splits
+        raise DataError(f"Dataset file {path} is a YOLO data.yaml; give the image folder of the split it is read for.")
     path, images_dir = Path(path), Path(images_dir)
     data: dict[str, Any] = {"images": [], "annotations": [], "categories": read_categories(path)}
     files = sorted(p for p in images_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)

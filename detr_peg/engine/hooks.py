@@ -4,7 +4,6 @@ best checkpoint and early stop."""
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import threading
 from types import FrameType
@@ -12,7 +11,7 @@ from types import FrameType
 from detr_peg.checkpoint.format import save_checkpoint
 from detr_peg.engine.distributed import any_process, on_main
 from detr_peg.engine.evaluation.run import EvalResult, evaluate_and_write
-from detr_peg.engine.metrics_log import METRICS_FILE
+from detr_peg.engine.metrics_log import METRICS_FILE, log_records
 from detr_peg.engine.trainer import EpochStats, HookBase, Trainer
 from detr_peg.errors import TrainingError
 from detr_peg.models.loading import LoadedModel
@@ -207,18 +206,8 @@ class BestHook(HookBase):
 
     def _recall(self, trainer: Trainer, metric: str) -> None:
         """The best value and the evaluations after it, from the eval records of earlier iterations."""
-        log = trainer.out / METRICS_FILE
-        lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line a killed run left half-written
-                continue
-            if (
-                isinstance(record, dict)
-                and record.get("type") == "eval"
-                and record.get("iteration", 0) < trainer.progress.iteration
-            ):
+        for record in log_records(trainer.out / METRICS_FILE):  # a line a killed run left half-written is passed over
+            if record.get("type") == "eval" and record.get("iteration", 0) < trainer.progress.iteration:
                 self._update(float(record.get(metric, -1)), int(record["iteration"]))
 
     def _update(self, value: float, iteration: int) -> bool:

@@ -10,6 +10,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,26 @@ from detr_peg.messages import install_hint
 from detr_peg.outputs import write_error
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a run's ``metrics.jsonl`` in order; lines that are not JSON objects are passed over.
+
+    ``missing_ok``: an unreadable log gives no record; with False the ``OSError``/``UnicodeDecodeError`` is raised.
+    """
+    try:
+        lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        if missing_ok:
+            return
+        raise
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield record
 
 
 def format_duration(seconds: float) -> str:

@@ -124,6 +124,14 @@ def test_bad_yolo_input_is_one_sentence(tmp_path: Path, label: str, yaml_text, f
     assert_one_sentence(str(err.value), *fragments)
 
 
+def test_a_data_yaml_needs_its_image_folder(tmp_path: Path) -> None:
+    from detr_peg.data import read_coco_file
+
+    with pytest.raises(DataError) as err:
+        read_coco_file(_dataset(tmp_path, "0 0.5 0.5 0.2 0.2\n"))
+    assert_one_sentence(str(err.value), "is a YOLO data.yaml; give the image folder")
+
+
 def test_a_polygon_line_gives_its_box(tmp_path: Path) -> None:
     data_yaml = _dataset(tmp_path, "1 0.25 0.5 0.75 0.25 0.5 1.0\n")
     _, target = CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)[0]
@@ -146,8 +154,9 @@ def test_bad_yolo_data_exits_2_with_one_line(tmp_path: Path) -> None:
     images = str(tmp_path / "images")
     proc = run_python(*CLI, "train", "--output", str(tmp_path / "run"), *TINY_MODEL, *RUN,
                       *data_overrides(images, data_yaml, images, data_yaml))  # fmt: skip
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert_one_sentence(proc.stderr.strip().splitlines()[-1].removeprefix("error: "), "category_id 7")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert_one_sentence(lines[0].removeprefix("detr-peg train: error: "), "a.txt has, on line 1", "category_id 7")
     assert not (tmp_path / "run" / "checkpoint.pth").exists()
 
 

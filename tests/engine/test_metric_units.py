@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from detr_peg.engine.evaluation.metric_units import STAT_NAMES, UNIT, format_percent, read_metrics
-from detr_peg.lab.study.results import learning_curve, log_records
+from detr_peg.engine.metrics_log import log_records
+from detr_peg.lab.study.results import learning_curve
 
 FRACTIONS = {name: (-1.0 if name == "APl" else 0.375 + i / 1000) for i, name in enumerate(STAT_NAMES)}
 PERCENT = {name: (-1.0 if value < 0 else 100 * value) for name, value in FRACTIONS.items()}

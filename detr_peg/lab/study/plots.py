@@ -29,8 +29,9 @@ import matplotlib.pyplot as plt  # after choosing the backend
 from matplotlib import style as mpl_style
 from matplotlib.figure import Figure
 
+from detr_peg.engine.metrics_log import log_records
 from detr_peg.lab.study.comparisons import row_title
-from detr_peg.lab.study.results import KIND_TITLES, KINDS, is_number, learning_curve, log_records
+from detr_peg.lab.study.results import KIND_TITLES, KINDS, is_number, learning_curve
 from detr_peg.lab.study.stored_files import FORMATS, figure_files, read_confusion
 
 matplotlib.rcParams["text.parse_math"] = False  # class and folder names are drawn as written, never as TeX

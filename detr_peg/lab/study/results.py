@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
+from detr_peg.engine.metrics_log import log_records
 from detr_peg.errors import UserError
 from detr_peg.lab.study.cell import cell_paths, read_state, reported_status, table_row
 from detr_peg.lab.study.comparisons import (
@@ -53,26 +53,6 @@ KIND_TITLES = {
 RESULTS_JSON, RESULTS_CSV, RESULTS_MD = "study.json", "study.csv", "study.md"
 #: What :func:`training_cost` measures per cell, in the order of the report's cost table.
 COST_KEYS = ("iterations", "iter_seconds", "wall_minutes")
-
-
-def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a run's ``metrics.jsonl`` in order; lines that are not JSON objects are passed over.
-
-    ``missing_ok``: an unreadable log gives no record; with False the ``OSError``/``UnicodeDecodeError`` is raised.
-    """
-    try:
-        lines = metrics_jsonl.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        if missing_ok:
-            return
-        raise
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            yield record
 
 
 def learning_curve(records: Iterable[dict[str, Any]], stat: str = "AP") -> list[tuple[int, float]]:
