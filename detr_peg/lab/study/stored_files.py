@@ -179,9 +179,10 @@ SCALES = Fields(
 )
 PADDING = Fields({"modes": MapOf(Fields({"metrics": METRICS}))}, optional={"unit": UNIT})
 
-#: What a redraw reads back of the report it replaces (``study.json``): its cells' names and statuses.
+#: A run's ``confusion_matrix.json`` (``evaluation.per_class.confusion_matrix``).
 CONFUSION = Fields({"iou": Number(), "score_threshold": Number(), "names": ListOf(Text(), 2),
                     "counts": ListOf(ListOf(Integer(0)))})  # fmt: skip
+#: What a redraw reads back of the report it replaces (``study.json``): its cells' names and statuses.
 REPORT = Fields({"cells": ListOf(Fields({"name": Text(), "status": Text()}))})
 
 _RERUN_CELL = "delete the cell's folder to run the cell again"
