@@ -330,7 +330,7 @@ class Detector(HubFolders):
         """
         from detr_peg.export.onnx_export import export_onnx
 
-        with guard_outputs("export", [], [Output(Path(path), "path")]):
+        with guard_outputs("export", [], [Output(path, "path")]):
             return export_onnx(self.loaded, path, **options)
 
     def __repr__(self) -> str:

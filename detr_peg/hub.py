@@ -111,7 +111,7 @@ class HubFolders(
         card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
         readme = Path(save_directory) / "README.md"  # claimed unless a file is there (a dangling link is refused)
         names = (CONFIG_JSON, WEIGHTS) if os.path.isfile(readme) else (CONFIG_JSON, WEIGHTS, readme.name)
-        with guard_outputs("save", [], [Output(Path(save_directory), "save_directory", names)]):
+        with guard_outputs("save", [], [Output(save_directory, "save_directory", names)]):
             return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
 
     def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> str:

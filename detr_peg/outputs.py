@@ -68,8 +68,7 @@ def _reason(exc: OSError, path: object = None) -> str:
         if obstacle is not None:
             return f"{obstacle}; choose another path"
     reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
-    advice = _ADVICE.get(exc.errno or 0)
-    return f"{reason}; {advice}" if advice else reason
+    return f"{reason}; {_ADVICE[exc.errno]}" if exc.errno in _ADVICE else reason
 
 
 def write_error(path: str | os.PathLike, exc: OSError, verb: str = "write") -> OutputError:
@@ -216,9 +215,8 @@ def _holder(folder: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     fields = {"pid": int, "host": str, "command": str, "since": str}
-    if not isinstance(holder, dict) or any(type(holder.get(k)) is not t for k, t in fields.items()):
-        return None
-    return holder if 0 < holder["pid"] < 2**31 else None
+    sound = isinstance(holder, dict) and all(type(holder.get(k)) is t for k, t in fields.items())
+    return holder if sound and 0 < holder["pid"] < 2**31 else None
 
 
 def holder_alive(folder: Path, command: str | None = None) -> bool | None:
@@ -234,11 +232,11 @@ def holder_alive(folder: Path, command: str | None = None) -> bool | None:
 
 @contextlib.contextmanager
 def folder_lock(folder: Path, command: str, option: str) -> Iterator[None]:
-    """Hold the exclusive lock of ``folder`` (created when missing, removed on release if left empty), re-entrant in
-    one process; raises FolderInUse naming the holder, or OutputError when the folder cannot be written."""
+    """Hold the exclusive lock of ``folder`` (created with its parents when missing, and those removed on release if
+    left empty), re-entrant in one process; raises FolderInUse naming the holder, or OutputError when unwritable."""
     folder = Path(folder)
     try:
-        created = not folder.exists()
+        created = [made for made in (folder, *folder.parents) if not made.exists()]  # innermost first
         folder.mkdir(parents=True, exist_ok=True)
         new_file = not (folder / LOCK_FILE).exists()
         lock = FileLock(str(folder / LOCK_FILE), timeout=0, is_singleton=True)
@@ -270,9 +268,9 @@ def folder_lock(folder: Path, command: str, option: str) -> Iterator[None]:
                 if new_file:
                     (folder / LOCK_FILE).unlink(missing_ok=True)  # while held: no one can lock a gone file
         lock.release()
-        if first and created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only when empty: nothing was written there
+        with contextlib.suppress(OSError):
+            for made in created if first else ():
+                made.rmdir()  # only when empty: nothing was written there
 
 
 @dataclass(frozen=True)
@@ -399,6 +397,8 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     """Check, lock and claim ``outputs`` before ``command`` writes inside the returned block, whose end takes back
     the names not written and releases the locks; raises UserError (FolderInUse) naming the options, or OutputError."""
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
+    for empty in (o for o in outputs if not str(o.path).strip()):  # Path("") would be the current folder
+        raise UserError(f"{empty.option} is empty ({str(empty.path)!r}); give a file or folder name.")
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)
     # Before the locks create missing folders (a folder made for a lock holds no file of the user's); a second

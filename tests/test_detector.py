@@ -305,6 +305,17 @@ def test_export_onnx_never_replaces_what_it_did_not_write(detector, coco128_chec
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("call", ["export_onnx", "save_pretrained", "evaluate"])
+def test_an_empty_output_name_is_refused(detector, tmp_path, monkeypatch, call: str) -> None:
+    """Path("") is the current folder: each writing call refuses it, and nothing is written there."""
+    monkeypatch.chdir(tmp_path)
+    write = {"export_onnx": lambda: detector.export_onnx(""), "save_pretrained": lambda: detector.save_pretrained(""),
+             "evaluate": lambda: detector.evaluate(output_dir="")}[call]  # fmt: skip
+    with pytest.raises(detr_peg.errors.UserError, match=r"^[-\w]+ is empty \(''\); give a file or folder name\.$"):
+        write()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_detections_clip_boxes_to_the_image() -> None:
     """Boxes a user gets end at the picture's border; the scores, labels and order are the post-processor's."""
     from detr_peg.detections import Detections

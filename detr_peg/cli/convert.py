@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from pathlib import Path
 
 from detr_peg.cli import option_types
 from detr_peg.config.options import own_options
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.outputs import Output, guard_outputs, inputs
 
         reads = inputs((args.src, "SRC"), (args.config, "--config"))
-        claims.enter_context(guard_outputs("convert", reads, [Output(Path(args.dst), "DST")]))
+        claims.enter_context(guard_outputs("convert", reads, [Output(args.dst, "DST")]))
         report = convert_file(args.src, args.dst, config_path=args.config, overrides=args.overrides)
         m = report.config.model
         t = m.transformer

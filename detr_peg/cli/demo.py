@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import sys
 import time
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             Output(out / "data", "--output", data_names),
             Output(run_dir, "--output", RUN_NAMES, kind="train"),
             Output(pictures_dir, "--output", ("predictions.json",)),
-            Output(out, "--output", ("data", "run", "predictions")),
+            Output(args.output, "--output", ("data", "run", "predictions")),
         ]
         claims.enter_context(guard_outputs("demo", inputs((config_file, "--config")), outputs))
 
@@ -221,7 +222,10 @@ def run(args: argparse.Namespace) -> int:
             return 0
         # The demo's own data and folders come last, so they win over the file and the overrides.
         demo_values = [f"data.{key}={value}" for key, value in data.data_overrides().items()]
-        demo_values += [f"train.output_dir={run_dir}", f"train.resume={'true' if args.resume else 'false'}"]
+        demo_values += [
+            f"train.output_dir={json.dumps(str(run_dir))}",
+            f"train.resume={'true' if args.resume else 'false'}",
+        ]
         cfg = load_config(config_file, [*args.overrides, *demo_values])
 
         if not args.resume:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from pathlib import Path
 
 from detr_peg.cli import option_types
 
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.outputs import Output, guard_outputs, inputs
 
         claims.enter_context(
-            guard_outputs("export", inputs((args.checkpoint, "--checkpoint")), [Output(Path(args.output), "--output")])
+            guard_outputs("export", inputs((args.checkpoint, "--checkpoint")), [Output(args.output, "--output")])
         )
         model = load_model(args.checkpoint, overrides=args.overrides, overrides_source="command line")
         path = export_onnx(

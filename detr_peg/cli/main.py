@@ -48,9 +48,11 @@ def _shown(value: object) -> str:
 
 
 class _StoreOnce(argparse._StoreAction):
-    """``store``, except that an option given a second time is a usage error."""
+    """``store``, except that an option given a second time, or an empty value, is a usage error."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+        if isinstance(values, str) and not values.strip():  # an empty path would be the current folder
+            parser.error(f"{option_string or self.metavar or self.dest} is empty ({values!r}); give a value")
         if option_string is not None:
             given = namespace.__dict__.setdefault(_GIVEN, {})
             if self.dest in given:

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             unique_png_name(image, png_names)
         reads = inputs(*((p, "INPUT") for p in paths), (model_file, model_option))
         names = ("predictions.json", *sorted(png_names))
-        claims.enter_context(guard_outputs("predict", reads, [Output(Path(args.output), "--output", names)]))
+        claims.enter_context(guard_outputs("predict", reads, [Output(args.output, "--output", names)]))
         if args.onnx:
             detector = Detector.from_onnx(args.onnx, overrides=overrides)
         else:

@@ -24,6 +24,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -60,8 +61,8 @@ def resolve(args: argparse.Namespace):
     from detr_peg.config.loader import load_config
 
     overrides = list(args.overrides)
-    if args.output:
-        overrides.append(f"train.output_dir={args.output}")
+    if args.output is not None:
+        overrides.append(f"train.output_dir={json.dumps(args.output)}")  # a string, whatever YAML would read
     if args.resume:
         overrides.append("train.resume=true")
     return load_config(args.config, overrides)

@@ -103,7 +103,7 @@ def _train_io(cfg: Config) -> tuple:
     t, weights = cfg.train, cfg.model.backbone.weights
     reads = inputs(*cfg.data.files(), (t.init_from, "train.init_from"), (weights, "model.backbone.weights"))
     names = RUN_NAMES + (("tensorboard",) if t.tensorboard else ())
-    return reads, [Output(Path(t.output_dir), "train.output_dir", names, adopt=t.resume)]
+    return reads, [Output(t.output_dir, "train.output_dir", names, adopt=t.resume)]
 
 
 def _result(trainer: Trainer, losses: dict[str, float]) -> TrainResult:

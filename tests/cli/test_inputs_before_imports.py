@@ -39,7 +39,7 @@ CASES = [
     (["study", "--study", "no/such.yaml", "--output", "s"], "Study file no/such.yaml does not exist."),
     (["study", "--config", "no/such.yaml", "--output", "s"], MISSING_CONFIG.replace("no/", "{tmp}/no/")),
     (["study", "--config", "folder", "--output", "s"], "Config file {tmp}/folder is a folder, not a file."),
-    (["eval", "--checkpoint", ""], "The checkpoint file '' does not exist."),
+    (["eval", "--checkpoint", ""], "--checkpoint is empty (''); give a value (see detr-peg eval --help)"),
     (  # ONNX Runtime reads local files only
         ["predict", "--onnx", "https://example.invalid/m.onnx", "picture.png"],
         "The ONNX model file https://example.invalid/m.onnx does not exist.",

@@ -265,6 +265,25 @@ CASES = [
     ),
 ]
 
+# An empty output name would be the current folder: refused for every command that takes one, nothing created.
+EMPTY = {
+    "train": [*NEW_RUN_NO_OUTPUT, "--output", ""],
+    "predict": ["predict", "--checkpoint", CKPT, IMAGES, "--output", ""],
+    "eval": ["eval", "--checkpoint", CKPT, "--output", ""],
+    "export": ["export", "--checkpoint", CKPT, "--output", ""],
+    "convert": ["convert", CKPT, ""],
+    "demo": ["demo", "--output", " ", "--num-train", "2"],
+    "study": [*STUDY, "--output", ""],
+    "bench": ["bench", "--output", ""],
+}
+CASES += [Hostile(f"{name}-into-an-empty-name", args, ["--output is empty" if name != "convert" else "dst is empty"], _study_base)
+          for name, args in EMPTY.items()]  # fmt: skip
+CASES.append(Hostile(
+    "train-into-new-nested-folders-with-a-data-error",
+    [*NEW_RUN_NO_OUTPUT, "--output", "a/b/c", "data.train_images=none"],
+    ["Image folder none does not exist"],
+))  # fmt: skip
+
 
 def test_every_command_has_overlap_cases() -> None:
     """A new command that writes files must come with its cases here (and its declaration in declared_io)."""

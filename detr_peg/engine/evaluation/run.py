@@ -177,4 +177,4 @@ EVAL_NAMES = ("metrics.json", "detections.json", PER_CLASS_CSV, CONFUSION_JSON, 
 def eval_io(cfg: Config, checkpoint: object, output_dir: str | Path, extra_inputs: Sequence[Input] = ()) -> tuple:
     """The checkpoint and the validation data in; the evaluation's files out."""
     reads = [*inputs(*cfg.data.files(("val",)), (checkpoint, "--checkpoint")), *extra_inputs]
-    return reads, [Output(Path(output_dir), "--output", EVAL_NAMES)]
+    return reads, [Output(output_dir, "--output", EVAL_NAMES)]

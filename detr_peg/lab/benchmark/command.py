@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from detr_peg.cli import option_types
@@ -126,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         _check_gpu(args)
         cfg = load_config(args.config, args.overrides)  # validates the config before any work
         claims.enter_context(
-            guard_outputs("bench", inputs((args.config, "--config")), [Output(Path(args.output), "--output")])
+            guard_outputs("bench", inputs((args.config, "--config")), [Output(args.output, "--output")])
         )
         modes = _check_options(args, cfg)
         _report(args, _run_with_peaks(args, _plan(args, cfg, modes)))

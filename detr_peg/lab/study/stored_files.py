@@ -376,21 +376,22 @@ def figure_files(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(f"{name}.{fmt}" for name in names for fmt in FORMATS)
 
 
-def _study_outputs(folder: Path, option: str, names: Sequence[str], adopt: bool) -> list[Output]:
+def _study_outputs(folder: str | os.PathLike, option: str, names: Sequence[str], adopt: bool) -> list[Output]:
     figures = figure_files(STUDY_FIGURES)
-    return [Output(folder / "plots", option, figures, "study", adopt), Output(folder, option, names, "study", adopt)]
+    return [Output(Path(folder) / "plots", option, figures, "study", adopt),
+            Output(folder, option, names, "study", adopt)]  # fmt: skip
 
 
 def study_io(study_dir: str | os.PathLike, configs: Sequence[str | os.PathLike], study_file: object) -> tuple:
     """A study: its study file and configs in; its folder out (adopted when it holds ``plan.json``)."""
     reads = inputs((study_file, "--study"), *((c, "--config") for c in configs))
-    return reads, _study_outputs(Path(study_dir), "--output", STUDY_NAMES, (Path(study_dir) / PLAN_FILE).is_file())
+    return reads, _study_outputs(study_dir, "--output", STUDY_NAMES, (Path(study_dir) / PLAN_FILE).is_file())
 
 
 def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> tuple:
     """``plot STUDY --publish DEST``: the study in; the copy out (adopted when it holds ``plan.json``)."""
     names = (PLAN_FILE, "cells", *STUDY_NAMES[4:], "plots")
-    outputs = _study_outputs(Path(dest), "--publish", names, (Path(dest) / PLAN_FILE).is_file())
+    outputs = _study_outputs(dest, "--publish", names, (Path(dest) / PLAN_FILE).is_file())
     return inputs((study_dir, "RUN_OR_STUDY")), outputs[::-1]  # the copy's folder first: refusals name it
 
 
