@@ -147,14 +147,14 @@ class Detector(HubFolders):
         """
         single = not isinstance(images, (list, tuple))
         inputs = [images] if single else list(images)
-        threshold = self.config.eval.score_threshold if threshold is None else float(threshold)
-        if not 0.0 <= threshold <= 1.0:
-            raise ConfigError(f"threshold must be between 0 and 1, got {threshold}.")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be at least 1, got {batch_size}.")
+        given = {
+            "eval.batch_size": batch_size,
+            **({"eval.score_threshold": threshold} if threshold is not None else {}),
+        }
+        checked = config_with(self.config, given, "predict").eval  # checked as the config's values are
         if channels not in ("RGB", "BGR"):
             raise ConfigError(f"channels must be 'RGB' or 'BGR', got {channels!r}.")
-        results = self._detect(inputs, threshold, batch_size, bgr=channels == "BGR")
+        results = self._detect(inputs, checked.score_threshold, checked.batch_size, bgr=channels == "BGR")
         return results[0] if single else results
 
     def _detect(

@@ -158,12 +158,19 @@ def test_an_image_far_longer_than_wide_is_detected_at_one_pixel_of_height(detect
     torch.testing.assert_close(found[0].boxes, alone.boxes * torch.tensor([4.0, 1.0, 4.0, 1.0]))
 
 
-def test_bad_settings_are_refused(detector) -> None:
+@pytest.mark.parametrize(
+    ("setting", "value", "words"),
+    [("threshold", 1.5, "'eval.score_threshold' must be in [0, 1], got 1.5"),
+     ("threshold", "high", "'eval.score_threshold' must be a number, got 'high'"),
+     ("threshold", float("nan"), "'eval.score_threshold' must be"),
+     ("batch_size", 0, "'eval.batch_size' must be in [1, 100000], got 0"),
+     ("batch_size", True, "'eval.batch_size' must be an integer, got True")],
+)  # fmt: skip
+def test_bad_settings_are_refused_as_the_config_refuses_them(detector, setting, value, words: str) -> None:
     image = torch.zeros(3, 32, 32, dtype=torch.uint8)
-    with pytest.raises(ConfigError, match="threshold must be between 0 and 1, got 1.5"):
-        detector.predict(image, threshold=1.5)
-    with pytest.raises(ConfigError, match="batch_size must be at least 1, got 0"):
-        detector.predict(image, batch_size=0)
+    with pytest.raises(ConfigError) as refused:
+        detector.predict(image, **{setting: value})
+    assert str(refused.value).startswith(f"predict: {words}") and "\n" not in str(refused.value)
 
 
 def test_evaluate_equals_the_command_line(detector, coco128_checkpoint, coco128_dir, tmp_path) -> None:
