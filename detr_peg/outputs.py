@@ -286,7 +286,7 @@ class Output:
     """A file, or a folder and the ``names`` written into it; ``kind`` owns them (default: the command); with
     ``adopt``, existing names the ownership file lacks count as owned (``--resume`` of an older run)."""
 
-    path: Path
+    path: str | os.PathLike  # as given: an empty name is refused, not read as the current folder
     option: str
     names: tuple[str, ...] = ()
     kind: str | None = None
@@ -294,10 +294,10 @@ class Output:
 
     @property
     def folder(self) -> Path:
-        return self.path if self.names else self.path.parent
+        return Path(self.path) if self.names else Path(self.path).parent
 
     def targets(self) -> list[Path]:
-        return [self.path / name for name in self.names] if self.names else [self.path]
+        return [Path(self.path) / name for name in self.names] if self.names else [Path(self.path)]
 
 
 def inputs(*pairs: tuple[object, str]) -> list[Input]:
@@ -397,7 +397,7 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     """Check, lock and claim ``outputs`` before ``command`` writes inside the returned block, whose end takes back
     the names not written and releases the locks; raises UserError (FolderInUse) naming the options, or OutputError."""
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
-    for empty in (o for o in outputs if not str(o.path).strip()):  # Path("") would be the current folder
+    for empty in (o for o in outputs if not str(o.path).strip()):
         raise UserError(f"{empty.option} is empty ({str(empty.path)!r}); give a file or folder name.")
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)

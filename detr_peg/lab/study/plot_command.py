@@ -56,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
             from detr_peg.lab.study.stored_files import publish_io
             from detr_peg.outputs import check_no_overlap
 
-            if not args.publish.strip():
-                raise UserError("--publish is empty; give the folder for the study's copy.")
             if not study:
                 raise UserError(f"--publish copies a study: {path} is not a study folder (no plan.json).")
             io = publish_io(path, args.publish)

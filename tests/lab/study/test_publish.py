@@ -129,7 +129,7 @@ def test_publishing_again_adds_the_cells_done_since_and_keeps_the_rest(study, tm
         ("another", "dst/plan.json is the copy of another study (definition configs: ['other.yaml'] ->"),
         ("user-files", "dst/study.md exists and was not written by detr-peg"),
         ("not-a-study", "--publish copies a study: run is not a study folder (no plan.json)."),
-        ("empty", "--publish is empty; give the folder for the study's copy."),
+        ("empty", "--publish is empty (''); give a value"),
         ("study-itself", "--publish src is RUN_OR_STUDY src"),
         ("damaged-cell", "Cell state src/cells/position.name=peg_seed1/cell.json"),
     ],
@@ -159,7 +159,11 @@ def test_a_copy_that_would_mix_or_overwrite_is_refused_in_one_line(
     capsys.readouterr()
     before = _files(tmp_path)
     target = "" if case == "empty" else str(dst.relative_to(tmp_path))
-    assert main(["plot", source, "--publish", target]) == 2
+    try:
+        status = main(["plot", source, "--publish", target])
+    except SystemExit as usage_error:  # the parser's own errors (an empty value)
+        status = usage_error.code
+    assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and fragment in err[0], err
     assert _files(tmp_path) == before
