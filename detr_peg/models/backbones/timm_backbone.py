@@ -5,6 +5,7 @@ lazily: it is a large import every command would otherwise pay.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 
 import torch
@@ -24,7 +25,7 @@ from detr_peg.models.backbones.weights import (
 )
 
 STAGES = (1, 2, 3, 4)
-# Input side of the dependency probe: two stride-32 cells, accepted by any model fit for detection.
+# Input side of the probes: two stride-32 cells, accepted by any model fit for detection.
 PROBE_SIZE = 64
 
 
@@ -102,6 +103,28 @@ def stage_levels(feature_info, stages: list[int], name: str, field: str) -> list
     return indices
 
 
+def probe_forward(model: nn.Module, size: tuple[int, int] = (PROBE_SIZE, PROBE_SIZE)) -> list[Tensor]:
+    """The feature maps of a zero image of ``size`` (H, W) in eval mode, the model's mode left as it was.
+
+    Raises ConfigError if the model refuses that size; NotImplementedError if an operation has no kernel on its device.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        features = model(torch.zeros(1, 3, *size, device=next(model.parameters()).device))
+    except NotImplementedError:
+        raise  # an operation without a kernel on this device, not a property of the model
+    except (AssertionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            f"timm model {model.pretrained_cfg.get('architecture', '')!r} does not accept a {size[0]}x{size[1]} "
+            f"image ({' '.join(str(exc).split()).rstrip('.')}); detection backbones must take any image size: choose a convolutional or hierarchical "
+            "model (resnet, convnext, efficientnet, ...)."
+        ) from None
+    finally:
+        model.train(was_training)
+    return list(features.values()) if isinstance(features, dict) else list(features)
+
+
 def dependent_parameters(model: nn.Module, level: int) -> set[str]:
     """Names of the parameters that get a gradient from feature level ``level`` on a zero image.
 
@@ -111,27 +134,9 @@ def dependent_parameters(model: nn.Module, level: int) -> set[str]:
     if level not in out_indices:
         raise ValueError(f"level {level} is not among the model's outputs {out_indices}")
     params = dict(model.named_parameters())
-    device = next(iter(params.values())).device
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad():
-            try:
-                features = model(torch.zeros(1, 3, PROBE_SIZE, PROBE_SIZE, device=device))
-            except NotImplementedError:
-                raise  # an operation without a kernel on this device, not a property of the model
-            except (AssertionError, RuntimeError, ValueError) as exc:
-                raise ConfigError(
-                    f"timm model {model.pretrained_cfg.get('architecture', '')!r} does not accept a "
-                    f"{PROBE_SIZE}x{PROBE_SIZE} image ({exc}); detection backbones must take any image size."
-                ) from None
-            if isinstance(features, dict):
-                features = list(features.values())
-            grads = torch.autograd.grad(
-                features[out_indices.index(level)].sum(), list(params.values()), allow_unused=True
-            )
-    finally:
-        model.train(was_training)
+    with torch.enable_grad():
+        features = probe_forward(model)
+        grads = torch.autograd.grad(features[out_indices.index(level)].sum(), list(params.values()), allow_unused=True)
     return {name for name, grad in zip(params, grads) if grad is not None}
 
 
@@ -237,6 +242,8 @@ def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackb
     check_timm_name(cfg.name)
     layout = layout_model(cfg.name)
     levels = stage_levels(layout.feature_info, out_stages, cfg.name, "model.backbone.out_stages")
+    with contextlib.suppress(NotImplementedError):  # without a kernel on the meta device, the first batch tells
+        probe_forward(layout, (PROBE_SIZE, PROBE_SIZE + 32))  # any size: not only the square it was made for
     body = create_body(cfg, levels, layout)
     body = apply_norm(body, cfg.norm)
     frozen = frozen_parameter_names(cfg, layout, body, max(out_stages))

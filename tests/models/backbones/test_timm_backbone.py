@@ -259,6 +259,16 @@ def test_model_without_the_stride_lists_its_strides():
 
 
 @pytest.mark.parametrize(
+    "name", ["vit_tiny_patch16_224", "mixer_s16_224", "swin_tiny_patch4_window7_224", "levit_128s"]
+)
+def test_a_model_of_one_input_size_is_refused_when_built(name):
+    """Detection feeds images of every size: a model made for one is refused before training, not at its first batch."""
+    stages = [3] if name in ("vit_tiny_patch16_224", "mixer_s16_224") else [4]
+    with pytest.raises(ConfigError, match=rf"^timm model '{name}' does not accept a 64x96 image \(.+\); detection"):
+        timm_backbone(name, stages)
+
+
+@pytest.mark.parametrize(
     "fields,stages,match",
     [
         (dict(dilation=True), [4], "dilation"),
