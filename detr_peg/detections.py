@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import colorsys
 import inspect
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
+from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
 from detr_peg.messages import install_hint
 
@@ -107,23 +107,17 @@ class Detections:
             )
         return out
 
-    def draw(self, picture: Image.Image | str | os.PathLike, width: int | None = None) -> Image.Image:
-        """The picture (PIL image or file, as predicted on) with each box, class name and score in a colour per
-        category; line ``width`` defaults to the longer side / 320."""
-        if not isinstance(picture, Image.Image):
-            with Image.open(picture) as opened:
-                picture = opened.convert("RGB")
-        picture = picture if picture.mode == "RGB" else picture.convert("RGB")
-        if len(self) == 0:
-            return picture.copy()
+    def draw(self, picture: ImageInput, width: int | None = None, *, channels: str = "RGB") -> Image.Image:
+        """The picture (any input ``Detector.predict`` takes, with its ``channels``, as predicted on) with each box,
+        class name and score in a colour per category; line ``width`` defaults to the longer side / 320."""
+        pixels = as_rgb_tensor(picture, "picture", bgr=channels == "BGR")  # DataError if unusable, as in predict
         if width is None:
-            width = max(2, round(max(picture.size) / 320))
+            width = max(2, round(max(pixels.shape[-2:]) / 320))
         labels = [f"{name} {score:.2f}" for name, score in zip(self.class_names, self.scores.tolist())]
         colors = [category_color(c) for c in self.category_ids]
-        drawn = draw_bounding_boxes(
-            F.pil_to_tensor(picture), self.boxes, labels=labels, colors=colors, width=width, **_LABEL_STYLE
-        )
-        return F.to_pil_image(drawn)
+        if len(self):
+            pixels = draw_bounding_boxes(pixels, self.boxes, labels=labels, colors=colors, width=width, **_LABEL_STYLE)
+        return F.to_pil_image(pixels)
 
     def to_supervision(self) -> Any:
         """The same detections as ``supervision.Detections`` (``class_id``: category ids, ``data["class_name"]``).

@@ -371,4 +371,10 @@ def test_detections_draw_boxes_in_a_colour_per_category(tmp_path) -> None:
     assert drawn.getpixel((5, 12)) == category_color(7)  # the box's left edge
     assert drawn.getpixel((35, 25)) == (0, 0, 0)  # outside the box
     picture.save(tmp_path / "p.png")
-    assert list(found.draw(tmp_path / "p.png", width=1).getdata()) == list(drawn.getdata())  # a file works alike
+    array = np.array(picture)  # every input predict takes works alike: a file, an array, a tensor, BGR
+    for alike in (found.draw(tmp_path / "p.png", width=1), found.draw(array, width=1),
+                  found.draw(torch.from_numpy(array).permute(2, 0, 1), width=1),
+                  found.draw(array[:, :, ::-1], width=1, channels="BGR")):  # fmt: skip
+        assert np.array_equal(np.asarray(alike), np.asarray(drawn))
+    with pytest.raises(detr_peg.errors.DataError, match="picture"):
+        found.draw(np.zeros((30, 40), dtype=np.float64))

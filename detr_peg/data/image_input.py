@@ -128,8 +128,11 @@ def as_rgb_tensor(image: ImageInput, name: str = "image", *, bgr: bool = False) 
     if isinstance(image, (str, os.PathLike)):
         image = load_rgb_image(image)
     if isinstance(image, Image.Image):
-        rgb = to_rgb(image, name)
-        return torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+        try:
+            pixels = np.array(to_rgb(image, name), dtype=np.uint8)
+        except (OSError, ValueError) as exc:  # closed, or opened lazily from a file that is truncated or gone
+            raise DataError(f"{name} is a PIL image that cannot be decoded ({exc}).") from None
+        return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
     if isinstance(image, np.ndarray):
         return _from_array(image[:, :, ::-1] if bgr and image.ndim == 3 else image, name)
     if isinstance(image, Tensor):
@@ -145,13 +148,15 @@ def _from_array(array: np.ndarray, name: str) -> Tensor:
     if array.ndim != 3 or array.shape[2] != 3:
         raise DataError(f"{name} is a NumPy array of shape {array.shape}; expected (H, W, 3) RGB or (H, W) grey.")
     _check_size(array.shape[0], array.shape[1], name)
-    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()  # a copy: read-only arrays are common
 
 
 def _from_tensor(tensor: Tensor, name: str) -> Tensor:
     if tensor.dim() != 3 or tensor.shape[0] != 3:
         raise DataError(f"{name} is a tensor of shape {tuple(tensor.shape)}; expected (3, H, W) RGB.")
     _check_size(tensor.shape[1], tensor.shape[2], name)
+    if tensor.is_meta:
+        raise DataError(f"{name} is a tensor on the meta device, which holds no values; expected {ACCEPTED}.")
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.uint8:
         return tensor.contiguous()

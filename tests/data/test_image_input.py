@@ -139,3 +139,28 @@ def test_decompression_bomb(tmp_path: Path, monkeypatch, side: int) -> None:
     with pytest.raises(DataError) as info:
         load_rgb_image(path)
     assert_one_sentence(str(info.value), str(path), "too large", "MAX_IMAGE_PIXELS")
+
+
+def test_in_memory_inputs_obey_the_rules_of_files(tmp_path: Path) -> None:
+    """A closed or lazily opened truncated PIL image and a meta tensor are one DataError; a read-only array is used
+    as it is, with no warning."""
+    import warnings
+
+    import torch
+
+    from detr_peg.data.image_input import as_rgb_tensor
+
+    pixels = _noise()
+    Image.fromarray(pixels).save(tmp_path / "a.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "a.png").read_bytes()[:-200])
+    closed = Image.open(tmp_path / "a.png")
+    closed.close()
+    for image in (closed, Image.open(tmp_path / "cut.png"), torch.empty(3, 8, 8, device="meta")):
+        with pytest.raises(DataError) as info:
+            as_rgb_tensor(image, "image 2")
+        assert_one_sentence(str(info.value), "image 2")
+    read_only = np.asarray(Image.open(tmp_path / "a.png").convert("RGB"))
+    assert not read_only.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(as_rgb_tensor(read_only), torch.from_numpy(pixels).permute(2, 0, 1))
