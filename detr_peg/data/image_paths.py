@@ -13,6 +13,10 @@ from detr_peg.errors import DataError
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 
+def _unreadable(exc: OSError) -> None:
+    raise DataError(f"Folder {exc.filename} cannot be read: {exc.strerror}.")
+
+
 def collect_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
     """Files as given (any ending) and every image file under each folder, recursively, sorted.
 
@@ -22,9 +26,14 @@ def collect_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
     for item in inputs:
         path = Path(item)
         if os.path.isdir(path):
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            walk = os.walk(path, onerror=_unreadable)  # an image name that is no image file is refused, not skipped
+            files = sorted(
+                Path(top, n) for top, _, names in walk for n in names if Path(n).suffix.lower() in IMAGE_SUFFIXES
+            )
             if not files:
                 raise DataError(f"Folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
+            for file in files:
+                check_regular_file(file, "Input", "image", DataError)
             found.extend(files)
         else:
             # Names a FIFO, a device, a link loop or a missing file precisely.

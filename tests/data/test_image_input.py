@@ -164,3 +164,23 @@ def test_in_memory_inputs_obey_the_rules_of_files(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(as_rgb_tensor(read_only), torch.from_numpy(pixels).permute(2, 0, 1))
+
+
+def test_a_folder_of_images_that_cannot_be_listed_is_named(tmp_path: Path, monkeypatch) -> None:
+    """Not skipped as if empty (a chmod 000 folder for a user who is not root: simulated, the tests may run as root)."""
+    import os
+
+    from detr_peg.data.image_paths import collect_images
+
+    (tmp_path / "sub").mkdir()
+    Image.fromarray(_noise()).save(tmp_path / "a.png")
+    listing = os.scandir
+
+    def scandir(path):
+        if Path(path).name == "sub":
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(DataError, match=rf"^Folder {tmp_path}/sub cannot be read: Permission denied\.$"):
+        collect_images([tmp_path])

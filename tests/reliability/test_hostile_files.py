@@ -221,6 +221,19 @@ CASES = [
         ["loop.jpg", "refers to itself in a loop"],
         _link_loop("loop.jpg"),
     ),
+    *(
+        Hostile(
+            f"predict-a-folder-holding-{kind}",
+            ["predict", "--checkpoint", CKPT, IMAGES, "--output", "pred"],
+            [f"{IMAGES}/zz.png", words],
+            prepare,
+        )  # an image name in a folder is an image: refused, never skipped
+        for kind, words, prepare in [
+            ("a-dangling-link", "which does not exist", _link_to_nothing(f"{IMAGES}/zz.png")),
+            ("a-link-loop", "refers to itself in a loop", _link_loop(f"{IMAGES}/zz.png")),
+            ("a-fifo", "is a FIFO", _fifo(f"{IMAGES}/zz.png")),
+        ]
+    ),  # fmt: skip
     # checkpoints
     Hostile(
         "checkpoint-is-a-fifo",
