@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, metavar="FILE", help="the .onnx file to write")
     parser.add_argument(
         "--opset",
-        type=option_types.integer(17),
+        type=option_types.integer(DEFAULT_OPSET),
         default=DEFAULT_OPSET,
         metavar="N",
         help=f"ONNX opset (default: {DEFAULT_OPSET}, the tested one)",

@@ -93,7 +93,7 @@ def export_onnx(
 ) -> Path:
     """Export a detector (a ``LoadedModel``, or a bare detector without metadata) to ``output``, atomically; the path.
 
-    ``opset``: 17 or newer (18 tested); ``image_size=(H, W)`` / ``batch_size`` fix sizes, else dynamic;
+    ``opset``: 18 (tested) or newer, when torch can convert the model to it; ``image_size=(H, W)`` / ``batch_size`` fix sizes, else dynamic;
     ``postprocess`` adds ``orig_sizes`` and post-processed outputs; ``optimize`` runs the exporter's optimizer.
     Raises ``UserError``: ONNX packages missing, invalid option, unwritable file.
     """
@@ -124,6 +124,12 @@ def export_onnx(
                 dynamic_shapes=dims,
                 optimize=optimize,
                 verbose=False,
+            )
+        written = {entry.domain: entry.version for entry in program.model_proto.opset_import}.get("")
+        if written != opset:  # torch keeps the opset it could not convert from, and says so only in a log line
+            raise ConfigError(
+                f"opset {opset}: torch's ONNX exporter could not convert the model to it and wrote opset {written}; "
+                f"choose opset {written} (nothing was written)."
             )
         metadata = {"detr_peg.opset": str(opset), METADATA_SIZE_DIVISIBILITY: str(model.size_divisibility)}
         if loaded is not None:

@@ -17,7 +17,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from detr_peg.config import load_config
 from detr_peg.data.label_map import LabelMap
-from detr_peg.errors import DataError
+from detr_peg.errors import ConfigError, DataError
 from detr_peg.export.onnx_export import ExportWrapper, export_onnx
 from detr_peg.export.onnx_runtime import OnnxDetector
 from detr_peg.models import build_model, build_postprocessor
@@ -224,6 +224,16 @@ def test_fixed_size_export(tmp_path):
             DataError, match=r"fixed.onnx was exported for image batches of shape \[2, 3, 96, 128\], not"
         ):
             detector(images, mask)
+
+
+def test_an_opset_the_exporter_cannot_convert_to_is_refused_and_nothing_written(tmp_path):
+    """torch keeps opset 18 when its converter fails, saying so in a log line only: the file would lie."""
+    cfg = load_config(None, MODELS["detr_sine"][0])
+    model = build_model(cfg).eval()
+    with pytest.raises(ConfigError, match=r"^opset 26: torch's ONNX exporter could not convert the model to it and "
+                       r"wrote opset 18; choose opset 18 \(nothing was written\)\.$"):  # fmt: skip
+        export_onnx(model, tmp_path / "m.onnx", image_size=(96, 128), batch_size=2, optimize=False, opset=26)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["detr_peg", DEFORMABLE])
