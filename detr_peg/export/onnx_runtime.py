@@ -25,6 +25,9 @@ from detr_peg.export.onnx_session import session_options
 from detr_peg.models.builder import build_model, build_postprocessor
 from detr_peg.models.loading import LoadedModel, without_backbone_weights
 
+#: onnxruntime's errors that mean the file cannot be loaded (empty, damaged, an operator it lacks, ...).
+LOAD_ERRORS = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoModel", "NoSuchFile", "NotImplemented")
+
 
 class OnnxDetector:
     """An exported detector in an ONNX Runtime session (CPU by default), carrying the file's config and label map.
@@ -45,7 +48,7 @@ class OnnxDetector:
     ) -> None:
         require_onnx()
         import onnxruntime as ort
-        from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
         self.path = Path(path)
         check_checkpoint_file(self.path, "ONNX model")
@@ -54,8 +57,9 @@ class OnnxDetector:
             self.session = ort.InferenceSession(
                 str(self.path), options, providers=providers or ["CPUExecutionProvider"]
             )
-        except (Fail, InvalidGraph, InvalidProtobuf, NoSuchFile) as exc:
-            raise CheckpointError(f"{self.path} is not a valid ONNX model ({str(exc).splitlines()[0]}).") from None
+        except tuple(getattr(ort_errors, name) for name in LOAD_ERRORS) as exc:  # the file's fault, not the code's
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise CheckpointError(f"{self.path} is not an ONNX model onnxruntime can load ({reason}).") from None
         meta = self.session.get_modelmeta().custom_metadata_map
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]

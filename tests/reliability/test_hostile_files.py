@@ -234,6 +234,20 @@ CASES = [
             ("a-fifo", "is a FIFO", _fifo(f"{IMAGES}/zz.png")),
         ]
     ),  # fmt: skip
+    *(
+        Hostile(
+            f"predict-onnx-{kind}",
+            ["predict", "--onnx", "m.onnx", IMAGES, "--output", "pred"],
+            ["m.onnx is not an ONNX model onnxruntime can load"],
+            _write("m.onnx", content),
+        )
+        for kind, content in [
+            ("empty", b""),
+            ("two-bytes", b"\x08\x07"),
+            ("text", "not a graph\n"),
+            ("a-checkpoint-header", b"PK\x03\x04" + bytes(60)),
+        ]
+    ),  # fmt: skip
     # checkpoints
     Hostile(
         "checkpoint-is-a-fifo",
