@@ -32,7 +32,7 @@ from detr_peg.engine.evaluation.per_class import Metrics, confusion_matrix
 from detr_peg.engine.evaluation.run import load_for_evaluation, run_evaluation
 from detr_peg.engine.evaluation.scales import run_scale_evaluation
 from detr_peg.engine.inference import run_inference
-from detr_peg.engine.mixed_precision import evaluation_amp
+from detr_peg.engine.mixed_precision import check_amp, evaluation_amp
 from detr_peg.errors import ConfigError
 from detr_peg.hub import HubFolders
 from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
@@ -175,8 +175,8 @@ class Detector(HubFolders):
                 images, mask = pad_images([t for _, t, _ in chunk], self.loaded.model.size_divisibility)
                 batches.append((images, mask, [item for item, _, _ in chunk]))
         results: list[Detections | None] = [None] * len(inputs)
-        amp = self.amp if self.amp == "none" else evaluation_amp(self.amp, self.device)
-        for batch in run_inference(self.loaded, batches, device=self.device, amp=amp):
+        check_amp(self.amp, self.device)  # what detector.amp asks for, or a ConfigError: never float32 in silence
+        for batch in run_inference(self.loaded, batches, device=self.device, amp=self.amp):
             for item, detection in zip(batch.items, batch.detections):
                 source = items[item["index"]][2]
                 results[item["index"]] = Detections.from_postprocessed(

@@ -7,6 +7,7 @@ The checkpoint is the tiny DETR that ``tests/conftest.py`` trains on coco128 wit
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -20,6 +21,7 @@ from PIL import Image
 import detr_peg
 from detr_peg.cli.main import main
 from detr_peg.engine.checkpointing import CLASSIFIER_KEY
+from detr_peg.engine.mixed_precision import native_bf16
 from detr_peg.errors import CheckpointError, ConfigError, DataError
 from tests.conftest import run_python
 from tests.engine.tiny_run import TINY_MODEL
@@ -171,6 +173,23 @@ def test_bad_settings_are_refused_as_the_config_refuses_them(detector, setting, 
     with pytest.raises(ConfigError) as refused:
         detector.predict(image, **{setting: value})
     assert str(refused.value).startswith(f"predict: {words}") and "\n" not in str(refused.value)
+
+
+def test_detector_amp_is_used_or_refused_never_ignored(detector, monkeypatch) -> None:
+    """``detector.amp`` runs predict under that autocast, or is refused as ``train.amp`` would be on this device."""
+    from detr_peg.engine import inference
+
+    image, used = torch.zeros(3, 32, 32, dtype=torch.uint8), []
+    monkeypatch.setattr(inference, "autocast", lambda amp, device: used.append(amp) or contextlib.nullcontext())
+    for amp, works in (("banana", False), ("fp16", False), ("bf16", native_bf16(detector.device)), ("auto", True)):
+        detector.amp = amp
+        if works:
+            detector.predict(image)
+            assert used[-1] == amp
+        else:
+            with pytest.raises(ConfigError, match="train.amp"):
+                detector.predict(image)
+    detector.amp = "none"
 
 
 def test_evaluate_equals_the_command_line(detector, coco128_checkpoint, coco128_dir, tmp_path) -> None:
