@@ -331,6 +331,21 @@ def test_export_onnx_never_replaces_what_it_did_not_write(detector, coco128_chec
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"opset": "18"}, {"opset": None}, {"opset": 18.0}, {"opset": True}, {"image_size": 64},
+     {"image_size": ("64", "64")}, {"image_size": (64, 64, 3)}, {"batch_size": True}, {"batch_size": 2.0},
+     {"postprocess": "no"}, {"optimize": 1}],
+)  # fmt: skip
+def test_export_options_are_checked_as_the_command_line_parses_them(detector, tmp_path, options) -> None:
+    """Each wrong type is one sentence naming the option, before any tracing, and nothing is written."""
+    ((name, value),) = options.items()
+    with pytest.raises(ConfigError, match=r"^(--)?[-\w]+ must be ") as refused:
+        detector.export_onnx(tmp_path / "m.onnx", **options)
+    assert repr(value) in str(refused.value) and "\n" not in str(refused.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("call", ["export_onnx", "save_pretrained", "evaluate"])
 def test_an_empty_output_name_is_refused(detector, tmp_path, monkeypatch, call: str) -> None:
     """Path("") is the current folder: each writing call refuses it, and nothing is written there."""

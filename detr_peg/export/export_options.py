@@ -22,24 +22,29 @@ def require_onnx() -> None:
         )
 
 
-def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_size: int | None) -> None:
-    """Raise ``ConfigError`` for an opset the installed ``onnx`` lacks, or sizes no machine here can trace."""
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_size: int | None, **flags: bool) -> None:
+    """Raise ``ConfigError`` for an opset the installed ``onnx`` lacks, sizes no machine here can trace, or ``flags``
+    (``postprocess``, ``optimize``) that are not booleans; every value of its type, as the command line parses it."""
     import onnx.defs
 
     newest = onnx.defs.onnx_opset_version()
-    if opset < DEFAULT_OPSET:  # torch's exporter writes nothing older
-        raise ConfigError(f"--opset {opset} is too old: torch's ONNX exporter writes opset {DEFAULT_OPSET} or newer.")
-    if opset > newest:
+    if not _whole(opset, DEFAULT_OPSET, newest):  # torch's exporter writes nothing older
+        raise ConfigError(f"--opset must be a whole number from {DEFAULT_OPSET} (the tested one) to {newest}, the "
+                          f"newest of the installed onnx package; got {opset!r}.")  # fmt: skip
+    sizes = image_size if isinstance(image_size, (tuple, list)) else (image_size,)
+    if image_size is not None and (len(sizes) != 2 or not all(_whole(side, 32, MAX_TEST_SIDE) for side in sizes)):
         raise ConfigError(
-            f"--opset {opset} is newer than the newest opset of the installed onnx package ({newest}); "
-            f"use {DEFAULT_OPSET} (the tested one) to {newest}."
+            f"--image-size must be two sizes from 32 to {MAX_TEST_SIDE} pixels (H W), got {image_size!r}."
         )
-    if image_size is not None and (len(image_size) != 2 or not all(32 <= side <= MAX_TEST_SIDE for side in image_size)):
-        raise ConfigError(
-            f"--image-size must be two sizes from 32 to {MAX_TEST_SIDE} pixels (H W), got {tuple(image_size)}."
-        )
-    if batch_size is not None and not 1 <= batch_size <= 100_000:  # the range of the config's batch sizes
-        raise ConfigError(f"--batch-size must be from 1 to 100000, got {batch_size}.")
+    if batch_size is not None and not _whole(batch_size, 1, 100_000):  # the range of the config's batch sizes
+        raise ConfigError(f"--batch-size must be a whole number from 1 to 100000, got {batch_size!r}.")
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name} must be True or False, got {flag!r}.")
 
 
 def export_note(

@@ -93,12 +93,13 @@ def export_onnx(
 ) -> Path:
     """Export a detector (a ``LoadedModel``, or a bare detector without metadata) to ``output``, atomically; the path.
 
-    ``opset``: 18 (tested) or newer, when torch can convert the model to it; ``image_size=(H, W)`` / ``batch_size`` fix sizes, else dynamic;
-    ``postprocess`` adds ``orig_sizes`` and post-processed outputs; ``optimize`` runs the exporter's optimizer.
+    ``opset``: 18 (tested) or newer, when torch can convert the model to it; ``image_size=(H, W)`` / ``batch_size``
+    fix sizes, else dynamic; ``postprocess`` adds ``orig_sizes`` and post-processed outputs; ``optimize`` runs the
+    exporter's optimizer.
     Raises ``UserError``: ONNX packages missing, invalid option, unwritable file.
     """
     require_onnx()
-    check_export_options(opset, image_size, batch_size)
+    check_export_options(opset, image_size, batch_size, postprocess=postprocess, optimize=optimize)
     loaded = model if isinstance(model, LoadedModel) else None
     model = loaded.model if loaded is not None else model
     if postprocess and loaded is None:
