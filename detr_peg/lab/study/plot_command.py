@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
             problem = "is a file, not a folder" if path.exists() else "does not exist"
             raise UserError(f"RUN_OR_STUDY {path} {problem}; give a study folder or a training run folder.")
         study = os.path.lexists(path / "plan.json")  # a plan.json that cannot be read is named by its reader
+        given = [option for option, value in (("--baseline", args.baseline), ("--equal-within", args.equal_within))
+                 if value is not None]  # fmt: skip
+        if given and not study:
+            raise UserError(f"{' and '.join(given)} go with a study folder; {path} has no plan.json.")
         published = []
         if args.publish is not None:
             from detr_peg.lab.study.publish import plan_copy, write_copy

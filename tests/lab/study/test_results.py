@@ -289,6 +289,9 @@ def test_plot_of_a_single_run_and_of_something_else(tmp_path: Path, capsys) -> N
     assert main(["plot", str(run)]) == 0
     with Image.open(run / "plots" / "learning_curve.png") as image:
         assert image.format == "PNG"
+    for options in (["--equal-within", "nan"], ["--baseline", "model.position.name=peg"]):  # a study's, not a run's
+        assert main(["plot", str(run), *options]) == 2
+        assert f"{options[0]} go with a study folder; {run} has no plan.json." in capsys.readouterr().err
     assert main(["plot", str(tmp_path)]) == 2
     assert "neither a study folder" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "missing")]) == 2
