@@ -32,7 +32,9 @@ def _load_official(src: str) -> tuple[dict[str, Tensor], dict[str, Any] | None, 
         raise CheckpointError(f"{src} has no 'model' state dict of tensors.")
     args = obj.get("args")
     if args is not None and not isinstance(args, dict):
-        args = vars(args)
+        args = getattr(args, "__dict__", None)  # the official code's argparse Namespace
+        if not isinstance(args, dict):
+            raise CheckpointError(f"{src}: 'args' is a {type(obj['args']).__name__}, not the official code's options.")
     ignored = sorted(k for k in obj if k != "model") if "model" in obj else []
     return state, args, ignored
 
@@ -58,6 +60,17 @@ def _args_layer(args: dict[str, Any], fmt: OfficialFormat, source: str) -> Layer
     return dotted_layer(values, source)
 
 
+class _Tensors(dict):
+    """A state dict whose missing key is the checkpoint's fault: a CheckpointError with ``message`` naming it."""
+
+    def __init__(self, state: dict[str, Tensor], message: str) -> None:
+        super().__init__(state)
+        self.message = message
+
+    def __missing__(self, key: str) -> Tensor:
+        raise CheckpointError(self.message.format(key))
+
+
 def resolve_config(
     state: dict[str, Tensor],
     args: dict[str, Any] | None,
@@ -67,6 +80,7 @@ def resolve_config(
     overrides: Iterable[str],
 ) -> Config:
     """Merge config file, stored args and overrides around what the weights determine (see ``convert.report``)."""
+    state = _Tensors(state, f"{src} has no '{{}}', which every {fmt.name} checkpoint has: it is damaged or incomplete.")
     hard, soft = fmt.infer(state)
     stored = _args_layer(args, fmt, f"args stored in {src}") if args else None
     complete = (lambda cfg: fmt.complete(state, cfg)) if fmt.complete is not None else None

@@ -115,6 +115,24 @@ def test_differing_alias_copies_are_refused(tmp_path, capsys):
     assert "should be copies of one shared module" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("damage", "fragment"),
+    [("query_embed.weight", "has no 'query_embed.weight', which every Deformable-DETR checkpoint has"),
+     ("class_embed.0.weight", "has no 'class_embed.0.weight', which every"),
+     ("transformer.encoder.layers.0.linear1.weight", "has no 'transformer.encoder.layers.0.linear1.weight'"),
+     ("args", "'args' is a list, not the official code's options")],
+)  # fmt: skip
+def test_a_damaged_official_checkpoint_is_one_sentence(tmp_path, capsys, damage: str, fragment: str) -> None:
+    """A tensor the layout inference reads, or stored options of another kind: refused, nothing written."""
+    official = _to_official(small_model("model.with_box_refine=true").state_dict(), two_stage=False)
+    stored = {"model": official, "args": ["not", "a", "namespace"] if damage == "args" else None}
+    official.pop(damage, None)
+    torch.save(stored, tmp_path / "damaged.pth")
+    status, dst = _convert(tmp_path, tmp_path / "damaged.pth", "model.transformer.nheads=2")
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and fragment in err and "\n" not in err and not dst.exists()
+
+
 def test_convert_to_peg_keeps_every_shared_weight(reference_dir, tmp_path, capsys):
     src = tmp_path / "official.pth"
     write_official_checkpoint(reference_dir, SINGLE_STAGE, src)
