@@ -147,14 +147,14 @@ class Detector(HubFolders):
         """
         single = not isinstance(images, (list, tuple))
         inputs = [images] if single else list(images)
-        given = {
-            "eval.batch_size": batch_size,
-            **({"eval.score_threshold": threshold} if threshold is not None else {}),
-        }
-        checked = config_with(self.config, given, "predict").eval  # checked as the config's values are
+        threshold = self.config.eval.score_threshold if threshold is None else threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise ConfigError(f"threshold must be a number from 0 to 1, got {threshold!r}.")  # NaN included
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
+            raise ConfigError(f"batch_size must be a whole number from 1 to 100000, got {batch_size!r}.")
         if channels not in ("RGB", "BGR"):
             raise ConfigError(f"channels must be 'RGB' or 'BGR', got {channels!r}.")
-        results = self._detect(inputs, checked.score_threshold, checked.batch_size, bgr=channels == "BGR")
+        results = self._detect(inputs, float(threshold), batch_size, bgr=channels == "BGR")
         return results[0] if single else results
 
     def _detect(
@@ -175,7 +175,8 @@ class Detector(HubFolders):
                 images, mask = pad_images([t for _, t, _ in chunk], self.loaded.model.size_divisibility)
                 batches.append((images, mask, [item for item, _, _ in chunk]))
         results: list[Detections | None] = [None] * len(inputs)
-        check_amp(self.amp, self.device)  # what detector.amp asks for, or a ConfigError: never float32 in silence
+        if self.amp != "none":
+            check_amp(self.amp, self.device)  # what detector.amp asks for, or a ConfigError: never float32 in silence
         for batch in run_inference(self.loaded, batches, device=self.device, amp=self.amp):
             for item, detection in zip(batch.items, batch.detections):
                 source = items[item["index"]][2]

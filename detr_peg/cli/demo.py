@@ -222,10 +222,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         # The demo's own data and folders come last, so they win over the file and the overrides.
         demo_values = [f"data.{key}={value}" for key, value in data.data_overrides().items()]
-        demo_values += [
-            f"train.output_dir={json.dumps(str(run_dir))}",
-            f"train.resume={'true' if args.resume else 'false'}",
-        ]
+        demo_values += [f"train.output_dir={json.dumps(str(run_dir))}", f"train.resume={str(args.resume).lower()}"]
         cfg = load_config(config_file, [*args.overrides, *demo_values])
 
         if not args.resume:
