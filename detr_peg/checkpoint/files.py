@@ -51,6 +51,11 @@ def fetch_url(url: str) -> Path:
     return target
 
 
+def is_safetensors(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a safetensors file (``.safetensors`` in any case), read and written as such."""
+    return Path(path).suffix.lower() == ".safetensors"
+
+
 def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -> Any:
     """Load a ``.pth``/``.pt`` file safely, or a ``.safetensors`` one as ``{"state_dict": ..., "metadata": ...}``.
 
@@ -61,7 +66,7 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     spec = str(path)
     local = fetch_url(spec) if is_url(spec) else Path(spec)
     check_checkpoint_file(local, what)
-    if local.suffix == ".safetensors":
+    if is_safetensors(local):
         return _read_safetensors(local, what)
     try:
         # The unpickler warns about pickle protocols torch does not write; a failure is reported below.

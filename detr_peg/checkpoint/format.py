@@ -15,7 +15,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
 from detr_peg.bounded_read import parse_json
-from detr_peg.checkpoint.files import atomic_torch_save, read_checkpoint_file
+from detr_peg.checkpoint.files import atomic_torch_save, is_safetensors, read_checkpoint_file
 from detr_peg.checkpoint.validation import check_checkpoint_fields
 from detr_peg.checkpoint.weights_check import check_loaded_weights
 from detr_peg.config.loader import config_from_dict, config_to_dict
@@ -57,7 +57,7 @@ def save_checkpoint(
 ) -> None:
     """Write a checkpoint atomically (``.safetensors``: model only); ``CheckpointError`` leaves an old file intact."""
     path = Path(path)
-    if path.suffix == ".safetensors":
+    if is_safetensors(path):
         metadata = {
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
@@ -80,7 +80,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """
     spec = str(path)
     obj = read_checkpoint_file(spec)
-    if isinstance(obj, dict) and "metadata" in obj and "state_dict" in obj and Path(spec).suffix == ".safetensors":
+    if isinstance(obj, dict) and "metadata" in obj and "state_dict" in obj and is_safetensors(spec):
         meta = obj["metadata"]
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"{spec} is a safetensors file without detr_peg metadata (format, config).")

@@ -14,7 +14,7 @@ from torch import Tensor
 import detr_peg.convert.transformers_deformable  # noqa: F401  (registers the Deformable-DETR format)
 import detr_peg.convert.transformers_detr  # noqa: F401  (registers the DETR format)
 from detr_peg.bounded_read import parse_json, read_bounded_bytes
-from detr_peg.checkpoint.files import read_checkpoint_file
+from detr_peg.checkpoint.files import is_safetensors, read_checkpoint_file
 from detr_peg.checkpoint.hub_files import ModelFolder, model_folder
 from detr_peg.convert.registry import TRANSFORMERS_FORMATS, TransformersFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers, save_report
@@ -73,7 +73,7 @@ def read_weights(folder: ModelFolder, **download: Any) -> dict[str, Tensor]:
 def read_weights_file(path: os.PathLike, src: str) -> dict[str, Tensor]:
     """The tensors of one weights file; ``CheckpointError`` if it is not a dict of tensors."""
     obj = read_checkpoint_file(path, what="Transformers weights")
-    state = obj["state_dict"] if str(path).endswith(".safetensors") else obj
+    state = obj["state_dict"] if is_safetensors(path) else obj
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{src}: {os.path.basename(path)} does not hold a state dict of tensors.")
     return state

@@ -141,6 +141,16 @@ def test_a_pickle_named_safetensors_is_not_unpickled(cli, case: Path, armed) -> 
     assert not marker.exists()
 
 
+def test_a_safetensors_suffix_in_any_case_is_safetensors(case: Path) -> None:
+    """``w.SAFETENSORS`` is written and read as safetensors, never as a torch zip under that name."""
+    from safetensors.torch import load_file
+
+    ckpt = read_checkpoint(case / CHECKPOINT)
+    save_checkpoint(case / "w.SAFETENSORS", ckpt.config, ckpt.model, ckpt.label_map)
+    torch.testing.assert_close(load_file(case / "w.SAFETENSORS"), ckpt.model, rtol=0, atol=0)
+    torch.testing.assert_close(read_checkpoint(case / "w.SAFETENSORS").model, ckpt.model, rtol=0, atol=0)
+
+
 def test_safetensors_weights_are_accepted_everywhere(cli, case: Path) -> None:
     ckpt = read_checkpoint(case / CHECKPOINT)
     save_checkpoint(case / "model.safetensors", ckpt.config, ckpt.model, ckpt.label_map)
