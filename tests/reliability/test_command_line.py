@@ -115,6 +115,12 @@ def test_a_device_error_names_the_option_given(cli, case: Path, command: list) -
     assert "train.device" not in line, line
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_amp_error_names_the_option_given(cli, case: Path) -> None:
+    line = check_refused(cli, case, Hostile("amp-fp16", ["bench", "--config", "demo", "--amp", "fp16"], []))
+    assert "--amp fp16 needs a CUDA device; on the CPU use --amp bf16 or auto." in line, line
+
+
 def test_the_predict_help_example_runs_as_printed(cli, case: Path) -> None:
     """``--help``: ``predict --checkpoint C a.jpg b.jpg --score-threshold 0.3 data.val_scale=512`` (smaller here)."""
     result = cli.run(

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from detr_peg.lab.benchmark.matmul_peak import MatmulPeak
 
 #: Errors about these config keys name the option instead, when it was given.
-OPTION_KEYS = {"--device": "train.device"}
+OPTION_KEYS = {"--device": "train.device", "--amp": "train.amp"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
