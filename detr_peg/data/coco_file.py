@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pycocotools.coco import COCO
 
-from detr_peg.bounded_read import parse_json, read_bounded_bytes
+from detr_peg.bounded_read import MAX_ASPECT_RATIO, parse_json, read_bounded_bytes
 from detr_peg.config.ranges import MAX_CLASSES
 from detr_peg.data.yolo_file import is_yolo_file, read_yolo_dataset
 from detr_peg.errors import DataError
@@ -186,6 +186,11 @@ def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
     problems: list[SampleProblem] = []
     for img in data["images"]:
         reason = file_name_problem(img.get("file_name"))
+        w, h = img.get("width"), img.get("height")  # positive numbers when present (check_structure)
+        if reason is None and w and h and max(w, h) / min(w, h) > MAX_ASPECT_RATIO:  # as decoding would refuse it
+            reason = (
+                f"which is {w} x {h} pixels, an aspect ratio above {MAX_ASPECT_RATIO:g}:1 that resizing cannot keep"
+            )
         if reason is not None:
             problems.append(
                 SampleProblem(

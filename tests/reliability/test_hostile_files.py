@@ -88,10 +88,16 @@ def _link_to_nothing(relative: str):
     return prepare
 
 
-def _thin_image(case: Path) -> None:
-    """img2 replaced by a 1-pixel-high strip of 400 pixels, annotated as such."""
-    Image.fromarray(np.full((1, 400, 3), 128, np.uint8)).save(case / IMAGES / "img2.jpg")
-    edit_annotations(lambda d: d["images"][2].update(width=400, height=1))(case)
+def _thin_image(annotated: bool):
+    def prepare(case: Path) -> None:
+        """img2 replaced by a 1-pixel-high strip of 400 pixels, annotated as such or without a size."""
+        Image.fromarray(np.full((1, 400, 3), 128, np.uint8)).save(case / IMAGES / "img2.jpg")
+        sized = {"width": 400, "height": 1} if annotated else {}
+        edit_annotations(
+            lambda d: (d["images"][2].pop("width"), d["images"][2].pop("height"), d["images"][2].update(sized))
+        )(case)
+
+    return prepare
 
 
 def _nested_json(depth: int) -> str:
@@ -206,7 +212,15 @@ CASES = [
         _write(ANN, '{"images": [], "note": "caf\xe9"}'.encode("latin-1")),
     ),
     # images
-    Hostile("image-extreme-aspect-ratio", RESUME, [IMG2, "400 x 1 pixels", "aspect ratio above 100"], _thin_image),
+    Hostile(
+        "image-extreme-aspect-ratio", RESUME, [IMG2, "400 x 1 pixels", "aspect ratio above 100"], _thin_image(False)
+    ),
+    Hostile(
+        "image-extreme-aspect-ratio-in-the-annotations",
+        RESUME,  # refused before any training
+        ["has image id 3 with file_name 'img2.jpg', which is 400 x 1 pixels", "on_bad_sample=skip"],
+        _thin_image(True),
+    ),
     Hostile("image-is-a-fifo", RESUME, [IMG2, "is a FIFO"], _fifo(IMG2)),
     Hostile("image-link-loop", EVAL, [IMG2, "refers to itself in a loop"], _link_loop(IMG2)),
     Hostile(
