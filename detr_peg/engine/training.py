@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -87,15 +88,27 @@ def run_training(
     cfg = config_from_dict(config_to_dict(cfg), "run_training's config")  # a Config made in Python meets the ranges
     with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
         check_amp(cfg.train.amp, env.device)
-        owned = on_main(env, lambda: guard_outputs("train", *_train_io(cfg)))
+        out, io = Path(cfg.train.output_dir), _train_io(cfg)
+        new = [out / name for name in io[1][0].names if not os.path.lexists(out / name)]
+        owned = on_main(env, lambda: guard_outputs("train", *io))
         if owned is not None:
             claims.enter_context(owned)  # settled when the run ends, well or not
+            claims.push(lambda failed, *_: _discard_unstarted(out, new) if failed else None)
         trainer = Trainer(**build_training(cfg, env, progress_bars), hooks=default_hooks() if hooks is None else hooks)
         try:
             return _result(trainer, trainer.train())
         finally:
             if trainer.log is not None:
                 trainer.log.close()
+
+
+def _discard_unstarted(out: Path, new: list[Path]) -> None:
+    """A run that failed before its first checkpoint has nothing to resume: remove the files it added (its log, its
+    config), so the folder is as it was; the output guard then takes back their names and an emptied folder."""
+    if not (out / "checkpoint.pth").exists():
+        for path in new:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
 
 
 def _train_io(cfg: Config) -> tuple:

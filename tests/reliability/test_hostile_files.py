@@ -18,13 +18,15 @@ import pytest
 from PIL import Image
 
 from tests.conftest import REPO_ROOT
-from tests.reliability.conftest import ANNOTATIONS, IMAGES, OUT, RESUME, edit_annotations
+from tests.reliability.conftest import ANNOTATIONS, BASE, IMAGES, OUT, RESUME, edit_annotations
 from tests.reliability.hostile_cases import Hostile, check_refused, ids
 
 CKPT = str(OUT / "checkpoint.pth")
 ANN = str(ANNOTATIONS)
 IMG2 = str(IMAGES / "img2.jpg")
 EVAL = ["eval", "--checkpoint", CKPT, "--output", OUT]
+#: A new run into new folders: one that fails before its first checkpoint leaves nothing behind.
+NEW_RUN = ["train", *(a for a in BASE if not a.startswith("train.output_dir=")), "train.output_dir=fresh/run"]
 LONG_NAME = "a" * 300 + ".json"
 
 BILLION_LAUGHS = (
@@ -222,6 +224,13 @@ CASES = [
         _thin_image(True),
     ),
     Hostile("image-is-a-fifo", RESUME, [IMG2, "is a FIFO"], _fifo(IMG2)),
+    *(
+        Hostile(f"new-run-stopped-by-an-image-{kind}", NEW_RUN, [IMG2, words], prepare)  # its new folders removed
+        for kind, words, prepare in [
+            ("fifo", "is a FIFO", _fifo(IMG2)),
+            ("truncated", "cannot be decoded", lambda c: _write(IMG2, (c / IMG2).read_bytes()[:300])(c)),
+        ]
+    ),  # fmt: skip
     Hostile("image-link-loop", EVAL, [IMG2, "refers to itself in a loop"], _link_loop(IMG2)),
     Hostile(
         "image-is-a-folder",
