@@ -182,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
                     name = unique_png_name(path, used)
                     with writing(out / name):
                         detections.draw(picture).save(stage / name)
+            write_json(out / "predictions.json", records)  # first: if it cannot be replaced, no picture is either
             for name in sorted(used):
                 os.replace(stage / name, out / name)
-            write_json(out / "predictions.json", records)
         except OSError as exc:
             raise write_error(out, exc, "write into") from None
         finally:
