@@ -103,8 +103,7 @@ def run_training(
 
 
 def _discard_unstarted(out: Path, new: list[Path]) -> None:
-    """A run that failed before its first checkpoint has nothing to resume: remove the files it added (its log, its
-    config), so the folder is as it was; the output guard then takes back their names and an emptied folder."""
+    """Remove the files ``new`` to a run that failed before its first checkpoint (it has nothing to resume)."""
     if not (out / "checkpoint.pth").exists():
         for path in new:
             with contextlib.suppress(OSError):

@@ -104,10 +104,8 @@ def stage_levels(feature_info, stages: list[int], name: str, field: str) -> list
 
 
 def probe_forward(model: nn.Module, size: tuple[int, int] = (PROBE_SIZE, PROBE_SIZE)) -> list[Tensor]:
-    """The feature maps of a zero image of ``size`` (H, W) in eval mode, the model's mode left as it was.
-
-    Raises ConfigError if the model refuses that size; NotImplementedError if an operation has no kernel on its device.
-    """
+    """The feature maps of a zero image of ``size`` (H, W) in eval mode; ConfigError if the model refuses that size,
+    NotImplementedError if an operation has no kernel on its device."""
     was_training = model.training
     model.eval()
     try:
