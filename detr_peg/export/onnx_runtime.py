@@ -83,9 +83,10 @@ class OnnxDetector:
             feed["orig_sizes"] = _numpy(orig_sizes, np.int64)
         fixed = self.session.get_inputs()[self.input_names.index("images")].shape  # ints where the export fixed them
         if any(isinstance(want, int) and want != got for want, got in zip(fixed, feed["images"].shape)):
+            batch = f", in batches of {fixed[0]} (predict --batch-size {fixed[0]})" if isinstance(fixed[0], int) else ""
             raise DataError(
                 f"{self.path} was exported for image batches of shape {fixed}, not {list(feed['images'].shape)}; "
-                "export without --image-size and --batch-size for any size, or give images of that size."
+                f"export without --image-size and --batch-size for any size, or give images of that size{batch}."
             )
         outputs = self.session.run(self.output_names, feed)
         return {name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)}
