@@ -58,6 +58,11 @@ CASES = [
         ["argument --batch-size: must be a whole number of at least 1, got '0'"],
     ),
     Hostile("batch-size-fraction", [*PREDICT, "--batch-size", "2.5"], ["--batch-size", "got '2.5'"]),
+    Hostile(
+        "bench-threads-beyond-any-machine",
+        ["bench", "--threads", "100000"],
+        ["argument --threads: must be a whole number from 1 to 1024, got '100000'"],
+    ),  # fmt: skip
     Hostile("device-unknown", [*PREDICT, "--device", "gpu"], ["argument --device: must be one of", "got 'gpu'"]),
     Hostile(
         "bench-device-unknown",

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="cpu",
         help="auto, cpu, cuda or cuda:N (default cpu; auto: cuda when there is one)",
     )
-    parser.add_argument("--threads", type=option_types.integer(1), default=2, help="CPU threads (default 2)")
+    parser.add_argument("--threads", type=option_types.integer(1, 1024), default=2, help="CPU threads (default 2)")
     parser.add_argument(
         "--warmup",
         type=option_types.integer(0),
