@@ -27,6 +27,7 @@ from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.weight_average import EMA_UPDATES, TRAIN_WEIGHTS, WeightAverage
 from detr_peg.errors import CheckpointError, TrainingError
 from detr_peg.messages import listed
+from detr_peg.outputs import remove_stale
 
 CHECKPOINT_NAME = "checkpoint.pth"
 
@@ -107,17 +108,9 @@ def check_output_dir(output_dir: str | Path, needed_bytes: int) -> Path:
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete temporaries a killed run left (``.checkpoint.pth.tmp-<pid>``, ...); they are never read."""
-    removed = []
-    for name in (CHECKPOINT_NAME, "metrics.json", "detections.json", "config.yaml"):
-        # ``config.yaml.tmp``: the name earlier releases used for the config's temporary file.
-        for tmp in [*folder.glob(f".{name}.tmp-*"), folder / f"{name}.tmp"]:
-            try:
-                tmp.unlink()
-                removed.append(tmp)
-            except OSError:
-                pass
-    return removed
+    """Delete the temporaries of killed runs (``.checkpoint.pth.tmp-<pid>`` of a gone process), before the disk check."""
+    return [p for name in (CHECKPOINT_NAME, "metrics.json", "detections.json", "config.yaml")
+            for p in remove_stale(folder, f".{name}.tmp-")]  # fmt: skip
 
 
 def save_training_checkpoint(

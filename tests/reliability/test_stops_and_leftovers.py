@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import IMAGES, OUT, assert_one_line_error, assert_outputs_kept, snapshot
+from tests.reliability.conftest import (
+    IMAGES,
+    OUT,
+    RESUME,
+    assert_one_line_error,
+    assert_outputs_kept,
+    assert_success,
+    snapshot,
+)
 
 
 def _many_images(case: Path, copies: int = 50) -> Path:
@@ -86,6 +94,18 @@ def test_the_staging_of_a_killed_predict_goes_at_the_next_start(cli, case: Path)
     assert result.returncode == 0, result.stderr
     assert not stage.exists()
     assert mine.is_dir()
+
+
+def test_a_resumed_run_removes_only_the_temporaries_of_gone_processes(cli, case: Path) -> None:
+    """``.checkpoint.pth.tmp-<pid>`` of a killed run goes; a live process's, and files of the user's, stay."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = case / OUT / f".checkpoint.pth.tmp-{int(dead.stdout)}"
+    kept = [case / OUT / f".checkpoint.pth.tmp-{os.getpid()}", case / OUT / "checkpoint.pth.tmp",
+            case / OUT / ".config.yaml.tmp-mine", case / OUT / "detections.json.tmp"]  # fmt: skip
+    for path in (stale, *kept):
+        path.write_bytes(b"half a file")
+    assert_success(cli.run(RESUME, cwd=case))
+    assert not stale.exists() and all(path.read_bytes() == b"half a file" for path in kept)
 
 
 GARBAGE_LOGS = {
