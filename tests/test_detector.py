@@ -108,7 +108,8 @@ def test_every_input_kind_gives_the_same_detections(detector, coco128_dir) -> No
     array = np.array(picture)
     uint8 = torch.from_numpy(array).permute(2, 0, 1)
     results = detector.predict([path, picture, array, uint8, uint8.float() / 255], threshold=0.0)
-    for other in results[1:]:
+    generated = detector.predict((item for item in [path, array]), threshold=0.0)  # an iterator is a list
+    for other in [*results[1:], *generated]:
         other.source = results[0].source
         _assert_same(other, results[0])
     bgr = np.ascontiguousarray(array[:, :, ::-1])  # as OpenCV reads the picture
