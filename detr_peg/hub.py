@@ -7,6 +7,7 @@ Transformers DETR / Deformable-DETR folders are converted on loading.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from detr_peg.convert.transformers_config import read_config_json
 from detr_peg.convert.transformers_folder import convert_transformers
 from detr_peg.engine.evaluation.metric_units import read_metrics
 from detr_peg.engine.evaluation.run import METRICS_JSON
-from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.errors import CheckpointError, ConfigError, UserError
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint
 from detr_peg.outputs import HOLDER_FILE, LOCK_FILE, OWNERSHIP_FILE, Output, guard_outputs
 
@@ -106,6 +107,12 @@ class HubFolders(
         else None. Under the commands' output rules: ``UserError`` for a ``config.json`` or ``model.safetensors``
         not written by ``save_pretrained``, or a folder another process writes; ``ConfigError`` for an ONNX graph.
         """
+        numbers = isinstance(metrics, dict) and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for k, v in metrics.items()
+        )
+        if metrics is not None and not numbers:
+            raise ConfigError(f"metrics must be a dict of metric names to finite numbers (percent), got {metrics!r}.")
         card = dict(kwargs.pop("model_card_kwargs", None) or {})
         card.setdefault("metrics", metrics)
         card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
@@ -123,7 +130,16 @@ class HubFolders(
         ignore = kwargs.pop("ignore_patterns", None) or []
         ignore = [ignore] if isinstance(ignore, str) else list(ignore)
         ignore += [LOCK_FILE, HOLDER_FILE, OWNERSHIP_FILE]  # the output rules' own files stay here
-        return super().push_to_hub(repo_id, model_card_kwargs=card, ignore_patterns=ignore, **kwargs)
+        try:
+            return super().push_to_hub(repo_id, model_card_kwargs=card, ignore_patterns=ignore, **kwargs)
+        except UserError:
+            raise
+        except Exception as exc:  # network and Hub errors come in many types (httpx, huggingface_hub, OSError)
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise CheckpointError(
+                f"Could not push to {repo_id} on the Hugging Face Hub ({reason}); check the network, the name and "
+                "`hf auth login`."
+            ) from exc
 
     def _save_pretrained(self, save_directory: Path) -> None:
         if not isinstance(self.loaded.model, torch.nn.Module):

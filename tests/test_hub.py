@@ -22,7 +22,7 @@ import detr_peg
 from detr_peg.cli.main import main
 from detr_peg.config import config_to_dict
 from detr_peg.data.padding import pad_images
-from detr_peg.errors import CheckpointError, UserError
+from detr_peg.errors import CheckpointError, ConfigError, UserError
 from tests.data.conftest import assert_one_sentence
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides
 
@@ -176,6 +176,24 @@ def test_a_hub_name_offline_and_not_cached_says_to_pass_a_local_folder(tmp_path,
     with pytest.raises(CheckpointError, match="owner/some-detr is not in the local Hugging Face cache") as error:
         detr_peg.Detector.from_pretrained("owner/some-detr")
     assert "pass its local path" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_push_that_cannot_reach_the_hub_is_one_sentence(trained, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # a closed port: refused at once
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    detector = detr_peg.Detector.from_checkpoint(trained, device="cpu")
+    with pytest.raises(CheckpointError, match=r"^Could not push to owner/x on the Hugging Face Hub \(.+\); check"):
+        detector.push_to_hub("owner/x")
+
+
+@pytest.mark.parametrize("metrics", ["x", 5, {"AP": "high"}, {"AP": float("nan")}, {"AP": True}, {1: 40.0}])
+def test_save_pretrained_refuses_metrics_that_are_not_numbers(trained, tmp_path, metrics):
+    detector = detr_peg.Detector.from_checkpoint(trained, device="cpu")
+    with pytest.raises(ConfigError, match=r"^metrics must be a dict of metric names to finite numbers"):
+        detector.save_pretrained(tmp_path / "out", metrics=metrics)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_building_a_detector_copies_nothing(trained):
