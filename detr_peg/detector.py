@@ -50,6 +50,9 @@ class Detector(HubFolders):
     """
 
     def __init__(self, loaded: LoadedModel, *, device: str | torch.device = "auto") -> None:
+        if not isinstance(loaded, LoadedModel):
+            raise TypeError(f"Detector(...) takes a LoadedModel, got {type(loaded).__name__}; use Detector.from_checkpoint, "
+                            "from_pretrained, from_onnx or from_config.")  # fmt: skip
         self.loaded = loaded
         self.device = device if isinstance(device, torch.device) else resolve_device(str(device))
         if isinstance(loaded.model, torch.nn.Module):

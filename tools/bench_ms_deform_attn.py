@@ -28,11 +28,12 @@ difference of the forward output from the official algorithm.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch
 
+from detr_peg.cli import option_types
+from detr_peg.cli.main import OneLineParser
 from detr_peg.lab.benchmark.measure import synchronize
 from detr_peg.lab.benchmark.timing import time_runs
 from detr_peg.models.deformable.ms_deform_attn_function import CUDA_IMPLEMENTATIONS, IMPLEMENTATIONS, ms_deform_attn
@@ -77,9 +78,13 @@ def time_ms(fn: Callable[[], object], repeats: int, device: torch.device, stat: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="bench_ms_deform_attn.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--device", nargs="+", default=None, help="devices to time (default: cpu, and cuda when available)"
+        "--device",
+        nargs="+",
+        type=option_types.device,
+        default=None,
+        help="devices to time (default: cpu, and cuda when available)",
     )
     parser.add_argument(
         "--impl",

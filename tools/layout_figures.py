@@ -239,12 +239,18 @@ def traced_figures(root: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from detr_peg.cli.main import OneLineParser  # one-line errors, as the commands give
+
+    parser = OneLineParser(
+        prog="layout_figures.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--root", type=Path, default=REPO, help="the repository to measure (default: this one)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--static", action="store_true", help="only the figures that need no run")
     args = parser.parse_args()
     root = args.root.resolve()
+    if not (root / "detr_peg").is_dir():
+        parser.error(f"--root {args.root} is not a detr_peg repository (no detr_peg/ folder in it).")
     figures = static_figures(root)
     if not args.static:
         out = io.StringIO()

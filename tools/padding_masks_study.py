@@ -210,11 +210,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.output, args.data = args.output.resolve(), args.data.resolve()
+    missing = not (args.data / "annotations_val.json").is_file()
+    if missing and args.data.name != "data":  # the demo writes OUTPUT/data (and OUTPUT/run): only such a folder is made
+        parser.error(f"--data {args.data} holds no demo dataset, and only a folder named data can be made here.")
     try:
         make_folder(args.output)
     except UserError as err:
         parser.error(f"--output: {err}")
-    if not (args.data / "annotations_val.json").is_file():
+    if missing:
         _run(_cli("demo", "--data-only", "--output", str(args.data.parent)), args.output / "demo_log.txt")
     for proxy in args.proxies:
         config, overrides = PROXIES[proxy]

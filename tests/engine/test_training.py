@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from detr_peg.config import load_config
@@ -104,9 +108,11 @@ def test_json_and_config_files_are_synced_before_they_replace_the_old_ones(tmp_p
 def test_stale_temporaries_of_every_run_file_are_removed_at_start(tmp_path) -> None:
     from detr_peg.engine.checkpointing import check_output_dir
 
-    stale = [".checkpoint.pth.tmp-12", ".metrics.json.tmp-3", ".config.yaml.tmp-99", "config.yaml.tmp"]
-    for name in stale:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(gone.stdout)  # a process that has ended
+    stale = [f".checkpoint.pth.tmp-{pid}", f".metrics.json.tmp-{pid}", f".config.yaml.tmp-{pid}"]
+    for name in [*stale, "config.yaml.tmp", "notes.tmp", f".config.yaml.tmp-{os.getpid()}"]:
         (tmp_path / name).write_text("partial")
-    (tmp_path / "notes.tmp").write_text("mine")
-    check_output_dir(tmp_path, 0)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.tmp"]
+    check_output_dir(tmp_path, 0)  # the user's files and a live process's temporary stay
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".config.yaml.tmp-{os.getpid()}", "config.yaml.tmp",
+                                                                "notes.tmp"])  # fmt: skip

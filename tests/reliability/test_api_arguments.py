@@ -155,3 +155,13 @@ def test_evaluate_checks_its_batch_size_as_the_config_does(value, words: str, tm
         detector.evaluate(tmp_path, tmp_path / "annotations.json", batch_size=value)
     message = str(err.value)
     assert message.startswith(f"evaluate: 'eval.batch_size' {words}") and message.endswith(".") and "\n" not in message
+
+
+@pytest.mark.parametrize("loaded", [None, "model.pth", {"model": None}])
+def test_a_detector_is_built_from_a_loaded_model_only(loaded) -> None:
+    from detr_peg import Detector
+
+    with pytest.raises(
+        TypeError, match=r"^Detector\(\.\.\.\) takes a LoadedModel, got \w+; use Detector.from_checkpoint"
+    ):
+        Detector(loaded)

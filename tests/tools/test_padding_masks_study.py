@@ -29,3 +29,20 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path: Path, proxies: str
     assert len(lines) == 1 and lines[0].startswith("padding_masks_study.py: error: ") and "Traceback" not in proc.stderr
     assert says.format(tmp=tmp_path) in lines[0], lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "data"] and not any((tmp_path / "data").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "says"),
+    [
+        (TOOL, ["--data", "{tmp}/nowhere", "--output", "{tmp}/out"],
+         "--data {tmp}/nowhere holds no demo dataset, and only a folder named data can be made here."),
+        ("tools/layout_figures.py", ["--root", "{tmp}/nowhere"], "--root {tmp}/nowhere is not a detr_peg repository"),
+        ("tools/bench_ms_deform_attn.py", ["--device", "bogus"], "argument --device: must be one of 'auto', 'cpu'"),
+    ],
+)  # fmt: skip
+def test_other_tools_refuse_bad_paths_and_devices_in_one_line(tmp_path: Path, tool: str, args: list, says: str) -> None:
+    """A --data that is no dataset would have made the demo write into its parent (/ for /nowhere)."""
+    proc = run_python(tool, *(a.format(tmp=tmp_path) for a in args))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and says.format(tmp=tmp_path) in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
