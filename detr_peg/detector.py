@@ -146,8 +146,8 @@ class Detector(HubFolders):
         ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays (RGB; ``channels="BGR"`` for OpenCV's
         frames) or ``(3, H, W)`` tensors (uint8, or float in [0, 1]). ``threshold`` defaults to
         ``eval.score_threshold``; results do not depend on ``batch_size``. Returns one
-        :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in input order. Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size).
-        """
+        :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in input order.
+        Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size)."""
         single = not isinstance(images, (list, tuple, Iterator))  # a generator of images is a list of them
         inputs = [images] if single else list(images)
         threshold = self.config.eval.score_threshold if threshold is None else threshold

@@ -104,7 +104,7 @@ def run_training(
 
 def _discard_unstarted(out: Path, new: list[Path]) -> None:
     """Remove the files ``new`` to a run that failed before its first checkpoint (it has nothing to resume)."""
-    if not (out / "checkpoint.pth").exists():
+    if not (out / CHECKPOINT_NAME).exists():
         for path in new:
             with contextlib.suppress(OSError):
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
