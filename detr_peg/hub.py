@@ -7,7 +7,6 @@ Transformers DETR / Deformable-DETR folders are converted on loading.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from detr_peg.checkpoint.hub_folder import (
     read_hub_folder,
     write_hub_folder,
 )
+from detr_peg.config.ranges import is_number
 from detr_peg.convert.transformers_config import read_config_json
 from detr_peg.convert.transformers_folder import convert_transformers
 from detr_peg.engine.evaluation.metric_units import read_metrics
@@ -107,10 +107,7 @@ class HubFolders(
         else None. Under the commands' output rules: ``UserError`` for a ``config.json`` or ``model.safetensors``
         not written by ``save_pretrained``, or a folder another process writes; ``ConfigError`` for an ONNX graph.
         """
-        numbers = isinstance(metrics, dict) and all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for k, v in metrics.items()
-        )
+        numbers = isinstance(metrics, dict) and all(isinstance(k, str) and is_number(v) for k, v in metrics.items())
         if metrics is not None and not numbers:
             raise ConfigError(f"metrics must be a dict of metric names to finite numbers (percent), got {metrics!r}.")
         card = dict(kwargs.pop("model_card_kwargs", None) or {})

@@ -17,7 +17,7 @@ CEILINGS = {
     "core_lines": 16700,
     "lab_lines": 5000,
     "core_docstring_share": 0.13,
-    "defensive_lines": 1000,
+    "defensive_lines": 1010,
     "tracked_files": 600,
     "config_path_files": 6,
     "predict_path_files": 8,

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detr_peg.config.ranges import is_whole
 from detr_peg.errors import CheckpointError
 from detr_peg.messages import shortened
 
@@ -30,13 +31,13 @@ def check_checkpoint_fields(obj: Mapping[str, Any], spec: str) -> None:
     if label_map is not None and not isinstance(label_map, Mapping):
         raise CheckpointError(f"{spec}: 'label_map' holds {_kind(label_map)}; it must be a mapping or null.")
     for key in ("epoch", "iteration", "epoch_batches_done", "train_images", "ema_updates"):
-        if key in obj and (isinstance(obj[key], bool) or not isinstance(obj[key], int) or obj[key] < 0):
+        if key in obj and (not is_whole(obj[key]) or obj[key] < 0):
             raise CheckpointError(f"{spec}: '{key}' holds {_kind(obj[key])}; it must be an integer of at least 0.")
     for key in ("optimizer", "lr_scheduler", "grad_scaler"):
         if key in obj and not isinstance(obj[key], Mapping):
             raise CheckpointError(f"{spec}: '{key}' holds {_kind(obj[key])}; it must be a state dict (a mapping).")
     skipped = obj.get("skipped_image_ids", [])
-    if not isinstance(skipped, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in skipped):
+    if not isinstance(skipped, (list, tuple)) or not all(is_whole(i) for i in skipped):
         raise CheckpointError(f"{spec}: 'skipped_image_ids' holds {_kind(skipped)}; it must be a list of integers.")
     if "rng" in obj:
         _check_rng(obj["rng"], spec)

@@ -28,7 +28,7 @@ from detr_peg.bounded_read import (
     read_bounded_bytes,
 )
 from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of
-from detr_peg.config.ranges import out_of_range
+from detr_peg.config.ranges import is_number, is_whole, out_of_range
 from detr_peg.config.schema import Config
 from detr_peg.config.shipped import missing_config_message, resolve_config
 from detr_peg.errors import ConfigError
@@ -422,13 +422,13 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             return value
         raise fail()
     if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if is_whole(value):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise fail()
     if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_number(value, finite=False):
             return float(value)
         if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
             try:

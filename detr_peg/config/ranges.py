@@ -21,6 +21,14 @@ MIN_IMAGE_SIDE = 2
 MAX_CLASSES = 100_000
 
 
+def is_whole(value: Any) -> bool:  # Python's True is the integer 1, never a count a user meant
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any, finite: bool = True) -> bool:  # int or float, not bool
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and (not finite or math.isfinite(value))
+
+
 @dataclass(frozen=True)
 class Range:
     """An interval of valid numbers; ``None``: unbounded on that side; ``*_open``: the bound itself is invalid."""
@@ -69,7 +77,7 @@ def out_of_range(value: Any, rng: Range | None) -> str | None:
     """
     values = value if isinstance(value, list) else [value]
     for item in values:
-        if isinstance(item, bool) or not isinstance(item, (int, float)):
+        if not is_number(item, finite=False):
             continue
         if isinstance(item, float) and not math.isfinite(item):
             return "a finite number" + (f" {rng.describe()}" if rng is not None else "")

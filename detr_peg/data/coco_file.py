@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pycocotools.coco import COCO
 
 from detr_peg.bounded_read import MAX_ASPECT_RATIO, parse_json, read_bounded_bytes
-from detr_peg.config.ranges import MAX_CLASSES
+from detr_peg.config.ranges import MAX_CLASSES, is_number, is_whole
 from detr_peg.data.yolo_file import is_yolo_file, read_yolo_dataset
 from detr_peg.errors import DataError
 
@@ -47,14 +47,6 @@ class CocoFile:
     data: dict[str, Any]
     coco: COCO
     problems: list[SampleProblem] = field(default_factory=list)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _type_name(value: Any) -> str:
@@ -94,7 +86,7 @@ def bbox_problem(bbox: Any) -> str | None:
     if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
         length = f" of length {len(bbox)}" if isinstance(bbox, (list, tuple)) else ""
         return f"bbox {bbox!r}{length}, which is not a list of 4 numbers [x, y, width, height]"
-    if not all(_is_number(v) for v in bbox):
+    if not all(is_number(v, finite=False) for v in bbox):
         return f"bbox {bbox!r} holding a value that is not a number"
     x, y, w, h = bbox
     if not (math.isfinite(x) and math.isfinite(y)):
@@ -118,7 +110,7 @@ def _check_list_of_dicts(data: dict, key: str, path: Path) -> list:
             raise DataError(
                 f"Annotation file {path} has {key}[{index}] of type {_type_name(entry)}; entries must be objects."
             )
-        if not _is_int(entry.get("id")):
+        if not is_whole(entry.get("id")):
             raise DataError(
                 f"Annotation file {path} has {key}[{index}] with 'id' {entry.get('id')!r}; "
                 "every entry needs an integer id."
@@ -174,7 +166,7 @@ def check_structure(data: Any, path: Path) -> None:
             )
     for index, img in enumerate(images):
         for key in ("width", "height"):
-            if key in img and not (_is_number(img[key]) and math.isfinite(img[key]) and img[key] > 0):
+            if key in img and not (is_number(img[key]) and img[key] > 0):
                 raise DataError(
                     f"Annotation file {path} has image id {img['id']} (images[{index}]) with '{key}' {img[key]!r}; "
                     "it must be a positive number."
@@ -204,7 +196,7 @@ def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
     for index, ann in enumerate(data["annotations"]):
         where = (ann.get("source") or f"Annotation file {path} has annotation id {ann['id']}") + " with"
         image_id = ann.get("image_id")
-        if not _is_int(image_id) or image_id not in image_ids:
+        if not is_whole(image_id) or image_id not in image_ids:
             problems.append(
                 SampleProblem(
                     f"{where} image_id {image_id!r}, which is not the id of an image in the file.",
@@ -215,11 +207,11 @@ def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
             continue
         reason = None
         category_id = ann.get("category_id")
-        if not _is_int(category_id) or category_id not in category_ids:
+        if not is_whole(category_id) or category_id not in category_ids:
             reason = f"category_id {category_id!r}, which is not the id of a category in the file"
         elif "iscrowd" in ann and ann["iscrowd"] not in (0, 1):
             reason = f"iscrowd {ann['iscrowd']!r}, but it must be 0 or 1"
-        elif "area" in ann and not (_is_number(ann["area"]) and math.isfinite(ann["area"]) and ann["area"] >= 0):
+        elif "area" in ann and not (is_number(ann["area"]) and ann["area"] >= 0):
             reason = f"area {ann['area']!r}, but it must be a non-negative finite number"
         else:
             reason = bbox_problem(ann.get("bbox"))

@@ -16,6 +16,7 @@ from torchvision.ops import box_convert
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from detr_peg.config.ranges import is_number, is_whole
 from detr_peg.config.schema import DataConfig
 from detr_peg.errors import ConfigError
 
@@ -142,13 +143,13 @@ def _check_sizes(name: str, given: Any) -> list[int]:
     """The sizes of ``data.<name>`` as a list, checked against the field's range in the schema."""
     values = list(given) if isinstance(given, (list, tuple)) else [given]
     allowed = DataConfig.__dataclass_fields__[name].metadata["range"]
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v in allowed for v in values):
+    if not values or not all(is_whole(v) and v in allowed for v in values):
         raise ConfigError(f"data.{name} is {given!r}; it must hold whole numbers of pixels {allowed.describe()}.")
     return values
 
 
 def _check_probability(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+    if not is_number(value) or not 0.0 <= value <= 1.0:
         raise ConfigError(f"data.{name} is {value!r}; it must be a probability between 0 and 1.")
     return float(value)
 

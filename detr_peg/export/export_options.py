@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from detr_peg.config.ranges import MAX_TEST_SIDE
+from detr_peg.config.ranges import MAX_TEST_SIDE, is_whole
 from detr_peg.errors import ConfigError, UserError
 from detr_peg.export import DEFAULT_OPSET
 from detr_peg.messages import install_hint
@@ -23,7 +23,7 @@ def require_onnx() -> None:
 
 
 def _whole(value: object, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    return is_whole(value) and low <= value <= high
 
 
 def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_size: int | None, **flags: bool) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from detr_peg.config.ranges import is_number
+
 #: The unit of every COCO metric detr_peg writes, and the value of the files' ``"unit"`` field.
 UNIT = "percent"
 #: The unit of files written without a ``"unit"`` field (fractions 0..1).
@@ -28,7 +30,7 @@ def percent_metrics(values: Mapping[str, Any], unit: str | None) -> dict[str, fl
     return {
         name: float(values[name]) if scale else to_percent(values[name])
         for name in STAT_NAMES
-        if isinstance(values.get(name), (int, float)) and not isinstance(values.get(name), bool)
+        if is_number(values.get(name), finite=False)
     }
 
 

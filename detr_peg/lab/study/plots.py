@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 from scipy import stats as scipy_stats
 
+from detr_peg.config.ranges import is_number
 from detr_peg.errors import ConfigError, DataError
 from detr_peg.messages import install_hint
 from detr_peg.outputs import make_folder, save_figure, writing
@@ -31,7 +32,7 @@ from matplotlib.figure import Figure
 
 from detr_peg.engine.metrics_log import log_records
 from detr_peg.lab.study.comparisons import row_title
-from detr_peg.lab.study.results import KIND_TITLES, KINDS, is_number, learning_curve
+from detr_peg.lab.study.results import KIND_TITLES, KINDS, learning_curve
 from detr_peg.lab.study.stored_files import FORMATS, figure_files, read_confusion
 
 matplotlib.rcParams["text.parse_math"] = False  # class and folder names are drawn as written, never as TeX

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from detr_peg.config.ranges import is_number
 from detr_peg.engine.evaluation.metric_units import UNIT, percent_metrics, read_metrics
 from detr_peg.engine.metrics_log import log_records
 from detr_peg.errors import UserError
@@ -89,11 +90,6 @@ def training_cost(records: Iterable[dict[str, Any]]) -> dict[str, float] | None:
     if segment:
         wall += segment[-1] - segment[0]
     return {"iterations": iterations, "iter_seconds": statistics.median(times), "wall_minutes": wall / 60}
-
-
-def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool): what a log record's numbers must be to be drawn."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def collect_cell(study_dir: Path, cell: Cell) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.bounded_read import parse_json, read_bounded_bytes
+from detr_peg.config.ranges import is_number, is_whole
 from detr_peg.engine.evaluation.metric_units import STAT_NAMES
 from detr_peg.errors import DamagedFileError
 from detr_peg.lab.study.grid import MAX_CELLS
@@ -47,7 +47,7 @@ class Number(Shape):
     above: float | None = None
 
     def check(self, value: Any, where: str) -> None:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        if not is_number(value):
             raise _fail(where, value, "not a finite number")
         if self.above is not None and value <= self.above:
             raise _fail(where, value, f"not above {self.above:g}")
@@ -59,7 +59,7 @@ class Integer(Shape):
     maximum: int = 2**63 - 1
 
     def check(self, value: Any, where: str) -> None:
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not is_whole(value):
             raise _fail(where, value, "not a whole number")
         if not self.minimum <= value <= self.maximum:
             raise _fail(where, value, f"not from {self.minimum} to {self.maximum:,}")

@@ -15,7 +15,6 @@ Command-line options add axes values and overrides, and replace seeds, eval and 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import yaml
 
 from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
+from detr_peg.config.ranges import is_number, is_whole
 from detr_peg.config.shipped import resolve_config
 from detr_peg.errors import ConfigError
 
@@ -80,7 +80,7 @@ def load_study_file(path: str | Path) -> StudyFile:
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError(f"{path}: 'grid' must map each config key to a non-empty list of values.")
     seeds = data.get("seeds")
-    if seeds is not None and seeds != "auto" and (not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1):
+    if seeds is not None and seeds != "auto" and (not is_whole(seeds) or seeds < 1):
         raise ConfigError(f"{path}: 'seeds' must be a whole number of at least 1 or auto, got {seeds!r}.")
     top = _checked({k: data.get(k) for k in TOP_RULES}, "", path)
     rule_keys = [k for k in ("target_ci", "max_seeds") if k in top]
@@ -102,29 +102,25 @@ def load_study_file(path: str | Path) -> StudyFile:
     )
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _positive_numbers(value: Any) -> bool:
     """A list of positive numbers, each once (``[1, 1.0]`` names one scale twice)."""
     return (
         isinstance(value, list)
-        and all(_is_number(v) and v > 0 for v in value)
+        and all(is_number(v) and v > 0 for v in value)
         and all(v not in value[:i] for i, v in enumerate(value))
     )
 
 
 def _whole_at_least_one(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return is_whole(value) and value >= 1
 
 
 #: What each key of the ``eval`` and ``cluster`` sections must hold: (check, description for the error).
 FIELD_RULES = {
-    "target_ci": (lambda v: _is_number(v) and v > 0, "a positive number of AP points such as 1.0"),
+    "target_ci": (lambda v: is_number(v) and v > 0, "a positive number of AP points such as 1.0"),
     "max_seeds": (lambda v: _whole_at_least_one(v) and v >= 2, "a whole number of at least 2"),
     "baseline": (lambda v: isinstance(v, str) and "=" in v, "KEY=VALUE such as model.position.name=sine"),
-    "equal_within": (lambda v: _is_number(v) and v > 0, "a positive number of AP points such as 1.0"),
+    "equal_within": (lambda v: is_number(v) and v > 0, "a positive number of AP points such as 1.0"),
     "eval.scales": (_positive_numbers, "a list of positive numbers such as [1, 1.5, 2], each once"),
     "eval.canvas_scales": (_positive_numbers, "a list of positive numbers such as [1.5, 2], each once"),
     "eval.padding": (lambda v: isinstance(v, bool), "true or false"),
