@@ -157,7 +157,6 @@ def clear_folder(folder: Path, ours: Callable[[Path], bool]) -> None:
 def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_threshold: float) -> int:
     """Save a picture per image and ``predictions.json`` into ``out``; return the detections drawn."""
     from PIL import Image
-    from tqdm import tqdm
 
     from detr_peg.cli.predict import predict_files
     from detr_peg.detector import Detector
@@ -166,16 +165,15 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
     detector = Detector.from_checkpoint(checkpoint, device="cpu")
     make_folder(out)
     records: list[dict] = []
-    with tqdm(total=len(images), desc="pictures", unit="img", leave=False, disable=not sys.stderr.isatty()) as bar:
-        found = predict_files(detector, images, threshold=score_threshold, batch_size=8, progress=bar.update)
-        for image_id, path, picture, detections in found:
-            records.extend(detections.records(image_id))
-            factor = max(1, -(-DRAW_MIN_SIDE // max(picture.size)))
-            if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
-                picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
-                detections.boxes = detections.boxes * factor
-            drawn = detections.draw(picture)
-            atomic_write(out / f"{path.stem}.png", lambda handle, drawn=drawn: drawn.save(handle, format="PNG"))
+    found = predict_files(detector, images, threshold=score_threshold, batch_size=8, desc="pictures")
+    for image_id, path, picture, detections in found:
+        records.extend(detections.records(image_id))
+        factor = max(1, -(-DRAW_MIN_SIDE // max(picture.size)))
+        if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
+            picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
+            detections.boxes = detections.boxes * factor
+        drawn = detections.draw(picture)
+        atomic_write(out / f"{path.stem}.png", lambda handle, drawn=drawn: drawn.save(handle, format="PNG"))
     write_json(out / "predictions.json", records)
     return len(records)
 

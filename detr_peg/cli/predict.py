@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -81,6 +82,9 @@ def _split(inputs: list[str]) -> tuple[list[str], list[str]]:
 
 #: Images decoded and held in memory at once (the Detector batches them by size).
 CHUNK = 64
+#: Without a terminal, progress is logged for this many images or more.
+LOGGED_FROM = 100
+logger = logging.getLogger(__name__)
 
 
 def unique_png_name(path: Path, used: set[str]) -> str:
@@ -93,19 +97,25 @@ def unique_png_name(path: Path, used: set[str]) -> str:
     return name
 
 
-def predict_files(detector, images: list[Path], *, threshold: float, batch_size: int, progress=None):
-    """Yield ``(image_id, path, picture, detections)`` per file, in order, decoding :data:`CHUNK` at a time."""
+def predict_files(detector, images: list[Path], *, threshold: float, batch_size: int, desc: str = "predict"):
+    """Yield ``(image_id, path, picture, detections)`` per file, in order, decoding :data:`CHUNK` at a time; progress
+    is a bar on a terminal, else a log line at each tenth of :data:`LOGGED_FROM` images or more."""
+    from tqdm import tqdm
+
     from detr_peg.data.image_input import load_rgb_image
 
-    for start in range(0, len(images), CHUNK):
-        paths = images[start : start + CHUNK]
-        pictures = [load_rgb_image(path) for path in paths]
-        found = detector.predict(pictures, threshold=threshold, batch_size=batch_size)
-        for offset, (path, picture, detections) in enumerate(zip(paths, pictures, found)):
-            detections.source = str(path)
-            if progress is not None:
-                progress(1)
-            yield start + offset + 1, path, picture, detections
+    terminal, total = sys.stderr.isatty(), len(images)
+    with tqdm(total=total, desc=desc, unit="img", leave=False, disable=not terminal) as bar:
+        for start in range(0, total, CHUNK):
+            paths = images[start : start + CHUNK]
+            pictures = [load_rgb_image(path) for path in paths]
+            found = detector.predict(pictures, threshold=threshold, batch_size=batch_size)
+            for offset, (path, picture, detections) in enumerate(zip(paths, pictures, found)):
+                detections.source, done = str(path), start + offset + 1
+                bar.update(1)
+                if not terminal and total >= LOGGED_FROM and done * 10 // total > (done - 1) * 10 // total:
+                    logger.info("%s: %d of %d images", desc, done, total)
+                yield done, path, picture, detections
 
 
 def checked_inputs(args: argparse.Namespace) -> tuple[list[str], list[str], list[Path]]:
@@ -135,8 +145,6 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
         paths, overrides, images = checked_inputs(args)
         model_file, model_option = (args.onnx, "--onnx") if args.onnx else (args.checkpoint, "--checkpoint")
-
-        from tqdm import tqdm
 
         from detr_peg.detector import Detector
         from detr_peg.engine.run_hints import no_detections_note, short_training_note
@@ -173,15 +181,12 @@ def run(args: argparse.Namespace) -> int:
         stage = out / f"{STAGE_PREFIX}{os.getpid()}"
         try:
             stage.mkdir()
-            with tqdm(total=len(images), desc="predict", unit="img", disable=not sys.stderr.isatty()) as bar:
-                found = predict_files(
-                    detector, images, threshold=threshold, batch_size=args.batch_size, progress=bar.update
-                )
-                for image_id, path, picture, detections in found:
-                    records.extend(detections.records(image_id))
-                    name = unique_png_name(path, used)
-                    with writing(out / name):
-                        detections.draw(picture).save(stage / name)
+            found = predict_files(detector, images, threshold=threshold, batch_size=args.batch_size)
+            for image_id, path, picture, detections in found:
+                records.extend(detections.records(image_id))
+                name = unique_png_name(path, used)
+                with writing(out / name):
+                    detections.draw(picture).save(stage / name)
             write_json(out / "predictions.json", records)  # first: if it cannot be replaced, no picture is either
             for name in sorted(used):
                 os.replace(stage / name, out / name)

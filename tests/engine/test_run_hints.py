@@ -1,8 +1,10 @@
-"""First runs: a short training, an empty prediction and boxes of a barely trained model each say why and what to change."""
+"""First runs: a short training, an empty prediction and boxes of a barely trained model each say why and what to
+change; a long predict without a terminal logs its progress."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from detr_peg.engine.run_hints import low_ap_note, no_detections_note, short_training_note
@@ -78,3 +80,17 @@ def test_a_demo_that_draws_nothing_says_why(tmp_path: Path) -> None:
     assert lines[-2].startswith("demo: AP50 ") and " % (AP " in lines[-2]
     assert lines[-1].startswith("Note: no detection scored at least 1; a model after 2 training iterations")
     assert "lower --score-threshold" in lines[-1]
+
+
+def test_predict_without_a_terminal_logs_each_tenth_of_its_images(tiny_demo_dir: Path, tmp_path: Path) -> None:
+    image = sorted((tiny_demo_dir / "data" / "val").glob("*.png"))[0]
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(105):
+        shutil.copy(image, folder / f"{i:03d}.png")
+    checkpoint = tiny_demo_dir / "run" / "checkpoint.pth"
+    args = (*CLI, "predict", "--checkpoint", str(checkpoint), str(folder), "--output", "out", "--device", "cpu")
+    proc = run_python(*args, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logged = [line for line in proc.stdout.splitlines() if line.startswith("predict: ")]
+    assert logged == [f"predict: {n} of 105 images" for n in (11, 21, 32, 42, 53, 63, 74, 84, 95, 105)]
