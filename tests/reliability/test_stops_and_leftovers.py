@@ -198,3 +198,14 @@ def test_a_full_or_closed_standard_output_ends_without_a_traceback(tmp_path: Pat
     if args[1] == "copy":
         shipped = (REPO_ROOT / "configs" / "demo.yaml").read_text()
         assert (tmp_path / "mine.yaml").read_text() == shipped
+
+
+def test_a_name_that_standard_output_cannot_encode_prints_escaped(tmp_path: Path) -> None:
+    """``PYTHONIOENCODING=ascii``: "é" in a printed path comes out as ``\\xe9``, the command succeeds."""
+    from tests.conftest import REPO_ROOT, run_python
+
+    args = ("-m", "detr_peg.cli.main", "configs", "copy", "demo", "démo.yaml")
+    proc = run_python(*args, cwd=tmp_path, PYTHONIOENCODING="ascii")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["configs: wrote d\\xe9mo.yaml", "configs: use it with --config d\\xe9mo.yaml"]
+    assert (tmp_path / "démo.yaml").read_text() == (REPO_ROOT / "configs" / "demo.yaml").read_text()
