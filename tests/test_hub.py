@@ -166,8 +166,29 @@ def test_a_config_json_that_differs_from_the_weights_is_refused(trained, tmp_pat
     config = json.loads((folder / "config.json").read_text())
     config["config"]["model"]["num_queries"] += 1
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="differs from the one stored with model.safetensors"):
+    with pytest.raises(CheckpointError, match="differs from the one stored with model.safetensors") as err:
         detr_peg.Detector.from_pretrained(folder)
+    queries = config["config"]["model"]["num_queries"]
+    assert f"(at config.model.num_queries: {queries}, stored: {queries - 1})" in str(err.value)
+    config["config"]["model"]["num_queries"] = queries - 1
+    del config["config"]["eval"]["score_threshold"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="at config.eval.score_threshold: missing, stored: "):
+        detr_peg.Detector.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("version", [2, 0, "1", None, True])
+def test_a_config_json_of_a_format_version_this_release_cannot_read_is_refused(trained, tmp_path, version):
+    folder = tmp_path / "hub"
+    detr_peg.Detector.from_checkpoint(trained, device="cpu").save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["format_version"] = version
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        detr_peg.Detector.from_pretrained(folder)
+    assert_one_sentence(
+        str(err.value), f"config.json has format_version {version!r}; this detr_peg reads versions 1 to 1"
+    )
 
 
 def test_a_hub_name_offline_and_not_cached_says_to_pass_a_local_folder(tmp_path, monkeypatch):
