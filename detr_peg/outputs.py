@@ -335,7 +335,7 @@ def check_no_overlap(command: str, inputs: Sequence[Input], outputs: Sequence[Ou
                 raise UserError(f"{problem}; {command} never writes over its inputs: choose another output.")
 
 
-def _owned(folder: Path) -> dict[str, str]:
+def owned_names(folder: Path) -> dict[str, str]:
     """Name -> kind of command, from the folder's ownership file (empty when it has none or it is damaged)."""
     try:
         names = json.loads((folder / OWNERSHIP_FILE).read_text(encoding="utf-8"))["names"]
@@ -350,7 +350,7 @@ def check_ownership(command: str, outputs: Sequence[Output]) -> None:
         if os.path.exists(output.path) and os.path.isdir(output.path) != bool(output.names):
             problem = "is a file, not a folder; choose a folder" if output.names else "is a folder; give a file name"
             raise UserError(f"{output.option} {output.path} {problem}.")
-        kind, owned = output.kind or command, _owned(output.folder)
+        kind, owned = output.kind or command, owned_names(output.folder)
         for target in output.targets():
             by = owned.get(target.name, kind if output.adopt else None)
             if os.path.lexists(target) and by not in (kind, *MAY_REPLACE.get(kind, ())):
@@ -382,14 +382,14 @@ def _write_ledger(folder: Path, names: dict[str, str]) -> None:
     atomic_write_text(folder / OWNERSHIP_FILE, json.dumps(content, indent=1) + "\n")
 
 
-def _take_back(folder: Path, added: set[str]) -> None:
-    """Drop from ``folder``'s ownership file the names of ``added`` that were never written."""
-    unused = {name for name in added if not os.path.lexists(folder / name)}
-    owned = {name: kind for name, kind in _owned(folder).items() if name not in unused}
+def _take_back(folder: Path, claimed: set[str]) -> None:
+    """Drop from ``folder``'s ownership file the names of ``claimed`` that are not there (never written, or removed)."""
+    ledger = owned_names(folder)
+    owned = {name: kind for name, kind in ledger.items() if name not in claimed or os.path.lexists(folder / name)}
     with contextlib.suppress(OSError, UserError):  # a ledger that keeps a needless name is harmless
-        if unused and owned:
+        if owned and owned != ledger:
             _write_ledger(folder, owned)
-        elif unused:
+        elif ledger and not owned:
             (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
 
 
@@ -413,9 +413,9 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
             claims.enter_context(folder_lock(first.folder, command, first.option))
             _check_writable(folders[key])
             for output in folders[key]:  # claimed before anything is written, so a killed run still owns its files
-                kind, owned = output.kind or command, _owned(output.folder)
+                kind, owned = output.kind or command, owned_names(output.folder)
                 added = {target.name: kind for target in output.targets() if target.name not in owned}
                 if added:
                     _write_ledger(output.folder, {**owned, **added})
-                    claims.callback(_take_back, output.folder, set(added))
+                claims.callback(_take_back, output.folder, {target.name for target in output.targets()})
         return claims.pop_all()

@@ -10,7 +10,8 @@ predictions.json is a list of COCO-style results with the file name added:
 --score-threshold (default: eval.score_threshold of the checkpoint's config).
 Category ids and names come from the dataset the model was trained on.
 Pictures and predictions.json are published only once every image is done, so
-a failed run leaves the files of an earlier run as they were.
+a failed run leaves the files of an earlier run as they were; a finished run
+removes the pictures an earlier predict drew in --output of other images.
 
 Examples:
   detr-peg predict --checkpoint runs/peg/checkpoint.pth photos/ --output predictions
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             guard_outputs,
             inputs,
             make_folder,
+            owned_names,
             remove_stale,
             write_error,
             write_json,
@@ -162,8 +164,12 @@ def run(args: argparse.Namespace) -> int:
         png_names: set[str] = set()
         for image in images:
             unique_png_name(image, png_names)
+        # An earlier predict's pictures of other images go when this one's are published: predictions.json
+        # no longer lists them.
+        earlier = {n for n, by in owned_names(Path(args.output)).items() if by == "predict" and n.endswith(".png")}
+        earlier -= png_names
         reads = inputs(*((p, "INPUT") for p in paths), (model_file, model_option))
-        names = ("predictions.json", *sorted(png_names))
+        names = ("predictions.json", *sorted(png_names | earlier))
         claims.enter_context(guard_outputs("predict", reads, [Output(args.output, "--output", names)]))
         if args.onnx:
             detector = Detector.from_onnx(args.onnx, overrides=overrides)
@@ -190,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
             write_json(out / "predictions.json", records)  # first: if it cannot be replaced, no picture is either
             for name in sorted(used):
                 os.replace(stage / name, out / name)
+            for name in sorted(earlier):
+                (out / name).unlink(missing_ok=True)
         except OSError as exc:
             raise write_error(out, exc, "write into") from None
         finally:

@@ -115,6 +115,19 @@ def test_predict_writes_json_and_pictures(trained: Path, coco128_dir: Path, tmp_
         with Image.open(coco128_dir / "images" / name) as original, Image.open(out / f"{Path(name).stem}.png") as drawn:
             assert drawn.size == original.size and drawn.mode == "RGB"
 
+    # Again into the same folder, on one of the images: the pictures of the others go, the user's file stays.
+    (out / "notes.png").write_bytes(b"mine")
+    again = ["predict", "--checkpoint", str(trained / "checkpoint.pth"), str(single), "--output", str(out)]
+    assert main(again) == 0
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
+        ["predictions.json", "notes.png", f"{Path(names[2]).stem}.png"]
+    )
+    assert {r["image_id"] for r in json.loads((out / "predictions.json").read_text())} <= {1}
+    assert set(json.loads((out / ".detr-peg-outputs.json").read_text())["names"]) == {
+        "predictions.json",
+        f"{Path(names[2]).stem}.png",
+    }
+
 
 def test_evaluate_returns_per_class_and_confusion_and_plot_draws_it(trained: Path, tmp_path: Path) -> None:
     detector = detr_peg.Detector.from_checkpoint(trained / "checkpoint.pth", device="cpu")
