@@ -10,6 +10,7 @@ import io
 import logging
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Literal
@@ -155,6 +156,10 @@ def check_structure(data: Any, path: Path) -> None:
                 f"Annotation file {path} has category id {cat['id']} with 'name' {cat.get('name')!r}; "
                 "names must be strings."
             )
+    counts = Counter(cat["name"] for cat in categories)
+    if unclear := sorted(name for name, n in counts.items() if n > 1 or not name.strip()):
+        logger.warning("%s: category names %s are empty or shared by several ids; the outputs tell those categories "
+                       "apart only by category_id.", path, ", ".join(map(repr, unclear)))  # fmt: skip
     first_of: dict[Any, int] = {}
     for img in images:
         name = img.get("file_name")

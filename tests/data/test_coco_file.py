@@ -229,3 +229,20 @@ def test_missing_area_becomes_the_box_area(tmp_path: Path) -> None:
     coco = read_coco_file(write_json(tmp_path / "ann.json", data)).coco
     assert coco.anns[11]["area"] == 300.0
     assert coco.anns[10]["area"] == 200.0
+
+
+def test_category_names_that_do_not_tell_categories_apart_are_warned_of(tmp_path: Path, caplog) -> None:
+    data = base_coco()
+    data["categories"] += [{"id": 9, "name": data["categories"][0]["name"]}, {"id": 10, "name": " "}]
+    path = write_json(tmp_path / "ann.json", data)
+    with caplog.at_level(logging.WARNING):
+        read_coco_file(path)
+    shared = data["categories"][0]["name"]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{path}: category names ' ', {shared!r} are empty or shared by several ids; the outputs tell those "
+        "categories apart only by category_id."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        read_coco_file(write_json(tmp_path / "fine.json", base_coco()))
+    assert not caplog.records
