@@ -224,6 +224,7 @@ def definition_from_args(args: argparse.Namespace):
         seeds=seeds,
         overrides=(*file.overrides, *args.overrides),
         eval=EvalPlan(scales=scales, canvas_scales=canvas, padding=padding),
+        override_sources=tuple((item.partition("=")[0].strip(), f"{args.study}: overrides") for item in file.overrides),
     )
     cl = file.cluster
     cluster = ClusterOptions(

@@ -52,6 +52,8 @@ class StudyDefinition:
     seeds: int = 1
     overrides: tuple[str, ...] = ()
     eval: EvalPlan = field(default_factory=EvalPlan)
+    #: (key, where it was given) of overrides not from the command line, for messages.
+    override_sources: tuple[tuple[str, str], ...] = message_only(())
 
     def to_dict(self) -> dict[str, Any]:
         return record(self)
@@ -163,6 +165,14 @@ def _parse_value(key: str, raw: str, source: str) -> Any:
 # ----------------------------------------------------------------------------- cells
 
 
+#: Config keys the study sets in every cell, and by what: never an axis or an override.
+SET_BY_STUDY = {
+    "train.seed": "--seeds (seeds 0..N-1)",
+    "train.output_dir": "the study (each cell trains in cells/NAME/run)",
+    "train.resume": "the study (a stopped cell resumes from its own checkpoint)",
+}
+
+
 def expand_cells(definition: StudyDefinition) -> list[Cell]:
     """Every cell: base configs x axis values x seeds, in that nesting order (``..._position.name=peg_seed1``).
 
@@ -174,8 +184,9 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
     for key in keys:
         if key in fixed:
             raise ConfigError(f"{key} is both a grid axis and a fixed override; keep one of them.")
-    if "train.seed" in keys or "train.seed" in fixed:
-        raise ConfigError("train.seed is set by --seeds (seeds 0..N-1); do not set it as an override or axis.")
+    for key, by in SET_BY_STUDY.items():
+        if key in keys or key in fixed:
+            raise ConfigError(f"{key} is set by {by}; do not set it as an override or axis.")
 
     total = len(definition.configs) * math.prod(len(a.values) for a in definition.axes) * definition.seeds
     if total > MAX_CELLS:
@@ -204,7 +215,7 @@ def expand_cells(definition: StudyDefinition) -> list[Cell]:
                         values=values,
                         seed=seed,
                         overrides=overrides,
-                        sources=tuple((a.key, a.source) for a in definition.axes),
+                        sources=(*definition.override_sources, *((a.key, a.source) for a in definition.axes)),
                     )
                 )
     check_cell_folders(cells)

@@ -115,6 +115,13 @@ def test_expansion_refuses_conflicting_definitions() -> None:
         expand_cells(StudyDefinition(configs=("c.yaml",), axes=(axis,), overrides=("model.position.name=none",)))
     with pytest.raises(ConfigError, match="--seeds"):
         expand_cells(StudyDefinition(configs=("c.yaml",), overrides=("train.seed=3",)))
+    # Where a cell trains is the study's: an axis over it would put every cell's run in the folders it names.
+    with pytest.raises(
+        ConfigError, match=r"^train.output_dir is set by the study \(each cell trains in cells/NAME/run"
+    ):
+        expand_cells(StudyDefinition(configs=("c.yaml",), axes=(parse_axis("train.output_dir=a,b"),)))
+    with pytest.raises(ConfigError, match=r"^train.resume is set by the study"):
+        expand_cells(StudyDefinition(configs=("c.yaml",), overrides=("train.resume=x.pth",)))
 
 
 @pytest.mark.parametrize(
@@ -380,6 +387,7 @@ def test_a_refused_value_from_a_study_file_or_plan_is_named_where_it_is_written(
         ("grid+scales", "train.lr: [abc, 2]", "{study}: grid: 'train.lr' must be a number, got 'abc'."),
         ("--grid", "train.lr=abc,2", "--grid: 'train.lr' must be a number, got 'abc'."),
         ("override", "train.bogus=1", "command line: unknown key 'train.bogus'; valid keys in train are: "),
+        ("overrides", "train.bogus=1", "{study}: overrides: unknown key 'train.bogus'; valid keys in train are: "),
     ],
 )
 def test_a_refused_grid_value_is_named_where_it_was_given(
@@ -388,8 +396,9 @@ def test_a_refused_grid_value_is_named_where_it_was_given(
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  arch: detr\n")
     study = tmp_path / "s.yaml"
-    study.write_text(f"configs: [{config}]\n" + (f"grid:\n  {value}\n" if where.startswith("grid") else ""))
-    extra = {"grid": [], "grid+scales": ["--scales", "1,1.5"], "--grid": ["--grid", value], "override": [value]}[where]
+    in_file = {"grid": f"grid:\n  {value}\n", "overrides": f"overrides: [{value}]\n"}
+    study.write_text(f"configs: [{config}]\n" + in_file.get(where.partition("+")[0], ""))
+    extra = {"grid+scales": ["--scales", "1,1.5"], "--grid": ["--grid", value], "override": [value]}.get(where, [])
     assert main(["study", "--study", str(study), *extra, "--output", str(tmp_path / "s"), "--plan"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("detr-peg study: error: " + said.format(study=study)), err
