@@ -80,3 +80,17 @@ def test_every_tool_starts_or_names_its_extra() -> None:
             continue
         proc = run_python(script, "--help", timeout=120)
         assert proc.returncode == 0, f"{script}: {proc.stderr[-1500:]}"
+
+
+def test_a_study_on_submitit_jobs_without_submitit_writes_nothing(tmp_path) -> None:
+    code = (
+        "import sys\nsys.modules['submitit'] = None\nfrom detr_peg.cli.main import main\n"
+        "sys.exit(main(['study', '--config', 'demo', '--grid', 'model.position.name=sine,peg', '--submitit-local', "
+        f"'--output', {str(tmp_path / 'st')!r}]))\n"
+    )
+    proc = run_python("-c", code, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [
+        f"detr-peg study: error: --slurm and --submitit-local need submitit: {install_hint('submitit')}."
+    ]
+    assert not (tmp_path / "st").exists()

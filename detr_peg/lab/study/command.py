@@ -343,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
 
         if jobs:  # the sizes were checked where they were read (option types, the study file's rule table)
             slurm.parse_time(cluster.time)
+            if not args.plan:  # before the study folder is written
+                slurm.require_submitit()
         check_eval_options(definition)
         study_dir = Path(args.output)
         if rule is not None:  # a rerun continues with the seeds the folder already planned

@@ -79,12 +79,18 @@ def parse_mem(text: str) -> float:
     return value * {"M": 1 / 1024, "G": 1, "T": 1024}[unit]
 
 
-def make_executor(study_dir: Path, options: ClusterOptions):
-    """The submitit executor of the study's jobs (logs in ``STUDY/jobs/``)."""
+def require_submitit():
+    """The ``submitit`` module, or ``ConfigError`` with the command that installs it."""
     try:
         import submitit
     except ImportError:
         raise ConfigError(f"--slurm and --submitit-local need submitit: {install_hint('submitit')}.") from None
+    return submitit
+
+
+def make_executor(study_dir: Path, options: ClusterOptions):
+    """The submitit executor of the study's jobs (logs in ``STUDY/jobs/``)."""
+    submitit = require_submitit()
 
     folder = Path(study_dir) / JOBS_DIR / "%j"
     timeout = parse_time(options.time)
