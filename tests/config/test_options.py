@@ -209,6 +209,9 @@ def test_a_study_over_encodings_plans_from_a_peg_config(tmp_path, capsys) -> Non
     from detr_peg.cli.main import main
 
     args = ["study", "--config", "configs/detr_r50_peg.yaml", "--grid", "model.position.name=sine,peg", "--plan"]
-    assert main([*args, "--output", str(tmp_path / "study")]) == 0
+    assert main([*args, "--seeds", "3", "--output", str(tmp_path / "study")]) == 0
     out = capsys.readouterr().out
     assert "model.position.name=sine" in out and "model.position.name=peg" in out
+    # The notes of the sine cells, each config read several times, are printed once.
+    notes = [line for line in out.splitlines() if "left out 'model.position." in line]
+    assert len(notes) == len(set(notes)) == 2, notes

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import logging
 import time
 import traceback
 from pathlib import Path
@@ -320,6 +321,20 @@ def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, ce
     )
 
 
+class _Once(logging.Filter):
+    """Passes each distinct message once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        new = message not in self.seen
+        self.seen.add(message)
+        return new
+
+
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
         from dataclasses import replace
@@ -327,6 +342,9 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.errors import ConfigError
 
         started = time.monotonic()
+        notes, once = logging.getLogger("detr_peg.config.loader"), _Once()  # each cell's config is read several times
+        notes.addFilter(once)
+        claims.callback(notes.removeFilter, once)
         if args.slurm and args.submitit_local:
             raise ConfigError("--slurm and --submitit-local exclude each other; choose one.")
         if args.jobs and (args.slurm or args.submitit_local):
