@@ -14,8 +14,10 @@ from torchvision.ops import clip_boxes_to_image
 from torchvision.transforms.v2 import functional as F
 from torchvision.utils import draw_bounding_boxes
 
+from detr_peg.config.ranges import is_whole
 from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
+from detr_peg.errors import DataError
 from detr_peg.messages import install_hint
 
 
@@ -90,6 +92,8 @@ class Detections:
         Each is ``{"image_id", "file_name", "category_id", "category_name",
         "bbox": [x, y, w, h], "score"}`` in pixels, rounded to 0.01 px and 5 digits.
         """
+        if not is_whole(image_id):
+            raise TypeError(f"image_id must be an integer (COCO's image ids are), got {image_id!r}")
         out = []
         for box, category_id, name, score in zip(
             self.boxes.tolist(), self.category_ids, self.class_names, self.scores.tolist()
@@ -109,8 +113,13 @@ class Detections:
 
     def draw(self, picture: ImageInput, width: int | None = None, *, channels: str = "RGB") -> Image.Image:
         """The picture (any input ``Detector.predict`` takes, with its ``channels``, as predicted on) with each box,
-        class name and score in a colour per category; line ``width`` defaults to the longer side / 320."""
+        class name and score in a colour per category; line ``width`` defaults to the longer side / 320. A picture
+        of another size than :attr:`image_size` is a ``DataError``: the boxes are in that image's pixels."""
         pixels = as_rgb_tensor(picture, "picture", bgr=channels == "BGR")  # DataError if unusable, as in predict
+        if tuple(pixels.shape[-2:]) != tuple(self.image_size):
+            (h, w), (ph, pw) = self.image_size, pixels.shape[-2:]
+            raise DataError(f"picture is {pw} x {ph} pixels but the detections are of a {w} x {h} image; draw them "
+                            "on the image they were predicted on.")  # fmt: skip
         if width is None:
             width = max(2, round(max(pixels.shape[-2:]) / 320))
         labels = [f"{name} {score:.2f}" for name, score in zip(self.class_names, self.scores.tolist())]

@@ -416,3 +416,13 @@ def test_detections_draw_boxes_in_a_colour_per_category(tmp_path) -> None:
         assert np.array_equal(np.asarray(alike), np.asarray(drawn))
     with pytest.raises(detr_peg.errors.DataError, match="picture"):
         found.draw(np.zeros((30, 40), dtype=np.float64))
+    # The boxes are in the pixels of the image predicted on: another size would put them elsewhere.
+    with pytest.raises(detr_peg.errors.DataError) as err:
+        found.draw(Image.new("RGB", (300, 200)))
+    assert str(err.value) == (
+        "picture is 300 x 200 pixels but the detections are of a 40 x 30 image; draw them on the image they were "
+        "predicted on."
+    )
+    assert found.records(3)[0]["image_id"] == 3
+    with pytest.raises(TypeError, match="image_id must be an integer"):
+        found.records("a")

@@ -166,14 +166,7 @@ def test_a_config_json_that_differs_from_the_weights_is_refused(trained, tmp_pat
     config = json.loads((folder / "config.json").read_text())
     config["config"]["model"]["num_queries"] += 1
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="differs from the one stored with model.safetensors") as err:
-        detr_peg.Detector.from_pretrained(folder)
-    queries = config["config"]["model"]["num_queries"]
-    assert f"(at config.model.num_queries: {queries}, stored: {queries - 1})" in str(err.value)
-    config["config"]["model"]["num_queries"] = queries - 1
-    del config["config"]["eval"]["score_threshold"]
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="at config.eval.score_threshold: missing, stored: "):
+    with pytest.raises(CheckpointError, match="differs from the one stored with model.safetensors"):
         detr_peg.Detector.from_pretrained(folder)
 
 

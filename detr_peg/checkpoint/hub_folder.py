@@ -20,7 +20,6 @@ from detr_peg.config.loader import config_to_dict
 from detr_peg.config.ranges import is_whole
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError
-from detr_peg.messages import shortened
 from detr_peg.outputs import atomic_write_text
 
 CONFIG_JSON = "config.json"
@@ -72,23 +71,12 @@ def read_hub_folder(weights: Path, config: Mapping[str, Any] | None, spec: str) 
             f"{spec}: {CONFIG_JSON} has format_version {version!r}; this detr_peg reads versions 1 to {FORMAT_VERSION}."
         )
     checkpoint = read_checkpoint(weights)
-    stored = json.loads(json.dumps(config_to_dict(checkpoint.config)))
-    if config.get("config") != stored:
+    if config.get("config") != json.loads(json.dumps(config_to_dict(checkpoint.config))):
         raise CheckpointError(
-            f"{spec}: the config in {CONFIG_JSON} differs from the one stored with {WEIGHTS}"
-            f"{_first_difference(config.get('config'), stored)}; write the folder again with Detector.save_pretrained."
+            f"{spec}: the config in {CONFIG_JSON} differs from the one stored with {WEIGHTS}; "
+            "write the folder again with Detector.save_pretrained."
         )
     return Checkpoint(spec, checkpoint.config, checkpoint.model, checkpoint.label_map, checkpoint.extra)
-
-
-def _first_difference(given: Any, stored: Any, key: str = "config") -> str:
-    """`` (at KEY: VALUE, stored: VALUE)`` for the first key where two parsed configs differ (``...``: missing)."""
-    if isinstance(given, dict) and isinstance(stored, dict):
-        for name in [*stored, *(k for k in given if k not in stored)]:
-            if given.get(name, ...) != stored.get(name, ...):
-                return _first_difference(given.get(name, ...), stored.get(name, ...), f"{key}.{name}")
-    given_text, stored_text = ("missing" if v is ... else shortened(repr(v)) for v in (given, stored))
-    return f" (at {key}: {given_text}, stored: {stored_text})"
 
 
 def model_card(cfg: Config, label_map: dict | None, metrics: Mapping[str, float] | None, name: str) -> ModelCard:

@@ -172,6 +172,7 @@ def draw_pictures(checkpoint: Path, images: list[Path], out: Path, score_thresho
         if factor > 1:  # nearest-neighbour enlargement keeps the pixels as the model saw them
             picture = picture.resize((picture.width * factor, picture.height * factor), Image.NEAREST)
             detections.boxes = detections.boxes * factor
+            detections.image_size = (picture.height, picture.width)
         drawn = detections.draw(picture)
         atomic_write(out / f"{path.stem}.png", lambda handle, drawn=drawn: drawn.save(handle, format="PNG"))
     write_json(out / "predictions.json", records)

@@ -182,8 +182,12 @@ def _terminate_on_sigterm() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return the exit status; SIGTERM from the first line on exits 143 with one line."""
     words = list(sys.argv[1:] if argv is None else argv)
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(
+            errors="backslashreplace"
+        )  # "é" under PYTHONIOENCODING=ascii prints as \xe9, as on stderr
     try:
-        with _terminate_on_sigterm(), _escaping_stdout():
+        with _terminate_on_sigterm():
             return _run_command(words)
     except Terminated:
         name = " ".join(["detr-peg", *_command_word(words)])
@@ -192,22 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 128 + signal.SIGTERM
-
-
-@contextlib.contextmanager
-def _escaping_stdout() -> Iterator[None]:
-    """Characters stdout's encoding lacks (a path with "é" under ``PYTHONIOENCODING=ascii``) print as ``\\xe9``, as
-    on stderr, instead of failing the command after its work is done."""
-    stream = sys.stdout
-    strict = getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure")
-    if strict:
-        stream.reconfigure(errors="backslashreplace")
-    try:
-        yield
-    finally:
-        if strict:
-            with contextlib.suppress(ValueError):  # closed meanwhile
-                stream.reconfigure(errors="strict")
 
 
 def _command_word(words: list[str]) -> list[str]:

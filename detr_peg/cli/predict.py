@@ -83,8 +83,6 @@ def _split(inputs: list[str]) -> tuple[list[str], list[str]]:
 
 #: Images decoded and held in memory at once (the Detector batches them by size).
 CHUNK = 64
-#: Without a terminal, progress is logged for this many images or more.
-LOGGED_FROM = 100
 logger = logging.getLogger(__name__)
 
 
@@ -100,7 +98,7 @@ def unique_png_name(path: Path, used: set[str]) -> str:
 
 def predict_files(detector, images: list[Path], *, threshold: float, batch_size: int, desc: str = "predict"):
     """Yield ``(image_id, path, picture, detections)`` per file, in order, decoding :data:`CHUNK` at a time; progress
-    is a bar on a terminal, else a log line at each tenth of :data:`LOGGED_FROM` images or more."""
+    is a bar on a terminal, else a log line at each tenth of 100 images or more."""
     from tqdm import tqdm
 
     from detr_peg.data.image_input import load_rgb_image
@@ -114,7 +112,7 @@ def predict_files(detector, images: list[Path], *, threshold: float, batch_size:
             for offset, (path, picture, detections) in enumerate(zip(paths, pictures, found)):
                 detections.source, done = str(path), start + offset + 1
                 bar.update(1)
-                if not terminal and total >= LOGGED_FROM and done * 10 // total > (done - 1) * 10 // total:
+                if not terminal and total >= 100 and done * 10 // total > (done - 1) * 10 // total:
                     logger.info("%s: %d of %d images", desc, done, total)
                 yield done, path, picture, detections
 
