@@ -334,6 +334,9 @@ class Detector(HubFolders):
         """
         from detr_peg.export.onnx_export import export_onnx
 
+        if not isinstance(self.model, torch.nn.Module):
+            raise ConfigError(f"This detector runs the ONNX graph {self.model.path}, an export already; export the "
+                              "checkpoint it was exported from (Detector.from_checkpoint).")  # fmt: skip
         with guard_outputs("export", [], [Output(path, "path")]):
             return export_onnx(self.loaded, path, **options)
 

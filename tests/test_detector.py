@@ -231,6 +231,12 @@ def test_onnx_export_predicts_as_pytorch(detector, coco128_checkpoint, coco128_d
     with pytest.raises(ConfigError, match=r"^A detector from an ONNX graph has no weights to train"):
         in_onnx.fine_tune(tmp_path / "run", train_images=coco128_dir, train_annotations=coco128_dir / "x.json")
     assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=r"^This detector runs the ONNX graph .*model.onnx, an export already"):
+        in_onnx.export_onnx(tmp_path / "again.onnx")
+    # evaluate runs the graph as predict does: the same COCO numbers as the checkpoint, to rounding.
+    annotations = coco128_dir / "annotations_val.json"
+    expected = detector.evaluate(coco128_dir / "images", annotations)
+    torch.testing.assert_close(in_onnx.evaluate(coco128_dir / "images", annotations), expected, atol=0.05, rtol=0)
     paths = _images_of_different_sizes(coco128_dir, 3)
     # predict runs in float32 by default, also for a config trained under autocast (train.amp=auto is bf16 on a
     # CPU with AMX): PyTorch and ONNX Runtime agree within 1e-3 px and 1e-6 in score, every detection.

@@ -22,6 +22,7 @@ from detr_peg.data.image_input import load_rgb_image
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.transforms import build_eval_transforms, build_train_transforms
 from detr_peg.errors import ConfigError, DataError
+from detr_peg.messages import listed
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,12 @@ class CocoDetection(Dataset):
                     f"Annotation file {self.annotation_file} has annotation id {ann['id']} with category_id "
                     f"{ann['category_id']}, which the given label map (categories {label_map.category_ids}) lacks."
                 )
+        named = dict(zip(label_map.category_ids, label_map.names))
+        cats = self.coco.dataset["categories"]
+        if differ := [f"id {c['id']} {c['name']!r} (the model's {named[c['id']]!r})" for c in cats
+                      if named.get(c["id"], c["name"]) != c["name"]]:  # fmt: skip
+            logger.warning("%s names categories otherwise than the model: %s; results are matched by id, so check "
+                           "that the ids mean the same classes.", self.annotation_file, listed(differ))  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.ids)

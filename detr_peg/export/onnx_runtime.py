@@ -119,6 +119,10 @@ class OnnxDetector:
         """For symmetry with ``nn.Module``: a graph is always in inference mode."""
         return self
 
+    def to(self, device: str | torch.device) -> OnnxDetector:
+        """For symmetry with ``nn.Module``: ONNX Runtime runs the graph on the CPU (``evaluate`` moves models)."""
+        return self
+
 
 def _numpy(tensor: Tensor, dtype) -> np.ndarray:
     return np.ascontiguousarray(tensor.detach().cpu().numpy().astype(dtype, copy=False))

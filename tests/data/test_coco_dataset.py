@@ -292,6 +292,26 @@ def test_given_label_map_must_cover_the_categories(coco_tmp) -> None:
     assert ds[0][1]["labels"].tolist() == [1, 2]
 
 
+def test_a_label_map_that_names_an_id_otherwise_is_warned_of(coco_tmp, caplog) -> None:
+    """Results are matched by id: a model whose id 3 is "triangle" scored on a file whose id 3 is "cat" is said."""
+    images_dir, ann_file = coco_tmp()
+    other = LabelMap(category_ids=[3, 7], names=["triangle", "dog"])
+    with caplog.at_level(logging.WARNING):
+        CocoDetection(images_dir=images_dir, annotation_file=ann_file, label_map=other)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{ann_file} names categories otherwise than the model: id 3 'cat' (the model's 'triangle'); results are "
+        "matched by id, so check that the ids mean the same classes."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        CocoDetection(
+            images_dir=images_dir,
+            annotation_file=ann_file,
+            label_map=LabelMap(category_ids=[3, 7], names=["cat", "dog"]),
+        )
+    assert not caplog.records
+
+
 def test_unknown_on_bad_sample(coco_tmp) -> None:
     images_dir, ann_file = coco_tmp()
     with pytest.raises(ConfigError, match="'ignore'"):
