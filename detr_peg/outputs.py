@@ -383,7 +383,7 @@ def _write_ledger(folder: Path, names: dict[str, str]) -> None:
 
 
 def _take_back(folder: Path, claimed: set[str]) -> None:
-    """Drop from ``folder``'s ownership file the names of ``claimed`` that are not there (never written, or removed)."""
+    """Drop from ``folder``'s ownership file the names of ``claimed`` that are not there."""
     ledger = owned_names(folder)
     owned = {name: kind for name, kind in ledger.items() if name not in claimed or os.path.lexists(folder / name)}
     with contextlib.suppress(OSError, UserError):  # a ledger that keeps a needless name is harmless
@@ -417,5 +417,6 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
                 added = {target.name: kind for target in output.targets() if target.name not in owned}
                 if added:
                     _write_ledger(output.folder, {**owned, **added})
-                claims.callback(_take_back, output.folder, {target.name for target in output.targets()})
+                present = {target.name for target in output.targets() if os.path.lexists(target)}
+                claims.callback(_take_back, output.folder, set(added) | present)  # unwritten, or removed by it
         return claims.pop_all()

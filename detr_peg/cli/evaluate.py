@@ -34,9 +34,6 @@ from pathlib import Path
 
 from detr_peg.cli import option_types
 
-#: The multi-resolution options of this command (``detr-peg study`` checks a study file's ``eval`` section against them).
-MULTI_RESOLUTION_OPTIONS = ("--scales", "--canvas-scales", "--padding")
-
 #: Errors about these config keys name the option instead, when it was given (the folder checks name the run's).
 OPTION_KEYS = {"--output": "train.output_dir"}
 

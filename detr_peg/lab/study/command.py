@@ -246,22 +246,6 @@ def definition_from_args(args: argparse.Namespace):
     return definition, cluster, options, rule
 
 
-def check_eval_options(definition) -> None:
-    """Refuse test scales or padding when this version of ``detr-peg eval`` has no such option."""
-    from detr_peg.cli import evaluate
-    from detr_peg.errors import ConfigError
-
-    known = set(evaluate.MULTI_RESOLUTION_OPTIONS)
-    asked = {
-        "--scales": definition.eval.scales,
-        "--canvas-scales": definition.eval.canvas_scales,
-        "--padding": definition.eval.padding,
-    }
-    for flag, value in asked.items():
-        if value and flag not in known:
-            raise ConfigError(f"{flag} is not supported by this version of detr-peg eval; leave it out.")
-
-
 def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
     """Run ``detr-peg ARGV`` here, output appended to ``log``; the exit status and, when not 0, the one-line error."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -321,20 +305,6 @@ def run_cells(args: argparse.Namespace, study_dir: Path, cluster, definition, ce
     )
 
 
-class _Once(logging.Filter):
-    """Passes each distinct message once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        new = message not in self.seen
-        self.seen.add(message)
-        return new
-
-
 def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as claims:  # the output folders' claims, settled on leaving
         from dataclasses import replace
@@ -342,7 +312,13 @@ def run(args: argparse.Namespace) -> int:
         from detr_peg.errors import ConfigError
 
         started = time.monotonic()
-        notes, once = logging.getLogger("detr_peg.config.loader"), _Once()  # each cell's config is read several times
+        notes, seen = logging.getLogger("detr_peg.config.loader"), set()
+
+        def once(record: logging.LogRecord) -> bool:  # a cell's config is read several times: each note once
+            new = record.getMessage() not in seen
+            seen.add(record.getMessage())
+            return new
+
         notes.addFilter(once)
         claims.callback(notes.removeFilter, once)
         if args.slurm and args.submitit_local:
@@ -363,7 +339,6 @@ def run(args: argparse.Namespace) -> int:
             slurm.parse_time(cluster.time)
             if not args.plan:  # before the study folder is written
                 slurm.require_submitit()
-        check_eval_options(definition)
         study_dir = Path(args.output)
         if rule is not None:  # a rerun continues with the seeds the folder already planned
             earlier = read_plan(study_dir)
