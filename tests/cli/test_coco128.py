@@ -152,3 +152,18 @@ def test_evaluate_returns_per_class_and_confusion_and_plot_draws_it(trained: Pat
     before = (tmp_path / "eval" / "plots" / "confusion_matrix.png").read_bytes()
     assert main(["plot", str(tmp_path / "eval")]) == 2
     assert (tmp_path / "eval" / "plots" / "confusion_matrix.png").read_bytes() == before
+
+
+def test_plot_keeps_a_users_figure_in_a_run_copied_without_its_record(trained: Path, tmp_path: Path, capsys) -> None:
+    """``cp -r run/* copy/`` leaves the hidden ownership record behind: a figure already in plots/ is the user's."""
+    copy = tmp_path / "copy"
+    (copy / "plots").mkdir(parents=True)
+    for name in ("metrics.jsonl", "config.yaml"):
+        shutil.copy(trained / name, copy / name)
+    (copy / "plots" / "learning_curve.png").write_bytes(b"mine")
+    assert main(["plot", str(copy)]) == 2
+    assert "learning_curve.png exists and was not written by detr-peg" in capsys.readouterr().err
+    assert (copy / "plots" / "learning_curve.png").read_bytes() == b"mine"
+    (copy / "plots" / "learning_curve.png").unlink()
+    assert main(["plot", str(copy)]) == 0  # without it the copy is drawn as the run is
+    assert (copy / "plots" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"

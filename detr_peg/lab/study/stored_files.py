@@ -396,9 +396,10 @@ def publish_io(study_dir: str | os.PathLike, dest: str | os.PathLike) -> tuple:
 
 
 def plot_io(folder: str | os.PathLike, study: bool) -> tuple:
-    """The tables and figures of a study folder, or a run's learning curve; a folder never claimed is adopted."""
+    """The tables and figures of a study folder (adopted when never claimed: a published copy), or a run's learning
+    curve (a figure without a record is the user's: a run copied without its hidden files keeps it)."""
     root, adopt = Path(folder), not os.path.lexists(Path(folder) / OWNERSHIP_FILE)
     if study:
         return [], _study_outputs(root, "RUN_OR_STUDY", (*STUDY_NAMES[4:], "plots"), adopt)
-    return [], [Output(root / "plots", "RUN_OR_STUDY", figure_files(RUN_FIGURES), "train", adopt),
+    return [], [Output(root / "plots", "RUN_OR_STUDY", figure_files(RUN_FIGURES), "train"),
                 Output(root, "RUN_OR_STUDY", ("plots",), "train", adopt)]  # fmt: skip
