@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -65,14 +66,14 @@ def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cpu":
         return torch.device("cpu")
-    if spec == "cuda" or spec.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device is {spec!r} but CUDA is not available; use train.device=cpu.")
-        index = local_rank if spec == "cuda" else int(spec.split(":", 1)[1])
-        if index >= torch.cuda.device_count():
-            raise ConfigError(f"train.device asks for GPU {index} but only {torch.cuda.device_count()} are visible.")
-        return torch.device("cuda", index)
-    raise ConfigError(f"train.device is {spec!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'.")
+    if not re.fullmatch(r"cuda(:[0-9]+)?", spec):
+        raise ConfigError(f"train.device is {spec!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'.")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"train.device is {spec!r} but CUDA is not available; use train.device=cpu.")
+    index = local_rank if spec == "cuda" else int(spec.split(":", 1)[1])
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"train.device asks for GPU {index} but only {torch.cuda.device_count()} are visible.")
+    return torch.device("cuda", index)
 
 
 def init_distributed(device_spec: str = "auto") -> DistEnv:
