@@ -335,7 +335,8 @@ def _resolve(cfg: Config, key: str, source: str, arch: str, encoding: str) -> tu
                 )
             section = ".".join(parts[:depth]) or "the top level"
             valid = ", ".join(names)
-            raise ConfigError(f"{source}: unknown key '{key}'; valid keys in {section} are: {valid}.")
+            study = " (a study file's key: run it with detr-peg study --study)" if key in ("configs", "grid") else ""
+            raise ConfigError(f"{source}: unknown key '{key}'{study}; valid keys in {section} are: {valid}.")
         if depth < len(parts) - 1:
             owner = getattr(owner, part)
             if not dataclasses.is_dataclass(owner):

@@ -86,6 +86,10 @@ def test_file_errors_name_the_file(tmp_path):
     wrong = write(tmp_path / "wrong.yaml", {"train": {"batchsize": 2}})
     with pytest.raises(ConfigError, match=r"wrong.yaml: unknown key 'train.batchsize'"):
         load_config(wrong)
+    study = write(tmp_path / "study.yaml", {"configs": ["demo"], "grid": {"train.lr": [1e-4, 2e-4]}})
+    with pytest.raises(ConfigError, match=r"study.yaml: unknown key '(configs|grid)' \(a study file's key: run it with "
+                       r"detr-peg study --study\); valid keys in the top level are"):  # fmt: skip
+        load_config(study)
     listing = write(tmp_path / "list.yaml", "- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping of sections"):
         load_config(listing)
