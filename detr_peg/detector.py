@@ -54,10 +54,7 @@ class Detector(HubFolders):
             raise TypeError(f"Detector(...) takes a LoadedModel, got {type(loaded).__name__}; use Detector.from_checkpoint, "
                             "from_pretrained, from_onnx or from_config.")  # fmt: skip
         self.loaded = loaded
-        try:
-            self.device = device if isinstance(device, torch.device) else resolve_device(str(device))
-        except ConfigError as exc:  # said of the argument, not of the config field
-            raise ConfigError(str(exc).replace("train.device", "device")) from None
+        self.device = device if isinstance(device, torch.device) else resolve_device(str(device))
         if isinstance(loaded.model, torch.nn.Module):
             loaded.to(self.device).model.eval()
         else:  # an ONNX Runtime graph runs on the CPU

@@ -167,17 +167,11 @@ def test_a_detector_is_built_from_a_loaded_model_only(loaded) -> None:
         Detector(loaded)
 
 
-@pytest.mark.parametrize(
-    ("device", "said"),
-    [
-        ("gpu", "device is 'gpu'; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'."),
-        ("cuda:x", "device is 'cuda:x'; valid are"),
-    ],
-)
-def test_a_bad_device_argument_is_named_as_the_argument(device: str, said: str) -> None:
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cuda:"])
+def test_a_device_that_is_no_device_is_one_sentence_wherever_cuda_is(device: str) -> None:
     from detr_peg import Detector
     from detr_peg.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         Detector.from_config(_config("detr"), device=device)
-    assert str(err.value).startswith(said) and "train.device" not in str(err.value)
+    assert str(err.value) == f"train.device is {device!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'."
