@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import pickle
 import re
@@ -37,12 +38,16 @@ def check_checkpoint_location(spec: str | os.PathLike, what: str = "checkpoint")
 
 
 def fetch_url(url: str) -> Path:
-    """Download ``url`` into torch's hub cache (once) and return the local path."""
+    """Download ``url`` into torch's hub cache (once per URL) and return the local path.
+
+    The file is kept under a folder named by the URL's hash: two URLs ending in the same file name
+    (``.../a/checkpoint.pth``, ``.../b/checkpoint.pth``) are two files.
+    """
     from torch.hub import download_url_to_file, get_dir
 
-    cache = Path(get_dir()) / "checkpoints"
+    cache = Path(get_dir()) / "checkpoints" / hashlib.sha256(url.encode()).hexdigest()[:16]
     cache.mkdir(parents=True, exist_ok=True)
-    target = cache / os.path.basename(url.split("?")[0])
+    target = cache / (os.path.basename(url.split("?")[0]) or "download")
     if not target.is_file():
         try:
             download_url_to_file(url, str(target), progress=True)

@@ -30,3 +30,30 @@ def test_convert_checks_an_official_file_and_leaves_folders_and_hub_names_to_the
         assert check_source(source) is None
     with pytest.raises(CheckpointError, match=r"^The official checkpoint file no/such\.pth does not exist\.$"):
         check_source("no/such.pth")
+
+
+def test_two_urls_ending_in_the_same_file_name_are_two_downloads(tmp_path: Path, monkeypatch) -> None:
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    import torch
+
+    from detr_peg.checkpoint.files import read_checkpoint_file
+
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / "site" / name).mkdir(parents=True)
+        torch.save({"w": torch.full((3,), value)}, tmp_path / "site" / name / "checkpoint.pth")
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))
+    handler.log_message = lambda *args: None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        for _ in range(2):  # the second round reads the cache
+            for name, value in (("a", 1.0), ("b", 2.0)):
+                state = read_checkpoint_file(f"{base}/{name}/checkpoint.pth")
+                torch.testing.assert_close(state["w"], torch.full((3,), value))
+    finally:
+        server.shutdown()
