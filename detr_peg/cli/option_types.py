@@ -71,7 +71,7 @@ def config_file(text: str) -> str:
     # Imported here so that `detr-peg COMMAND --help` does not load the config machinery.
     from detr_peg.config.shipped import resolve_config
 
-    return str(resolve_config(text))
+    return str(resolve_config(text)) if text.strip() else text  # empty: refused by the option's action
 
 
 #: Probabilities and score thresholds.

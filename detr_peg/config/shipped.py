@@ -64,10 +64,10 @@ def shipped_config(name: str | os.PathLike) -> Path | None:
 
 def resolve_config(spec: str | os.PathLike, relative_to: str | os.PathLike | None = None) -> Path:
     """The config file ``spec`` names: an existing file (relative to ``relative_to`` if given), else a shipped
-    config of that name, else the path as given, which the reader reports as missing.
+    config of that name, else the path as given, which the reader reports as missing (or as a folder).
     """
     path = Path(spec) if relative_to is None else Path(relative_to) / spec
-    if path.exists() or path.is_symlink():
+    if (path.exists() or path.is_symlink()) and not path.is_dir():
         return path
     return shipped_config(spec) or path
 

@@ -40,6 +40,7 @@ CASES = [
     (["study", "--config", "no/such.yaml", "--output", "s"], MISSING_CONFIG.replace("no/", "{tmp}/no/")),
     (["study", "--config", "folder", "--output", "s"], "Config file {tmp}/folder is a folder, not a file."),
     (["eval", "--checkpoint", ""], "--checkpoint is empty (''); give a value (see detr-peg eval --help)"),
+    (["train", "--config", ""], "--config is empty (''); give a value (see detr-peg train --help)"),
     (  # ONNX Runtime reads local files only
         ["predict", "--onnx", "https://example.invalid/m.onnx", "picture.png"],
         "The ONNX model file https://example.invalid/m.onnx does not exist.",

@@ -24,9 +24,15 @@ def test_the_names_are_the_files_of_the_top_level_configs_folder() -> None:
         assert shipped_config(outside) is None, outside
 
 
-def test_a_file_wins_over_a_name_and_a_missing_one_is_returned_as_given(tmp_path: Path, monkeypatch) -> None:
+def test_a_file_wins_over_a_name_a_folder_does_not_and_a_missing_one_is_returned_as_given(
+    tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert resolve_config("demo") == CONFIGS / "demo.yaml"
+    (tmp_path / "demo").mkdir()  # a folder (the demo's own output, say) does not hide the name
+    assert resolve_config("demo") == CONFIGS / "demo.yaml"
+    assert resolve_config(".") == Path(".")
+    (tmp_path / "demo").rmdir()
     (tmp_path / "demo").write_text("model: {}\n")
     assert resolve_config("demo") == Path("demo")
     assert resolve_config("missing.yaml") == Path("missing.yaml")
