@@ -24,7 +24,6 @@ from detr_peg.outputs import atomic_write_text
 
 CONFIG_JSON = "config.json"
 WEIGHTS = "model.safetensors"
-MODEL_CARD = "README.md"
 LIBRARY = "detr_peg"
 REPOSITORY = "https://github.com/detr-peg/detr_peg"
 DOCUMENTATION = "https://detr-peg.github.io/detr_peg/huggingface/"

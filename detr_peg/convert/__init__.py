@@ -9,9 +9,7 @@ _EXPORTS = {
     "convert_checkpoint": "detr_peg.convert.sources",
     "convert_file": "detr_peg.convert.sources",
     "convert_official": "detr_peg.convert.official",
-    "convert_official_file": "detr_peg.convert.official",
     "convert_transformers": "detr_peg.convert.transformers_folder",
-    "convert_transformers_file": "detr_peg.convert.transformers_folder",
 }
 
 __all__, __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

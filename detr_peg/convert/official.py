@@ -14,7 +14,7 @@ from detr_peg.checkpoint.files import read_checkpoint_file
 from detr_peg.config.loader import Layer, dotted_layer
 from detr_peg.config.schema import Config
 from detr_peg.convert.registry import OFFICIAL_FORMATS, OfficialFormat
-from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers, save_report
+from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers
 from detr_peg.convert.source_kind import OFFICIAL_FILE
 from detr_peg.errors import CheckpointError
 
@@ -98,10 +98,3 @@ def convert_official(
     mapped, aliases = map_state_dict(state, fmt.key_map, src)
     merged, new_keys, unused = fit_to_model(cfg, mapped, src)
     return ConversionReport(fmt.name, cfg, merged, new_keys, unused, aliases, ignored)
-
-
-def convert_official_file(src: str | os.PathLike, dst: str | os.PathLike, **kwargs: Any) -> ConversionReport:
-    """:func:`convert_official`, then write the detr_peg checkpoint ``dst`` atomically."""
-    report = convert_official(src, **kwargs)
-    save_report(report, src, dst)
-    return report

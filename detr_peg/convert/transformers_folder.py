@@ -17,7 +17,7 @@ from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.checkpoint.files import is_safetensors, read_checkpoint_file
 from detr_peg.checkpoint.hub_files import ModelFolder, model_folder
 from detr_peg.convert.registry import TRANSFORMERS_FORMATS, TransformersFormat
-from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers, save_report
+from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers
 from detr_peg.convert.transformers_config import label_map_of, read_config_json, refusal
 from detr_peg.convert.transformers_keys import fuse_attention_projections
 from detr_peg.data.coco_file import file_name_problem
@@ -107,10 +107,3 @@ def convert_transformers(
         fmt.fill(mapped, cfg)
     merged, new_keys, unused = fit_to_model(cfg, mapped, src)
     return ConversionReport(fmt.name, cfg, merged, new_keys, unused, aliases, label_map=label_map.to_dict())
-
-
-def convert_transformers_file(src: str | os.PathLike, dst: str | os.PathLike, **kwargs: Any) -> ConversionReport:
-    """:func:`convert_transformers`, then write the detr_peg checkpoint ``dst`` atomically."""
-    report = convert_transformers(src, **kwargs)
-    save_report(report, src, dst)
-    return report

@@ -8,7 +8,6 @@ from detr_peg.lazy_exports import lazy_exports as _lazy_exports
 DEFAULT_OPSET = 18
 
 _EXPORTS = {
-    "export_checkpoint": "detr_peg.export.onnx_export",
     "export_onnx": "detr_peg.export.onnx_export",
     "OnnxDetector": "detr_peg.export.onnx_runtime",
 }

@@ -25,7 +25,7 @@ from detr_peg.config.loader import config_to_dict
 from detr_peg.errors import ConfigError
 from detr_peg.export import DEFAULT_OPSET
 from detr_peg.export.export_options import check_export_options, export_note, require_onnx
-from detr_peg.models.loading import LoadedModel, load_model
+from detr_peg.models.loading import LoadedModel
 from detr_peg.models.postprocess import Postprocessor
 from detr_peg.models.registry import attention_impl
 from detr_peg.outputs import write_error
@@ -182,9 +182,3 @@ def _write(program, path: Path, metadata: dict[str, str]) -> None:
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.save_model(proto, str(path))
-
-
-def export_checkpoint(checkpoint: str | os.PathLike, output: str | os.PathLike, *, overrides=(), **options) -> Path:
-    """Export the model of a detr_peg checkpoint (``options``: see :func:`export_onnx`)."""
-    require_onnx()
-    return export_onnx(load_model(checkpoint, overrides=overrides), output, **options)

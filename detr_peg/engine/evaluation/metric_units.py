@@ -12,8 +12,6 @@ from detr_peg.config.ranges import is_number
 
 #: The unit of every COCO metric detr_peg writes, and the value of the files' ``"unit"`` field.
 UNIT = "percent"
-#: The unit of files written without a ``"unit"`` field (fractions 0..1).
-LEGACY_UNIT = "fraction"
 
 #: The twelve numbers of ``COCOeval.summarize()`` for bbox evaluation, in its order.
 STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
