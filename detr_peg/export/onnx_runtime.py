@@ -75,18 +75,24 @@ class OnnxDetector:
             self.config = cfg
 
     def run(self, images: Tensor, mask: Tensor, orig_sizes: Tensor | None = None) -> dict[str, Tensor]:
-        """Every output by name as a CPU tensor; ``images [B, 3, H, W]``, ``mask [B, H, W]`` (True = padding)."""
+        """Every output by name as a CPU tensor; ``images [B, 3, H, W]``, ``mask [B, H, W]`` (True = padding).
+
+        A graph exported for a fixed image size gets smaller batches padded up to it, as to the stride.
+        """
+        fixed = self.session.get_inputs()[self.input_names.index("images")].shape  # ints where the export fixed them
+        grow = [max(want - got, 0) if isinstance(want, int) else 0 for want, got in zip(fixed[2:], images.shape[2:])]
+        images = torch.nn.functional.pad(images, (0, grow[1], 0, grow[0]))
+        mask = torch.nn.functional.pad(mask, (0, grow[1], 0, grow[0]), value=True)
         feed = {"images": _numpy(images, np.float32), "mask": _numpy(mask, np.bool_)}
         if "orig_sizes" in self.input_names:
             if orig_sizes is None:
                 raise ValueError(f"{self.path} was exported with post-processing and needs orig_sizes")
             feed["orig_sizes"] = _numpy(orig_sizes, np.int64)
-        fixed = self.session.get_inputs()[self.input_names.index("images")].shape  # ints where the export fixed them
         if any(isinstance(want, int) and want != got for want, got in zip(fixed, feed["images"].shape)):
             batch = f", in batches of {fixed[0]} (predict --batch-size {fixed[0]})" if isinstance(fixed[0], int) else ""
             raise DataError(
                 f"{self.path} was exported for image batches of shape {fixed}, not {list(feed['images'].shape)}; "
-                f"export without --image-size and --batch-size for any size, or give images of that size{batch}."
+                f"export without --image-size and --batch-size for any size, or give images no larger{batch}."
             )
         outputs = self.session.run(self.output_names, feed)
         return {name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)}

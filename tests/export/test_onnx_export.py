@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -218,7 +219,14 @@ def test_fixed_size_export(tmp_path):
     got = detector(images, mask)
     torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
     torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
-    for batch, size in ((2, (64, 128)), (1, (96, 128))):  # another size, another batch: one sentence, not onnxruntime's
+    images, mask, _ = padded_batch(2, (64, 112))  # smaller: padded up to the graph's size, as to the stride
+    with torch.no_grad():
+        pad = (0, 128 - 112, 0, 96 - 64)
+        expected = ExportWrapper(model)(F.pad(images, pad), F.pad(mask, pad, value=True))
+    got = detector(images, mask)
+    torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
+    torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+    for batch, size in ((2, (128, 128)), (1, (96, 128))):  # larger, another batch: one sentence, not onnxruntime's
         images, mask, _ = padded_batch(batch, size)
         with pytest.raises(
             DataError,
