@@ -81,15 +81,15 @@ def check_regular_file(path: StrPath, what: str, kind: str, error: ErrorType) ->
 
 def read_bounded_bytes(path: StrPath, what: str, kind: str, error: ErrorType) -> bytes:
     """The bytes of a file checked by :func:`check_regular_file`, reading at most its limit + 1."""
-    check_regular_file(path, what, kind, error)
+    size = check_regular_file(path, what, kind, error)
     refuse, limit = _refuser(error, what, path), LIMITS[kind].max_bytes
     try:
         with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
+            data = handle.read(min(size, limit) + 1)  # read(n) reserves n bytes: not the limit for a small file
     except OSError as exc:
         raise refuse(f"cannot be read: {exc.strerror or exc}") from None
-    if len(data) > limit:
-        raise refuse(f"is larger than the {_size(limit)} accepted for a {kind} file")
+    if len(data) > min(size, limit):
+        raise refuse(f"grew while it was read, or is larger than the {_size(limit)} accepted for a {kind} file")
     return data
 
 

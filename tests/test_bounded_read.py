@@ -25,6 +25,29 @@ def test_never_more_than_the_limit_is_read(tmp_path: Path, monkeypatch) -> None:
         read_bounded_bytes(tmp_path / "big.yaml", "File", "config", DataError)
 
 
+def test_a_small_file_is_read_under_a_memory_limit_below_its_kind_s_limit(tmp_path: Path) -> None:
+    """read(n) reserves n bytes up front: asking for the 4 GiB limit of a 2-byte file failed under ``ulimit -v``."""
+    import subprocess
+    import sys
+
+    (tmp_path / "a.json").write_bytes(b"{}")
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+        "from detr_peg.bounded_read import LIMITS, read_bounded_bytes; from detr_peg.errors import DataError; "
+        "assert LIMITS['annotations'].max_bytes >= 2 << 30; "
+        f"print(read_bounded_bytes({str(tmp_path / 'a.json')!r}, 'File', 'annotations', DataError))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (0, "b'{}'\n"), result.stderr
+
+
+def test_a_file_that_grew_since_it_was_checked_is_refused(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "a.json").write_bytes(b'{"x": 1}')
+    monkeypatch.setattr(bounded_read, "check_regular_file", lambda *args: 2)  # the size when it was checked
+    with pytest.raises(DataError, match=r"a.json grew while it was read, or is larger than the .* config file\.$"):
+        read_bounded_bytes(tmp_path / "a.json", "File", "config", DataError)
+
+
 @pytest.mark.parametrize(
     "make, words",
     [
