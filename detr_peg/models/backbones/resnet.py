@@ -95,6 +95,10 @@ def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetB
             f"Unknown torchvision backbone {cfg.name!r}: valid are {valid} "
             "(use model.backbone.source=timm for other models)."
         )
+    if cfg.dilation and cfg.name in ("resnet18", "resnet34"):  # torchvision's BasicBlock raises NotImplementedError
+        raise ConfigError(
+            f"model.backbone.dilation=true needs a bottleneck ResNet (resnet50 and larger), not {cfg.name!r}."
+        )
     body = torchvision.models.get_model(
         cfg.name, replace_stride_with_dilation=[False, False, cfg.dilation], norm_layer=NORM_LAYERS[cfg.norm]
     )

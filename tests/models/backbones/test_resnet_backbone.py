@@ -108,3 +108,9 @@ def test_local_weights_load_and_mismatches_are_clear(tmp_path):
 def test_unknown_torchvision_name_is_a_clear_error():
     with pytest.raises(ConfigError, match="Unknown torchvision backbone 'vgg16'.*resnet50.*source=timm"):
         build_backbone(BackboneConfig(name="vgg16"), [4])
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet34"])
+def test_dilation_of_a_basic_block_resnet_is_a_clear_error(name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^model.backbone.dilation=true needs a bottleneck ResNet .*'{name}'\.$"):
+        build_backbone(BackboneConfig(name=name, dilation=True), [4])
