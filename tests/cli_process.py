@@ -27,6 +27,7 @@ Process limits a test can ask for (``limits``):
   so writing past ``n`` bytes fails with ``EFBIG`` like a full disk;
 * ``("memory", n)``: ``RLIMIT_AS`` at the process's present address space
   plus ``n`` bytes, so an allocation past that fails as on a full machine;
+* ``("open_files", soft, hard)``: ``RLIMIT_NOFILE`` (``ulimit -n``);
 * ``("no_dac_override",)``: drop ``CAP_DAC_OVERRIDE`` and
   ``CAP_DAC_READ_SEARCH``, so file permissions apply even to root.
 """
@@ -132,6 +133,8 @@ def apply_limits(limits: Sequence[Limit]) -> None:
             with open("/proc/self/statm") as statm:
                 present = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
             resource.setrlimit(resource.RLIMIT_AS, (present + int(limit[1]), resource.RLIM_INFINITY))
+        elif limit[0] == "open_files":
+            resource.setrlimit(resource.RLIMIT_NOFILE, (int(limit[1]), int(limit[2])))
         elif limit[0] == "no_dac_override":
             drop_file_access_override()
         else:

@@ -7,6 +7,7 @@ Process ``r`` of ``N`` gets positions ``r, r + N, ...`` of each epoch's permutat
 from __future__ import annotations
 
 import functools
+import resource
 import signal
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -89,8 +90,25 @@ def check_train_size(num_samples: int, batch_size: int, world_size: int) -> int:
     return iters
 
 
+#: Open files needed with loader workers, which pass tensors as file descriptors (with too few, the loader hangs).
+MIN_OPEN_FILES = 1024
+
+
+def check_open_files(workers: int) -> None:
+    """With ``workers``, raise a soft open-file limit below :data:`MIN_OPEN_FILES` to it; ConfigError if it cannot."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if workers and 0 <= soft < MIN_OPEN_FILES:  # RLIM_INFINITY is -1 (Linux) or huge
+        if 0 <= hard < MIN_OPEN_FILES:
+            raise ConfigError(
+                f"data.num_workers={workers} needs at least {MIN_OPEN_FILES} open files (loader workers pass tensors "
+                f"as file descriptors), but this process may have {hard} (ulimit -n); raise it or set data.num_workers=0."
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (MIN_OPEN_FILES, hard))
+
+
 def iterate_batches(loader: Iterable[T]) -> Iterator[T]:
     """Iterate ``loader``, re-raising a worker's :class:`~detr_peg.errors.UserError` with its one-line message only."""
+    check_open_files(getattr(loader, "num_workers", 0))
     iterator = iter(loader)
     try:
         while True:

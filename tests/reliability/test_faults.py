@@ -179,6 +179,20 @@ def test_a_disk_without_room_for_one_file_fails_before_training(cli, case: Path)
     assert "iter" not in (case / OUT / "metrics.jsonl").read_text()[len(before["metrics.jsonl"]) :]
 
 
+def test_loader_workers_with_too_few_open_files_fail_before_training(cli, case: Path) -> None:
+    """Workers pass tensors as file descriptors: with too few, one failed to send and the loader waited forever."""
+    before = snapshot(case / OUT)
+    result = cli.run([*RESUME, "data.num_workers=2"], cwd=case, limits=[("open_files", 64, 64)], timeout=300)
+    assert_one_line_error(
+        result,
+        "data.num_workers=2 needs at least 1024 open files (loader workers pass tensors as file descriptors), "
+        "but this process may have 64 (ulimit -n); raise it or set data.num_workers=0.",
+    )
+    assert_outputs_kept(before, case / OUT)
+    # A soft limit below a higher hard limit is raised to it, as `ulimit -n` would be by hand.
+    assert_success(cli.run([*RESUME, "data.num_workers=2"], cwd=case, limits=[("open_files", 64, 4096)]))
+
+
 def test_too_little_free_space_fails_before_training(case: Path, monkeypatch, capsys) -> None:
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(checkpointing.shutil, "disk_usage", lambda p: usage(10 << 30, 10 << 30, 5 << 20))
