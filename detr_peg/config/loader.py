@@ -128,13 +128,8 @@ def parse_overrides(
             raise ConfigError(f"{given}: override {item!r} is not of the form key=value (for example train.lr=2e-4).")
         parts = key.split(".")
         if not all(part.strip() for part in parts):
-            where = (
-                "starts with a dot"
-                if not parts[0].strip()
-                else "ends with a dot"
-                if not parts[-1].strip()
-                else ("has two dots in a row")
-            )
+            ends = {0: "starts with a dot", len(parts) - 1: "ends with a dot"}
+            where = next((ends[i] for i in ends if not parts[i].strip()), "has two dots in a row")
             raise ConfigError(
                 f"{given}: override {item!r} has an empty part in its key {key!r} (it {where}); "
                 "keys are dotted names such as train.lr."
@@ -143,7 +138,7 @@ def parse_overrides(
             value = (
                 load_yaml_text(raw, key, f"{given}: override", "config", ConfigError, keep_text=True)
                 if raw.strip()
-                else None
+                else ScalarText(None, raw)
             )
         except yaml.YAMLError:
             value = raw
@@ -386,7 +381,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     value = plain(value)
 
     def fail() -> ConfigError:
-        return ConfigError(f"{source}: '{key}' must be {_type_name(hint)}, got {value!r}.")
+        shown = repr(value) if text is None else f"{text!r} (read as {value!r})"
+        return ConfigError(f"{source}: '{key}' must be {_type_name(hint)}, got {shown}.")
 
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):

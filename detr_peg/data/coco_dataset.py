@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,7 @@ from detr_peg.data.label_map import LabelMap
 from detr_peg.data.transforms import build_eval_transforms, build_train_transforms
 from detr_peg.errors import ConfigError, DataError
 from detr_peg.messages import listed
+from detr_peg.outputs import path_obstacle
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +186,14 @@ def build_coco_dataset(
     for key, value in ((f"{split}_images", images), (f"{split}_annotations", annotations)):
         if not value:
             raise ConfigError(f"data.{key} is not set; give the path of the {split} {key.split('_')[1]}.")
+        try:
+            os.lstat(value)
+        except FileNotFoundError:  # nothing there: name the key (its value may come from a config file)
+            cwd = "" if os.path.isabs(value) else f"a relative path is read from the current folder, {os.getcwd()}"
+            why = path_obstacle(value) or cwd
+            raise DataError(f"data.{key} {value} does not exist{f' ({why})' if why else ''}.") from None
+        except OSError:
+            pass  # the reader says what is wrong (a name too long, no permission)
     transforms = build_train_transforms(cfg) if split == "train" else build_eval_transforms(cfg)
     return CocoDetection(
         images_dir=images,

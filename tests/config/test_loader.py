@@ -68,6 +68,10 @@ def test_values_are_coerced_and_checked():
         ("model.transformer=3", ["'model.transformer' is a section"]),
         ("model.arch=yolo", ["unknown model.arch 'yolo'", "'deformable_detr'"]),
         ("nonsense", ["not of the form key=value"]),
+        # What the user typed, with what YAML read it as.
+        ("train.output_dir=~", ["'train.output_dir' must be a string, got '~' (read as None)."]),
+        ("train.lr=", ["'train.lr' must be a number, got '' (read as None)."]),
+        ("train.epochs=yes", ["'train.epochs' must be an integer, got 'yes' (read as True)."]),
     ],
 )
 def test_bad_overrides_name_the_key_and_value(override, fragments):

@@ -281,7 +281,7 @@ CASES += [Hostile(f"{name}-into-an-empty-name", args, ["--output is empty" if na
 CASES.append(Hostile(
     "train-into-new-nested-folders-with-a-data-error",
     [*NEW_RUN_NO_OUTPUT, "--output", "a/b/c", "data.train_images=none"],
-    ["Image folder none does not exist"],
+    ["data.train_images none does not exist (a relative path is read from the current folder, "],
 ))  # fmt: skip
 
 
