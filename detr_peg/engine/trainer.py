@@ -33,7 +33,7 @@ from detr_peg.engine.metrics_log import MetricsLog, format_duration
 from detr_peg.engine.mixed_precision import autocast, outputs_to_float
 from detr_peg.engine.optimizer import LrSchedule, current_lrs
 from detr_peg.engine.weight_average import WeightAverage
-from detr_peg.errors import TrainingError
+from detr_peg.errors import ConfigError, TrainingError
 
 #: Unweighted final-layer terms logged every iteration (aux terms only enter the total).
 LOGGED_TERMS = ("loss_ce", "loss_bbox", "loss_giou", "class_error", "cardinality_error")
@@ -343,7 +343,16 @@ def _forward_loss(
     """``(this process's weighted loss, terms averaged over processes)``; NonFiniteError on a non-finite term."""
     weight_dict = criterion.weight_dict
     with autocast(amp, device):
-        outputs = model(images, mask)
+        try:
+            outputs = model(images, mask)
+        except ValueError as exc:  # torch's trainable BatchNorm over one value per channel
+            if "Expected more than 1 value per channel" not in str(exc):
+                raise
+            raise ConfigError(
+                f"A batch of {len(images)} image(s) of {images.shape[-2]} x {images.shape[-1]} pixels gives feature "
+                f"maps of 1 x 1, too small for trainable BatchNorm ({exc}); raise train.batch_size or the training "
+                "sizes (data.train_scales, data.train_max_size), or set model.backbone.norm=frozen_bn."
+            ) from None
     # The loss in float32: matching and GIoU are sensitive to half precision.
     outputs = outputs_to_float(outputs)
     terms = criterion(outputs, targets)

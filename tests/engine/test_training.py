@@ -116,3 +116,26 @@ def test_stale_temporaries_of_every_run_file_are_removed_at_start(tmp_path) -> N
     check_output_dir(tmp_path, 0)  # the user's files and a live process's temporary stay
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".config.yaml.tmp-{os.getpid()}", "config.yaml.tmp",
                                                                 "notes.tmp"])  # fmt: skip
+
+
+@pytest.mark.parametrize("side, fails", [(16, True), (32, False)])
+def test_trainable_batchnorm_over_1x1_maps_is_a_config_error(side: int, fails: bool) -> None:
+    """Batch 1 at 16 px gives the stride-16 ResNet-18 stage a 1 x 1 map: torch's BatchNorm raised ValueError."""
+    import torch
+
+    from detr_peg.engine.trainer import train_step
+    from detr_peg.models import build_criterion, build_model
+    from tests.engine.tiny_run import TINY_MODEL
+
+    cfg = load_config(None, [*TINY_MODEL, "model.num_classes=2"])
+    model, criterion = build_model(cfg).train(), build_criterion(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    target = {"labels": torch.tensor([1]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}
+    batch = (torch.zeros(1, 3, side, side), torch.zeros(1, side, side, dtype=torch.bool), [target])
+    args = dict(device=torch.device("cpu"), amp="none", scaler=None, clip_max_norm=0.1, iteration=0, epoch=0)
+    if not fails:
+        assert set(train_step(model, criterion, optimizer, list(model.parameters()), batch, **args)) >= {"loss"}
+        return
+    with pytest.raises(ConfigError, match=r"^A batch of 1 image\(s\) of 16 x 16 pixels gives feature maps of 1 x 1, "
+                       r"too small for trainable BatchNorm \(Expected more .*\); raise train.batch_size"):  # fmt: skip
+        train_step(model, criterion, optimizer, list(model.parameters()), batch, **args)
