@@ -71,6 +71,10 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     spec = str(path)
     local = fetch_url(spec) if is_url(spec) else Path(spec)
     check_checkpoint_file(local, what)
+    if local.suffix.lower() == ".onnx":
+        raise CheckpointError(
+            f"The {what} file {spec} is an ONNX graph: run it with predict --onnx or Detector.from_onnx."
+        )
     if is_safetensors(local):
         return _read_safetensors(local, what)
     try:

@@ -58,7 +58,9 @@ class ModelFolder:
             path = self.file(name, **download)
             if path is not None:
                 return path
-        raise CheckpointError(f"{self.spec} holds no {what} ({' or '.join(names)}).")
+        run = self.local is not None and (self.local / "checkpoint.pth").is_file()  # a training run's folder
+        hint = f"; read its checkpoint with Detector.from_checkpoint('{self.local / 'checkpoint.pth'}')" if run else ""
+        raise CheckpointError(f"{self.spec} holds no {what} ({' or '.join(names)}){hint}.")
 
 
 #: Endings of checkpoint and config files: a missing ``runs/model.pth`` is a missing file, not a Hub name.
@@ -81,6 +83,9 @@ def model_folder(spec: str | os.PathLike) -> ModelFolder:
     text = str(spec)
     if os.path.isdir(text):
         return ModelFolder(text, Path(text))
+    if os.path.isfile(text):
+        reader = "from_onnx" if text.lower().endswith(".onnx") else "from_checkpoint"
+        raise CheckpointError(f"{text} is a file, not a model folder: read it with Detector.{reader}.")
     match = HUB_NAME.fullmatch(text)
     if match is None or not is_hub_name(text):
         raise CheckpointError(

@@ -57,3 +57,12 @@ def test_two_urls_ending_in_the_same_file_name_are_two_downloads(tmp_path: Path,
                 torch.testing.assert_close(state["w"], torch.full((3,), value))
     finally:
         server.shutdown()
+
+
+def test_an_onnx_graph_given_as_a_checkpoint_names_its_readers(tmp_path: Path) -> None:
+    from detr_peg.checkpoint.files import read_checkpoint_file
+
+    (tmp_path / "m.onnx").write_bytes(b"\x08\x0a\x12\x07pytorch")  # how an exported graph begins
+    with pytest.raises(CheckpointError, match=rf"^The checkpoint file {tmp_path}/m\.onnx is an ONNX graph: run it "
+                       r"with predict --onnx or Detector\.from_onnx\.$"):  # fmt: skip
+        read_checkpoint_file(tmp_path / "m.onnx")

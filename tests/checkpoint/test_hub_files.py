@@ -44,3 +44,18 @@ def test_a_hub_name_keeps_its_revision():
 def test_neither_a_folder_nor_a_hub_name_is_one_sentence(tmp_path):
     with pytest.raises(CheckpointError, match="is neither a local model folder nor a Hugging Face Hub name"):
         model_folder(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize(("name", "reader"), [("model.onnx", "from_onnx"), ("checkpoint.pth", "from_checkpoint")])
+def test_a_file_is_not_a_model_folder_and_its_reader_is_named(tmp_path, name: str, reader: str) -> None:
+    (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path / name} is a file, not a model folder: read it with "
+                       rf"Detector\.{reader}\.$"):  # fmt: skip
+        model_folder(tmp_path / name)
+
+
+def test_a_training_run_folder_names_its_checkpoint(tmp_path) -> None:
+    (tmp_path / "checkpoint.pth").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"holds no config\.json .*; read its checkpoint with "
+                       rf"Detector\.from_checkpoint\('{tmp_path}/checkpoint\.pth'\)\.$"):  # fmt: skip
+        model_folder(tmp_path).first_file(["config.json"], "config.json")
