@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from detr_peg.checkpoint.files import check_checkpoint_file
@@ -77,12 +78,16 @@ class OnnxDetector:
     def run(self, images: Tensor, mask: Tensor, orig_sizes: Tensor | None = None) -> dict[str, Tensor]:
         """Every output by name as a CPU tensor; ``images [B, 3, H, W]``, ``mask [B, H, W]`` (True = padding).
 
-        A graph exported for a fixed image size gets smaller batches padded up to it, as to the stride.
+        A graph exported for a fixed image size gets its images' content padded (or its padding cut) to that size.
         """
         fixed = self.session.get_inputs()[self.input_names.index("images")].shape  # ints where the export fixed them
-        grow = [max(want - got, 0) if isinstance(want, int) else 0 for want, got in zip(fixed[2:], images.shape[2:])]
-        images = torch.nn.functional.pad(images, (0, grow[1], 0, grow[0]))
-        mask = torch.nn.functional.pad(mask, (0, grow[1], 0, grow[0]), value=True)
+        for dim, want in ((-2, fixed[2]), (-1, fixed[3])):  # to a fixed size: pad, or cut off padding (not content)
+            have = images.shape[dim]
+            if isinstance(want, int) and have > want and mask.narrow(dim, want, have - want).all():
+                images, mask = images.narrow(dim, 0, want), mask.narrow(dim, 0, want)
+            elif isinstance(want, int) and have < want:
+                pad = (0, want - have) if dim == -1 else (0, 0, 0, want - have)
+                images, mask = F.pad(images, pad), F.pad(mask, pad, value=True)
         feed = {"images": _numpy(images, np.float32), "mask": _numpy(mask, np.bool_)}
         if "orig_sizes" in self.input_names:
             if orig_sizes is None:

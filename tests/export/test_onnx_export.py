@@ -226,6 +226,12 @@ def test_fixed_size_export(tmp_path):
     got = detector(images, mask)
     torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
     torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+    # Padded past the graph's size (to a stride) with padding only: the padding is cut off, the content kept.
+    images, mask, _ = padded_batch(2, (64, 112))
+    images, mask = F.pad(images, (0, 32, 0, 64)), F.pad(mask, (0, 32, 0, 64), value=True)  # 128 x 144
+    got = detector(images, mask)
+    torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
+    torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
     for batch, size in ((2, (128, 128)), (1, (96, 128))):  # larger, another batch: one sentence, not onnxruntime's
         images, mask, _ = padded_batch(batch, size)
         with pytest.raises(
