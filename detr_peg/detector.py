@@ -296,9 +296,15 @@ class Detector(HubFolders):
                 "A detector from an ONNX graph has no weights to train; fine-tune the checkpoint it was "
                 "exported from (Detector.from_checkpoint)."
             )
+        source = self.loaded.source
+        if source is not None and not os.path.isfile(source):  # converted from a Transformers folder when read
+            raise ConfigError(
+                f"{source} was converted from Transformers when read, so no file holds its weights; write one with "
+                f"`detr-peg convert {source} model.pth` and fine-tune Detector.from_checkpoint('model.pth')."
+            )
         return self._train(
             config_to_dict(self.config), output_dir, (train_images, train_annotations, val_images, val_annotations),
-            overrides, str(self.device), progress_bars, init_from=self.loaded.source, source="the config of the detector",
+            overrides, str(self.device), progress_bars, init_from=source, source="the config of the detector",
         )  # fmt: skip
 
     @classmethod

@@ -6,6 +6,7 @@ Transformers DETR / Deformable-DETR folders are converted on loading.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -50,10 +51,11 @@ def load_pretrained(spec: str, **download: Any) -> LoadedModel:
     folder = model_folder(spec)
     config = read_config_json(folder.first_file([CONFIG_JSON], CONFIG_JSON, **download), spec)
     if is_detr_peg_config(config):
-        checkpoint = read_hub_folder(folder.first_file([WEIGHTS], WEIGHTS, **download), config, spec)
-    else:
-        report = convert_transformers(spec, **download)
-        checkpoint = Checkpoint(spec, report.config, report.state_dict, report.label_map)
+        weights = folder.first_file([WEIGHTS], WEIGHTS, **download)
+        checkpoint = read_hub_folder(weights, config, spec)  # its weights file is the source: it can start a run
+        return dataclasses.replace(model_from_checkpoint(checkpoint, checkpoint.config), source=str(weights))
+    report = convert_transformers(spec, **download)
+    checkpoint = Checkpoint(spec, report.config, report.state_dict, report.label_map)
     return model_from_checkpoint(checkpoint, checkpoint.config)
 
 

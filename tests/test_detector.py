@@ -432,3 +432,21 @@ def test_detections_draw_boxes_in_a_colour_per_category(tmp_path) -> None:
     assert found.records(3)[0]["image_id"] == 3
     with pytest.raises(TypeError, match="image_id must be an integer"):
         found.records("a")
+
+
+def test_a_detector_from_a_hub_folder_fine_tunes_from_its_weights(tiny_demo_dir, tmp_path) -> None:
+    data = tiny_demo_dir / "data"
+    torch.manual_seed(0)
+    saved = detr_peg.Detector.from_config(None, [*TINY_MODEL, "model.num_classes=4"], device="cpu")
+    saved.save_pretrained(tmp_path / "folder")
+    read = detr_peg.Detector.from_pretrained(tmp_path / "folder", device="cpu")
+    overrides = ["train.max_iters=1", "train.batch_size=2", "data.train_scales=[64]", "data.train_max_size=64",
+                 "train.lr=0", "train.lr_backbone=0", "train.weight_decay=0"]  # fmt: skip
+    tuned = read.fine_tune(
+        tmp_path / "run", train_images=data / "train", train_annotations=data / "annotations_train.json",
+        overrides=overrides,
+    )  # fmt: skip
+    assert tuned.config.train.init_from == str(tmp_path / "folder" / "model.safetensors")
+    for key, value in saved.model.state_dict().items():  # learning rate 0: the folder's weights, unchanged
+        if "running_" not in key and "num_batches" not in key:
+            torch.testing.assert_close(tuned.model.state_dict()[key], value, msg=key)
