@@ -148,10 +148,10 @@ def compare_with_pytorch(
     image_size: tuple[int, int] | None = None,
 ) -> float:
     """Largest absolute difference of ``pred_logits`` and ``pred_boxes``, graph vs. model, on a random padded batch."""
-    from detr_peg.export.onnx_export import example_inputs
+    from detr_peg.export.onnx_export import TRACE_SIZE, example_inputs
 
     detector = OnnxDetector(path)
-    h, w = image_size or (160, 224)
+    h, w = image_size or TRACE_SIZE[::-1]  # not the traced size, yet within what the model took (learned tables)
     images, mask = example_inputs(batch_size or 2, (h, w), postprocess=False)
     expected = model.eval()(images, mask)
     got = detector(images, mask)
