@@ -393,6 +393,19 @@ def _take_back(folder: Path, claimed: set[str]) -> None:
             (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def all_or_nothing(paths: Sequence[Path]) -> Iterator[None]:
+    """``paths`` as they were when the block raises: earlier contents written back, new files removed."""
+    before = {path: path.read_bytes() if path.is_file() else None for path in paths}
+    try:
+        yield
+    except BaseException:
+        for path, data in before.items():
+            with contextlib.suppress(OSError, UserError):  # the error being raised is the one to report
+                path.unlink(missing_ok=True) if data is None else atomic_write(path, lambda f, d=data: f.write(d))
+        raise
+
+
 def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Output]) -> contextlib.ExitStack:
     """Check, lock and claim ``outputs`` before ``command`` writes inside the returned block, whose end takes back
     the names not written and releases the locks; raises UserError (FolderInUse) naming the options, or OutputError."""

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from detr_peg.detector import Detector
     from detr_peg.engine.distributed import on_main, process_group
     from detr_peg.engine.evaluation.run import eval_io
-    from detr_peg.outputs import Input, guard_outputs
+    from detr_peg.outputs import Input, all_or_nothing, guard_outputs
 
     checkpoint = read_checkpoint(args.checkpoint)  # read once for every evaluation of the command
     cfg = config_over_checkpoint(checkpoint, args.config, args.overrides)
@@ -116,9 +116,12 @@ def run(args: argparse.Namespace) -> int:
     # One process group for every evaluation of the command, and one claim on the output folder for all of
     # them (each evaluation's own claim inside it adds nothing: the names stay claimed until the command ends).
     with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
-        owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, args.checkpoint, output, config_input)))
+        reads, writes = eval_io(cfg, args.checkpoint, output, config_input)
+        owned = on_main(env, lambda: guard_outputs("eval", reads, writes))
         if owned is not None:
             claims.enter_context(owned)
+            # Every analysis or none: one that fails (out of memory at a large scale) leaves the folder as it was.
+            claims.enter_context(all_or_nothing([target for out in writes for target in out.targets()]))
         detector = Detector.from_checkpoint(checkpoint, config=cfg, device=env.device)
         detector.evaluate(output_dir=output, extra_inputs=config_input)
         if env.is_main:
