@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,13 @@ def test_early_stop_ends_the_run_after_that_many_evaluations_without_a_better_on
             break
     assert evaluations[-1][0] == expected and result.iterations == expected
     assert not (run / "checkpoint_best.pth").exists()  # early_stop alone keeps no best checkpoint
+
+
+def test_an_undefined_metric_is_not_ranked(shapes, tmp_path: Path, caplog) -> None:
+    """The shapes are smaller than 96 x 96: APl is pycocotools' -1, which must not be 'best' nor stop the run."""
+    caplog.set_level(logging.INFO, logger="detr_peg")
+    run = tmp_path / "run"
+    result = _train(shapes, run, "train.max_iters=4", "train.save_best=APl", "train.early_stop=1")
+    assert [value for _, value in _evaluations(run, "APl")] == [-1.0] * 4
+    assert result.iterations == 4 and not (run / "checkpoint_best.pth").exists()
+    assert "APl is undefined at iteration 4 (no objects of its size in the validation data)" in caplog.text
