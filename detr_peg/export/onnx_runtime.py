@@ -99,7 +99,16 @@ class OnnxDetector:
                 f"{self.path} was exported for image batches of shape {fixed}, not {list(feed['images'].shape)}; "
                 f"export without --image-size and --batch-size for any size, or give images no larger{batch}."
             )
-        outputs = self.session.run(self.output_names, feed)
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+        try:
+            outputs = self.session.run(self.output_names, feed)
+        except (ort_errors.Fail, ort_errors.RuntimeException, ort_errors.InvalidArgument) as exc:
+            reason = " ".join(str(exc).split())[:200]
+            raise DataError(
+                f"{self.path} failed on a batch of shape {list(feed['images'].shape)} (onnxruntime: {reason}); a graph "
+                "with learned position tables takes images up to their size: lower data.val_scale/val_max_size."
+            ) from None
         return {name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)}
 
     def __call__(self, images: Tensor, mask: Tensor) -> dict[str, Tensor]:

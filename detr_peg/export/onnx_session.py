@@ -29,6 +29,7 @@ def session_options(threads: int | None = None, graph_optimization: str = "all")
     options.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVELS[graph_optimization]
     )
+    options.log_severity_level = 4  # a failed run is raised (and reported) as an exception, not also logged
     options.enable_mem_pattern = False
     options.enable_cpu_mem_arena = False
     if threads is not None:
