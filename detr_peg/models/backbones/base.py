@@ -29,6 +29,14 @@ class Backbone(nn.Module):
         """``images`` in :attr:`memory_format` (no copy when already in it)."""
         return images.contiguous(memory_format=self.memory_format)
 
+    def train(self, mode: bool = True) -> Backbone:
+        """As ``nn.Module.train``, but a BatchNorm whose weights are frozen keeps its running statistics too."""
+        super().train(mode)
+        for module in self.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.weight is not None:
+                module.train(mode and module.weight.requires_grad)
+        return self
+
     def forward(self, images: Tensor) -> list[Tensor]:  # pragma: no cover - abstract
         """``[B, 3, H, W]`` normalised images, zero padding -> ``[[B, C_l, H_l, W_l], ...]`` by increasing stride."""
         raise NotImplementedError

@@ -114,3 +114,21 @@ def test_unknown_torchvision_name_is_a_clear_error():
 def test_dilation_of_a_basic_block_resnet_is_a_clear_error(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"^model.backbone.dilation=true needs a bottleneck ResNet .*'{name}'\.$"):
         build_backbone(BackboneConfig(name=name, dilation=True), [4])
+
+
+@pytest.mark.parametrize("train, frozen_stages", [(False, 0), (True, 2)])
+def test_a_frozen_batchnorm_keeps_its_running_statistics(train: bool, frozen_stages: int) -> None:
+    """``norm: bn`` with frozen weights: ``model.train()`` left BatchNorm updating its statistics in training."""
+    cfg = BackboneConfig(name="resnet18", norm="bn", train=train, frozen_stages=frozen_stages)
+    backbone = build_backbone(cfg, [3])
+    container = torch.nn.Sequential(backbone).train()  # as a detector's train() reaches its backbone
+    before = {k: v.clone() for k, v in backbone.state_dict().items() if "running_" in k}
+    container(torch.randn(2, 3, 64, 64))
+    after = backbone.state_dict()
+    for key, value in before.items():
+        stage = key.split(".")[1]  # conv1/bn1 (the stem) or layerN
+        frozen = not train or stage == "bn1" or int(stage.removeprefix("layer")) <= frozen_stages
+        if frozen:
+            torch.testing.assert_close(after[key], value, rtol=0, atol=0, msg=key)
+        else:
+            assert not torch.equal(after[key], value), key
