@@ -208,10 +208,11 @@ class BestHook(HookBase):
         """The best value and the evaluations after it, from the eval records of earlier iterations."""
         for record in log_records(trainer.out / METRICS_FILE):  # a line a killed run left half-written is passed over
             if record.get("type") == "eval" and record.get("iteration", 0) < trainer.progress.iteration:
-                if float(record.get(metric, -1)) >= 0:
-                    self._update(float(record[metric]), int(record["iteration"]))
+                self._update(float(record.get(metric, -1)), int(record["iteration"]))
 
     def _update(self, value: float, iteration: int) -> bool:
+        if value < 0:  # pycocotools' -1: undefined on this validation data (no objects of the size), so not ranked
+            return False
         better = self.best is None or value > self.best[0]
         self.best, self.since = ((value, iteration), 0) if better else (self.best, self.since + 1)
         return better
@@ -225,11 +226,9 @@ class BestHook(HookBase):
             self._recall(trainer, metric)
         self.seen = iteration
         value = float(last.metrics.get(metric, -1))
-        if value < 0:  # pycocotools' -1: undefined on this validation data (no objects of the size), so not ranked
-            if trainer.log is not None:
-                trainer.log.info(f"Note: {metric} is undefined at iteration {iteration} (no objects of its size in "
-                                 "the validation data): this evaluation neither counts as best nor for train.early_stop")  # fmt: skip
-            return
+        if value < 0 and trainer.log is not None:
+            trainer.log.info(f"Note: {metric} is undefined at iteration {iteration} (no objects of its size in "
+                             "the validation data): this evaluation neither counts as best nor for train.early_stop")  # fmt: skip
         if self._update(value, iteration) and t.save_best:
             best = {"metric": metric, "value": value, "iteration": iteration}
             state, labels = trainer.eval_model.state_dict(), trainer.label_map.to_dict()
