@@ -61,6 +61,7 @@ class OnnxDetector:
         except tuple(getattr(ort_errors, name) for name in LOAD_ERRORS) as exc:  # the file's fault, not the code's
             reason = " ".join(str(exc).split())[:300] or type(exc).__name__
             raise CheckpointError(f"{self.path} is not an ONNX model onnxruntime can load ({reason}).") from None
+        self._run_errors = (ort_errors.Fail, ort_errors.RuntimeException, ort_errors.InvalidArgument)
         meta = self.session.get_modelmeta().custom_metadata_map
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -99,11 +100,9 @@ class OnnxDetector:
                 f"{self.path} was exported for image batches of shape {fixed}, not {list(feed['images'].shape)}; "
                 f"export without --image-size and --batch-size for any size, or give images no larger{batch}."
             )
-        from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
-
         try:
             outputs = self.session.run(self.output_names, feed)
-        except (ort_errors.Fail, ort_errors.RuntimeException, ort_errors.InvalidArgument) as exc:
+        except self._run_errors as exc:
             reason = " ".join(str(exc).split())[:200]
             raise DataError(
                 f"{self.path} failed on a batch of shape {list(feed['images'].shape)} (onnxruntime: {reason}); a graph "
