@@ -52,6 +52,11 @@ class Progress:
     iteration: int = 0
     skipped_image_ids: set[int] = field(default_factory=set)
 
+    @property
+    def last_epoch(self) -> int:
+        """The epoch of the last trained batch (``epoch`` is already the next one after a completed epoch)."""
+        return self.epoch - 1 if self.epoch_batches_done == 0 and self.epoch > 0 else self.epoch
+
 
 def checkpoint_path(output_dir: str | Path) -> Path:
     """The checkpoint file of an output folder."""

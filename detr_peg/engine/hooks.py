@@ -182,7 +182,7 @@ class EvalHook(HookBase):
     def after_step(self, trainer: Trainer) -> None:
         every = trainer.cfg.train.eval_every_iters
         if not trainer.halt and every > 0 and trainer.progress.iteration % every == 0:
-            self.evaluate(trainer, trainer.progress.epoch)  # the epoch in progress
+            self.evaluate(trainer, trainer.progress.last_epoch)
 
     def after_epoch(self, trainer: Trainer, stats: EpochStats) -> None:
         t, progress = trainer.cfg.train, trainer.progress
@@ -191,7 +191,7 @@ class EvalHook(HookBase):
             self.evaluate(trainer, stats.epoch)
 
     def after_train(self, trainer: Trainer) -> None:
-        self.evaluate(trainer, trainer.progress.epoch)
+        self.evaluate(trainer, trainer.progress.last_epoch)
 
 
 class BestHook(HookBase):
@@ -203,6 +203,7 @@ class BestHook(HookBase):
         self.evaluations, self.seen = evaluations, None
         self.best: tuple[float, int] | None = None  # value, iteration
         self.since = 0  # evaluations since the best
+        self.announced = False
 
     def _recall(self, trainer: Trainer, metric: str) -> None:
         """The best value and the evaluations after it, from the eval records of earlier iterations."""
@@ -241,7 +242,15 @@ class BestHook(HookBase):
 
     def stop_training(self, trainer: Trainer) -> bool:
         patience = trainer.cfg.train.early_stop
-        return patience > 0 and self.since >= patience
+        stop = patience > 0 and self.since >= patience and self.best is not None
+        if stop and not self.announced and trainer.log is not None:
+            self.announced = True
+            metric, (value, at) = trainer.cfg.train.save_best or "AP", self.best
+            trainer.log.write({"type": "early_stop", "iteration": trainer.progress.iteration, "metric": metric,
+                               "best": value, "best_iteration": at})  # fmt: skip
+            trainer.log.info(f"Early stop (train.early_stop={patience}): {self.since} evaluations without a better "
+                             f"{metric} than {value:.1f} % at iteration {at}.")  # fmt: skip
+        return stop
 
     def halt_epoch(self, trainer: Trainer) -> bool:
         return self.stop_training(trainer)

@@ -181,6 +181,7 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
         progress = Progress()
         seed_everything(t.seed + env.rank)  # model-side randomness (dropout) differs per process
         notes = [f"no checkpoint in {out}; starting a new run"] if t.resume else []
+    notes = [*notes, *idle_settings(cfg, val_set is not None)]
     log = on_main(env, lambda: _open_log(cfg, out, progress_bars, append=resume_ckpt is not None))
     if log is not None:
         _announce(log, cfg, env, train_set, val_set, per_epoch, progress, notes, t.batch_size * env.world_size)
@@ -332,6 +333,21 @@ def _wrap_for_training(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module
     if cfg.train.compile:
         train_model = torch.compile(train_model)
     return train_model
+
+
+def idle_settings(cfg: Config, has_val: bool) -> list[str]:
+    """Notes on settings this run cannot act on (each would otherwise do nothing without a word)."""
+    t, notes = cfg.train, []
+    if t.save_best and not has_val:
+        notes.append(f"train.save_best={t.save_best} writes no checkpoint_best.pth: the run has no validation data")
+    if t.early_stop and not has_val:
+        notes.append(f"train.early_stop={t.early_stop} cannot end the run: it has no validation data")
+    elif t.early_stop and t.eval_every_iters == 0 and (t.eval_every == 0 or t.eval_every >= t.epochs):
+        notes.append(f"train.early_stop={t.early_stop} cannot end the run: it evaluates only at the end (set "
+                     "train.eval_every or train.eval_every_iters)")  # fmt: skip
+    if t.reset_classifier and not t.init_from:
+        notes.append("train.reset_classifier=true does nothing without train.init_from")
+    return notes
 
 
 def _open_log(cfg: Config, out: Path, progress_bars: bool | None, append: bool) -> MetricsLog:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detr_peg.checkpoint.format import read_checkpoint
-from detr_peg.engine.training import run_training
+from detr_peg.engine.training import idle_settings, run_training
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
 
 EVERY_ITERATION = ["train.eval_every_iters=1", "train.epochs=100", "train.batch_size=2", "train.lr=0.001"]
@@ -74,14 +74,30 @@ def test_early_stop_ends_the_run_after_that_many_evaluations_without_a_better_on
     run = tmp_path / "run"
     result = _train(shapes, run, "train.max_iters=8", f"train.early_stop={patience}")
     evaluations = _evaluations(run, "AP")
-    expected, since, best = 8, 0, None  # where the rule says the run ends, from the values it logged
+    expected, since, best, best_at, stop = (
+        8,
+        0,
+        None,
+        None,
+        None,
+    )  # where the rule says the run ends, from the values it logged
     for iteration, value in evaluations:
         since = 0 if best is None or value > best else since + 1
-        best = value if since == 0 else best
+        best, best_at = (value, iteration) if since == 0 else (best, best_at)
         if since >= patience:
             expected = iteration
+            stop = {
+                "type": "early_stop",
+                "iteration": iteration,
+                "metric": "AP",
+                "best": best,
+                "best_iteration": best_at,
+            }
             break
     assert evaluations[-1][0] == expected and result.iterations == expected
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    stops = [{k: v for k, v in r.items() if k != "time"} for r in records if r["type"] == "early_stop"]
+    assert stops == ([stop] if stop else [])
     assert not (run / "checkpoint_best.pth").exists()  # early_stop alone keeps no best checkpoint
 
 
@@ -93,3 +109,28 @@ def test_an_undefined_metric_is_not_ranked(shapes, tmp_path: Path, caplog) -> No
     assert [value for _, value in _evaluations(run, "APl")] == [-1.0] * 4
     assert result.iterations == 4 and not (run / "checkpoint_best.pth").exists()
     assert "APl is undefined at iteration 4 (no objects of its size in the validation data)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "settings, has_val, note",
+    [
+        (["train.save_best=AP"], False, "train.save_best=AP writes no checkpoint_best.pth: the run has no validation"),
+        (["train.early_stop=2"], False, "train.early_stop=2 cannot end the run: it has no validation data"),
+        (["train.early_stop=2", "train.eval_every=0"], True, "train.early_stop=2 cannot end the run: it evaluates"),
+        (["train.early_stop=2", "train.epochs=3", "train.eval_every=3"], True, "cannot end the run: it evaluates"),
+        (["train.reset_classifier=true"], True, "train.reset_classifier=true does nothing without train.init_from"),
+        (["train.early_stop=2", "train.epochs=3", "train.eval_every=2"], True, None),
+        (["train.early_stop=2", "train.eval_every=0", "train.eval_every_iters=5"], True, None),
+        (["train.save_best=AP", "train.reset_classifier=true", "train.init_from=x.pth"], True, None),
+    ],
+)
+def test_settings_the_run_cannot_act_on_are_named(settings: list[str], has_val: bool, note: str | None) -> None:
+    notes = idle_settings(tiny_config(settings), has_val)
+    assert len(notes) == (note is not None) and all(note in n for n in notes)
+
+
+def test_the_run_log_carries_the_note(shapes, tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="detr_peg")
+    _train(shapes, tmp_path / "run", "train.max_iters=1", "train.eval_every_iters=0", "train.early_stop=1",
+           "train.eval_every=0")  # fmt: skip
+    assert "Note: train.early_stop=1 cannot end the run: it evaluates only at the end" in caplog.text

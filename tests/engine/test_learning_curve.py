@@ -20,18 +20,22 @@ def _eval_records(run: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "schedule, iterations",
+    "schedule, iterations, epochs",
     [
-        (["train.epochs=2", "train.eval_every=1"], [2, 4]),  # every epoch; the last one is the final evaluation
-        (["train.max_iters=3", "train.eval_every=1", "train.eval_every_iters=1"], [1, 2, 3]),  # each once
+        (["train.epochs=2", "train.eval_every=1"], [2, 4], [0, 1]),  # every epoch; the last is the final evaluation
+        (["train.max_iters=3", "train.eval_every=1", "train.eval_every_iters=1"], [1, 2, 3], [0, 0, 1]),  # each once
     ],
 )
-def test_eval_records_carry_the_iteration(tmp_path: Path, schedule: list[str], iterations: list[int]) -> None:
+def test_eval_records_carry_the_iteration(
+    tmp_path: Path, schedule: list[str], iterations: list[int], epochs: list[int]
+) -> None:
+    """Each record names the iteration and the epoch of its last trained batch, as the ``epoch`` records do."""
     data = synthetic_data(tmp_path / "data")  # 8 training images, batch 4: 2 iterations per epoch
     cfg = tiny_config(synthetic_overrides(data, tmp_path / "run", "train.batch_size=4", *schedule))
     result = run_training(cfg, progress_bars=False)
     records = _eval_records(tmp_path / "run")
     assert [r["iteration"] for r in records] == iterations
+    assert [r["epoch"] for r in records] == epochs
     assert all(set(STAT_NAMES) <= set(r) for r in records)
     # metrics.json is the last evaluation
     metrics = json.loads(result.metrics_file.read_text())

@@ -99,6 +99,9 @@ def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetB
         raise ConfigError(
             f"model.backbone.dilation=true needs a bottleneck ResNet (resnet50 and larger), not {cfg.name!r}."
         )
+    if cfg.frozen_stages > 4:
+        raise ConfigError(f"model.backbone.frozen_stages={cfg.frozen_stages}: {cfg.name} has 4 stages (4 freezes "
+                          "them all, as model.backbone.train=false does).")  # fmt: skip
     body = torchvision.models.get_model(
         cfg.name, replace_stride_with_dilation=[False, False, cfg.dilation], norm_layer=NORM_LAYERS[cfg.norm]
     )

@@ -118,6 +118,9 @@ class PEGEncoding(PositionalEncoding):
 def build_peg(cfg: PEGOptions, *, dim: int, num_levels: int, num_layers: int) -> PEGEncoding:
     if not cfg.peg_layers:
         raise ConfigError("model.position.peg_layers is empty; list at least one encoder layer (for example [0]).")
+    twice = sorted({i for i in cfg.peg_layers if cfg.peg_layers.count(i) > 1})
+    if twice:
+        raise ConfigError(f"model.position.peg_layers {cfg.peg_layers} lists layer {twice[0]} more than once.")
     bad = [i for i in cfg.peg_layers if not -1 <= i < num_layers]
     if bad:
         raise ConfigError(

@@ -92,6 +92,14 @@ def test_frozen_stages(frozen, train, trainable):
     assert got == trainable
 
 
+@pytest.mark.parametrize("frozen", [5, 100])
+def test_more_frozen_stages_than_the_resnet_has_are_refused(frozen):
+    with pytest.raises(
+        ConfigError, match=rf"^model.backbone.frozen_stages={frozen}: resnet18 has 4 stages \(4 freezes"
+    ):
+        build_backbone(BackboneConfig(name="resnet18", norm="bn", frozen_stages=frozen), [4])
+
+
 def test_local_weights_load_and_mismatches_are_clear(tmp_path):
     torch.manual_seed(3)
     reference = torchvision.models.resnet18()

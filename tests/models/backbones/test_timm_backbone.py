@@ -143,6 +143,11 @@ def test_frozen_stages_cut_the_gradient_after_stage_n(name, frozen_stages):
     assert [o.requires_grad for o in outs] == [stage > frozen_stages for stage in (1, 2, 3, 4)]
 
 
+def test_more_frozen_stages_than_the_model_has_are_refused():
+    with pytest.raises(ConfigError, match=r"^model.backbone.frozen_stages=5: convnext_atto has 4 stages \(4 freezes"):
+        timm_backbone("convnext_atto", [1, 2, 3, 4], frozen_stages=5)
+
+
 def test_frozen_stages_resnet_names():
     backbone = timm_backbone("resnet18", [2, 3, 4], frozen_stages=1)
     trainable = {n.split(".")[1] for n, p in backbone.named_parameters() if p.requires_grad}

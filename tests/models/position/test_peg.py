@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detr_peg.config import load_config
+from detr_peg.errors import ConfigError
 from detr_peg.models import build_model
 from detr_peg.models.position import PEG, PEGEncoding, masked_batch_norm
 
@@ -261,3 +262,16 @@ def test_peg_acts_exactly_after_the_configured_encoder_layers(layers):
                 tokens = cpvt(tokens, pegs[f"layer{i}"]["level0"])
     assert model.transformer.encoder.norm is None  # post-norm DETR
     torch.testing.assert_close(seen["memory"], tokens.transpose(1, 2).reshape(b, c, h, w))
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [
+        ("[0,0]", r"peg_layers \[0, 0\] lists layer 0 more than once"),
+        ("[-1,1,-1]", r"peg_layers \[-1, 1, -1\] lists layer -1 more than once"),
+        ("[0,2]", r"peg_layers \[0, 2\] has \[2\] outside -1..1 \(the encoder has 2 layers"),
+    ],
+)
+def test_peg_layers_name_each_encoder_layer_once(layers: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _small_detr("peg", f"model.position.peg_layers={layers}")
