@@ -263,9 +263,11 @@ class Detector(HubFolders):
         progress_bars: bool | None = None,
     ) -> Detector:
         """Train from a config on a COCO- or YOLO-format dataset as ``detr-peg train`` does (``model.num_classes`` from the
-        data; ``config=None``: the defaults, as without ``--config``); the run goes into ``output_dir``. Returns its
-        :class:`Detector`; ``UserError`` on bad input."""
+        data; ``config=None``: the defaults, as without ``--config``; without ``val_*``, the config's validation data);
+        the run goes into ``output_dir``. Returns its :class:`Detector`; ``UserError`` on bad input."""
         stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
+        if val_images is None and val_annotations is None:
+            val_images, val_annotations = stored["data"]["val_images"], stored["data"]["val_annotations"]
         return cls._train(
             stored, output_dir, (train_images, train_annotations, val_images, val_annotations),
             overrides, str(device), progress_bars, init_from=None, source=str(config),

@@ -385,21 +385,26 @@ def test_detections_clip_boxes_to_the_image() -> None:
 
 
 def test_train_from_python_is_the_training_run_of_the_command_line(tiny_demo_dir, tmp_path) -> None:
-    """Detector.train from a config: model.num_classes from the data, the weights of `detr-peg train` bit for bit."""
+    """Detector.train from a config: model.num_classes from the data, the weights of `detr-peg train` bit for bit,
+    and the config's validation data evaluated as the command evaluates it."""
     data = tiny_demo_dir / "data"
+    config = tmp_path / "with_val.yaml"
+    config.write_text(f"data:\n  val_images: {data / 'val'}\n  val_annotations: {data / 'annotations_val.json'}\n")
     overrides = [*TINY_MODEL, "train.max_iters=2", "train.batch_size=2", "data.train_scales=[64]",
-                 "data.train_max_size=64", "train.device=cpu"]  # fmt: skip
+                 "data.train_max_size=64", "data.val_scale=64", "data.val_max_size=64", "train.device=cpu"]  # fmt: skip
     trained = detr_peg.Detector.train(
-        None, tmp_path / "api", train_images=data / "train", train_annotations=data / "annotations_train.json",
+        config, tmp_path / "api", train_images=data / "train", train_annotations=data / "annotations_train.json",
         overrides=overrides, device="cpu",
     )  # fmt: skip
     assert trained.config.model.num_classes == 4 and trained.loaded.iteration == 2
     assert trained.class_names == ["circle", "square", "triangle", "cross"]
-    args = ["train", "--output", str(tmp_path / "cli"), *overrides, f"data.train_images={data / 'train'}",
-            f"data.train_annotations={data / 'annotations_train.json'}"]  # fmt: skip
+    args = ["train", "--config", str(config), "--output", str(tmp_path / "cli"), *overrides,
+            f"data.train_images={data / 'train'}", f"data.train_annotations={data / 'annotations_train.json'}"]  # fmt: skip
     assert main(args) == 0
     by_command = detr_peg.Detector.from_checkpoint(tmp_path / "cli" / "checkpoint.pth", device="cpu")
     torch.testing.assert_close(trained.model.state_dict(), by_command.model.state_dict(), rtol=0, atol=0)
+    evaluated = [json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("api", "cli")]
+    assert evaluated[0]["bbox"] == evaluated[1]["bbox"] and evaluated[0]["iteration"] == 2
 
 
 def test_detections_draw_boxes_in_a_colour_per_category(tmp_path) -> None:

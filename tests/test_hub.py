@@ -68,9 +68,13 @@ def test_save_then_load_gives_the_same_model_and_the_folder_holds_no_pickle(trai
     for name in ("pred_logits", "pred_boxes"):
         torch.testing.assert_close(theirs[name], ours[name], rtol=0, atol=0)
 
-    # The weights file alone is a checkpoint for the command line and from_checkpoint.
+    # The weights file alone is a checkpoint for the command line and from_checkpoint, which name it for the folder.
     alone = detr_peg.Detector.from_checkpoint(folder / "model.safetensors", device="cpu")
     torch.testing.assert_close(outputs(alone)["pred_boxes"], ours["pred_boxes"], rtol=0, atol=0)
+    for given, held in ((folder, folder / "model.safetensors"), (trained.parent, trained)):
+        with pytest.raises(CheckpointError) as err:
+            detr_peg.Detector.from_checkpoint(given, device="cpu")
+        assert str(err.value) == f"The checkpoint file {given} is a folder; give the file it holds, {held}."
 
 
 def test_the_model_card_states_the_model_its_metrics_and_training_config(trained, tmp_path):

@@ -27,7 +27,13 @@ def is_url(spec: str) -> bool:
 
 
 def check_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> int:
-    """Check that ``path`` is a readable regular file within the checkpoint limit; return its size (CheckpointError)."""
+    """Check that ``path`` is a readable regular file within the checkpoint limit; return its size (CheckpointError).
+
+    A folder holding a run's ``checkpoint.pth`` or a Hub folder's ``model.safetensors`` is answered with that file.
+    """
+    inside = [Path(path, name) for name in ("checkpoint.pth", "model.safetensors") if os.path.isdir(path)]
+    for file in (f for f in inside if f.is_file()):
+        raise CheckpointError(f"The {what} file {path} is a folder; give the file it holds, {file}.")
     return check_regular_file(path, f"The {what} file", "checkpoint", CheckpointError)
 
 

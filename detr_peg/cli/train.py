@@ -68,27 +68,26 @@ def resolve(args: argparse.Namespace):
     return load_config(args.config, overrides)
 
 
-def recipe_summary(cfg, world_size: int | None = None) -> str:
-    """One comment block stating the optimisation recipe of ``cfg``."""
+def recipe_summary(cfg) -> str:
+    """One comment block stating the optimisation recipe of ``cfg`` as this command would run it."""
     t = cfg.train
-    if world_size is None:
-        env_world = os.environ.get("WORLD_SIZE")
-        if env_world:
-            world_size = int(env_world)
-        elif t.total_batch_size and t.total_batch_size % t.batch_size == 0:
-            world_size = t.total_batch_size // t.batch_size
-        else:
-            world_size = 1
+    world_size = int(os.environ.get("WORLD_SIZE") or 1)
     total = t.batch_size * world_size
+    recipe = ""
+    if t.total_batch_size and t.total_batch_size != total:
+        recipe = f" (the recipe's total is {t.total_batch_size}"
+        if t.total_batch_size % t.batch_size == 0:
+            processes = t.total_batch_size // t.batch_size
+            recipe += f": {processes} processes, torchrun --nproc-per-node {processes}"
+        recipe += ")"
+    budget = f"; ends after {t.max_iters} iterations (train.max_iters)" if t.max_iters else ""
+    warmup = f", linear warm-up over the first {t.warmup_iters} iterations" if t.warmup_iters else ""
     lines = [
         f"# recipe: AdamW, lr {t.lr:g} (backbone {t.lr_backbone:g}), weight decay {t.weight_decay:g}, "
         f"gradient clipping {t.clip_max_norm:g}",
-        (
-            f"# schedule: {t.epochs} epochs, StepLR x{t.lr_gamma:g} every {t.lr_drop} epochs"
-            + (f", linear warm-up over the first {t.warmup_iters} iterations" if t.warmup_iters else "")
-        ),
-        f"# batch: {t.batch_size} per process x {world_size} processes = total {total}"
-        + (f" (recipe total {t.total_batch_size})" if t.total_batch_size else ""),
+        f"# schedule: {t.epochs} epochs, StepLR x{t.lr_gamma:g} every {t.lr_drop} epochs{warmup}{budget}",
+        f"# batch: {t.batch_size} per process x {world_size} process{'es' if world_size > 1 else ''} = total "
+        f"{total}{recipe}",
     ]
     if t.lr_linear_proj_mult != 1.0:
         lines.append(

@@ -231,12 +231,21 @@ def load_initial_weights(
     label_map: LabelMap,
     reset_classifier: bool,
     position: str | None = None,
+    arch: str | None = None,
 ) -> Checkpoint:
     """Load another run's weights into a new run (``train.init_from``; official checkpoints need ``detr-peg convert``).
 
     ``reset_classifier`` keeps the new class heads, required for another number of classes (else CheckpointError).
     """
-    ckpt = read_checkpoint(path)
+    try:
+        ckpt = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"train.init_from: {exc}") from None
+    if arch is not None and ckpt.config.model.arch != arch:
+        raise CheckpointError(
+            f"train.init_from {path} holds a {ckpt.config.model.arch} model but model.arch is {arch}; start from "
+            f"a {arch} checkpoint, or set model.arch={ckpt.config.model.arch}."
+        )
     stored_classes = ckpt.config.model.num_classes
     if stored_classes != num_classes and not reset_classifier:
         raise CheckpointError(

@@ -320,6 +320,7 @@ def _build_model(cfg: Config, env: DistEnv, label_map: LabelMap, *, resumed: boo
             label_map=label_map,
             reset_classifier=t.reset_classifier,
             position=cfg.model.position.name,
+            arch=cfg.model.arch,
         )
     return wrap_sync_batchnorm(model, cfg, env).to(env.device)
 

@@ -174,6 +174,11 @@ def test_extra_padding_evaluates_in_the_padding_comparisons_grown_batches(
         dataset, cfg.eval.batch_size, 0, env, size_divisibility=loaded.model.size_divisibility, padding_mode="mixed"
     )
     expected = {extra: predict_raw(loaded, loader, env.device, amp, extra)[0] for extra in (0.25, 0.0)}
+    # Not on a terminal: progress is told in lines, the number of batches first and the last one done.
+    assert (
+        f"eval: {len(loader)} batches\n" in proc.stdout
+        and f"eval: {len(loader)}/{len(loader)} batches\n" in proc.stdout
+    )
     assert written == merge_shards([expected[extra]])[0]
     assert written != merge_shards([expected[0.25 if extra == 0 else 0.0]])[0]
 

@@ -32,7 +32,15 @@ def test_print_config_shows_the_recipe(name: str, capsys, monkeypatch) -> None:
     assert cfg["model"]["arch"] == ("deformable_detr" if name.startswith("deformable") else "detr")
     assert "# recipe: AdamW, lr 0.0001 (backbone 2e-05), weight decay 0.0001" in text
     assert "# schedule: 50 epochs, StepLR x0.1 every 40 epochs" in text
-    assert "# batch: 4 per process x 8 processes = total 32" in text
+    assert "# batch: 4 per process x 1 process = total 4 (the recipe's total is 32: 8 processes, torchrun" in text
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert main(["train", "--config", str(REPO_ROOT / "configs" / f"{name}.yaml"), "--print-config"]) == 0
+    assert "# batch: 4 per process x 8 processes = total 32\n" in capsys.readouterr().out
+
+
+def test_print_config_states_the_iteration_budget(capsys) -> None:
+    assert main(["train", "--config", "demo", "--print-config", "train.max_iters=7"]) == 0
+    assert "; ends after 7 iterations (train.max_iters)\n" in capsys.readouterr().out
 
 
 def test_print_config_applies_overrides_and_reads_no_data(capsys, tmp_path) -> None:

@@ -113,3 +113,22 @@ def test_init_from_an_official_checkpoint_says_to_convert(tmp_path: Path) -> Non
     _, model = _model(3)
     with pytest.raises(CheckpointError, match="detr-peg convert"):
         load_initial_weights(model, str(official), num_classes=3, label_map=_label_map(3), reset_classifier=False)
+
+
+def test_init_from_names_its_field_for_any_unfit_file(tmp_path: Path) -> None:
+    """Whatever the file is (a folder, an ONNX graph, another architecture), the message starts at the field."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "model.onnx").write_bytes(b"\x08\x07")
+    cfg, model = _model(3)
+    deformable = load_config(None, [*TINY_MODEL, "model.arch=deformable_detr", "model.num_classes=3"])
+    save_checkpoint(tmp_path / "deformable.pth", deformable, build_model(deformable).state_dict(), None)
+    expected = {
+        "run": r"^train.init_from: The checkpoint file .*run is a folder, not a file",
+        "model.onnx": r"^train.init_from: The checkpoint file .*model.onnx is an ONNX graph",
+        "deformable.pth": r"^train.init_from .*deformable.pth holds a deformable_detr model but model.arch is detr; "
+        r"start from a detr checkpoint, or set model.arch=deformable_detr\.$",
+    }
+    for name, message in expected.items():
+        with pytest.raises(CheckpointError, match=message):
+            load_initial_weights(model, str(tmp_path / name), num_classes=3, label_map=_label_map(3),
+                                 reset_classifier=False, arch=cfg.model.arch)  # fmt: skip

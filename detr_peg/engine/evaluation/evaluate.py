@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,9 @@ from detr_peg.engine.loader import build_eval_loader, iterate_batches
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.errors import UserError
 from detr_peg.models.loading import LoadedModel
+
+#: Without a progress bar (output not to a terminal), a line of progress at most this often.
+LINE_SECONDS = 30
 
 
 @dataclass
@@ -48,13 +52,25 @@ def predict_coco(
     out: list[tuple[int, list[dict]]] = []
     total = len(loader) if hasattr(loader, "__len__") else 0
     bar = log.progress(total=total, desc="eval") if log is not None else None
+    done, shown = 0, time.monotonic()
+
+    def step(_: object) -> None:  # the bar on a terminal, else a line now and then
+        nonlocal done, shown
+        done += 1
+        log.step(bar)
+        if done == total or time.monotonic() - shown >= LINE_SECONDS:
+            log.line(f"eval: {done}/{total} batches")
+            shown = time.monotonic()
+
+    if log is not None:
+        log.line(f"eval: {total} batches")
     try:
         for batch in run_inference(
             loaded,
             iterate_batches(loader),
             device=device,
             amp=amp,
-            on_batch=(lambda _: log.step(bar)) if log is not None else None,
+            on_batch=step if log is not None else None,
             pad=further_padding(extra_padding, loaded.model.size_divisibility),
         ):
             for target, det in zip(batch.items, batch.detections):
