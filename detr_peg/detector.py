@@ -178,8 +178,6 @@ class Detector(HubFolders):
                 images, mask = pad_images([t for _, t, _ in chunk], self.loaded.model.size_divisibility)
                 batches.append((images, mask, [item for item, _, _ in chunk]))
         results: list[Detections | None] = [None] * len(inputs)
-        if self.amp != "none":
-            check_amp(self.amp, self.device)  # what detector.amp asks for, or a ConfigError: never float32 in silence
         for batch in run_inference(self.loaded, batches, device=self.device, amp=self.amp):
             for item, detection in zip(batch.items, batch.detections):
                 source = items[item["index"]][2]
@@ -347,6 +345,16 @@ class Detector(HubFolders):
                               "checkpoint it was exported from (Detector.from_checkpoint).")  # fmt: skip
         with guard_outputs("export", [], [Output(path, "path")]):
             return export_onnx(self.loaded, path, **options)
+
+    @property
+    def amp(self) -> str:
+        """The autocast of ``predict``: ``none`` (float32), ``auto``, ``bf16`` or ``fp16``; checked when set."""
+        return self._amp
+
+    @amp.setter
+    def amp(self, value: str) -> None:
+        check_amp(value if isinstance(value, str) else repr(value), self.device, key="Detector.amp")
+        self._amp = value
 
     def __repr__(self) -> str:
         m = self.config.model

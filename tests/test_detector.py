@@ -180,19 +180,21 @@ def test_bad_settings_are_one_sentence(detector, setting, value, words: str) -> 
 
 
 def test_detector_amp_is_used_or_refused_never_ignored(detector, monkeypatch) -> None:
-    """``detector.amp`` runs predict under that autocast, or is refused as ``train.amp`` would be on this device."""
+    """``detector.amp`` runs predict under that autocast, or is refused when set, as ``train.amp`` would be."""
     from detr_peg.engine import inference
 
     image, used = torch.zeros(3, 32, 32, dtype=torch.uint8), []
     monkeypatch.setattr(inference, "autocast", lambda amp, device: used.append(amp) or contextlib.nullcontext())
-    for amp, works in (("banana", False), ("fp16", False), ("bf16", native_bf16(detector.device)), ("auto", True)):
-        detector.amp = amp
+    cases = (("banana", False), (16, False), ("fp16", False), ("bf16", native_bf16(detector.device)), ("auto", True))
+    for amp, works in cases:
         if works:
+            detector.amp = amp
             detector.predict(image)
             assert used[-1] == amp
         else:
-            with pytest.raises(ConfigError, match="train.amp"):
-                detector.predict(image)
+            with pytest.raises(ConfigError, match=r"^Detector.amp"):
+                detector.amp = amp
+            assert detector.amp != amp  # the refused value is not kept
     detector.amp = "none"
 
 

@@ -165,6 +165,9 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
     train_max = _check_sizes("train_max_size", cfg.train_max_size)[0]
     crop_prob = _check_probability("crop_prob", cfg.crop_prob)
     hflip_prob = _check_probability("hflip_prob", cfg.hflip_prob)
+    crop_scales, crop_size = _check_sizes("crop_scales", cfg.crop_scales), _check_sizes("crop_size", cfg.crop_size)
+    if len(crop_size) != 2 or crop_size[0] > crop_size[1]:  # checked when unused too: the config says one thing
+        raise ConfigError(f"data.crop_size is {crop_size!r}; it must be [min, max] with min <= max.")
     # With one size per batch the sampler draws it and the sample is resized after this pipeline
     # (resize_sample); the crop branch keeps its own resize before the crop.
     resize = short_side_resize(train_scales, train_max) if cfg.train_size_per == "image" else v2.Identity()
@@ -172,10 +175,6 @@ def build_train_transforms(cfg: DataConfig) -> v2.Compose:
     if hflip_prob > 0:
         steps.append(v2.RandomHorizontalFlip(p=hflip_prob))
     if crop_prob > 0:
-        crop_scales = _check_sizes("crop_scales", cfg.crop_scales)
-        crop_size = _check_sizes("crop_size", cfg.crop_size)
-        if len(crop_size) != 2 or crop_size[0] > crop_size[1]:
-            raise ConfigError(f"data.crop_size is {crop_size!r}; it must be [min, max] with min <= max.")
         crop_branch = v2.Compose([short_side_resize(crop_scales), RandomSizeCrop(*crop_size), sanitize_boxes(), resize])
         if crop_prob < 1:
             crop_branch = v2.RandomChoice([resize, crop_branch], p=[1 - crop_prob, crop_prob])

@@ -46,8 +46,8 @@ def evaluation_amp(train_amp: str, device: torch.device) -> str:
     return resolve_amp(amp, device)
 
 
-def check_amp(amp: str, device: torch.device) -> None:
-    """Refuse a ``train.amp`` that ``device`` would only emulate (slower than float32 and less precise).
+def check_amp(amp: str, device: torch.device, key: str = "train.amp") -> None:
+    """Refuse a ``train.amp`` (or ``key``) that ``device`` would only emulate (slower than float32 and less precise).
 
     Raises:
         ConfigError: an unknown value; ``fp16`` on a CPU; ``bf16`` without native bfloat16; another device type.
@@ -55,20 +55,20 @@ def check_amp(amp: str, device: torch.device) -> None:
     if amp in ("none", "auto"):
         return
     if amp not in AMP_DTYPES:
-        raise ConfigError(f"train.amp is {amp!r}; valid are 'none', 'auto', 'bf16' and 'fp16'.")
+        raise ConfigError(f"{key} is {amp!r}; valid are 'none', 'auto', 'bf16' and 'fp16'.")
     if device.type == "cpu":
         if amp == "fp16":
-            raise ConfigError("train.amp=fp16 needs a CUDA device; on the CPU use train.amp=bf16 or auto.")
+            raise ConfigError(f"{key}=fp16 needs a CUDA device; on the CPU use {key}=bf16 or auto.")
         if not native_bf16(device):
             raise ConfigError(
-                "train.amp=bf16: this CPU has no native bfloat16 arithmetic (AMX or AVX512-BF16), so it would be "
-                "slower than float32; use train.amp=none (or auto, which picks bf16 only where it is native)."
+                f"{key}=bf16: this CPU has no native bfloat16 arithmetic (AMX or AVX512-BF16), so it would be "
+                f"slower than float32; use {key}=none (or auto, which picks bf16 only where it is native)."
             )
         return
     if device.type != "cuda":
-        raise ConfigError(f"train.amp={amp} needs a CUDA device or a CPU; this run uses {device}. Use train.amp=none.")
+        raise ConfigError(f"{key}={amp} needs a CUDA device or a CPU; this run uses {device}. Use {key}=none.")
     if amp == "bf16" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("train.amp=bf16: this GPU does not support bfloat16; use train.amp=fp16.")
+        raise ConfigError(f"{key}=bf16: this GPU does not support bfloat16; use {key}=fp16.")
 
 
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -12,9 +12,9 @@ FEW_ITERATIONS = 10_000
 _LONGER = "train longer (train.max_iters, or train.epochs with train.max_iters=null) or start from trained weights"
 
 
-def low_ap_note(ap: float | None, iterations: int) -> str | None:
-    """The note for an AP (percent) below :data:`NEAR_ZERO_AP` after ``iterations``; None otherwise."""
-    if ap is None or ap < 0 or ap >= NEAR_ZERO_AP:
+def low_ap_note(ap: float | None, iterations: int, from_scratch: bool = True) -> str | None:
+    """The note for an AP (percent) below :data:`NEAR_ZERO_AP` after ``iterations`` from scratch; None otherwise."""
+    if ap is None or ap < 0 or ap >= NEAR_ZERO_AP or not from_scratch:
         return None
     return (
         f"Note: AP {format_percent(ap)} after {iterations} iterations is expected from so short a training: a "

@@ -93,46 +93,37 @@ class HookBase:
         pass
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Trainer:
-    """The training loop, built by :func:`~detr_peg.engine.training.run_training`; every argument is an attribute.
+    """The training loop, built by :func:`~detr_peg.engine.training.run_training`.
 
     ``model`` is the bare detector (checkpoints, evaluation); ``train_model`` is what is stepped (``model``, maybe in
-    DDP and/or ``torch.compile``); ``log`` is None outside the main process; ``halt``: the epoch ends after this step.
+    DDP and/or ``torch.compile``); ``log`` is None outside the main process; ``config_pending``: ``config.yaml`` still
+    describes the checkpoint being resumed; ``weight_average`` (``train.ema_decay``) is what is evaluated and stored;
+    ``halt``: the epoch ends after this step.
     """
 
-    def __init__(
-        self,
-        *,
-        cfg: Config,
-        env: DistEnv,
-        out: Path,
-        train_set: CocoDetection,
-        val_set: CocoDetection | None,
-        label_map: LabelMap,
-        per_epoch: int,
-        model: nn.Module,
-        train_model: nn.Module,
-        criterion: nn.Module,
-        postprocessor: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        lr_scheduler: LrSchedule,
-        scaler: torch.amp.GradScaler | None,
-        amp: str,
-        progress: Progress,
-        log: MetricsLog | None,
-        config_pending: bool,
-        hooks: Sequence[HookBase] = (),
-        weight_average: WeightAverage | None = None,
-    ) -> None:
-        self.cfg, self.env, self.out = cfg, env, out
-        self.train_set, self.val_set, self.label_map, self.per_epoch = train_set, val_set, label_map, per_epoch
-        self.model, self.train_model, self.criterion, self.postprocessor = model, train_model, criterion, postprocessor
-        self.optimizer, self.lr_scheduler, self.scaler, self.amp = optimizer, lr_scheduler, scaler, amp
-        self.progress, self.log = progress, log
-        self.config_pending = config_pending  # config.yaml still describes the checkpoint being resumed
-        self.hooks: list[HookBase] = list(hooks)
-        self.weight_average = weight_average  # train.ema_decay: the average that is evaluated and stored
-        self.halt = False
+    cfg: Config
+    env: DistEnv
+    out: Path
+    train_set: CocoDetection
+    val_set: CocoDetection | None
+    label_map: LabelMap
+    per_epoch: int
+    model: nn.Module
+    train_model: nn.Module
+    criterion: nn.Module
+    postprocessor: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: LrSchedule
+    scaler: torch.amp.GradScaler | None
+    amp: str
+    progress: Progress
+    log: MetricsLog | None
+    config_pending: bool
+    hooks: Sequence[HookBase] = ()
+    weight_average: WeightAverage | None = None
+    halt: bool = field(default=False, init=False)
 
     @property
     def eval_model(self) -> nn.Module:

@@ -140,7 +140,8 @@ def _result(trainer: Trainer, losses: dict[str, float]) -> TrainResult:
             f"Done: {result.iterations} iterations, {result.epochs_completed} epochs{ap}; "
             f"skipped images: {result.skipped_images}; checkpoint {trainer.ckpt_file}"
         )
-        note = low_ap_note(result.metrics.get("AP") if result.metrics else None, result.iterations)
+        final_ap = result.metrics.get("AP") if result.metrics else None
+        note = low_ap_note(final_ap, result.iterations, from_scratch=not trainer.cfg.train.init_from)
         if note:
             log.info(note)
     return result

@@ -155,15 +155,18 @@ def test_padding_report(evaluated: Path) -> None:
     assert report["max_abs_box_diff_exact_vs_single"] < 1e-4
 
 
-@pytest.mark.parametrize("extra", [0.25, 0.0])
+@pytest.mark.parametrize("extra", [0.5, 0.0])
 def test_extra_padding_evaluates_in_the_padding_comparisons_grown_batches(
     run: Path, tmp_path: Path, extra: float
 ) -> None:
     """``eval.extra_padding``: the command's detections are those of the padding comparison's batches grown by the
-    same fraction (its ``mixed`` mode at 0.25), every score and box to the last digit; 0.25 and 0 differ."""
+    same fraction (its ``mixed`` mode, at 0.25 on these one-size images unless set), to the last digit; 0.5 and 0
+    differ."""
     checkpoint = run / "run" / "checkpoint.pth"
-    proc = _eval("--checkpoint", str(checkpoint), "--output", str(tmp_path / "out"), f"eval.extra_padding={extra}")
+    out = tmp_path / "out"
+    proc = _eval("--checkpoint", str(checkpoint), "--output", str(out), "--padding", f"eval.extra_padding={extra}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "padding.json").read_text())["extra_padding"] == (extra or 0.25)
     written = json.loads((tmp_path / "out" / "detections.json").read_text())
 
     stored = read_checkpoint(checkpoint)
@@ -173,14 +176,14 @@ def test_extra_padding_evaluates_in_the_padding_comparisons_grown_batches(
     loader = build_eval_loader(
         dataset, cfg.eval.batch_size, 0, env, size_divisibility=loaded.model.size_divisibility, padding_mode="mixed"
     )
-    expected = {extra: predict_raw(loaded, loader, env.device, amp, extra)[0] for extra in (0.25, 0.0)}
+    expected = {extra: predict_raw(loaded, loader, env.device, amp, extra)[0] for extra in (0.5, 0.0)}
     # Not on a terminal: progress is told in lines, the number of batches first and the last one done.
     assert (
         f"eval: {len(loader)} batches\n" in proc.stdout
         and f"eval: {len(loader)}/{len(loader)} batches\n" in proc.stdout
     )
     assert written == merge_shards([expected[extra]])[0]
-    assert written != merge_shards([expected[0.25 if extra == 0 else 0.0]])[0]
+    assert written != merge_shards([expected[0.5 if extra == 0 else 0.0]])[0]
 
 
 def test_canvas_scales_need_a_synthetic_dataset(run: Path, tmp_path: Path) -> None:

@@ -261,6 +261,8 @@ def test_train_pipeline_outputs_valid_targets(cfg: DataConfig) -> None:
 def test_bad_config_values_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"data.crop_size is \[600, 384\]"):
         build_train_transforms(DataConfig(crop_size=[600, 384]))
+    with pytest.raises(ConfigError, match=r"data.crop_size is \[1\]; it must be \[min, max\]"):
+        build_train_transforms(DataConfig(crop_size=[1], crop_prob=0.0))  # refused even where no crop is drawn
     with pytest.raises(ConfigError, match="data.train_scales"):
         build_train_transforms(DataConfig(train_scales=[]))
     with pytest.raises(ConfigError, match="data.hflip_prob is 1.5"):

@@ -18,6 +18,7 @@ def test_the_notes_name_the_cause_and_the_settings_to_change() -> None:
     note = low_ap_note(0.2, 50)
     assert note.startswith("Note: AP 0.2 % after 50 iterations is expected from so short a training")
     assert "train.max_iters" in note and "train.init_from" in note
+    assert low_ap_note(0.2, 50, from_scratch=False) is None  # a fine-tune is not told to start from weights
     empty = no_detections_note(0.35, 50, "--score-threshold")
     assert "no detection scored at least 0.35" in empty and "lower --score-threshold" in empty
     assert "train.max_iters" in empty

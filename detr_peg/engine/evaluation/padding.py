@@ -67,12 +67,13 @@ def measure_padding(
 
     Per mode ``batch_size``, ``metrics`` and ``seconds`` (wall time, data loading included); the largest
     ``max_abs_{logit,box}_diff_<mode>_vs_single`` of raw ``pred_logits`` and normalised cxcywh ``pred_boxes``; on data
-    of one image size every ``mixed`` batch grows by ``extra_padding`` (:data:`EXTRA_PADDING`), as a larger image would.
+    of one image size every ``mixed`` batch grows by ``extra_padding`` (:data:`EXTRA_PADDING`), as a larger image would;
+    ``eval.extra_padding``, when set, is the growth on any data.
     """
     cfg = loaded.config
     batch_size = cfg.eval.batch_size
     uniform = len(set(image_sizes(dataset))) == 1
-    extra = EXTRA_PADDING if uniform else 0.0
+    extra = cfg.eval.extra_padding or (EXTRA_PADDING if uniform else 0.0)
     settings = {"single": (1, "mixed", 0.0), "mixed": (batch_size, "mixed", extra), "exact": (batch_size, "exact", 0.0)}
     modes: dict[str, dict[str, Any]] = {}
     raw: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}
