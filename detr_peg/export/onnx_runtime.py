@@ -104,9 +104,11 @@ class OnnxDetector:
             outputs = self.session.run(self.output_names, feed)
         except self._run_errors as exc:
             reason = " ".join(str(exc).split())[:200]
+            learned = self.config is not None and self.config.model.position.name == "learned"
+            hint = ("; its learned position tables take images up to their size: lower data.val_scale/val_max_size"
+                    if learned else "")  # fmt: skip
             raise DataError(
-                f"{self.path} failed on a batch of shape {list(feed['images'].shape)} (onnxruntime: {reason}); a graph "
-                "with learned position tables takes images up to their size: lower data.val_scale/val_max_size."
+                f"{self.path} failed on a batch of shape {list(feed['images'].shape)} (onnxruntime: {reason}){hint}."
             ) from None
         return {name: torch.from_numpy(value) for name, value in zip(self.output_names, outputs)}
 

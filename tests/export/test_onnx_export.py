@@ -200,7 +200,7 @@ def test_learned_encoding_larger_than_its_table_fails_like_pytorch(exported):
     with pytest.raises(ValueError, match="larger than the learned position tables"):
         model(images, mask)
     with pytest.raises(DataError, match=r"failed on a batch of shape \[1, 3, 600, 128\] \(onnxruntime: .*INVALID_ARGUMENT"
-                       r".*\); a graph with learned position tables takes images up to their size: lower "):  # fmt: skip
+                       r".*\); its learned position tables take images up to their size: lower "):  # fmt: skip
         detector(images, mask)
 
 
