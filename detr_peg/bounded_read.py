@@ -198,6 +198,12 @@ def load_yaml_text(text: str, path: StrPath, what: str, kind: str, error: ErrorT
     return check_tree(data, path, what, kind, error)
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """`` at line N (problem)`` of a YAML error, for the message that names the file (a Python tag's too)."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    return (f" at line {mark.line + 1}" if mark is not None else "") + (f" ({problem})" if problem else "")
+
+
 def check_image_shape(width: int, height: int, path: StrPath, error: ErrorType) -> None:
     """Refuse an image with a side of no pixels or an aspect ratio above :data:`MAX_ASPECT_RATIO`."""
     if min(width, height) < 1 or max(width, height) / min(width, height) > MAX_ASPECT_RATIO:

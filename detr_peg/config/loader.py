@@ -26,6 +26,7 @@ from detr_peg.bounded_read import (
     load_yaml_text,
     plain,
     read_bounded_bytes,
+    yaml_problem,
 )
 from detr_peg.config.options import ARCHITECTURE_SCHEMAS, ENCODING_OPTIONS, new_config, owners_of
 from detr_peg.config.ranges import is_number, is_whole, out_of_range
@@ -245,12 +246,7 @@ def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
             keep_text=True,
         )
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        # safe_load refuses Python tags (!!python/object/apply:...); the problem text says so.
-        problem = getattr(exc, "problem", None)
-        detail = f" ({problem})" if problem else ""
-        raise ConfigError(f"{source}: invalid YAML{where}{detail}.") from None
+        raise ConfigError(f"{source}: invalid YAML{yaml_problem(exc)}.") from None
     data = plain(data)  # a document that is one scalar
     if data is None:
         data = {}

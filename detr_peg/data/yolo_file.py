@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from PIL import Image
 
-from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
+from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes, yaml_problem
 from detr_peg.data.image_paths import IMAGE_SUFFIXES
 from detr_peg.errors import DataError
 
@@ -36,17 +36,20 @@ def read_categories(path: Path) -> list[dict[str, Any]]:
     """COCO categories from ``data.yaml``'s ``names``; ``DataError`` naming the file if there are none."""
     try:
         data = load_yaml_text(_read_text(path, "Dataset file"), path, "Dataset file", "annotations", DataError)
-    except yaml.YAMLError:
-        raise DataError(f"Dataset file {path}: invalid YAML.") from None
-    names = data.get("names") if isinstance(data, dict) else None
-    if isinstance(names, list):
-        names = dict(enumerate(names))
+    except yaml.YAMLError as exc:
+        raise DataError(f"Dataset file {path}: invalid YAML{yaml_problem(exc)}.") from None
+    given = data.get("names") if isinstance(data, dict) else None
+    names = dict(enumerate(given)) if isinstance(given, list) else given
     if not isinstance(names, dict) or not names or not all(isinstance(k, int) for k in names):
         raise DataError(
-            f"Dataset file {path} has 'names' {names!r}; a YOLO data.yaml names its classes as a list or as a "
+            f"Dataset file {path} has 'names' {given!r}; a YOLO data.yaml names its classes as a list or as a "
             "mapping from class index (0: person)."
         )
-    return [{"id": index, "name": name} for index, name in sorted(names.items())]
+    # Digits name classes too (names: [0, 1, 2] of a digit dataset), read as Ultralytics reads them.
+    return [
+        {"id": i, "name": str(n) if isinstance(n, int) and not isinstance(n, bool) else n}
+        for i, n in sorted(names.items())
+    ]
 
 
 def label_path(image: Path) -> Path:

@@ -98,6 +98,13 @@ def _dataset(tmp_path: Path, label: str, yaml_text: str = "names: [cat, dog]\n",
     return tmp_path / "data.yaml"
 
 
+def test_digit_class_names_are_read_as_text(tmp_path: Path) -> None:
+    """``names: [0, 1]`` (a digit dataset) names its classes "0" and "1", as Ultralytics reads it."""
+    data_yaml = _dataset(tmp_path, "1 0.5 0.5 0.2 0.2\n", "names: [0, 1]\n", "images")
+    dataset = CocoDetection(images_dir=tmp_path / "images", annotation_file=data_yaml)
+    assert [c["name"] for c in dataset.coco.loadCats(dataset.coco.getCatIds())] == ["0", "1"]
+
+
 @pytest.mark.parametrize(
     ("label", "yaml_text", "folder", "fragments"),
     [
@@ -109,8 +116,9 @@ def _dataset(tmp_path: Path, label: str, yaml_text: str = "names: [cat, dog]\n",
         ("0 0.5 0.5 0.2 0.2 0.9\n", None, "images", ["of length 5"]),
         ("0 0.5 0.5 0.2 0.2\n", "nc: 2\n", "images", ["data.yaml has 'names' None"]),
         ("0 0.5 0.5 0.2 0.2\n", "names: {a: cat}\n", "images", ["'names' {'a': 'cat'}"]),
-        ("0 0.5 0.5 0.2 0.2\n", "names: [cat\n", "images", ["data.yaml: invalid YAML"]),
-        ("0 0.5 0.5 0.2 0.2\n", "names: [1, 2]\n", "images", ["'name' 1; names must be strings"]),
+        ("0 0.5 0.5 0.2 0.2\n", "names: []\n", "images", ["data.yaml has 'names' []"]),
+        ("0 0.5 0.5 0.2 0.2\n", "names: [cat\n", "images", ["data.yaml: invalid YAML at line 2 (expected ',' or ']'"]),
+        ("0 0.5 0.5 0.2 0.2\n", "names: [cat, null]\n", "images", ["'name' None; names must be strings"]),
         ("0 0.5 0.5 0.2 0.2\n", None, "pictures", ["is not under a folder named 'images'"]),
         ("9" * 5000 + " 0.5 0.5 0.2 0.2\n", None, "images", ["category_id '99999"]),
         ("\u00b2 0.5 0.5 0.2 0.2\n", None, "images", ["category_id '\u00b2'"]),

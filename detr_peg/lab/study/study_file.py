@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes
+from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes, yaml_problem
 from detr_peg.config.ranges import is_number, is_whole
 from detr_peg.config.shipped import resolve_config
 from detr_peg.errors import ConfigError
@@ -64,8 +64,8 @@ def load_study_file(path: str | Path) -> StudyFile:
     raw = decode_utf8(read_bounded_bytes(path, "Study file", "config", ConfigError), path, "Study file", ConfigError)
     try:
         data = load_yaml_text(raw, path, "Study file", "config", ConfigError) or {}
-    except yaml.YAMLError:
-        raise ConfigError(f"{path}: invalid YAML.") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML{yaml_problem(exc)}.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a study file holds a mapping (configs, grid, seeds, ...).")
     unknown = sorted(set(data) - set(KNOWN_KEYS))
