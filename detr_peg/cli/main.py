@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import NoReturn
@@ -186,11 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(
             errors="backslashreplace"
         )  # "é" under PYTHONIOENCODING=ascii prints as \xe9, as on stderr
+    name = " ".join(["detr-peg", *_command_word(words)])
     try:
-        with _terminate_on_sigterm():
+        with _terminate_on_sigterm(), warnings.catch_warnings():
+            # Python's warnings as one line each, like the errors (the previous display comes back at the end).
+            warnings.showwarning = lambda message, *_, **__: tqdm.write(f"{name}: warning: {message}", file=sys.stderr)
             return _run_command(words)
     except Terminated:
-        name = " ".join(["detr-peg", *_command_word(words)])
         print(
             f"{name}: stopped by SIGTERM; the files it finished are complete and none is half-written",
             file=sys.stderr,
@@ -216,6 +219,18 @@ def out_of_memory(exc: BaseException) -> str | None:
         f"out of memory{size}; lower what the run holds at once: the batch sizes (train.batch_size, "
         "eval.batch_size), the image sizes (data.train_scales, data.val_scale, --scales) or the model's sizes."
     )
+
+
+#: What gloo and NCCL say in the processes left when one process of a run ends.
+PEER_GONE = re.compile(r"closed by peer|reset by peer|remote worker|communicator was aborted")
+
+
+def peer_stopped(exc: BaseException) -> str | None:
+    """A collective that failed because another process of this run ended first, as one sentence; else None."""
+    world = os.environ.get("WORLD_SIZE", "")
+    if not (world.isdigit() and int(world) > 1 and PEER_GONE.search(str(exc))):
+        return None
+    return "another process of this run stopped first, and its own message says why; this process stopped with it."
 
 
 def _run_command(words: list[str]) -> int:
@@ -269,7 +284,7 @@ def _run_command(words: list[str]) -> int:
         print(f"detr-peg {top.command}: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as exc:
-        reason = out_of_memory(exc)
+        reason = out_of_memory(exc) or peer_stopped(exc)
         if reason is None:
             raise
         print(f"detr-peg {top.command}: error: {reason}", file=sys.stderr)

@@ -107,6 +107,26 @@ def test_two_processes_train_evaluate_and_match_one_process(tmp_path: Path) -> N
         assert metrics["bbox"][name] == pytest.approx(single.metrics[name], abs=0.1), name  # percent: 0.1 point
 
 
+@pytest.mark.slow
+def test_a_bad_image_in_one_process_ends_every_process_in_one_line(tmp_path: Path) -> None:
+    """The process that reads a truncated image names it; the other, whose collective lost its peer, says so; no
+    process ends in a traceback of its own (torchrun's summary of the failed run is torchrun's)."""
+    data = synthetic_data(tmp_path / "shapes", num_train=8, num_val=2)
+    image = sorted(Path(data.train_images).glob("*.png"))[3]
+    image.write_bytes(image.read_bytes()[:200])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "detr_peg.cli.main", "train", *synthetic_overrides(data, tmp_path / "run", *DECOMPOSABLE,
+           "train.batch_size=2", "train.max_iters=4", "train.seed=1", "data.on_bad_sample=error")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=python_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("detr-peg train: error:")]
+    assert len(errors) == 2, proc.stderr[-3000:]
+    assert any(f"Image file {image} cannot be decoded" in line for line in errors), errors
+    assert any("another process of this run stopped first, and its own message says why" in line for line in errors)
+    assert "RuntimeError" not in proc.stderr and "closed by peer" not in proc.stderr, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("stop", ["time limit", "SIGTERM"])
 def test_a_process_alone_in_its_group_stops_at_start_up(tmp_path: Path, stop: str) -> None:
     """WORLD_SIZE=2 and no second process: the start-up ends after DETR_PEG_START_TIMEOUT with one line, and a

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from detr_peg.checkpoint.format import read_checkpoint
-from tests.reliability.conftest import BASE, IMAGES, RESUME, assert_success, draw_image, edit_annotations
+from tests.reliability.conftest import BASE, IMAGES, OUT, RESUME, assert_success, draw_image, edit_annotations
 from tests.reliability.hostile_cases import Hostile, check_refused, ids
 
 MID = Path("mid")
@@ -124,3 +124,17 @@ def test_any_batch_size_applies_from_an_epoch_boundary(cli, case: Path) -> None:
     result = cli.run([*RESUME, "train.batch_size=1"], cwd=case)
     assert_success(result)
     assert "Done: 6 iterations, 2 epochs" in result.stdout, result.stdout
+
+
+def test_a_checkpoint_of_two_processes_resumed_by_one_warns_in_one_line(cli, case: Path) -> None:
+    """At an epoch boundary the run continues; Python's warning is one line of the command, not a source dump."""
+    path = case / OUT / "checkpoint.pth"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["world_size"], ckpt["rng"] = 2, ckpt["rng"] * 2
+    torch.save(ckpt, path)
+    result = cli.run(RESUME, cwd=case)
+    assert_success(result)
+    assert result.stderr.splitlines() == [
+        f"detr-peg train: warning: {OUT / 'checkpoint.pth'} was written by 2 processes and this run has 1; the "
+        "random generators start fresh, so the run is not an exact continuation."
+    ]
