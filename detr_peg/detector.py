@@ -282,7 +282,8 @@ class Detector(HubFolders):
         overrides: Iterable[str] = (),
         progress_bars: bool | None = None,
     ) -> Detector:
-        """Train on a COCO-format dataset from this detector's weights (``detr-peg train`` with ``train.init_from``).
+        """Train on a COCO-format dataset from this detector's weights file (``detr-peg train`` with ``train.init_from``;
+        a detector of :meth:`from_config` has none, so its run starts from the config's initialisation).
 
         ``overrides`` (``key=value``) change the config; another number of categories needs
         ``train.reset_classifier=true``; without ``val_images``/``val_annotations`` the run does not evaluate.
