@@ -188,7 +188,7 @@ def test_frozen_stages_fall_back_to_a_cpu_probe(monkeypatch):
     }
 
 
-@pytest.mark.parametrize("fields", [dict(train=False), dict(frozen_stages=4), dict(frozen_stages=9)])
+@pytest.mark.parametrize("fields", [dict(train=False), dict(frozen_stages=4)])  # 5 and more: refused (above)
 def test_everything_frozen(fields):
     backbone = timm_backbone("convnext_atto", [2, 3, 4], **fields)
     assert not any(p.requires_grad for p in backbone.parameters())
