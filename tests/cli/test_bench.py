@@ -224,6 +224,12 @@ def test_compare_float32_and_auto_precision_each_against_its_own_peak(tmp_path):
         assert peaks["bf16"]["dtype"] == "bfloat16" and "bf16 matmul peak" in proc.stdout
         assert proc.stdout.splitlines()[0].split()[:3] == ["case", "mode", "amp"]
         assert "amp bf16, none" in proc.stdout
+    # --amp auto, which check_amp's messages suggest, is the same choice for every case.
+    quick = ["--config", "configs/demo.yaml", *TINY_MODEL, "--modes", "infer", "--infer-size", "64x64", "--runs", "1",
+             "--warmup", "0", "--no-flops", "--peak-size", "0"]  # fmt: skip
+    proc = _bench(*quick, "--amp", "auto", "--output", str(tmp_path / "auto.json"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["amp"] for r in json.loads((tmp_path / "auto.json").read_text())["results"]] == [auto]
 
 
 def test_a_compared_precision_this_device_cannot_run_is_refused_before_any_case(tmp_path):

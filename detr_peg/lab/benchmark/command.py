@@ -74,9 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--amp",
-        choices=["none", "bf16", "fp16"],
+        choices=["none", "auto", "bf16", "fp16"],
         default="none",
-        help="autocast dtype: bf16 on a GPU or on a CPU with AMX or AVX512-BF16, fp16 on a GPU; the matmul peak is then measured in that dtype",
+        help="autocast dtype: bf16 on a GPU or on a CPU with AMX or AVX512-BF16, fp16 on a GPU, auto: bf16 where native; the matmul peak is then measured in that dtype",
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
@@ -150,7 +150,7 @@ def _check_options(args: argparse.Namespace, cfg) -> list[str]:
     import torch
 
     from detr_peg.engine.distributed import resolve_device
-    from detr_peg.engine.mixed_precision import check_amp
+    from detr_peg.engine.mixed_precision import check_amp, resolve_amp
     from detr_peg.errors import ConfigError
 
     modes = [m for m in args.modes.split(",") if m]
@@ -159,6 +159,7 @@ def _check_options(args: argparse.Namespace, cfg) -> list[str]:
         raise ConfigError(f"--modes {args.modes!r}: valid modes are infer, train.")
     args.device = str(resolve_device(args.device))  # auto -> cuda or cpu; refuses CUDA where there is none
     check_amp(args.amp, torch.device(args.device))
+    args.amp = resolve_amp(args.amp, torch.device(args.device))  # the dtype measured, named in the table
     if args.onnx:
         from detr_peg.export.export_options import require_onnx
 

@@ -211,9 +211,11 @@ def frozen_parameter_names(cfg: BackboneConfig, layout: nn.Module, body: nn.Modu
     import timm
 
     names = {name for name, _ in body.named_parameters()}
-    if cfg.frozen_stages > last_stage:
-        raise ConfigError(f"model.backbone.frozen_stages={cfg.frozen_stages}: {cfg.name} has {last_stage} stages "
-                          f"({last_stage} freezes them all, as model.backbone.train=false does).")  # fmt: skip
+    strides = {entry["reduction"] for entry in layout.feature_info.info}
+    stages = max((s for s in range(1, 9) if 2 ** (s + 1) in strides), default=last_stage)  # the model's, not built
+    if cfg.frozen_stages > stages:
+        raise ConfigError(f"model.backbone.frozen_stages={cfg.frozen_stages}: {cfg.name} has {stages} stages "
+                          f"({stages} freezes them all, as model.backbone.train=false does).")  # fmt: skip
     if not cfg.train or cfg.frozen_stages >= last_stage:
         return names
     if cfg.frozen_stages <= 0:

@@ -144,8 +144,11 @@ def test_frozen_stages_cut_the_gradient_after_stage_n(name, frozen_stages):
 
 
 def test_more_frozen_stages_than_the_model_has_are_refused():
+    """The model's stages count, not the ones built: stage 3 of a backbone cut after stage 2 may be frozen."""
     with pytest.raises(ConfigError, match=r"^model.backbone.frozen_stages=5: convnext_atto has 4 stages \(4 freezes"):
-        timm_backbone("convnext_atto", [1, 2, 3, 4], frozen_stages=5)
+        timm_backbone("convnext_atto", [1, 2], frozen_stages=5)
+    backbone = timm_backbone("resnet18", [2], frozen_stages=3)
+    assert not any(p.requires_grad for p in backbone.parameters())
 
 
 def test_frozen_stages_resnet_names():
