@@ -46,10 +46,10 @@ from detr_peg.errors import DataError  # noqa: E402
 
 
 def ground_truth(annotation_file: Path, images: Path, count: int) -> list[tuple[Path, torch.Tensor]]:
-    """The first ``count`` images of a COCO annotation file, each with its boxes ``float32[N, 4]`` (x0, y0, x1, y1,
+    """The first ``count`` images of a COCO annotation file (or YOLO data.yaml), each with its boxes ``float32[N, 4]`` (x0, y0, x1, y1,
     pixels; crowd boxes left out). DataError when the file is not a valid COCO file
     (:func:`~detr_peg.data.coco_file.read_coco_file`) or an image file is missing."""
-    data = read_coco_file(annotation_file).data
+    data = read_coco_file(annotation_file, images_dir=images).data  # images_dir: a YOLO data.yaml's split
     boxes: dict[int, list[list[float]]] = {}
     for ann in data["annotations"]:
         if not ann.get("iscrowd", 0):

@@ -162,7 +162,9 @@ def _from_tensor(tensor: Tensor, name: str) -> Tensor:
         return tensor.contiguous()
     if not tensor.is_floating_point():
         raise DataError(f"{name} is a tensor of dtype {tensor.dtype}; expected uint8, or float in [0, 1].")
-    if not bool(torch.isfinite(tensor).all()) or float(tensor.min()) < 0 or float(tensor.max()) > 1:
+    if not bool(torch.isfinite(tensor).all()):
+        raise DataError(f"{name} is a float tensor holding NaN or infinite values; expected {ACCEPTED}.")
+    if float(tensor.min()) < 0 or float(tensor.max()) > 1:
         raise DataError(f"{name} is a float tensor with values outside [0, 1]; expected {ACCEPTED}.")
     return (tensor.float() * 255).round().to(torch.uint8)
 

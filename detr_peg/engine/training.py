@@ -397,6 +397,8 @@ def _announce(
             f"consider train.lr={t.lr * total_batch / t.total_batch_size:.3g} and "
             f"train.lr_backbone={t.lr_backbone * total_batch / t.total_batch_size:.3g} (linear scaling)."
         )
+    if not train_set.coco.anns:
+        log.info(f"Note: {train_set.annotation_file} holds no boxes; the run learns that the images hold no object.")
     if train_set.num_invalid_skipped:
         log.info(f"{train_set.num_invalid_skipped} invalid annotations skipped in {train_set.annotation_file}.")
     if train_set.num_boxes_outside:

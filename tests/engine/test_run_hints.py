@@ -95,3 +95,21 @@ def test_predict_without_a_terminal_logs_each_tenth_of_its_images(tiny_demo_dir:
     assert proc.returncode == 0, proc.stderr[-2000:]
     logged = [line for line in proc.stdout.splitlines() if line.startswith("predict: ")]
     assert logged == [f"predict: {n} of 105 images" for n in (11, 21, 32, 42, 53, 63, 74, 84, 95, 105)]
+
+
+def test_training_data_without_boxes_is_named(tmp_path: Path, caplog) -> None:
+    import logging
+
+    from detr_peg.engine.training import run_training
+    from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
+
+    data = synthetic_data(tmp_path / "data", num_train=4, num_val=2)
+    annotations = json.loads(Path(data.train_annotations).read_text())
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({**annotations, "annotations": []}))
+    caplog.set_level(logging.INFO, logger="detr_peg")
+    cfg = tiny_config(
+        synthetic_overrides(data, tmp_path / "run", "train.max_iters=1", f"data.train_annotations={empty}")
+    )
+    run_training(cfg, progress_bars=False)
+    assert f"Note: {empty} holds no boxes; the run learns that the images hold no object." in caplog.text

@@ -139,3 +139,19 @@ def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path, c
     result = run_main(tool, capsys, "--checkpoint", str(tmp_path / "c.pth"), "--annotations",
                       str(data / "annotations_val.json"), "--images", str(data / "val"))  # fmt: skip
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "c.pth" in result.stderr
+
+
+def test_a_yolo_data_yaml_gives_the_boxes_of_its_coco_file(coco128_dir: Path, tmp_path: Path) -> None:
+    """--annotations data.yaml with --images of its split reads the YOLO copy: the same images and boxes."""
+    from tests.data.test_yolo_file import export_yolo
+
+    data_yaml = export_yolo(coco128_dir, tmp_path / "yolo")
+    tool = load_tool(TOOL)
+    coco = {path.name: boxes for path, boxes in tool.ground_truth(coco128_dir / "annotations_val.json",
+                                                                   coco128_dir / "images", 1000)}  # fmt: skip
+    yolo = {
+        path.name: boxes for path, boxes in tool.ground_truth(data_yaml, tmp_path / "yolo" / "images" / "val", 1000)
+    }
+    assert set(yolo) == set(coco)
+    for name, boxes in coco.items():
+        torch.testing.assert_close(yolo[name], boxes, rtol=0, atol=1e-3)  # 8 decimals of the normalised box
