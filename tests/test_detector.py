@@ -134,6 +134,7 @@ def test_every_input_kind_gives_the_same_detections(detector, coco128_dir) -> No
         (torch.zeros(1, 8, 8), "shape (1, 8, 8)"),
         (torch.full((3, 8, 8), 2.0), "outside [0, 1]"),
         (torch.full((3, 8, 8), float("nan")), "holding NaN or infinite values"),
+        (torch.rand(3, 8, 8).to_sparse(), "layout torch.sparse_coo; expected a dense one"),
         (torch.zeros(3, 8, 8, dtype=torch.int32), "dtype torch.int32"),
         ([1, 2, 3], "is a list"),
         ("does/not/exist.jpg", "does not exist"),

@@ -34,6 +34,8 @@ import torch
 
 from detr_peg.cli import option_types
 from detr_peg.cli.main import OneLineParser
+from detr_peg.engine.distributed import resolve_device
+from detr_peg.errors import ConfigError
 from detr_peg.lab.benchmark.measure import synchronize
 from detr_peg.lab.benchmark.timing import time_runs
 from detr_peg.models.deformable.ms_deform_attn_function import CUDA_IMPLEMENTATIONS, IMPLEMENTATIONS, ms_deform_attn
@@ -112,6 +114,11 @@ def main() -> None:
         "(built here, see detr_peg/models/deformable/official_cuda_op.py) as impl official_cuda",
     )
     args = parser.parse_args()
+    for name in args.device or []:  # a GPU asked for on a machine without one: one line before the table
+        try:
+            resolve_device(name)
+        except ConfigError as exc:
+            parser.error(str(exc).replace("train.device=", "--device ").replace("train.device", "--device"))
     official_op = None
     if args.official_op:
         from detr_peg.models.deformable.official_cuda_op import build_official_op

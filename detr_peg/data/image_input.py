@@ -152,6 +152,8 @@ def _from_array(array: np.ndarray, name: str) -> Tensor:
 
 
 def _from_tensor(tensor: Tensor, name: str) -> Tensor:
+    if tensor.layout != torch.strided:  # sparse or nested: the checks below have no kernels for them
+        raise DataError(f"{name} is a tensor of layout {tensor.layout}; expected a dense one ({ACCEPTED}).")
     if tensor.dim() != 3 or tensor.shape[0] != 3:
         raise DataError(f"{name} is a tensor of shape {tuple(tensor.shape)}; expected (3, H, W) RGB.")
     _check_size(tensor.shape[1], tensor.shape[2], name)

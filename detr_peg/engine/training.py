@@ -41,7 +41,7 @@ from detr_peg.engine.optimizer import build_lr_scheduler, build_optimizer
 from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.trainer import HookBase, Trainer
 from detr_peg.engine.weight_average import WeightAverage
-from detr_peg.errors import TrainingError
+from detr_peg.errors import ConfigError, TrainingError
 from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
 from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
@@ -254,6 +254,9 @@ def wrap_sync_batchnorm(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Modul
     are not what ``SyncBatchNorm`` computes, so they stay per process.
     """
     if cfg.model.backbone.norm == "sync_bn" and env.distributed:
+        if env.device.type != "cuda":  # torch's SyncBatchNorm, and DDP around it, run on CUDA only
+            raise ConfigError(f"model.backbone.norm=sync_bn synchronises BatchNorm over CUDA devices only, not "
+                              f"{env.device.type}; use model.backbone.norm=bn (statistics per process) or frozen_bn.")  # fmt: skip
         return _convert_except_peg(model)
     return model
 

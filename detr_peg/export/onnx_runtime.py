@@ -79,9 +79,17 @@ class OnnxDetector:
     def run(self, images: Tensor, mask: Tensor, orig_sizes: Tensor | None = None) -> dict[str, Tensor]:
         """Every output by name as a CPU tensor; ``images [B, 3, H, W]``, ``mask [B, H, W]`` (True = padding).
 
-        A graph exported for a fixed image size gets its images' content padded (or its padding cut) to that size.
+        A graph exported for a fixed image size gets its images' content padded (or its padding cut) to that size;
+        one of a fixed batch size gets its batches cut to it and the last filled with copies (their outputs dropped).
         """
         fixed = self.session.get_inputs()[self.input_names.index("images")].shape  # ints where the export fixed them
+        if isinstance(fixed[0], int) and images.shape[0] != fixed[0]:
+            parts = []
+            for start in range(0, images.shape[0], fixed[0]):
+                given = [t[start : start + fixed[0]] for t in (images, mask, orig_sizes) if t is not None]
+                filled = [torch.cat([t, t[-1:].expand(fixed[0] - len(t), *t.shape[1:])]) for t in given]
+                parts.append({k: v[: len(given[0])] for k, v in self.run(*filled).items()})
+            return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
         for dim, want in ((-2, fixed[2]), (-1, fixed[3])):  # to a fixed size: pad, or cut off padding (not content)
             have = images.shape[dim]
             if isinstance(want, int) and have > want and mask.narrow(dim, want, have - want).all():
@@ -95,10 +103,9 @@ class OnnxDetector:
                 raise ValueError(f"{self.path} was exported with post-processing and needs orig_sizes")
             feed["orig_sizes"] = _numpy(orig_sizes, np.int64)
         if any(isinstance(want, int) and want != got for want, got in zip(fixed, feed["images"].shape)):
-            batch = f", in batches of {fixed[0]} (predict --batch-size {fixed[0]})" if isinstance(fixed[0], int) else ""
             raise DataError(
                 f"{self.path} was exported for image batches of shape {fixed}, not {list(feed['images'].shape)}; "
-                f"export without --image-size and --batch-size for any size, or give images no larger{batch}."
+                "export without --image-size for any size, or give images no larger."
             )
         try:
             outputs = self.session.run(self.output_names, feed)

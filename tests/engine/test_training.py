@@ -71,7 +71,9 @@ def test_sync_batchnorm_leaves_the_peg_out() -> None:
         None, [*TINY_MODEL, "model.backbone.norm=sync_bn", "model.position.name=peg", "model.num_classes=2"]
     )
     torch.manual_seed(0)
-    model = wrap_sync_batchnorm(build_model(cfg), cfg, DistEnv(rank=0, world_size=2))
+    with pytest.raises(ConfigError, match="^model.backbone.norm=sync_bn synchronises BatchNorm over CUDA devices only"):
+        wrap_sync_batchnorm(build_model(cfg), cfg, DistEnv(rank=0, world_size=2))  # on the CPU: gloo, no SyncBatchNorm
+    model = wrap_sync_batchnorm(build_model(cfg), cfg, DistEnv(rank=0, world_size=2, device=torch.device("cuda")))
     pegs = [m for m in model.modules() if isinstance(m, PEG)]
     assert pegs and all(type(p.norm) is nn.BatchNorm2d for p in pegs)
     synced = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]

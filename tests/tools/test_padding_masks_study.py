@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import run_python
 
@@ -38,6 +39,8 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path: Path, proxies: str
          "--data {tmp}/nowhere holds no demo dataset, and only a folder named data can be made here."),
         ("tools/layout_figures.py", ["--root", "{tmp}/nowhere"], "--root {tmp}/nowhere is not a detr_peg repository"),
         ("tools/bench_ms_deform_attn.py", ["--device", "bogus"], "argument --device: must be one of 'auto', 'cpu'"),
+        *([("tools/bench_ms_deform_attn.py", ["--device", "cuda"],
+            "--device is 'cuda' but CUDA is not available; use --device cpu.")] if not torch.cuda.is_available() else []),
     ],
 )  # fmt: skip
 def test_other_tools_refuse_bad_paths_and_devices_in_one_line(tmp_path: Path, tool: str, args: list, says: str) -> None:
