@@ -101,6 +101,8 @@ class Detector(HubFolders):
             )
         else:
             cfg = load_config(config, overrides, overrides_source="overrides")
+        if label_map is not None and not isinstance(label_map, LabelMap):
+            raise TypeError(f"label_map must be a LabelMap (detr_peg.data.label_map), got {type(label_map).__name__}.")
         return cls(LoadedModel.from_config(cfg, label_map=label_map), device=device)
 
     @classmethod

@@ -135,6 +135,7 @@ def test_every_input_kind_gives_the_same_detections(detector, coco128_dir) -> No
         (torch.full((3, 8, 8), 2.0), "outside [0, 1]"),
         (torch.full((3, 8, 8), float("nan")), "holding NaN or infinite values"),
         (torch.rand(3, 8, 8).to_sparse(), "layout torch.sparse_coo; expected a dense one"),
+        (Image.new("RGB", (0, 64)), "is empty (64 x 0 pixels)"),
         (torch.zeros(3, 8, 8, dtype=torch.int32), "dtype torch.int32"),
         ([1, 2, 3], "is a list"),
         ("does/not/exist.jpg", "does not exist"),
@@ -232,6 +233,13 @@ def test_onnx_export_predicts_as_pytorch(detector, coco128_checkpoint, coco128_d
     assert [r.getMessage() for r in caplog.records if r.name == "detr_peg.export.onnx_export"] == [said]
     in_onnx = detr_peg.Detector.from_onnx(path)
     assert in_onnx.config == detector.config and in_onnx.label_map == detector.label_map
+    for fixed in ("model.num_classes=7", "model.arch=deformable_detr"):  # the graph fixes the model
+        with pytest.raises(ConfigError, match=rf"^{fixed.split('=')[0]} cannot be overridden: the ONNX graph"):
+            detr_peg.Detector.from_onnx(path, overrides=iter(["eval.score_threshold=0.5", fixed]))
+    assert (
+        detr_peg.Detector.from_onnx(path, overrides=iter(["eval.score_threshold=0.5"])).config.eval.score_threshold
+        == 0.5
+    )
     with pytest.raises(ConfigError, match=r"^A detector from an ONNX graph has no weights to train"):
         in_onnx.fine_tune(tmp_path / "run", train_images=coco128_dir, train_annotations=coco128_dir / "x.json")
     assert not (tmp_path / "run").exists()
@@ -298,6 +306,11 @@ def test_fine_tune_refuses_half_a_validation_pair_and_a_string_of_overrides(dete
     with pytest.raises(ConfigError, match=r"^overrides: unknown key 'train\.lrr'"):
         detector.fine_tune(tmp_path / "run", **paths, overrides=["train.lrr=1"])
     assert not (tmp_path / "run").exists()
+
+
+def test_from_config_takes_a_label_map_only() -> None:
+    with pytest.raises(TypeError, match=r"^label_map must be a LabelMap \(detr_peg.data.label_map\), got dict\.$"):
+        detr_peg.Detector.from_config(None, [*TINY_MODEL, "model.num_classes=1"], label_map={"a": 1}, device="cpu")
 
 
 def test_a_detector_from_a_config_fine_tunes_from_that_config(tiny_demo_dir, tmp_path) -> None:

@@ -128,6 +128,7 @@ def as_rgb_tensor(image: ImageInput, name: str = "image", *, bgr: bool = False) 
     if isinstance(image, (str, os.PathLike)):
         image = load_rgb_image(image)
     if isinstance(image, Image.Image):
+        _check_size(image.height, image.width, name)
         try:
             pixels = np.array(to_rgb(image, name), dtype=np.uint8)
         except (OSError, ValueError) as exc:  # closed, or opened lazily from a file that is truncated or gone

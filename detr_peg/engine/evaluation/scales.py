@@ -15,7 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
-from detr_peg.config.ranges import MAX_TEST_SIDE, MIN_IMAGE_SIDE
+from detr_peg.config.ranges import MAX_TEST_SIDE, MIN_IMAGE_SIDE, is_number
 from detr_peg.config.schema import Config, DataConfig
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
@@ -68,6 +68,8 @@ def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Seque
     base = max(data.val_scale, data.val_max_size or 0)
     smallest = min((("data.val_scale", data.val_scale), ("data.val_max_size", data.val_max_size)), key=lambda f: f[1])
     for name, values in (("--scales", scales), ("--canvas-scales", canvas_scales)):
+        if isinstance(values, (str, bytes)) or not all(is_number(v) for v in values):
+            raise ConfigError(f"{name} must be positive numbers, got {values!r}.")  # a string, not numbers
         for i, value in enumerate(values):
             if value in values[:i]:
                 raise ConfigError(f"{name} gives the scale {value:g} twice; give each scale once.")
