@@ -80,6 +80,8 @@ class Detector(HubFolders):
         """
         if config is None:
             return cls(load_model(path, overrides=overrides, overrides_source=overrides_source), device=device)
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be a Config (detr_peg.load_config), got {type(config).__name__}.")
         checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
         return cls(model_from_checkpoint(checkpoint, config), device=device)
 

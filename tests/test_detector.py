@@ -308,9 +308,13 @@ def test_fine_tune_refuses_half_a_validation_pair_and_a_string_of_overrides(dete
     assert not (tmp_path / "run").exists()
 
 
-def test_from_config_takes_a_label_map_only() -> None:
+def test_constructors_check_the_types_of_their_arguments(tmp_path) -> None:
     with pytest.raises(TypeError, match=r"^label_map must be a LabelMap \(detr_peg.data.label_map\), got dict\.$"):
         detr_peg.Detector.from_config(None, [*TINY_MODEL, "model.num_classes=1"], label_map={"a": 1}, device="cpu")
+    with pytest.raises(ConfigError, match=r"^overrides: overrides are key=value strings, got 5 \(int\)\.$"):
+        detr_peg.Detector.from_config(None, [*TINY_MODEL, 5], device="cpu")
+    with pytest.raises(TypeError, match=r"^config must be a Config \(detr_peg.load_config\), got dict\.$"):
+        detr_peg.Detector.from_checkpoint(tmp_path / "any.pth", config={"model": {}}, device="cpu")
 
 
 def test_a_detector_from_a_config_fine_tunes_from_that_config(tiny_demo_dir, tmp_path) -> None:

@@ -122,6 +122,8 @@ def parse_overrides(
     layer: Layer = {}
     labels = {key.strip(): label for key, label in (sources or {}).items()}
     for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError(f"{source}: overrides are key=value strings, got {item!r} ({type(item).__name__}).")
         key, sep, raw = item.partition("=")
         key = key.strip()
         given = labels.get(key, source)

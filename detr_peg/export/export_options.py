@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import resource
+from pathlib import Path
 
 from detr_peg.config.ranges import MAX_TEST_SIDE, is_whole
 from detr_peg.errors import ConfigError, UserError
@@ -20,6 +23,25 @@ def require_onnx() -> None:
             f"ONNX export and inference need the optional packages {', '.join(missing)}: "
             f"install them with {install_hint('onnx')}."
         )
+
+
+#: The size traced when ``--image-size`` leaves it dynamic (H, W).
+TRACE_SIZE = (96, 128)
+#: Peak memory of a forward pass in input sizes (float32 images): a generous bound of the backbone's activations.
+ACTIVATIONS_PER_INPUT = 64
+
+
+def memory_headroom() -> int | None:
+    """Bytes this process may still take: the machine's available memory, within ``RLIMIT_AS``; None off Linux."""
+    try:
+        available = int(re.search(r"MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text())[1]) << 10
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            size = int(re.search(r"VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text())[1]) << 10
+            available = min(available, soft - size)
+    except (OSError, TypeError):  # no /proc (macOS, Windows), or a field missing
+        return None
+    return available
 
 
 def _whole(value: object, low: int, high: int) -> bool:
@@ -42,6 +64,12 @@ def check_export_options(opset: int, image_size: tuple[int, int] | None, batch_s
         )
     if batch_size is not None and not _whole(batch_size, 1, 100_000):  # the range of the config's batch sizes
         raise ConfigError(f"--batch-size must be a whole number from 1 to 100000, got {batch_size!r}.")
+    (h, w), batch, free = image_size or TRACE_SIZE, batch_size or 2, memory_headroom()
+    needed = batch * 3 * h * w * 4 * ACTIVATIONS_PER_INPUT  # traced, then run by the check
+    if free is not None and needed > free:  # else the kernel ends the process mid-export, without a word
+        raise ConfigError(f"--batch-size {batch} at {h} x {w} pixels needs about {needed / 2**30:.0f} GiB to trace "
+                          f"and check, more than the {free / 2**30:.1f} GiB free here; export a smaller batch or "
+                          "size.")  # fmt: skip
     for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise ConfigError(f"{name} must be True or False, got {flag!r}.")

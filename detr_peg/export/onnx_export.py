@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from detr_peg.config.loader import config_to_dict
 from detr_peg.errors import ConfigError
 from detr_peg.export import DEFAULT_OPSET
-from detr_peg.export.export_options import check_export_options, export_note, require_onnx
+from detr_peg.export.export_options import TRACE_SIZE, check_export_options, export_note, require_onnx
 from detr_peg.models.loading import LoadedModel
 from detr_peg.models.postprocess import Postprocessor
 from detr_peg.models.registry import attention_impl
@@ -32,8 +32,6 @@ from detr_peg.outputs import write_error
 
 logger = logging.getLogger(__name__)
 
-#: The example image size traced when the size is dynamic (any size works afterwards).
-TRACE_SIZE = (96, 128)
 #: The smallest padded side a dynamic-size graph takes: the coarsest map must be at least 2 pixels,
 #: as sizes 0 and 1 are special cases that the traced graph does not keep.
 MIN_SIZE = 65

@@ -145,3 +145,13 @@ def test_an_allocation_that_fails_is_one_clear_line(cli, case: Path, args) -> No
     result = cli.run(args, cwd=case, limits=[("memory", 1 << 30)])
     assert_one_line_error(result, "out of memory", "lower what the run holds at once", "batch sizes")
     assert_outputs_kept(before, case / OUT)
+
+
+def test_an_export_the_memory_cannot_trace_is_refused_before_anything(cli, case: Path) -> None:
+    """A fixed batch and size in range that no forward pass fits in is one line before tracing, nothing written; on
+    a machine out of memory the kernel would end the export mid-way (exit 137) without a word."""
+    args = ["export", "--checkpoint", OUT / "checkpoint.pth", "--output", "big.onnx", "--image-size", "512", "512",
+            "--batch-size", "16"]  # fmt: skip
+    result = cli.run(args, cwd=case, limits=[("memory", 1 << 30)])
+    assert_one_line_error(result, "--batch-size 16 at 512 x 512 pixels needs about 3 GiB to trace and check")
+    assert not (case / "big.onnx").exists()
