@@ -235,8 +235,9 @@ def test_bad_scales_are_one_line_errors(
     [
         ((1.0, 1.5, 1.0), (), "--scales gives the scale 1 twice; give each scale once."),
         ((), (2.0, 2.0), "--canvas-scales gives the scale 2 twice; give each scale once."),
-        ("2", (), "--scales must be positive numbers, got '2'."),
-        ((1.0, None), (), "--scales must be positive numbers, got (1.0, None)."),
+        ("2", (), "--scales must be a list or tuple of positive numbers, got '2'."),
+        ((1.0, None), (), "--scales must be a list or tuple of positive numbers, got (1.0, None)."),
+        ((), [True], "--canvas-scales must be a list or tuple of positive numbers, got [True]."),
     ],
 )
 def test_a_scale_given_twice_in_code_is_refused_by_check_scales(scales, canvas, message: str) -> None:

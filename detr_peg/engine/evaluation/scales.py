@@ -68,8 +68,8 @@ def check_scales(data: DataConfig, scales: Sequence[float], canvas_scales: Seque
     base = max(data.val_scale, data.val_max_size or 0)
     smallest = min((("data.val_scale", data.val_scale), ("data.val_max_size", data.val_max_size)), key=lambda f: f[1])
     for name, values in (("--scales", scales), ("--canvas-scales", canvas_scales)):
-        if isinstance(values, (str, bytes)) or not all(is_number(v) for v in values):
-            raise ConfigError(f"{name} must be positive numbers, got {values!r}.")  # a string, not numbers
+        if not isinstance(values, (list, tuple)) or not all(is_number(v) for v in values):  # not a string either
+            raise ConfigError(f"{name} must be a list or tuple of positive numbers, got {values!r}.")
         for i, value in enumerate(values):
             if value in values[:i]:
                 raise ConfigError(f"{name} gives the scale {value:g} twice; give each scale once.")
