@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import yaml
@@ -64,7 +65,7 @@ def copy_config(name: str, dest: str | None) -> int:
 
     source = require_shipped(name)
     target = Path(dest) if dest else Path(source.name)
-    if target.is_dir():
+    if target.is_dir() or (dest or "").endswith(("/", os.sep)):  # a folder, named by its slash
         target = target / source.name
     files = {target: portable_text(source)}
     # A detectron2 config reads its `_BASE_` file from its own folder: the parent comes along.

@@ -54,6 +54,12 @@ def test_configs_copy_writes_a_copy_that_loads_like_the_original_and_refuses_to_
         "give another DEST or move the file away first."
     ]
     assert copy.read_text() == "# my edits\n"
+    # DEST ending in a slash names a folder: refused while it is missing, not written as a file of that name.
+    slash = run_python(*CLI, "configs", "copy", "demo", "newdir/", cwd=tmp_path, timeout=60)
+    assert slash.returncode == 2 and not (tmp_path / "newdir").exists()
+    assert slash.stderr.strip().splitlines() == [
+        "detr-peg configs: error: The folder newdir of DEST does not exist; create it or give another DEST."
+    ]
 
 
 def test_configs_copy_of_a_study_names_its_configs_by_shipped_name(tmp_path: Path) -> None:
