@@ -358,7 +358,7 @@ class Detector(HubFolders):
 
     @amp.setter
     def amp(self, value: str) -> None:
-        check_amp(value if isinstance(value, str) else repr(value), self.device, key="Detector.amp")
+        check_amp(value, self.device, key="Detector.amp")
         self._amp = value
 
     def __repr__(self) -> str:

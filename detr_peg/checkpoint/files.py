@@ -31,9 +31,11 @@ def check_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> 
 
     A folder holding a run's ``checkpoint.pth`` or a Hub folder's ``model.safetensors`` is answered with that file.
     """
-    inside = [Path(path, name) for name in ("checkpoint.pth", "model.safetensors") if os.path.isdir(path)]
-    for file in (f for f in inside if f.is_file()):
-        raise CheckpointError(f"The {what} file {path} is a folder; give the file it holds, {file}.")
+    held = next(
+        (file for file in (Path(path, "checkpoint.pth"), Path(path, "model.safetensors")) if file.is_file()), None
+    )
+    if held is not None:  # only a folder holds files
+        raise CheckpointError(f"The {what} file {path} is a folder; give the file it holds, {held}.")
     return check_regular_file(path, f"The {what} file", "checkpoint", CheckpointError)
 
 

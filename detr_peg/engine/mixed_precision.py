@@ -54,7 +54,7 @@ def check_amp(amp: str, device: torch.device, key: str = "train.amp") -> None:
     """
     if amp in ("none", "auto"):
         return
-    if amp not in AMP_DTYPES:
+    if not isinstance(amp, str) or amp not in AMP_DTYPES:
         raise ConfigError(f"{key} is {amp!r}; valid are 'none', 'auto', 'bf16' and 'fp16'.")
     if device.type == "cpu":
         if amp == "fp16":

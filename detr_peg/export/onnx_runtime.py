@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from detr_peg.checkpoint.files import check_checkpoint_file
-from detr_peg.config.loader import config_from_dict, config_to_dict, load_config
+from detr_peg.config.loader import config_from_dict, config_to_dict, load_config, parse_overrides
 from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError, ConfigError, DataError
 from detr_peg.export.export_options import require_onnx
@@ -71,13 +71,13 @@ class OnnxDetector:
         if METADATA_CONFIG in meta:
             cfg = config_from_dict(json.loads(meta[METADATA_CONFIG]), source=f"config stored in {self.path}")
             overrides = list(overrides)
-            fixed = [key for key in (str(o).split("=", 1)[0].strip() for o in overrides) if key.startswith("model.")]
+            fixed = [key for key in parse_overrides(overrides, "overrides") if key.startswith("model.")]
             if fixed:
                 raise ConfigError(f"{fixed[0]} cannot be overridden: the ONNX graph {self.path} fixes the model "
                                   "(overrides of data.* and eval.* apply).")  # fmt: skip
             if overrides:
                 cfg = load_config(
-                    None, list(overrides), base=config_to_dict(cfg), base_source=f"config stored in {self.path}"
+                    None, overrides, base=config_to_dict(cfg), base_source=f"config stored in {self.path}"
                 )
             self.config = cfg
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -213,32 +214,27 @@ def test_fixed_size_export(tmp_path):
     detector = OnnxDetector(path)
     assert detector.session.get_inputs()[0].shape == [2, 3, 96, 128]
     assert detector.config is None  # the model carried none
+
+    def same_as_pytorch(images: Tensor, mask: Tensor, model_images: Tensor, model_mask: Tensor) -> None:
+        with torch.no_grad():
+            expected = ExportWrapper(model)(model_images, model_mask)
+        got = detector(images, mask)
+        torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
+        torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+
     images, mask, _ = padded_batch(2, (96, 128))
-    with torch.no_grad():
-        expected = ExportWrapper(model)(images, mask)
-    got = detector(images, mask)
-    torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
-    torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+    same_as_pytorch(images, mask, images, mask)
     images, mask, _ = padded_batch(2, (64, 112))  # smaller: padded up to the graph's size, as to the stride
-    with torch.no_grad():
-        pad = (0, 128 - 112, 0, 96 - 64)
-        expected = ExportWrapper(model)(F.pad(images, pad), F.pad(mask, pad, value=True))
-    got = detector(images, mask)
-    torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
-    torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+    pad = (0, 128 - 112, 0, 96 - 64)
+    same_as_pytorch(images, mask, F.pad(images, pad), F.pad(mask, pad, value=True))
     # Padded past the graph's size (to a stride) with padding only: the padding is cut off, the content kept.
-    images, mask, _ = padded_batch(2, (64, 112))
-    images, mask = F.pad(images, (0, 32, 0, 64)), F.pad(mask, (0, 32, 0, 64), value=True)  # 128 x 144
-    got = detector(images, mask)
-    torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
-    torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+    past = (0, 32, 0, 64)  # 128 x 144
+    same_as_pytorch(
+        F.pad(images, past), F.pad(mask, past, value=True), F.pad(images, pad), F.pad(mask, pad, value=True)
+    )
     # Another batch size: cut into batches of 2, the last filled with copies whose outputs are dropped.
     images, mask, _ = padded_batch(3, (96, 128))
-    with torch.no_grad():
-        expected = ExportWrapper(model)(images, mask)
-    got = detector(images, mask)
-    torch.testing.assert_close(got["pred_logits"], expected[0], rtol=0, atol=ATOL)
-    torch.testing.assert_close(got["pred_boxes"], expected[1], rtol=0, atol=ATOL)
+    same_as_pytorch(images, mask, images, mask)
     images, mask, _ = padded_batch(2, (128, 128))  # larger content: one sentence, not onnxruntime's
     with pytest.raises(DataError, match=r"fixed.onnx was exported for image batches of shape \[2, 3, 96, 128\], "
                        r"not \[2, 3, 128, 128\]; export without --image-size for any size, or give images no larger\.$"):  # fmt: skip
