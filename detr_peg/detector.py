@@ -359,6 +359,8 @@ class Detector(HubFolders):
     @amp.setter
     def amp(self, value: str) -> None:
         check_amp(value, self.device, key="Detector.amp")
+        if value != "none" and not isinstance(self.model, torch.nn.Module):
+            raise ConfigError(f"Detector.amp {value!r}: an ONNX graph runs in float32; leave amp at 'none'.")
         self._amp = value
 
     def __repr__(self) -> str:

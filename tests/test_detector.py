@@ -245,6 +245,9 @@ def test_onnx_export_predicts_as_pytorch(detector, coco128_checkpoint, coco128_d
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match=r"^This detector runs the ONNX graph .*model.onnx, an export already"):
         in_onnx.export_onnx(tmp_path / "again.onnx")
+    with pytest.raises(ConfigError, match=r"^Detector.amp 'bf16': an ONNX graph runs in float32"):
+        in_onnx.amp = "bf16"
+    assert in_onnx.amp == "none"
     # evaluate runs the graph as predict does: the same COCO numbers as the checkpoint, to rounding.
     annotations = coco128_dir / "annotations_val.json"
     expected = detector.evaluate(coco128_dir / "images", annotations)
@@ -377,14 +380,22 @@ def test_export_options_are_checked_as_the_command_line_parses_them(detector, tm
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("call", ["export_onnx", "save_pretrained", "evaluate"])
+@pytest.mark.parametrize("call", ["export_onnx", "save_pretrained", "evaluate", "evaluate_scales"])
 def test_an_empty_output_name_is_refused(detector, tmp_path, monkeypatch, call: str) -> None:
     """Path("") is the current folder: each writing call refuses it, and nothing is written there."""
     monkeypatch.chdir(tmp_path)
     write = {"export_onnx": lambda: detector.export_onnx(""), "save_pretrained": lambda: detector.save_pretrained(""),
-             "evaluate": lambda: detector.evaluate(output_dir="")}[call]  # fmt: skip
+             "evaluate": lambda: detector.evaluate(output_dir=""),
+             "evaluate_scales": lambda: detector.evaluate_scales("", scales=[1.0])}[call]  # fmt: skip
     with pytest.raises(detr_peg.errors.UserError, match=r"^[-\w]+ is empty \(''\); give a file or folder name\.$"):
         write()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_scale_evaluation_leaves_no_folder(detector, tmp_path) -> None:
+    """Canvas scales need synthetic data; coco128 is refused after the output folder was claimed, which is undone."""
+    with pytest.raises(detr_peg.errors.UserError, match="canvas"):
+        detector.evaluate_scales(tmp_path / "new" / "scales", canvas_scales=[2.0])
     assert list(tmp_path.iterdir()) == []
 
 

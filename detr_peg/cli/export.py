@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=option_types.integer(32, MAX_TEST_SIDE),
         nargs=2,
         metavar=("H", "W"),
-        help="fix the padded image size (default: dynamic)",
+        help="fix the padded image size; smaller images are padded up to it, which shifts their detections "
+        "(default: dynamic)",
     )
     parser.add_argument(
         "--batch-size", type=option_types.integer(1), metavar="N", help="fix the batch size (default: dynamic)"

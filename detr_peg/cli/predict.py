@@ -133,6 +133,9 @@ def checked_inputs(args: argparse.Namespace) -> tuple[list[str], list[str], list
     if args.onnx:  # a local file: ONNX Runtime reads no URL
         from detr_peg.export.export_options import require_onnx
 
+        if args.device not in ("auto", "cpu"):
+            raise ConfigError(f"--device {args.device}: --onnx runs in ONNX Runtime on the CPU; leave --device out.")
+
         require_onnx()
         check_checkpoint_file(args.onnx, "ONNX model")
     else:

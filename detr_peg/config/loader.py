@@ -347,6 +347,11 @@ def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> No
     if value == [] and metadata.get("non_empty"):
         unset = " (leave it unset or null for the default)" if spec.default is None else ""
         raise ConfigError(f"{source}: '{key}' must hold at least one item, got []{unset}.")
+    order, items = metadata.get("order"), value if isinstance(value, list) else None
+    if order == "ascending" and items is not None and items != sorted(set(items)):
+        raise ConfigError(f"{source}: '{key}' must be ascending without repeats, got {value!r}.")
+    if order == "min_max" and items is not None and (len(items) != 2 or items[0] > items[1]):
+        raise ConfigError(f"{source}: '{key}' must be [min, max] with min <= max, got {value!r}.")
     why = out_of_range(value, metadata.get("range"))
     if why is not None:
         raise ConfigError(f"{source}: '{key}' must be {why}, got {value!r}.")

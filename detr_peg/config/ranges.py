@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 #: Longest image side (pixels) a test scale or an export may give: one image's feature maps beyond it
 #: outgrow a machine's memory.
@@ -65,9 +65,10 @@ def valid(
     low_open: bool = False,
     high_open: bool = False,
     non_empty: bool = False,
+    order: Literal["ascending", "min_max"] | None = None,
 ) -> dict[str, Any]:
-    """Field metadata: the valid range; ``non_empty`` for a list whose ``[]`` means nothing (refused, not defaulted)."""
-    return {"range": Range(low, high, high_open, low_open), "non_empty": non_empty}
+    """Field metadata: the range; ``non_empty`` refuses ``[]``; ``order``: a list ascending (no repeats) or [min, max]."""
+    return {"range": Range(low, high, high_open, low_open), "non_empty": non_empty, "order": order}
 
 
 def out_of_range(value: Any, rng: Range | None) -> str | None:

@@ -39,7 +39,7 @@ class BackboneConfig:
     norm: Literal["frozen_bn", "bn", "sync_bn"] = "frozen_bn"
     dilation: bool = False
     frozen_stages: int = field(default=1, metadata=valid(0))
-    out_stages: list[int] | None = field(default=None, metadata=valid(1, non_empty=True))
+    out_stages: list[int] | None = field(default=None, metadata=valid(1, non_empty=True, order="ascending"))
     train: bool = True
     memory_format: Literal["contiguous", "channels_last"] = "contiguous"
 
@@ -140,7 +140,7 @@ class DataConfig:
     crop_scales: list[int] = field(
         default_factory=lambda: [400, 500, 600], metadata=valid(MIN_IMAGE_SIDE, non_empty=True)
     )
-    crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1, non_empty=True))
+    crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1, non_empty=True, order="min_max"))
     crop_prob: float = field(default=0.5, metadata=valid(0, 1))
     hflip_prob: float = field(default=0.5, metadata=valid(0, 1))
     val_scale: int = field(default=800, metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE))

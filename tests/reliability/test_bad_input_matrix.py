@@ -334,6 +334,11 @@ CASES = [
         ["data/notes.jpg", "not an image"],
         _text("data/notes.jpg", "not a picture\n"),
     ),
+    Case(
+        "predict-onnx-on-cuda",
+        ["predict", "--onnx", "m.onnx", IMAGES, "--device", "cuda", "--output", OUT / "predictions"],
+        ["--device cuda", "--onnx runs in ONNX Runtime on the CPU"],
+    ),
     # config
     Case(
         "unknown-config-key",

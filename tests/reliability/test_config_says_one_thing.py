@@ -136,6 +136,19 @@ CASES: list[tuple[str, Sequence, Sequence[str], Callable[[Path], None] | None]] 
     ("no-train-scale", [*RESUME, "data.train_scales=[]"], ["'data.train_scales' must hold at least one item"], None),
     ("no-crop-size", [*RESUME, "data.crop_size=[]"], ["'data.crop_size' must hold at least one item"], None),
     ("no-crop-scale", [*RESUME, "data.crop_scales=[]"], ["'data.crop_scales' must hold at least one item"], None),
+    # a list whose order means something
+    (
+        "stages-descending",
+        [*RESUME, "model.backbone.out_stages=[3,2]"],
+        ["'model.backbone.out_stages' must be ascending without repeats, got [3, 2]"],
+        None,
+    ),
+    (
+        "crop-size-one-side",
+        [*RESUME, "data.crop_size=[384]"],
+        ["'data.crop_size' must be [min, max] with min <= max, got [384]"],
+        None,
+    ),
     (
         "peg-without-layers",
         [*RESUME, "model.position.name=peg", "model.position.peg_layers=[]"],

@@ -139,7 +139,7 @@ def run_evaluation(
         UserError: a missing or unfitting checkpoint, bad data, an unwritable output folder.
     """
     with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
-        path = _source(checkpoint)
+        path = source_of(checkpoint)
         owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, path, output_dir, extra_inputs)))
         if owned is not None:
             claims.enter_context(owned)  # settled when the evaluation ends, well or not
@@ -157,7 +157,7 @@ def run_evaluation(
                 log.close()
 
 
-def _source(checkpoint: str | Path | Checkpoint | LoadedModel) -> str | None:
+def source_of(checkpoint: str | Path | Checkpoint | LoadedModel) -> str | None:
     """The checkpoint file an evaluation reads (None for a model already loaded)."""
     if isinstance(checkpoint, LoadedModel):
         return checkpoint.source

@@ -4,6 +4,7 @@ times larger canvas: objects keep their size, only the token grid grows); scale 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -19,7 +20,6 @@ from detr_peg.config.ranges import MAX_TEST_SIDE, MIN_IMAGE_SIDE, is_number
 from detr_peg.config.schema import Config, DataConfig
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.synthetic import larger_canvas, object_sides, read_manifest
-from detr_peg.engine.checkpointing import check_output_dir
 from detr_peg.engine.distributed import DistEnv, on_main, process_group
 from detr_peg.engine.evaluation.evaluate import evaluate_dataset
 from detr_peg.engine.evaluation.metric_units import UNIT, format_percent
@@ -28,10 +28,10 @@ from detr_peg.engine.evaluation.padding import (
     PADDING_RUNS,
     measure_padding,
 )
-from detr_peg.engine.evaluation.run import load_for_evaluation
+from detr_peg.engine.evaluation.run import eval_io, load_for_evaluation, source_of
 from detr_peg.errors import ConfigError, DataError
 from detr_peg.models.loading import LoadedModel
-from detr_peg.outputs import write_json
+from detr_peg.outputs import guard_outputs, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -144,9 +144,10 @@ def run_scale_evaluation(
             encoding's table, an unwritable output folder.
     """
     check_scales(cfg.data, scales, canvas_scales)
-    with process_group(cfg.train.device) as env:
+    with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
         out = Path(output_dir)
-        on_main(env, lambda: check_output_dir(out, 0))
+        owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, source_of(checkpoint), output_dir)))
+        claims.enter_context(owned or contextlib.nullcontext())  # a refusal below leaves no folder it made
         # Every canvas set is checked and generated (by the main process alone) before the first evaluation.
         on_main(env, lambda: [canvas_data(cfg.data, s) for s in canvas_scales])
         canvas_sets = [(s, canvas_data(cfg.data, s)) for s in canvas_scales]
