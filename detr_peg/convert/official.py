@@ -10,23 +10,27 @@ from torch import Tensor
 
 import detr_peg.convert.deformable  # noqa: F401  (registers the Deformable-DETR format)
 import detr_peg.convert.detr  # noqa: F401  (registers the DETR format)
-from detr_peg.checkpoint.files import read_checkpoint_file
+from detr_peg.checkpoint.files import is_safetensors, read_checkpoint_file
+from detr_peg.checkpoint.format import FORMAT
 from detr_peg.config.loader import Layer, dotted_layer
 from detr_peg.config.schema import Config
 from detr_peg.convert.registry import OFFICIAL_FORMATS, OfficialFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers
-from detr_peg.convert.source_kind import OFFICIAL_FILE
+from detr_peg.convert.source_kind import NO_CONVERSION, OFFICIAL_FILE
 from detr_peg.errors import CheckpointError
 
 
 def _load_official(src: str) -> tuple[dict[str, Tensor], dict[str, Any] | None, list[str]]:
     obj = read_checkpoint_file(src, what=OFFICIAL_FILE)
-    if isinstance(obj, dict) and "state_dict" in obj and "metadata" in obj:  # safetensors
-        return obj["state_dict"], None, []
     if not isinstance(obj, dict):
         raise CheckpointError(f"{src} does not hold a checkpoint dict (found {type(obj).__name__}).")
-    if obj.get("format") == "detr_peg":
-        raise CheckpointError(f"{src} is already a detr_peg checkpoint; load it with detr_peg.load_model.")
+    safetensors = is_safetensors(src)
+    if (obj["metadata"] if safetensors else obj).get("format") == FORMAT:
+        raise CheckpointError(
+            NO_CONVERSION.format(src=src) + "it to eval or predict as --checkpoint, or to Detector.from_checkpoint."
+        )
+    if safetensors:
+        return obj["state_dict"], None, []
     state = obj.get("model", obj)
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{src} has no 'model' state dict of tensors.")

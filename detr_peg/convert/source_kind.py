@@ -9,6 +9,8 @@ from detr_peg.checkpoint.hub_files import is_hub_name
 
 #: How messages name an official checkpoint file.
 OFFICIAL_FILE = "official checkpoint"
+#: How a source that detr_peg wrote is refused (advice follows).
+NO_CONVERSION = "{src} was written by detr_peg and needs no conversion; give "
 
 
 def is_transformers_source(src: str | os.PathLike) -> bool:

@@ -15,9 +15,11 @@ import detr_peg.convert.transformers_deformable  # noqa: F401  (registers the De
 import detr_peg.convert.transformers_detr  # noqa: F401  (registers the DETR format)
 from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.checkpoint.files import is_safetensors, read_checkpoint_file
+from detr_peg.checkpoint.format import FORMAT
 from detr_peg.checkpoint.hub_files import ModelFolder, model_folder
 from detr_peg.convert.registry import TRANSFORMERS_FORMATS, TransformersFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers
+from detr_peg.convert.source_kind import NO_CONVERSION
 from detr_peg.convert.transformers_config import label_map_of, read_config_json, refusal
 from detr_peg.convert.transformers_keys import fuse_attention_projections
 from detr_peg.data.coco_file import file_name_problem
@@ -94,6 +96,11 @@ def convert_transformers(
     src = str(src)
     folder = model_folder(src)
     config = read_config_json(folder.first_file([CONFIG_JSON], CONFIG_JSON, **download), src)
+    if config.get("format") == FORMAT:
+        raise CheckpointError(
+            NO_CONVERSION.format(src=src)
+            + f"{src}/model.safetensors to eval or predict as --checkpoint, or {src} to Detector.from_pretrained."
+        )
     fmt = transformers_format(config, src)
     label_map = label_map_of(config, src)
     state = read_weights(folder, **download)

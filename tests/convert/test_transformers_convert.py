@@ -257,3 +257,21 @@ def test_a_damaged_config_json_is_one_line(transformers_folder, tmp_path, capsys
     assert main(["convert", str(folder), str(tmp_path / "out.pth")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"Model config {folder / 'config.json'} {says}" in err[0], err
+
+
+@pytest.mark.parametrize("written", ["hub-folder", "its-safetensors", "training-checkpoint"])
+def test_what_detr_peg_wrote_is_not_converted(tmp_path, capsys, written):
+    """A Hub folder of save_pretrained, its weights file or a training checkpoint is named as detr_peg's own."""
+    from detr_peg.checkpoint.format import save_checkpoint
+    from tests.engine.tiny_run import TINY_MODEL
+
+    detector = detr_peg.Detector.from_config(None, [*TINY_MODEL, "model.num_classes=3"], device="cpu")
+    detector.save_pretrained(tmp_path / "hub")
+    save_checkpoint(tmp_path / "checkpoint.pth", detector.config, detector.model.state_dict(), None)
+    src = {"hub-folder": "hub", "its-safetensors": "hub/model.safetensors", "training-checkpoint": "checkpoint.pth"}
+    dst = tmp_path / "converted.pth"
+    assert main(["convert", str(tmp_path / src[written]), str(dst)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was written by detr_peg and needs no conversion; give " in err[0], err
+    call = "Detector.from_pretrained" if written == "hub-folder" else "Detector.from_checkpoint"
+    assert call in err[0] and not dst.exists()
