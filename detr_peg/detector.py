@@ -147,8 +147,8 @@ class Detector(HubFolders):
     ) -> Detections | list[Detections]:
         """Detect objects in one image or a list (or iterator) of images.
 
-        ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays (RGB; ``channels="BGR"`` for OpenCV's
-        frames) or ``(3, H, W)`` tensors (uint8, or float in [0, 1]). ``threshold`` defaults to
+        ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays or ``(3, H, W)`` tensors (uint8, or float in
+        [0, 1]); arrays and tensors are RGB, or BGR with ``channels="BGR"`` (OpenCV's frames; files are refused). ``threshold`` defaults to
         ``eval.score_threshold``; results do not depend on ``batch_size``. Returns one
         :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in input order.
         Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size)."""

@@ -113,9 +113,13 @@ def test_every_input_kind_gives_the_same_detections(detector, coco128_dir) -> No
         other.source = results[0].source
         _assert_same(other, results[0])
     bgr = np.ascontiguousarray(array[:, :, ::-1])  # as OpenCV reads the picture
-    from_bgr = detector.predict(bgr, threshold=0.0, channels="BGR")
-    from_bgr.source = results[0].source
-    _assert_same(from_bgr, results[0])
+    bgr_tensor = torch.from_numpy(bgr).permute(2, 0, 1)
+    for from_bgr in detector.predict([bgr, bgr_tensor, bgr_tensor.float() / 255], threshold=0.0, channels="BGR"):
+        from_bgr.source = results[0].source
+        _assert_same(from_bgr, results[0])
+    for known in (path, picture):  # a file and a PIL image know their channel order
+        with pytest.raises(DataError, match=r"^Image 2 (\(.+\) )?is a file or PIL image, whose channel order is known"):
+            detector.predict([bgr, known], channels="BGR")
     read_as_rgb = detector.predict(bgr, threshold=0.0)  # the same array taken as RGB: other colours, other detections
     assert not torch.equal(read_as_rgb.scores, results[0].scores)
     with pytest.raises(ConfigError, match="channels must be 'RGB' or 'BGR', got 'bgr'"):

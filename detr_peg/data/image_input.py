@@ -123,8 +123,12 @@ def as_rgb_tensor(image: ImageInput, name: str = "image", *, bgr: bool = False) 
     """One image as an RGB uint8 ``Tensor[3, H, W]`` on the CPU; ``DataError`` naming ``name`` if unusable.
 
     Accepts a path (:func:`load_rgb_image`), a PIL image (:func:`to_rgb`), a NumPy uint8 ``(H, W, 3)`` or ``(H, W)``
-    array (RGB; with ``bgr``, BGR as OpenCV reads frames), or a ``(3, H, W)`` tensor, uint8 or float in ``[0, 1]``.
+    array, or a ``(3, H, W)`` tensor, uint8 or float in ``[0, 1]``; arrays and tensors are RGB, or BGR with ``bgr``
+    (as OpenCV reads frames); files and PIL images carry their own channel order, so ``bgr`` refuses them.
     """
+    if bgr and isinstance(image, (str, os.PathLike, Image.Image)):
+        raise DataError(f"{name} is a file or PIL image, whose channel order is known; channels='BGR' is for arrays "
+                        "and tensors.")  # fmt: skip
     if isinstance(image, (str, os.PathLike)):
         image = load_rgb_image(image)
     if isinstance(image, Image.Image):
@@ -137,7 +141,7 @@ def as_rgb_tensor(image: ImageInput, name: str = "image", *, bgr: bool = False) 
     if isinstance(image, np.ndarray):
         return _from_array(image[:, :, ::-1] if bgr and image.ndim == 3 else image, name)
     if isinstance(image, Tensor):
-        return _from_tensor(image, name)
+        return _from_tensor(image, name).flip(0) if bgr else _from_tensor(image, name)
     raise DataError(f"{name} is a {type(image).__name__}; expected {ACCEPTED}.")
 
 
