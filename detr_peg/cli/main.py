@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import threading
+import unicodedata
 import warnings
 from collections.abc import Iterator, Sequence
 from types import ModuleType
@@ -117,8 +118,15 @@ def command_parser(name: str) -> tuple[OneLineParser, ModuleType]:
     return parser, module
 
 
+#: Dashes that are not the hyphen-minus of options: the hyphens, figure, en and em dashes, minus signs.
+UNICODE_DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe58\ufe63\uff0d"
+
+
 def parse_command(parser: argparse.ArgumentParser, module: ModuleType, words: Sequence[str]) -> argparse.Namespace:
     """Parse a command's words; leftover words join its ``POSITIONAL_DEST`` list (``overrides`` by default)."""
+    for word in words:  # an option pasted from a web page or a word processor, whose '--' became a dash
+        if word[:1] in UNICODE_DASHES and word.lstrip(UNICODE_DASHES)[:1].isalpha() and not os.path.exists(word):
+            parser.error(f"{word!r} starts with {unicodedata.name(word[0]).lower()}, not '--' (two hyphens)")
     args, extra = parser.parse_known_args(list(words))
     if extra:
         dest = getattr(module, "POSITIONAL_DEST", "overrides")

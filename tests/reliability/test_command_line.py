@@ -95,6 +95,10 @@ CASES = [
         ["Could not write into --output afile/run: afile is a file, not a folder; choose another path"],
         _file("afile"),
     ),
+    # options pasted from a page that typeset '--' as a dash
+    Hostile("em-dash-option", ["train", "\u2014config", "demo", *RESUME[1:]], ["'\u2014config' starts with em dash"]),
+    Hostile("en-dash-option", [*PREDICT, "\u2013output", "x"], ["'\u2013output' starts with en dash, not '--'"]),
+    Hostile("minus-sign-option", ["eval", "\u2212\u2212checkpoint", CKPT], ["starts with minus sign, not '--'"]),
     Hostile(
         "batch-size-with-equals-sign",
         [*PREDICT, "--batch-size=abc"],
