@@ -204,8 +204,8 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return (f" at line {mark.line + 1}" if mark is not None else "") + (f" ({problem})" if problem else "")
 
 
-def check_image_shape(width: int, height: int, path: StrPath, error: ErrorType) -> None:
-    """Refuse an image with a side of no pixels or an aspect ratio above :data:`MAX_ASPECT_RATIO`."""
+def check_image_shape(width: int, height: int, what: str, error: ErrorType) -> None:
+    """Refuse an image (``what`` names it) with a side of no pixels or an aspect ratio above :data:`MAX_ASPECT_RATIO`."""
     if min(width, height) < 1 or max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
-        shape = f"is {width} x {height} pixels, an aspect ratio above {MAX_ASPECT_RATIO:g}:1 that resizing cannot keep"
-        raise _refuser(error, "Image file", path)(shape, "; crop or pad it.")
+        raise error(f"{what} is {width} x {height} pixels, an aspect ratio above {MAX_ASPECT_RATIO:g}:1 that resizing "
+                    "cannot keep; crop or pad it.")  # fmt: skip

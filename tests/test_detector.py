@@ -19,7 +19,9 @@ import torchvision
 from PIL import Image
 
 import detr_peg
+from detr_peg.bounded_read import MAX_ASPECT_RATIO
 from detr_peg.cli.main import main
+from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.engine.checkpointing import CLASSIFIER_KEY
 from detr_peg.engine.mixed_precision import native_bf16
 from detr_peg.errors import CheckpointError, ConfigError, DataError
@@ -154,18 +156,21 @@ def test_bad_inputs_are_one_sentence_naming_the_image(detector, bad, words) -> N
 
 
 def test_an_image_far_longer_than_wide_is_detected_at_one_pixel_of_height(detector) -> None:
-    # The resize rule would make its short side 0 px (data.val_max_size caps the long side); it stays 1 px.
-    strip = torch.randint(0, 256, (3, 1, 4 * detector.config.data.val_max_size), dtype=torch.uint8)
+    # At the longest aspect ratio an image file may have, the resize rule would make the short side 1.3 px
+    # (data.val_max_size caps the long side); it stays 1 px.
+    long = int(MAX_ASPECT_RATIO)
+    strip = torch.randint(0, 256, (3, 1, long), dtype=torch.uint8)
     found = detector.predict([strip, strip.transpose(1, 2)], threshold=0.0)
-    assert [f.image_size for f in found] == [(1, strip.shape[2]), (strip.shape[2], 1)]
+    assert [f.image_size for f in found] == [(1, long), (long, 1)]
     assert all(len(f) == detector.config.model.num_queries and bool(torch.isfinite(f.boxes).all()) for f in found)
-    # The model saw the strip at 1 x val_max_size px: that image given directly (resized to its own size, unchanged)
-    # gives the same scores, and the same boxes at a quarter of the strip's width.
-    side = detector.config.data.val_max_size
-    small = torchvision.transforms.v2.functional.resize(strip, [1, side], antialias=True)
-    alone = detector.predict(small, threshold=0.0)
-    torch.testing.assert_close(found[0].scores, alone.scores)
-    torch.testing.assert_close(found[0].boxes, alone.boxes * torch.tensor([4.0, 1.0, 4.0, 1.0]))
+    # The model saw the strip at 1 x val_max_size px, and its boxes come back in the strip's pixels.
+    seen = build_eval_transforms(detector.config.data)(torchvision.tv_tensors.Image(strip))
+    assert tuple(seen.shape) == (3, 1, detector.config.data.val_max_size)
+    assert bool((found[0].boxes[:, 2] <= long).all()) and bool((found[0].boxes[:, 3] <= 1).all())
+    # One pixel longer, an array or a tensor is refused as an image file of that shape is.
+    for longer in (torch.zeros(3, 1, long + 1, dtype=torch.uint8), np.zeros((long + 1, 1, 3), dtype=np.uint8)):
+        with pytest.raises(DataError, match=rf"^Image 1 is \d+ x \d+ pixels, an aspect ratio above {long}:1"):
+            detector.predict(longer)
 
 
 @pytest.mark.parametrize(

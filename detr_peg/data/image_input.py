@@ -83,7 +83,7 @@ def load_rgb_image(path: str | Path) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             ImageFile.LOAD_TRUNCATED_IMAGES = False
             with Image.open(path) as img:
-                check_image_shape(img.width, img.height, path, DataError)
+                check_image_shape(img.width, img.height, f"Image file {path}", DataError)
                 img.load()
                 rgb = to_rgb(img, f"Image file {path}")
                 # Closing the file destroys the decoded pixels of ``img`` itself.
@@ -179,3 +179,4 @@ def _from_tensor(tensor: Tensor, name: str) -> Tensor:
 def _check_size(height: Any, width: Any, name: str) -> None:
     if int(height) < 1 or int(width) < 1:
         raise DataError(f"{name} is empty ({int(height)} x {int(width)} pixels).")
+    check_image_shape(int(width), int(height), name, DataError)  # the rule of image files
