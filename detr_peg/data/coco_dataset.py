@@ -34,6 +34,10 @@ MAX_CONSECUTIVE_SKIPS = 64
 Transforms = Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]]
 
 
+#: The EXIF tag of a photo's orientation; values 5-8 swap its width and height when shown.
+ORIENTATION_TAG = 0x0112
+
+
 class CocoDetection(Dataset):
     """COCO-format detection data: ``dataset[i] -> (image, target)`` for image ``ids[i]`` (ids ascending).
 
@@ -124,10 +128,13 @@ class CocoDetection(Dataset):
         width, height = pil_image.size
         expected = (info.get("height", height), info.get("width", width))
         if expected != (height, width):
+            turned = expected == (width, height) and pil_image.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8)
             raise DataError(
                 f"Image file {path} is {height}x{width} (height x width) but {self.annotation_file} says "
-                f"{expected[0]}x{expected[1]} for image id {image_id}; fix the annotation or the image."
-            )
+                f"{expected[0]}x{expected[1]} for image id {image_id}; "
+                + ("its EXIF orientation turns it, which detr_peg does not apply: rotate the file's pixels."
+                   if turned else "fix the annotation or the image.")
+            )  # fmt: skip
         image = tv_tensors.Image(F.pil_to_tensor(pil_image))
         target = self.load_target(image_id, height, width)
         if self.transforms is not None:

@@ -118,6 +118,16 @@ def _absolute_path(case: Path) -> None:
     edit_annotations(lambda d: d["images"][2].update(file_name=str(target)))(case)
 
 
+def _exif_turned(case: Path) -> None:
+    """img2.jpg stored as a camera stores a photo taken upright (orientation 6), annotated as it is shown."""
+    path = case / IMAGES / "img2.jpg"
+    with Image.open(path) as image:
+        exif = image.getexif()
+        exif[0x0112] = 6
+        image.save(path, exif=exif)
+    edit_annotations(lambda d: d["images"][2].update(width=48, height=64))(case)
+
+
 def _folder_instead_of_file(case: Path) -> None:
     (case / ANNOTATIONS).unlink()
     (case / ANNOTATIONS).mkdir()
@@ -310,6 +320,12 @@ CASES = [
         RESUME,
         [str(IMAGES / "img2.jpg"), "is 48x64", "says 48x60", "image id 3"],
         edit_annotations(lambda d: d["images"][2].update(width=60)),
+    ),
+    Case(
+        "exif-turned-image",
+        RESUME,
+        [str(IMAGES / "img2.jpg"), "is 48x64", "says 64x48", "its EXIF orientation turns it"],
+        _exif_turned,
     ),
     Case(
         "eval-truncated-image",
