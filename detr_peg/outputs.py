@@ -412,6 +412,9 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
     for empty in (o for o in outputs if not str(o.path).strip()):
         raise UserError(f"{empty.option} is empty ({str(empty.path)!r}); give a file or folder name.")
+    for tilde in (o for o in outputs if str(o.path).startswith("~")):  # `--output=~/x`: the shell left it
+        raise UserError(f"{tilde.option} {tilde.path} starts with '~', which the shell expands only at the start "
+                        f"of a word; write {os.path.expanduser(str(tilde.path))} (or ./{tilde.path} for that name).")  # fmt: skip
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)
     # Before the locks create missing folders (a folder made for a lock holds no file of the user's); a second

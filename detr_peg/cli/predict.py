@@ -3,7 +3,8 @@
 The model is a checkpoint (PyTorch) or, with --onnx, a graph written by
 `detr-peg export` (ONNX Runtime on the CPU); both give the same files.
 
-Inputs are image files and/or folders (every image inside, recursively).
+Inputs are image files and/or folders (every image inside, recursively),
+each image once.
 predictions.json is a list of COCO-style results with the file name added:
 {"image_id", "file_name", "category_id", "category_name", "bbox": [x, y, w, h],
 "score"}, in pixels of the original image, for detections scoring at least

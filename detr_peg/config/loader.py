@@ -421,22 +421,23 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
         if isinstance(value, bool):
             return value
         raise fail()
+    number = value
+    if hint in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-4" and "1e2" as strings
+        try:
+            number = float(value)
+        except ValueError:
+            raise fail() from None
+        if not math.isfinite(number):
+            raise fail()
     if hint is int:
-        if is_whole(value):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
+        if is_whole(number):
+            return number
+        if isinstance(number, float) and number.is_integer():
+            return int(number)
         raise fail()
     if hint is float:
-        if is_number(value, finite=False):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
-            try:
-                parsed = float(value)
-            except ValueError:
-                raise fail() from None
-            if math.isfinite(parsed):
-                return parsed
+        if is_number(number, finite=False):
+            return float(number)
         raise fail()
     if hint is str:
         if isinstance(value, str):

@@ -18,7 +18,7 @@ def _unreadable(exc: OSError) -> None:
 
 
 def collect_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Files as given (any ending) and every image file under each folder, recursively, sorted.
+    """Files as given (any ending) and every image file under each folder, recursively, sorted; each file once.
 
     Raises ``DataError`` for an input that is missing or not a regular file or folder, or a folder without images.
     """
@@ -39,4 +39,7 @@ def collect_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
             # Names a FIFO, a device, a link loop or a missing file precisely.
             check_regular_file(path, "Input", "image", DataError)
             found.append(path)
-    return found
+    once: dict[str, Path] = {}
+    for path in found:  # a file given again, or inside a folder given too, is one image
+        once.setdefault(os.path.realpath(path), path)
+    return list(once.values())

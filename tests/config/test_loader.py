@@ -54,6 +54,10 @@ def test_values_are_coerced_and_checked():
     )
     assert cfg.train.lr == 1e-4 and isinstance(cfg.train.lr, float)
     assert cfg.train.clip_max_norm == 0.0 and isinstance(cfg.train.clip_max_norm, float)
+    # Scientific notation without a dot is a string to YAML 1.1; a whole number in it is an integer here too.
+    cfg = load_config(None, ["data.val_scale=1e2", "train.max_iters=1.2e3", "data.train_scales=[1e2, 2e2]"])
+    assert (cfg.data.val_scale, cfg.train.max_iters, cfg.data.train_scales) == (100, 1200, [100, 200])
+    assert all(type(v) is int for v in (cfg.data.val_scale, cfg.train.max_iters, *cfg.data.train_scales))
 
 
 @pytest.mark.parametrize(
@@ -62,6 +66,8 @@ def test_values_are_coerced_and_checked():
         ("model.foo=1", ["command line", "unknown key 'model.foo'", "num_queries"]),
         ("train.lr=fast", ["'train.lr' must be a number", "'fast'"]),
         ("train.epochs=1.5", ["'train.epochs' must be an integer", "1.5"]),
+        ("train.epochs=1.5e0", ["'train.epochs' must be an integer", "'1.5e0'"]),
+        ("train.epochs=1e400", ["'train.epochs' must be an integer", "'1e400'"]),
         ("model.aux_loss=1", ["'model.aux_loss' must be true or false"]),
         ("model.backbone.norm=group", ["'model.backbone.norm' must be one of", "'frozen_bn'"]),
         ("data.train_scales=800", ["'data.train_scales' must be a list of an integer"]),

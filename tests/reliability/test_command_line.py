@@ -100,6 +100,11 @@ CASES = [
     Hostile("en-dash-option", [*PREDICT, "\u2013output", "x"], ["'\u2013output' starts with en dash, not '--'"]),
     Hostile("minus-sign-option", ["eval", "\u2212\u2212checkpoint", CKPT], ["starts with minus sign, not '--'"]),
     Hostile(
+        "output-tilde-after-equals",
+        [*PREDICT[:-2], "--output=~/pred"],
+        ["--output ~/pred starts with '~', which the shell expands only at the start of a word"],
+    ),
+    Hostile(
         "batch-size-with-equals-sign",
         [*PREDICT, "--batch-size=abc"],
         ["argument --batch-size: must be a whole number of at least 1, got 'abc'"],
@@ -151,6 +156,21 @@ def test_the_predict_help_example_runs_as_printed(cli, case: Path) -> None:
     assert_success(result)
     records = json.loads((case / "pred" / "predictions.json").read_text())
     assert {r["file_name"] for r in records} == {"data/images/img0.jpg", "data/images/img1.jpg"}
+
+
+def test_an_image_given_twice_is_predicted_once(cli, case: Path) -> None:
+    """A file, the same file again through a link, and the folder holding both: each image once, in input order."""
+    (case / "again.jpg").symlink_to((case / IMAGES / "img1.jpg").resolve())
+    words = ["predict", "--checkpoint", CKPT, IMAGES / "img1.jpg", "again.jpg", IMAGES, "--score-threshold", "0"]
+    result = cli.run([*words, "--output", "pred", "data.val_scale=48"], cwd=case)
+    assert_success(result)
+    records = json.loads((case / "pred" / "predictions.json").read_text())
+    names = list(dict.fromkeys(r["file_name"] for r in records))
+    folder = sorted(f"{IMAGES.as_posix()}/{p.name}" for p in (case / IMAGES).iterdir())
+    assert names == [f"{IMAGES.as_posix()}/img1.jpg", *(n for n in folder if not n.endswith("/img1.jpg"))]
+    assert sorted(p.name for p in (case / "pred").glob("*.png")) == sorted(
+        n.rsplit("/", 1)[1].replace(".jpg", ".png") for n in folder
+    )
 
 
 def test_overrides_before_between_and_after_options(cli, case: Path) -> None:
