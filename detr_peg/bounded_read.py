@@ -145,6 +145,9 @@ class ScalarText:
     value: Any
     text: str
 
+    def __repr__(self) -> str:  # messages show the value read, wherever it sits (``{'cuda': None}``)
+        return repr(self.value)
+
 
 def plain(value: Any) -> Any:
     """``value`` without its :class:`ScalarText` wrapper (lists too)."""

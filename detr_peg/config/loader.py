@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Collection, Iterable, Mapping
@@ -352,6 +353,9 @@ def _check_range(owner: Any, name: str, value: Any, key: str, source: str) -> No
         raise ConfigError(f"{source}: '{key}' must be ascending without repeats, got {value!r}.")
     if order == "min_max" and items is not None and (len(items) != 2 or items[0] > items[1]):
         raise ConfigError(f"{source}: '{key}' must be [min, max] with min <= max, got {value!r}.")
+    pattern = metadata.get("pattern")
+    if pattern and isinstance(value, str) and not re.fullmatch(pattern[0], value):
+        raise ConfigError(f"{source}: '{key}' must be {pattern[1]}, got {value!r}.")
     why = out_of_range(value, metadata.get("range"))
     if why is not None:
         raise ConfigError(f"{source}: '{key}' must be {why}, got {value!r}.")

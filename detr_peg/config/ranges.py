@@ -66,9 +66,11 @@ def valid(
     high_open: bool = False,
     non_empty: bool = False,
     order: Literal["ascending", "min_max"] | None = None,
+    pattern: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Field metadata: the range; ``non_empty`` refuses ``[]``; ``order``: a list ascending (no repeats) or [min, max]."""
-    return {"range": Range(low, high, high_open, low_open), "non_empty": non_empty, "order": order}
+    """Field metadata: the range; ``non_empty`` refuses ``[]``; ``order``: a list ascending (no repeats) or [min, max];
+    ``pattern``: (regular expression a string must match, how messages describe it)."""
+    return {"range": Range(low, high, high_open, low_open), "non_empty": non_empty, "order": order, "pattern": pattern}
 
 
 def out_of_range(value: Any, rng: Range | None) -> str | None:

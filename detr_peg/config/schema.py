@@ -224,7 +224,9 @@ class TrainConfig:
     early_stop: int = field(default=0, metadata=valid(0))
     log_every: int = field(default=20, metadata=valid(1))
     tensorboard: bool = False
-    device: str = "auto"
+    device: str = field(
+        default="auto", metadata=valid(pattern=(r"auto|cpu|cuda(:[0-9]+)?", "auto, cpu, cuda or cuda:N"))
+    )
 
 
 @dataclass

@@ -62,9 +62,11 @@ def test_print_config_applies_overrides_and_reads_no_data(capsys, tmp_path) -> N
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("override", ["model.backbone.out_stages=[3,2]", "data.crop_size=[600,384]"])
+@pytest.mark.parametrize(
+    "override", ["model.backbone.out_stages=[3,2]", "data.crop_size=[600,384]", "train.device=gpu"]
+)
 def test_print_config_refuses_what_training_would_refuse(override: str, capsys) -> None:
-    """A list whose order is wrong is refused when the config is read, so --print-config never shows it."""
+    """A list in the wrong order or a device that is none is refused when the config is read: never printed."""
     assert main(["train", "--config", "demo", override, "--print-config"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and f"'{override.split('=')[0]}' must be" in err

@@ -68,6 +68,8 @@ def test_values_are_coerced_and_checked():
         ("train.epochs=1.5", ["'train.epochs' must be an integer", "1.5"]),
         ("train.epochs=1.5e0", ["'train.epochs' must be an integer", "'1.5e0'"]),
         ("train.epochs=1e400", ["'train.epochs' must be an integer", "'1e400'"]),
+        ("train.device=gpu", ["'train.device' must be auto, cpu, cuda or cuda:N, got 'gpu'"]),
+        ("train.device=cuda:", ["'train.device' must be a string, got {'cuda': None}."]),  # YAML reads a mapping
         ("model.aux_loss=1", ["'model.aux_loss' must be true or false"]),
         ("model.backbone.norm=group", ["'model.backbone.norm' must be one of", "'frozen_bn'"]),
         ("data.train_scales=800", ["'data.train_scales' must be a list of an integer"]),
