@@ -29,3 +29,7 @@ class TrainingError(UserError):
 
 class OutputError(UserError):
     """A file or folder that cannot be written (permissions, a name too long, a full disk, a file in the way)."""
+
+
+class Terminated(BaseException):
+    """SIGTERM outside a training loop, or a second one inside; a ``BaseException``, as KeyboardInterrupt is."""

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from detr_peg import registry
 from detr_peg.engine.memory_allocator import retain_freed_memory
-from detr_peg.errors import UserError
+from detr_peg.errors import Terminated, UserError
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -165,10 +165,6 @@ def show_messages() -> logging.Handler:
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
     return handler
-
-
-class Terminated(BaseException):
-    """SIGTERM outside a training loop; a ``BaseException`` so that no ``except Exception`` catches it."""
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

@@ -13,7 +13,7 @@ from detr_peg.engine.distributed import any_process, on_main
 from detr_peg.engine.evaluation.run import EvalResult, evaluate_and_write
 from detr_peg.engine.metrics_log import METRICS_FILE, log_records
 from detr_peg.engine.trainer import EpochStats, HookBase, Trainer
-from detr_peg.errors import TrainingError
+from detr_peg.errors import Terminated, TrainingError
 from detr_peg.models.loading import LoadedModel
 
 #: Where ``train.save_best`` keeps the best evaluated weights, in the run folder.
@@ -45,7 +45,7 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
 class StopRequest:
-    """The first SIGINT/SIGTERM becomes a stop request (``signum``), a second interrupts; no-op off the main thread."""
+    """The first SIGINT/SIGTERM becomes a stop request (``signum``), a second stops at once; no-op off the main thread."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -61,7 +61,7 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
-            raise KeyboardInterrupt
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         self.signum = signum
 
     def __enter__(self) -> StopRequest:

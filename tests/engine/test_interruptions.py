@@ -11,6 +11,7 @@ uninterrupted run of the same 12 iterations (3 epochs) in this process.
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -75,3 +76,19 @@ def test_killed_then_stopped_run_resumes_to_the_uninterrupted_weights(shapes, tm
     assert final.extra["iteration"] == ITERATIONS
     assert_same_weights(final.model, read_checkpoint(reference.checkpoint).model)
     assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_second_sigterm_stops_at_once_as_sigterm(shapes, tmp_path: Path) -> None:
+    """Two SIGTERMs (a job scheduler's, a hurried user's): exit 143 and one line naming SIGTERM, not Ctrl-C's 130;
+    the checkpoint on disk is a complete one."""
+    out = tmp_path / "run"
+    args = [*resume_overrides(shapes, out, "train.max_iters=400", "train.checkpoint_every=1"), "--resume"]
+    proc = _start(args)
+    wait_for_iteration(out / "metrics.jsonl", above=1, **_watch(proc))
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    result = proc.wait()
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 143 and len(lines) == 1 and "SIGTERM" in lines[0], result.stderr
+    assert 1 <= read_checkpoint(out / "checkpoint.pth").extra["iteration"] < 400
