@@ -95,14 +95,8 @@ class Detector(HubFolders):
         device: str | torch.device = "auto",
     ) -> Detector:
         """A freshly built model (random, or the config's backbone weights); ``model.num_classes`` must be set."""
-        if isinstance(config, Config):
-            cfg = (
-                load_config(None, overrides, base=config_to_dict(config), overrides_source="overrides")
-                if overrides
-                else config
-            )
-        else:
-            cfg = load_config(config, overrides, overrides_source="overrides")
+        base = config_to_dict(config) if isinstance(config, Config) else None  # checked as a file's values are
+        cfg = load_config(None if base else config, overrides, base=base, overrides_source="overrides")
         if label_map is not None and not isinstance(label_map, LabelMap):
             raise TypeError(f"label_map must be a LabelMap (detr_peg.data.label_map), got {type(label_map).__name__}.")
         return cls(LoadedModel.from_config(cfg, label_map=label_map), device=device)

@@ -426,7 +426,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             return value
         raise fail()
     number = value
-    if hint in (int, float) and isinstance(value, str):  # YAML 1.1 reads "1e-4" and "1e2" as strings
+    # YAML 1.1 reads "1e-4" and "1e2" as strings (a string "4" is no integer).
+    if hint in (int, float) and isinstance(value, str) and (hint is float or "e" in value.lower()):
         try:
             number = float(value)
         except ValueError:
