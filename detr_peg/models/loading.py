@@ -159,8 +159,28 @@ def load_model(
     return model_from_checkpoint(ckpt, cfg, label_map=label_map).to(device)
 
 
+#: ``model.*`` options a checkpoint may run under other values than it was trained with: how padded batches are
+#: masked, the memory layout, and options that do nothing at inference.
+FREE_MODEL_OPTIONS = {"mask_rule", "aux_loss", "backbone.memory_format", "backbone.weights", "backbone.train",
+                      "backbone.frozen_stages", "transformer.dropout"}  # fmt: skip
+
+
+def _leaves(section: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config section as ``{"dotted.key": value}``."""
+    leaves: dict[str, Any] = {}
+    for key, value in section.items():
+        leaves.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}": value})
+    return leaves
+
+
 def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap | None = None) -> LoadedModel:
-    """The model of ``cfg`` with the weights of ``ckpt``; raises CheckpointError when they do not fit."""
+    """The model of ``cfg`` with the weights of ``ckpt``; raises CheckpointError when they do not fit, ConfigError
+    when ``cfg`` changes what the weights compute (an option outside :data:`FREE_MODEL_OPTIONS`)."""
+    trained, given = (_leaves(config_to_dict(c)["model"]) for c in (ckpt.config, cfg))
+    for key in (k for k in given if k not in FREE_MODEL_OPTIONS and k in trained and given[k] != trained[k]):
+        raise ConfigError(f"model.{key} cannot be {given[key]!r} for {ckpt.path}: its weights were trained with "
+                          f"{trained[key]!r} (data.*, eval.*, model.mask_rule and model.backbone.memory_format "
+                          "may change).")  # fmt: skip
     # The checkpoint holds the backbone weights; do not load them from elsewhere.
     cfg = without_backbone_weights(cfg)
     stored = checkpoint_label_map(ckpt, cfg)  # checked before the model is built

@@ -122,6 +122,32 @@ CASES: list[tuple[str, Sequence, Sequence[str], Callable[[Path], None] | None]] 
         None,
     ),
     ("eval-batch-zero", [*EVAL, "eval.batch_size=0"], ["'eval.batch_size' must be in [1, 100000], got 0"], None),
+    # a trained checkpoint fixes what its weights compute, however the change comes
+    (
+        "eval-other-activation",
+        [*EVAL, "model.transformer.activation=gelu"],
+        ["model.transformer.activation cannot be 'gelu' for", "its weights were trained with 'relu'"],
+        None,
+    ),
+    (
+        "eval-config-file-changes-the-model",
+        [*EVAL, "--config", "my.yaml"],
+        ["model.backbone.dilation cannot be True for", "its weights were trained with False"],
+        _file("model:\n  backbone:\n    dilation: true\n"),
+    ),
+    (
+        "predict-other-encoding",
+        ["predict", "--checkpoint", OUT / "checkpoint.pth", "data/images", "--output", OUT / "predictions",
+         "model.position.name=none"],
+        ["model.position.name cannot be 'none' for", "its weights were trained with 'sine'"],
+        None,
+    ),  # fmt: skip
+    (
+        "export-other-activation",
+        ["export", "--checkpoint", OUT / "checkpoint.pth", "--output", "m.onnx", "model.transformer.activation=gelu"],
+        ["model.transformer.activation cannot be 'gelu' for"],
+        None,
+    ),
     (
         "nan-in-a-config-file",
         [*RESUME, "--config", "my.yaml"],
