@@ -412,6 +412,9 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     inputs = [Input(Path(i.path), i.option) for i in inputs if i.path is not None and str(i.path) != ""]
     for empty in (o for o in outputs if not str(o.path).strip()):
         raise UserError(f"{empty.option} is empty ({str(empty.path)!r}); give a file or folder name.")
+    for folder in (o for o in outputs if not o.names and str(o.path).endswith(("/", os.sep))):
+        raise UserError(f"{folder.option} {folder.path} ends in a slash, which names a folder, but {command} writes "
+                        "one file: give the file's name.")  # fmt: skip
     for tilde in (o for o in outputs if str(o.path).startswith("~")):  # `--output=~/x`: the shell left it
         raise UserError(f"{tilde.option} {tilde.path} starts with '~', which the shell expands only at the start "
                         f"of a word; write {os.path.expanduser(str(tilde.path))} (or ./{tilde.path} for that name).")  # fmt: skip

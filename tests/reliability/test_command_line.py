@@ -100,6 +100,16 @@ CASES = [
     Hostile("en-dash-option", [*PREDICT, "\u2013output", "x"], ["'\u2013output' starts with en dash, not '--'"]),
     Hostile("minus-sign-option", ["eval", "\u2212\u2212checkpoint", CKPT], ["starts with minus sign, not '--'"]),
     Hostile(
+        "bench-output-is-a-folder-name",
+        ["bench", "--config", "demo", "--modes", "infer", "--output", "bdir/"],
+        ["--output bdir/ ends in a slash, which names a folder, but bench writes one file"],
+    ),
+    Hostile(
+        "export-output-is-a-folder-name",
+        ["export", "--checkpoint", CKPT, "--output", "mdir/"],
+        ["--output mdir/ ends in a slash, which names a folder, but export writes one file"],
+    ),
+    Hostile(
         "output-tilde-after-equals",
         [*PREDICT[:-2], "--output=~/pred"],
         ["--output ~/pred starts with '~', which the shell expands only at the start of a word"],
