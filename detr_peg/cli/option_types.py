@@ -8,6 +8,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from detr_peg.config.ranges import MAX_TEST_SIDE
+
 
 def integer(low: int, high: int | None = None) -> Callable[[str], int]:
     """A whole number in ``[low, high]`` (``high=None``: no upper bound)."""
@@ -83,13 +85,15 @@ non_negative = integer(0)
 
 
 def image_size(text: str) -> tuple[int, int]:
-    """``"800x1066"`` -> ``(800, 1066)``: height x width, both at least 32."""
+    """``"800x1066"`` -> ``(800, 1066)``: height x width, both from 32 to ``MAX_TEST_SIDE`` (8192)."""
     try:
         height, width = (int(v, 10) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be HEIGHTxWIDTH (for example 800x1066), got {text!r}") from None
-    if height < 32 or width < 32:
-        raise argparse.ArgumentTypeError(f"must be HEIGHTxWIDTH with both sides at least 32, got {text!r}")
+    if not (32 <= height <= MAX_TEST_SIDE and 32 <= width <= MAX_TEST_SIDE):
+        raise argparse.ArgumentTypeError(
+            f"must be HEIGHTxWIDTH with both sides from 32 to {MAX_TEST_SIDE}, got {text!r}"
+        )
     return height, width
 
 

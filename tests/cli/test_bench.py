@@ -124,7 +124,11 @@ def test_deformable_inference_only(tmp_path):
         (["--infer-size", "800by1066"], "argument --infer-size: must be HEIGHTxWIDTH (for example 800x1066), got"),
         (
             ["--train-size", "16x512"],
-            "argument --train-size: must be HEIGHTxWIDTH with both sides at least 32, got '16x512'",
+            "argument --train-size: must be HEIGHTxWIDTH with both sides from 32 to 8192, got '16x512'",
+        ),
+        (
+            ["--infer-size", "99999x99999"],
+            "argument --infer-size: must be HEIGHTxWIDTH with both sides from 32 to 8192",
         ),
         (["--compare", "model.position.name=peg"], "argument --compare: must be KEY=VALUE1,VALUE2"),
         (["--modes", "infer,backward"], "valid modes are infer, train"),
