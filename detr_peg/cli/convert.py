@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="config file or shipped config name for values the weights do not determine",
     )
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    parser.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides")
 
 
 def _preview(keys: list[str], limit: int = 20) -> str:

@@ -133,7 +133,7 @@ def parse_command(parser: argparse.ArgumentParser, module: ModuleType, words: Se
         options = [word for word in extra if word.startswith("-")]
         if options or not hasattr(args, dest):
             parser.error(f"unrecognized arguments: {' '.join(options or extra)}")
-        getattr(args, dest).extend(extra)
+        setattr(args, dest, [*getattr(args, dest), *extra])  # a new list: the parser's default stays empty
     return args
 
 

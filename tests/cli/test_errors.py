@@ -35,6 +35,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["train", "--config", CONFIG, "data.train_images=null", "data.train_annotations=null"], "is not set"),
         (["train", "--config", CONFIG, "data.val_annotations=null", "--print-config"], "set both, or neither"),
         (["eval", "--checkpoint", "missing.pth"], "The checkpoint file missing.pth does not exist"),
+        (["convert", "src.pth"], "error: the following arguments are required: dst (see"),  # overrides are optional
     ],
 )
 def test_user_errors_are_one_line(argv, expected, capsys) -> None:
