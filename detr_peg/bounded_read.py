@@ -94,9 +94,10 @@ def read_bounded_bytes(path: StrPath, what: str, kind: str, error: ErrorType) ->
 
 
 def decode_utf8(data: bytes, path: StrPath, what: str, error: ErrorType, advice: str = "") -> str:
-    """``data`` as text, or an error naming the first byte that is not UTF-8 (then ``advice``, when given)."""
+    """``data`` as text without a leading byte order mark (Windows editors write one), or an error naming the first
+    byte that is not UTF-8 (then ``advice``, when given)."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _refuser(error, what, path, advice)(f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 

@@ -135,6 +135,14 @@ def test_invalid_json(tmp_path: Path, text: str, fragments: list[str]) -> None:
     assert_one_sentence(str(info.value), str(path), *fragments)
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    """Windows editors start UTF-8 files with a BOM; the file reads as the same file without it."""
+    plain, marked = tmp_path / "plain.json", tmp_path / "marked.json"
+    write_json(plain, base_coco())
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_coco_file(marked).data == read_coco_file(plain).data
+
+
 @pytest.mark.parametrize(
     "raw",
     [b'{"images": "\xff\xfe"}', '{"images": []}'.encode("utf-16"), '{"images": []}'.encode("utf-32")],
