@@ -203,9 +203,10 @@ def load_yaml_text(text: str, path: StrPath, what: str, kind: str, error: ErrorT
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
-    """`` at line N (problem)`` of a YAML error, for the message that names the file (a Python tag's too)."""
+    """`` at line N, column M (problem)`` of a YAML error, for the message that names the file (a Python tag's too)."""
     mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
-    return (f" at line {mark.line + 1}" if mark is not None else "") + (f" ({problem})" if problem else "")
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return where + (f" ({problem})" if problem else "")
 
 
 def check_image_shape(width: int, height: int, what: str, error: ErrorType) -> None:

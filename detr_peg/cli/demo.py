@@ -56,6 +56,10 @@ def default_config() -> Path:
     return require_shipped("demo")
 
 
+#: The most synthetic images of a split that the demo generates.
+MAX_DEMO_IMAGES = 100_000
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
@@ -72,14 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--num-train",
-        type=option_types.positive,
+        type=option_types.integer(1, MAX_DEMO_IMAGES),
         default=1000,
         metavar="N",
         help="synthetic training images (default: 1000)",
     )
     parser.add_argument(
         "--num-val",
-        type=option_types.positive,
+        type=option_types.integer(1, MAX_DEMO_IMAGES),
         default=100,
         metavar="N",
         help="synthetic validation images (default: 100)",

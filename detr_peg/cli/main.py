@@ -195,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _terminate_on_sigterm(), warnings.catch_warnings():
             # Python's warnings as one line each, like the errors (the previous display comes back at the end).
-            warnings.showwarning = lambda message, *_, **__: tqdm.write(f"{name}: warning: {message}", file=sys.stderr)
+            warnings.showwarning = lambda message, *_, **__: tqdm.write(
+                f"{name}: warning: {' '.join(str(message).split())}", file=sys.stderr
+            )  # a library's warning of several lines too
             return _run_command(words)
     except Terminated:
         print(

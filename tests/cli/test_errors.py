@@ -81,3 +81,20 @@ def test_sigterm_while_the_command_line_is_parsed_is_one_line(capsys, monkeypatc
     err = capsys.readouterr().err.strip()
     assert status == 143, err
     assert err == "detr-peg eval: stopped by SIGTERM; the files it finished are complete and none is half-written"
+
+
+def test_a_library_warning_of_several_lines_is_one_line(capsys, monkeypatch) -> None:
+    """torch's DDP warnings span lines; each warning is one stderr line naming the command."""
+    import warnings
+
+    import detr_peg.cli.configs as configs_command
+
+    def run(args) -> int:
+        warnings.warn("Grad strides do not match bucket view strides.\n  grad.sizes() = [8], strides() = [1]")
+        return 0
+
+    monkeypatch.setattr(configs_command, "run", run)
+    assert main(["configs", "list"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "detr-peg configs: warning: Grad strides do not match bucket view strides. grad.sizes() = [8], strides() = [1]"
+    ]

@@ -117,7 +117,12 @@ def test_digit_class_names_are_read_as_text(tmp_path: Path) -> None:
         ("0 0.5 0.5 0.2 0.2\n", "nc: 2\n", "images", ["data.yaml has 'names' None"]),
         ("0 0.5 0.5 0.2 0.2\n", "names: {a: cat}\n", "images", ["'names' {'a': 'cat'}"]),
         ("0 0.5 0.5 0.2 0.2\n", "names: []\n", "images", ["data.yaml has 'names' []"]),
-        ("0 0.5 0.5 0.2 0.2\n", "names: [cat\n", "images", ["data.yaml: invalid YAML at line 2 (expected ',' or ']'"]),
+        (
+            "0 0.5 0.5 0.2 0.2\n",
+            "names: [cat\n",
+            "images",
+            ["data.yaml: invalid YAML at line 2, column 1 (expected ',' or ']'"],
+        ),
         ("0 0.5 0.5 0.2 0.2\n", "names: [cat, null]\n", "images", ["'name' None; names must be strings"]),
         ("0 0.5 0.5 0.2 0.2\n", None, "pictures", ["is not under a folder named 'images'"]),
         ("9" * 5000 + " 0.5 0.5 0.2 0.2\n", None, "images", ["category_id '99999"]),

@@ -99,6 +99,7 @@ CASES = [
     Hostile("em-dash-option", ["train", "\u2014config", "demo", *RESUME[1:]], ["'\u2014config' starts with em dash"]),
     Hostile("en-dash-option", [*PREDICT, "\u2013output", "x"], ["'\u2013output' starts with en dash, not '--'"]),
     Hostile("minus-sign-option", ["eval", "\u2212\u2212checkpoint", CKPT], ["starts with minus sign, not '--'"]),
+    Hostile("demo-too-many-images", ["demo", "--num-train", "99999999"], ["argument --num-train:", "got '99999999'"]),
     Hostile(
         "bench-output-is-a-folder-name",
         ["bench", "--config", "demo", "--modes", "infer", "--output", "bdir/"],

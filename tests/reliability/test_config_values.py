@@ -137,8 +137,15 @@ CASES: list[tuple[str, Sequence, Sequence[str], Callable[[Path], None] | None]] 
     ),
     (
         "predict-other-encoding",
-        ["predict", "--checkpoint", OUT / "checkpoint.pth", "data/images", "--output", OUT / "predictions",
-         "model.position.name=none"],
+        [
+            "predict",
+            "--checkpoint",
+            OUT / "checkpoint.pth",
+            "data/images",
+            "--output",
+            OUT / "predictions",
+            "model.position.name=none",
+        ],
         ["model.position.name cannot be 'none' for", "its weights were trained with 'sine'"],
         None,
     ),  # fmt: skip
