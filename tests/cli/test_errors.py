@@ -90,7 +90,9 @@ def test_a_library_warning_of_several_lines_is_one_line(capsys, monkeypatch) -> 
     import detr_peg.cli.configs as configs_command
 
     def run(args) -> int:
-        warnings.warn("Grad strides do not match bucket view strides.\n  grad.sizes() = [8], strides() = [1]")
+        warnings.warn(
+            "Grad strides do not match bucket view strides.\n  grad.sizes() = [8], strides() = [1]", stacklevel=1
+        )
         return 0
 
     monkeypatch.setattr(configs_command, "run", run)
