@@ -216,4 +216,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if note:
             print(note)
+        if detector.label_map is None:
+            print(f"Note: {model_file} holds no label map, so category_id is the model's class index and each name "
+                  "is 'class N'.")  # fmt: skip
         return 0

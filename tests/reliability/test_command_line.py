@@ -184,6 +184,19 @@ def test_an_image_given_twice_is_predicted_once(cli, case: Path) -> None:
     )
 
 
+def test_predict_says_when_a_checkpoint_names_no_categories(cli, case: Path) -> None:
+    from detr_peg.checkpoint.format import read_checkpoint, save_checkpoint
+
+    trained = read_checkpoint(case / CKPT)
+    save_checkpoint(case / "unnamed.pth", trained.config, trained.model, None)
+    result = cli.run(["predict", "--checkpoint", "unnamed.pth", IMAGES, "--output", "pred", "--score-threshold", "0"],
+                     cwd=case)  # fmt: skip
+    assert_success(result)
+    assert "Note: unnamed.pth holds no label map, so category_id is the model's class index" in result.stdout
+    records = json.loads((case / "pred" / "predictions.json").read_text())
+    assert records and all(r["category_name"] == f"class {r['category_id']}" for r in records)
+
+
 def test_overrides_before_between_and_after_options(cli, case: Path) -> None:
     data = json.loads((case / ANNOTATIONS).read_text())
     data["images"] = data["images"][:2]
