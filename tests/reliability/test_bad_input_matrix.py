@@ -412,7 +412,7 @@ CASES = [
     Case(
         "config-of-another-architecture",
         [*EVAL, "--config", "deformable.yaml"],
-        [str(CHECKPOINT), "does not fit the model", "another architecture"],
+        [str(CHECKPOINT), "model.arch cannot be 'deformable_detr'", "its weights were trained with 'detr'"],
         _deformable_config,
     ),
     Case(

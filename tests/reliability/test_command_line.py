@@ -72,7 +72,7 @@ CASES = [
     Hostile(
         "demo-negative-count",
         ["demo", "--output", "d", "--num-train", "-5"],
-        ["argument --num-train: must be a whole number of at least 1, got '-5'"],
+        ["argument --num-train: must be a whole number from 1 to 100000, got '-5'"],
     ),
     Hostile("demo-pictures-nan", ["demo", "--output", "d", "--pictures", "nan"], ["argument --pictures", "'nan'"]),
     Hostile("misspelt-option", [*RESUME, "--outptu", "x"], ["detr-peg train: error: unrecognized arguments: --outptu"]),
