@@ -19,6 +19,7 @@ from detr_peg.checkpoint.files import atomic_torch_save, is_safetensors, read_ch
 from detr_peg.checkpoint.validation import check_checkpoint_fields
 from detr_peg.checkpoint.weights_check import check_loaded_weights
 from detr_peg.config.loader import config_from_dict, config_to_dict
+from detr_peg.config.ranges import is_whole
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError, ConfigError
 from detr_peg.outputs import atomic_write
@@ -87,6 +88,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         if "config" not in meta:
             raise CheckpointError(f"{spec}: the detr_peg metadata has no 'config'.")
         what = "The detr_peg metadata of"  # a JSON text inside the file: the same bounds as a config file
+        check_format_version(meta.get("format_version"), spec, as_text=True)
         cfg_dict = parse_json(meta["config"].encode(), spec, what, "config", CheckpointError)
         label_map = parse_json(meta.get("label_map", "null").encode(), spec, what, "record", CheckpointError)
         check_checkpoint_fields({"model": obj["state_dict"], "label_map": label_map}, spec)
@@ -104,17 +106,22 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                 f"`detr-peg convert {spec} OUT.pth`."
             )
         raise CheckpointError(f"{spec} is not a detr_peg checkpoint (no 'format': 'detr_peg' entry).")
-    version = obj.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{spec} has checkpoint format_version {version!r}; this detr_peg reads versions up to {FORMAT_VERSION}."
-        )
+    check_format_version(obj.get("format_version"), spec)
     for key in ("config", "model"):
         if not isinstance(obj.get(key), dict):
             raise CheckpointError(f"{spec} has no '{key}' entry.")
     check_checkpoint_fields(obj, spec)
     extra = {k: v for k, v in obj.items() if k not in ("format", "format_version", "config", "model", "label_map")}
     return Checkpoint(spec, _config(obj["config"], spec), obj["model"], obj.get("label_map"), extra)
+
+
+def check_format_version(version: Any, spec: str, *, as_text: bool = False) -> None:
+    """Refuse a ``format_version`` other than 1 to :data:`FORMAT_VERSION` (``as_text``: safetensors metadata)."""
+    number = int(version) if as_text and isinstance(version, str) and version.isdigit() else version
+    if not is_whole(number) or not 1 <= number <= FORMAT_VERSION:
+        raise CheckpointError(
+            f"{spec} has format_version {version!r}; this detr_peg reads versions 1 to {FORMAT_VERSION}."
+        )
 
 
 def _config(data: dict, spec: str) -> Config:

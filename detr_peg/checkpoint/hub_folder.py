@@ -15,9 +15,15 @@ import yaml
 from huggingface_hub import ModelCard, ModelCardData
 from torch import Tensor
 
-from detr_peg.checkpoint.format import FORMAT, FORMAT_VERSION, Checkpoint, read_checkpoint, save_checkpoint
+from detr_peg.checkpoint.format import (
+    FORMAT,
+    FORMAT_VERSION,
+    Checkpoint,
+    check_format_version,
+    read_checkpoint,
+    save_checkpoint,
+)
 from detr_peg.config.loader import config_to_dict
-from detr_peg.config.ranges import is_whole
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError
 from detr_peg.outputs import atomic_write_text
@@ -64,11 +70,7 @@ def read_hub_folder(weights: Path, config: Mapping[str, Any] | None, spec: str) 
     """
     if config is None or not is_detr_peg_config(config):
         raise CheckpointError(f"{spec} is not a detr_peg model folder (its {CONFIG_JSON} has no 'format': 'detr_peg').")
-    version = config.get("format_version")
-    if not is_whole(version) or not 1 <= version <= FORMAT_VERSION:
-        raise CheckpointError(
-            f"{spec}: {CONFIG_JSON} has format_version {version!r}; this detr_peg reads versions 1 to {FORMAT_VERSION}."
-        )
+    check_format_version(config.get("format_version"), f"{spec}: {CONFIG_JSON}")
     checkpoint = read_checkpoint(weights)
     if config.get("config") != json.loads(json.dumps(config_to_dict(checkpoint.config))):
         raise CheckpointError(
