@@ -194,6 +194,9 @@ def test_a_hub_name_offline_and_not_cached_says_to_pass_a_local_folder(tmp_path,
     with pytest.raises(CheckpointError, match="owner/some-detr is not in the local Hugging Face cache") as error:
         detr_peg.Detector.from_pretrained("owner/some-detr")
     assert "pass its local path" in str(error.value) and "\n" not in str(error.value)
+    # A mistyped local folder reads as a Hub name: the sentence says it is no local folder either.
+    with pytest.raises(CheckpointError, match=r"^runs/hubb is not in the local .*, nor is it a local folder; check"):
+        detr_peg.Detector.from_pretrained("runs/hubb")
 
 
 def test_a_push_that_cannot_reach_the_hub_is_one_sentence(trained, monkeypatch):

@@ -103,17 +103,19 @@ def hub_errors(spec: str) -> Iterator[None]:
     except LocalEntryNotFoundError:
         raise CheckpointError(
             f"{spec} is not in the local Hugging Face cache and the Hub cannot be reached (no network, or "
-            "HF_HUB_OFFLINE is set); download the folder where there is network and pass its local path instead."
+            "HF_HUB_OFFLINE is set), nor is it a local folder; check the path, or download the folder where there "
+            "is network and pass its local path instead."
         ) from None
     except RepositoryNotFoundError:
         raise CheckpointError(
             f"{spec} is not a model repository of the Hugging Face Hub (or it is private or gated: log in "
-            "with `hf auth login`); check the name, or pass a local folder."
+            "with `hf auth login`), nor a local folder; check the name or the path."
         ) from None
     except RevisionNotFoundError:
         raise CheckpointError(f"{spec}: the repository has no such revision; check the part after '@'.") from None
     except (HfHubHTTPError, OSError) as exc:  # network errors come in many types
         reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise CheckpointError(
-            f"Could not fetch {spec} from the Hugging Face Hub ({reason}); pass a local folder instead."
+            f"Could not fetch {spec} from the Hugging Face Hub ({reason}), and it is not a local folder; check "
+            "the path, or pass a local folder."
         ) from None
