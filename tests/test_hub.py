@@ -189,6 +189,8 @@ def test_a_config_json_of_a_format_version_this_release_cannot_read_is_refused(t
 
 
 def test_a_hub_name_offline_and_not_cached_says_to_pass_a_local_folder(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
     with pytest.raises(CheckpointError, match="owner/some-detr is not in the local Hugging Face cache") as error:
