@@ -183,6 +183,9 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
         seed_everything(t.seed + env.rank)  # model-side randomness (dropout) differs per process
         notes = [f"no checkpoint in {out}; starting a new run"] if t.resume else []
     notes = [*notes, *idle_settings(cfg, val_set is not None)]
+    if t.max_iters is not None and progress.iteration >= t.max_iters:
+        notes.append(f"train.max_iters={t.max_iters} was reached before (the checkpoint is at iteration "
+                     f"{progress.iteration}): nothing is left to train")  # fmt: skip
     log = on_main(env, lambda: _open_log(cfg, out, progress_bars, append=resume_ckpt is not None))
     if log is not None:
         _announce(log, cfg, env, train_set, val_set, per_epoch, progress, notes, t.batch_size * env.world_size)

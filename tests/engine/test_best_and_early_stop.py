@@ -134,3 +134,14 @@ def test_the_run_log_carries_the_note(shapes, tmp_path: Path, caplog) -> None:
     _train(shapes, tmp_path / "run", "train.max_iters=1", "train.eval_every_iters=0", "train.early_stop=1",
            "train.eval_every=0")  # fmt: skip
     assert "Note: train.early_stop=1 cannot end the run: it evaluates only at the end" in caplog.text
+
+
+def test_a_resume_past_its_iteration_budget_says_so(shapes, tmp_path: Path, caplog) -> None:
+    run = tmp_path / "run"
+    _train(shapes, run, "train.max_iters=3", "train.eval_every=0")
+    caplog.set_level(logging.INFO, logger="detr_peg")
+    result = _train(shapes, run, "train.max_iters=2", "train.eval_every=0", "train.resume=true")
+    assert result.iterations == 3
+    assert "Note: train.max_iters=2 was reached before (the checkpoint is at iteration 3): nothing is left" in (
+        caplog.text
+    )
