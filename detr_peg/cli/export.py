@@ -101,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {path} (opset {args.opset}; batch {args.batch_size or 'dynamic'}, "
             f"size {'x'.join(map(str, args.image_size)) if args.image_size else 'dynamic'})"
         )
+        data = model.config.data
+        if args.image_size and max(data.val_scale, data.val_max_size) > min(args.image_size):
+            print(f"Note: this config resizes images to {data.val_scale} px on the short side, up to "
+                  f"{data.val_max_size} on the long one; the graph refuses a padded image beyond "
+                  f"{'x'.join(map(str, args.image_size))}: lower data.val_scale and data.val_max_size (overrides "
+                  "of predict --onnx), or export without --image-size.")  # fmt: skip
         if args.check:
             torch.manual_seed(0)
             diff = compare_with_pytorch(model.model, path, batch_size=args.batch_size, image_size=args.image_size)

@@ -110,7 +110,7 @@ class OnnxDetector:
         if any(isinstance(want, int) and want != got for want, got in zip(fixed, feed["images"].shape)):
             raise DataError(
                 f"{self.path} was exported for image batches of shape {fixed}, not {list(feed['images'].shape)}; "
-                "export without --image-size for any size, or give images no larger."
+                "export without --image-size for any size, or resize images to fit (data.val_scale, data.val_max_size)."
             )
         try:
             outputs = self.session.run(self.output_names, feed)

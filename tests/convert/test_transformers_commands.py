@@ -66,3 +66,5 @@ def test_export_takes_the_converted_checkpoint(case, transformers_folder, tmp_pa
     arch = "detr" if case == "detr" else "deformable_detr"
     assert out.splitlines()[0] == f"exporting {arch} to {tmp_path / 'model.onnx'} ..."  # nothing dynamic
     assert "checked in ONNX Runtime against PyTorch" in out
+    # Landscape images resize to 96 x 128 and portrait ones to 128 x 96, which the 96 x 128 graph refuses.
+    assert "Note: this config resizes images to 96 px on the short side, up to 128 on the long one; " in out

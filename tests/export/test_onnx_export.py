@@ -237,7 +237,8 @@ def test_fixed_size_export(tmp_path):
     same_as_pytorch(images, mask, images, mask)
     images, mask, _ = padded_batch(2, (128, 128))  # larger content: one sentence, not onnxruntime's
     with pytest.raises(DataError, match=r"fixed.onnx was exported for image batches of shape \[2, 3, 96, 128\], "
-                       r"not \[2, 3, 128, 128\]; export without --image-size for any size, or give images no larger\.$"):  # fmt: skip
+                       r"not \[2, 3, 128, 128\]; export without --image-size for any size, or resize images to fit "
+                       r"\(data.val_scale, data.val_max_size\)\.$"):  # fmt: skip
         detector(images, mask)
 
 
