@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from torch import Tensor
 from torchvision.ops import clip_boxes_to_image
@@ -57,12 +58,14 @@ class Detections:
 
         COCO evaluation scores the unclipped boxes, as the official code does.
         """
-        keep = detection["scores"] >= threshold
-        scores = detection["scores"][keep].float().cpu()
+        keep = (detection["scores"] >= threshold).cpu()
+        if label_map is not None:  # a label that is no category (data.contiguous_labels=false) is dropped, as COCO's is
+            keep &= torch.tensor([_is_category(label_map, label) for label in detection["labels"].tolist()], dtype=bool)
+        scores = detection["scores"].cpu()[keep].float()
         order = scores.argsort(descending=True, stable=True)
         scores = scores[order]
-        labels = detection["labels"][keep].cpu()[order]
-        boxes = clip_boxes_to_image(detection["boxes"][keep].float().cpu()[order], image_size)
+        labels = detection["labels"].cpu()[keep][order]
+        boxes = clip_boxes_to_image(detection["boxes"].cpu()[keep].float()[order], image_size)
         names = [category_of(label_map, int(label)) for label in labels.tolist()]
         return cls(
             boxes=boxes,
@@ -146,6 +149,14 @@ class Detections:
             class_id=np.asarray(self.category_ids, dtype=int),
             data={"class_name": np.asarray(self.class_names, dtype=object)},
         )
+
+
+def _is_category(label_map: LabelMap, label: int) -> bool:
+    try:
+        label_map.category_id_of(label)
+    except KeyError:
+        return False
+    return True
 
 
 def category_of(label_map: LabelMap | None, label: int) -> tuple[int, str]:

@@ -21,6 +21,7 @@ from PIL import Image
 import detr_peg
 from detr_peg.bounded_read import MAX_ASPECT_RATIO
 from detr_peg.cli.main import main
+from detr_peg.data.label_map import LabelMap
 from detr_peg.data.transforms import build_eval_transforms
 from detr_peg.engine.checkpointing import CLASSIFIER_KEY
 from detr_peg.engine.mixed_precision import native_bf16
@@ -423,6 +424,12 @@ def test_detections_clip_boxes_to_the_image() -> None:
     torch.testing.assert_close(detections.boxes, torch.tensor([[10.0, 20.0, 30.0, 40.0], [600.0, 0.0, 640.0, 427.0]]))
     kept = Detections.from_postprocessed(raw, threshold=0.0, label_map=None, image_size=(427, 640))
     torch.testing.assert_close(kept.boxes[2], torch.tensor([0.0, 280.8, 62.2, 341.7]))
+    # With data.contiguous_labels=false a label is a category id; one that no category has (2 here) is no
+    # detection, as COCO evaluation drops it.
+    sparse = LabelMap(category_ids=[1, 3], names=["cat", "dog"], contiguous=False)
+    named = Detections.from_postprocessed(raw, threshold=0.0, label_map=sparse, image_size=(427, 640))
+    assert (named.category_ids, named.class_names) == ([3, 1], ["dog", "cat"])
+    torch.testing.assert_close(named.scores, torch.tensor([0.5, 0.2]))
 
 
 def test_train_from_python_is_the_training_run_of_the_command_line(tiny_demo_dir, tmp_path) -> None:
