@@ -14,6 +14,7 @@ from torch import Tensor
 
 from detr_peg.checkpoint.weights_check import check_outputs
 from detr_peg.engine.mixed_precision import autocast, outputs_to_float
+from detr_peg.errors import ConfigError
 from detr_peg.models.loading import LoadedModel
 
 
@@ -33,6 +34,22 @@ class BatchResult:
 
 
 Batches = Iterable[tuple[Tensor, Tensor, list[dict[str, Any]]]]
+
+
+def forward(model: torch.nn.Module, images: Tensor, mask: Tensor) -> Any:
+    """``model(images, mask)``; feature maps too small for the model's normalisation are a ConfigError naming what
+    to change (torch refuses BatchNorm in training, and GroupNorm, over one value per channel or group)."""
+    try:
+        return model(images, mask)
+    except ValueError as exc:
+        if "Expected more than 1 value per channel" not in str(exc):
+            raise
+        raise ConfigError(
+            f"A batch of {len(images)} image(s) of {images.shape[-2]} x {images.shape[-1]} pixels gives feature maps "
+            f"of 1 x 1, too small for the model's normalisation ({exc}); raise the image sizes (data.train_scales, "
+            "data.val_scale), or for trainable BatchNorm train.batch_size or model.backbone.norm=frozen_bn, or for "
+            "Deformable-DETR's GroupNorm (32 groups) model.transformer.hidden_dim to 64 or more."
+        ) from None
 
 
 @torch.no_grad()
@@ -62,10 +79,10 @@ def run_inference(
                 images, mask = pad(images, mask)
             images, mask = images.to(device, non_blocking=True), mask.to(device, non_blocking=True)
             if amp == "none":
-                outputs = loaded.model(images, mask)
+                outputs = forward(loaded.model, images, mask)
             else:
                 with autocast(amp, device):
-                    outputs = outputs_to_float(loaded.model(images, mask))
+                    outputs = outputs_to_float(forward(loaded.model, images, mask))
             check_outputs(outputs)
             sizes = torch.stack([torch.as_tensor(item["orig_size"]) for item in items]).to(device)
             detections = loaded.postprocessor(outputs, sizes)

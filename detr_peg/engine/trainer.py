@@ -28,12 +28,13 @@ from detr_peg.engine.checkpointing import (
     write_config,
 )
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, on_main, reduce_mean
+from detr_peg.engine.inference import forward
 from detr_peg.engine.loader import build_train_loader, iterate_batches
 from detr_peg.engine.metrics_log import MetricsLog, format_duration
 from detr_peg.engine.mixed_precision import autocast, outputs_to_float
 from detr_peg.engine.optimizer import LrSchedule, current_lrs
 from detr_peg.engine.weight_average import WeightAverage
-from detr_peg.errors import ConfigError, TrainingError
+from detr_peg.errors import TrainingError
 
 #: Unweighted final-layer terms logged every iteration (aux terms only enter the total).
 LOGGED_TERMS = ("loss_ce", "loss_bbox", "loss_giou", "class_error", "cardinality_error")
@@ -334,16 +335,7 @@ def _forward_loss(
     """``(this process's weighted loss, terms averaged over processes)``; NonFiniteError on a non-finite term."""
     weight_dict = criterion.weight_dict
     with autocast(amp, device):
-        try:
-            outputs = model(images, mask)
-        except ValueError as exc:  # torch's trainable BatchNorm over one value per channel
-            if "Expected more than 1 value per channel" not in str(exc):
-                raise
-            raise ConfigError(
-                f"A batch of {len(images)} image(s) of {images.shape[-2]} x {images.shape[-1]} pixels gives feature "
-                f"maps of 1 x 1, too small for trainable BatchNorm ({exc}); raise train.batch_size or the training "
-                "sizes (data.train_scales, data.train_max_size), or set model.backbone.norm=frozen_bn."
-            ) from None
+        outputs = forward(model, images, mask)
     # The loss in float32: matching and GIoU are sensitive to half precision.
     outputs = outputs_to_float(outputs)
     terms = criterion(outputs, targets)

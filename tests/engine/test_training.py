@@ -139,5 +139,24 @@ def test_trainable_batchnorm_over_1x1_maps_is_a_config_error(side: int, fails: b
         assert set(train_step(model, criterion, optimizer, list(model.parameters()), batch, **args)) >= {"loss"}
         return
     with pytest.raises(ConfigError, match=r"^A batch of 1 image\(s\) of 16 x 16 pixels gives feature maps of 1 x 1, "
-                       r"too small for trainable BatchNorm \(Expected more .*\); raise train.batch_size"):  # fmt: skip
+                       r"too small for the model's normalisation \(Expected more .*\); raise the image sizes"):  # fmt: skip
         train_step(model, criterion, optimizer, list(model.parameters()), batch, **args)
+
+
+def test_deformable_groupnorm_over_a_1x1_level_is_a_config_error_in_predict() -> None:
+    """hidden_dim 32 is one channel per GroupNorm group: a 1 x 1 extra level is one value, which torch refuses."""
+    import torch
+
+    from detr_peg import Detector
+    from tests.engine.tiny_run import TINY_MODEL
+
+    def detector(side: int) -> Detector:
+        levels = ["model.arch=deformable_detr", "model.transformer.num_feature_levels=3", "model.num_classes=2"]
+        sizes = [f"data.val_scale={side}", f"data.val_max_size={side}"]
+        return Detector.from_config(None, [*TINY_MODEL, *levels, *sizes], device="cpu")
+
+    image = torch.zeros(3, 64, 64, dtype=torch.uint8)
+    assert len(detector(128).predict(image, threshold=0.0)) == 8 * 2  # 128 px: the stride-64 level is 2 x 2
+    with pytest.raises(ConfigError, match=r"^A batch of 1 image\(s\) of 64 x 64 pixels gives feature maps of 1 x 1, "
+                       r"too small .*Deformable-DETR's GroupNorm \(32 groups\) model.transformer.hidden_dim to 64"):  # fmt: skip
+        detector(64).predict(image)
