@@ -144,6 +144,12 @@ CASES: list[tuple[str, Sequence, Sequence[str], Callable[[Path], None] | None]] 
         None,
     ),
     (
+        "detr-with-three-stages",
+        [*RESUME, "model.backbone.out_stages=[1,2,3]"],
+        ["model.backbone.out_stages is [1, 2, 3], but DETR takes one stage; give one, such as [3]"],
+        None,
+    ),
+    (
         "crop-size-one-side",
         [*RESUME, "data.crop_size=[384]"],
         ["'data.crop_size' must be [min, max] with min <= max, got [384]"],

@@ -39,6 +39,9 @@ def build_detr(m: ModelConfig) -> DETR:
             f"model.transformer.hidden_dim {t.hidden_dim} is not divisible by model.transformer.nheads {t.nheads}."
         )
     out_stages = m.backbone.out_stages or [4]
+    if len(out_stages) > 1:  # the others would be computed and thrown away
+        raise ConfigError(f"model.backbone.out_stages is {out_stages}, but DETR takes one stage; give one, such as "
+                          f"[{out_stages[-1]}].")  # fmt: skip
     backbone = build_backbone(m.backbone, out_stages)
     position = build_position_encoding(m.position, dim=t.hidden_dim, num_levels=1, num_layers=t.enc_layers)
     args = (t.hidden_dim, t.nheads, t.dim_feedforward, t.dropout, t.activation, t.pre_norm)
