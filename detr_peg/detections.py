@@ -60,7 +60,9 @@ class Detections:
         """
         keep = (detection["scores"] >= threshold).cpu()
         if label_map is not None:  # a label that is no category (data.contiguous_labels=false) is dropped, as COCO's is
-            keep &= torch.tensor([_is_category(label_map, label) for label in detection["labels"].tolist()], dtype=bool)
+            ids = label_map.category_ids
+            known = set(range(len(ids))) if label_map.contiguous else set(ids)
+            keep &= torch.tensor([label in known for label in detection["labels"].tolist()], dtype=bool)
         scores = detection["scores"].cpu()[keep].float()
         order = scores.argsort(descending=True, stable=True)
         scores = scores[order]
@@ -149,14 +151,6 @@ class Detections:
             class_id=np.asarray(self.category_ids, dtype=int),
             data={"class_name": np.asarray(self.class_names, dtype=object)},
         )
-
-
-def _is_category(label_map: LabelMap, label: int) -> bool:
-    try:
-        label_map.category_id_of(label)
-    except KeyError:
-        return False
-    return True
 
 
 def category_of(label_map: LabelMap | None, label: int) -> tuple[int, str]:

@@ -37,13 +37,18 @@ Batches = Iterable[tuple[Tensor, Tensor, list[dict[str, Any]]]]
 
 
 def forward(model: torch.nn.Module, images: Tensor, mask: Tensor) -> Any:
-    """``model(images, mask)``; feature maps too small for the model's normalisation are a ConfigError naming what
-    to change (torch refuses BatchNorm in training, and GroupNorm, over one value per channel or group)."""
+    """``model(images, mask)``, with :func:`too_small_for_norm` for its ValueError."""
     try:
         return model(images, mask)
     except ValueError as exc:
-        if "Expected more than 1 value per channel" not in str(exc):
-            raise
+        too_small_for_norm(exc, images)
+        raise
+
+
+def too_small_for_norm(exc: ValueError, images: Tensor) -> None:
+    """Raise a ConfigError naming what to change when ``exc`` is torch refusing a normalisation over one value per
+    channel or group (BatchNorm in training, GroupNorm always) on 1 x 1 feature maps; else return."""
+    if "Expected more than 1 value per channel" in str(exc):
         raise ConfigError(
             f"A batch of {len(images)} image(s) of {images.shape[-2]} x {images.shape[-1]} pixels gives feature maps "
             f"of 1 x 1, too small for the model's normalisation ({exc}); raise the image sizes (data.train_scales, "

@@ -28,7 +28,7 @@ from detr_peg.engine.checkpointing import (
     write_config,
 )
 from detr_peg.engine.distributed import DistEnv, all_gather_objects, on_main, reduce_mean
-from detr_peg.engine.inference import forward
+from detr_peg.engine.inference import too_small_for_norm
 from detr_peg.engine.loader import build_train_loader, iterate_batches
 from detr_peg.engine.metrics_log import MetricsLog, format_duration
 from detr_peg.engine.mixed_precision import autocast, outputs_to_float
@@ -335,7 +335,11 @@ def _forward_loss(
     """``(this process's weighted loss, terms averaged over processes)``; NonFiniteError on a non-finite term."""
     weight_dict = criterion.weight_dict
     with autocast(amp, device):
-        outputs = forward(model, images, mask)
+        try:
+            outputs = model(images, mask)
+        except ValueError as exc:
+            too_small_for_norm(exc, images)
+            raise
     # The loss in float32: matching and GIoU are sensitive to half precision.
     outputs = outputs_to_float(outputs)
     terms = criterion(outputs, targets)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.util
 
 import torch
 from torch import Tensor, nn
 
 from detr_peg.config.schema import BackboneConfig
 from detr_peg.errors import CheckpointError, ConfigError
+from detr_peg.messages import install_hint
 from detr_peg.models.backbones.base import MEMORY_FORMATS, Backbone
 from detr_peg.models.backbones.registry import BACKBONES
 from detr_peg.models.backbones.weights import (
@@ -242,6 +244,8 @@ def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackb
             "model.backbone.dilation is only supported with model.backbone.source=torchvision; "
             "set it to false for timm backbones."
         )
+    if importlib.util.find_spec("timm") is None:  # a dependency of detr_peg, missing from this environment
+        raise ConfigError(f"model.backbone.source=timm needs the timm package: {install_hint('timm')}.")
     check_timm_name(cfg.name)
     layout = layout_model(cfg.name)
     levels = stage_levels(layout.feature_info, out_stages, cfg.name, "model.backbone.out_stages")

@@ -297,3 +297,14 @@ def test_channels_last_output_is_permuted():
     backbone = timm_module.TimmBackbone(body=ChannelsLast(), out_channels=[3], strides=[1], channels_last=True)
     x = image_batch()
     torch.testing.assert_close(backbone(x), [x])
+
+
+def test_a_missing_timm_is_one_sentence_naming_the_install(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name == "timm" else real(name, *a, **k)
+    )
+    with pytest.raises(ConfigError, match=r"^model.backbone.source=timm needs the timm package: pip install timm\.$"):
+        build_backbone(BackboneConfig(source="timm", name="resnet18", weights=None), [4])
