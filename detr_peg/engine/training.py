@@ -355,6 +355,11 @@ def idle_settings(cfg: Config, has_val: bool) -> list[str]:
                      "train.eval_every or train.eval_every_iters)")  # fmt: skip
     if t.reset_classifier and not t.init_from:
         notes.append("train.reset_classifier=true does nothing without train.init_from")
+    if t.lr == 0 and t.lr_backbone == 0:
+        notes.append("train.lr and train.lr_backbone are 0: the weights do not change")
+    if t.warmup_iters and t.max_iters and t.warmup_iters >= t.max_iters:
+        notes.append(f"train.warmup_iters={t.warmup_iters} is not shorter than the run (train.max_iters="
+                     f"{t.max_iters}): the learning rate never reaches train.lr")  # fmt: skip
     return notes
 
 
