@@ -6,8 +6,9 @@ An unknown name raises :class:`~detr_peg.errors.ConfigError` listing the valid n
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from detr_peg.errors import ConfigError
 
@@ -69,6 +70,20 @@ class Registry(Generic[T]):
         except KeyError:
             valid = ", ".join(repr(n) for n in sorted(self._entries))
             raise ConfigError(f"Unknown {self.name} {name!r}: valid are {valid}.") from None
+
+    def build(self, name: str, kind: type, *args: Any, **kwargs: Any) -> Any:
+        """Call the entry ``name`` with the arguments of the registry's contract; ConfigError naming the entry when
+        it does not take them or returns no ``kind`` (a user's registration, found here rather than deep inside)."""
+        builder = self.get(name)
+        where = f"The {self.name} {name!r} ({getattr(builder, '__qualname__', type(builder).__name__)})"
+        try:
+            inspect.signature(builder).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"{where} does not take the arguments of its registry ({exc}).") from None
+        built = builder(*args, **kwargs)
+        if not isinstance(built, kind):
+            raise ConfigError(f"{where} returned {type(built).__name__}, not a {kind.__name__}.")
+        return built
 
     def names(self) -> list[str]:
         """Sorted registered names."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -54,3 +55,44 @@ def test_the_convert_formats_are_listed_whichever_module_was_imported_first() ->
     )
     proc = run_python("-c", code, timeout=120)  # a fresh interpreter: no converter imported
     assert proc.stdout.splitlines() == ["['deformable_detr', 'detr'] ['deformable_detr', 'detr']"], proc.stderr[-2000:]
+
+
+def _returns_none(*args, **kwargs):
+    return None
+
+
+def _takes_nothing():
+    return None
+
+
+@pytest.mark.parametrize(
+    ("builder", "words"),
+    [(_returns_none, "(_returns_none) returned NoneType, not a {kind}."),
+     (_takes_nothing, "(_takes_nothing) does not take the arguments of its registry (too many positional")],
+)  # fmt: skip
+@pytest.mark.parametrize("part", ["backbone", "encoding"])
+def test_a_user_registration_that_breaks_its_contract_is_named(monkeypatch, part, builder, words) -> None:
+    """A builder that returns the wrong thing or takes other arguments is named where it is called, not deep inside."""
+    from detr_peg.config import load_config
+    from detr_peg.models import build_model
+    from detr_peg.models.backbones import BACKBONES
+    from detr_peg.models.position.registry import POSITION_ENCODINGS
+
+    parts = BACKBONES if part == "backbone" else POSITION_ENCODINGS
+    parts.names()  # the built-in entries first
+    name = "sine" if part == "encoding" else "torchvision"
+    monkeypatch.setitem(parts._entries, name, builder)
+    kind = "Backbone" if part == "backbone" else "PositionalEncoding"
+    label = "backbone source" if part == "backbone" else "positional encoding"
+    cfg = load_config(None, ["model.num_classes=2", "model.backbone.weights=null", "model.backbone.name=resnet18"])
+    with pytest.raises(ConfigError, match="^" + re.escape(f"The {label} {name!r} " + words.format(kind=kind))):
+        build_model(cfg)
+
+
+def test_register_architecture_takes_an_architecture_only() -> None:
+    from detr_peg.models.registry import register_architecture
+
+    with pytest.raises(
+        TypeError, match=r"^register_architecture\('mine', \.\.\.\) takes an Architecture, got object\.$"
+    ):
+        register_architecture("mine", object())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from detr_peg.config.schema import Config, ModelConfig
+from detr_peg.errors import ConfigError
 from detr_peg.models.criterion import SetCriterion
 from detr_peg.models.registry import MODELS, Architecture
 
@@ -22,7 +23,11 @@ def _architecture(cfg: Config | ModelConfig) -> Architecture:
 
 def build_model(cfg: Config | ModelConfig) -> nn.Module:
     """The detector of a config's ``model`` section (random init, or backbone weights if configured)."""
-    return _architecture(cfg).build_model(cfg.model if isinstance(cfg, Config) else cfg)
+    model_cfg = cfg.model if isinstance(cfg, Config) else cfg
+    model = _architecture(cfg).build_model(model_cfg)
+    if not isinstance(model, nn.Module):  # a user's architecture, named here rather than deep inside
+        raise ConfigError(f"The model architecture {model_cfg.arch!r} built {type(model).__name__}, not an nn.Module.")
+    return model
 
 
 def build_criterion(cfg: Config) -> SetCriterion:

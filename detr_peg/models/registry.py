@@ -74,6 +74,10 @@ MODELS: Registry = Registry(
 
 def register_architecture(name: str, architecture: Architecture) -> Architecture:
     """Register ``architecture`` as ``model.arch: name``, with its config schema."""
+    if not isinstance(architecture, Architecture):
+        raise TypeError(
+            f"register_architecture({name!r}, ...) takes an Architecture, got {type(architecture).__name__}."
+        )
     register_architecture_schema(
         name, ArchitectureSchema(sections=architecture.options, defaults=architecture.defaults)
     )

@@ -10,7 +10,7 @@ from detr_peg.models.backbones.registry import BACKBONES
 
 def build_backbone(cfg, out_stages):
     """Build the backbone named by ``cfg.source`` (see :data:`BACKBONES` for the contract)."""
-    return BACKBONES.get(cfg.source)(cfg, out_stages)
+    return BACKBONES.build(cfg.source, Backbone, cfg, out_stages)
 
 
 __all__ = ["BACKBONES", "Backbone", "build_backbone"]

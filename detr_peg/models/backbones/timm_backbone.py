@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib.util
 
 import torch
 from torch import Tensor, nn
@@ -244,8 +243,12 @@ def build_timm_backbone(cfg: BackboneConfig, out_stages: list[int]) -> TimmBackb
             "model.backbone.dilation is only supported with model.backbone.source=torchvision; "
             "set it to false for timm backbones."
         )
-    if importlib.util.find_spec("timm") is None:  # a dependency of detr_peg, missing from this environment
-        raise ConfigError(f"model.backbone.source=timm needs the timm package: {install_hint('timm')}.")
+    try:
+        import timm  # noqa: F401  (a dependency of detr_peg, missing or broken in this environment)
+    except ImportError as exc:
+        raise ConfigError(
+            f"model.backbone.source=timm needs the timm package ({exc}): {install_hint('timm')}."
+        ) from None
     check_timm_name(cfg.name)
     layout = layout_model(cfg.name)
     levels = stage_levels(layout.feature_info, out_stages, cfg.name, "model.backbone.out_stages")

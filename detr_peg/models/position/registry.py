@@ -36,5 +36,5 @@ def register_encoding(name: str, *, options: type[PositionConfig] = PositionConf
 
 def build_position_encoding(cfg: PositionConfig, *, dim: int, num_levels: int, num_layers: int) -> PositionalEncoding:
     """Build the encoding named ``cfg.name`` (see :data:`POSITION_ENCODINGS`)."""
-    builder = POSITION_ENCODINGS.get(cfg.name)
-    return builder(cfg, dim=dim, num_levels=num_levels, num_layers=num_layers)
+    return POSITION_ENCODINGS.build(cfg.name, PositionalEncoding, cfg, dim=dim, num_levels=num_levels,
+                                    num_layers=num_layers)  # fmt: skip
