@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -97,11 +98,25 @@ def recipe_summary(cfg) -> str:
     return "\n".join(lines)
 
 
+def _as_comment(record: logging.LogRecord) -> bool:
+    record.msg, record.args = f"# {record.getMessage()}", ()
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from detr_peg.config.loader import config_to_dict
 
-    cfg = resolve(args)
-    if args.print_config:
+    if not args.print_config:
+        cfg = resolve(args)
+    else:  # the notes of reading the config become YAML comments: the output stays a config file
+        handlers = logging.getLogger("detr_peg").handlers
+        for handler in handlers:
+            handler.addFilter(_as_comment)
+        try:
+            cfg = resolve(args)
+        finally:
+            for handler in handlers:
+                handler.removeFilter(_as_comment)
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         print(recipe_summary(cfg))
         return 0
