@@ -6,6 +6,7 @@ Config priority, lowest first: ``--config``, soft values, stored training args, 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,7 +118,18 @@ def fit_to_model(cfg: Config, mapped: dict[str, Tensor], src: str) -> tuple[dict
                 f"{tuple(own[key].shape)}; check the config values the weights do not determine."
             )
     check_loaded_weights(mapped, own, src)  # integer or non-finite weights are refused, never cast
+    for key in sorted(mapped.keys() - own.keys()):  # official copies of a head the model holds once
+        first = re.sub(r"^(class_embed|bbox_embed)\.\d+\.", r"\1.0.", key)
+        if first != key and first in own and first in mapped and not torch.equal(mapped[first], mapped[key]):
+            raise CheckpointError(f"{src}: '{key}' differs from '{first}', but the official model shares that head "
+                                  "(stored once here); the file was not written by this layout.")  # fmt: skip
     new_keys = sorted(k for k in own.keys() - mapped.keys() if not k.endswith("num_batches_tracked"))
+    lacking = [k for k in new_keys if not k.startswith("transformer.position.")]  # only an encoding may be new
+    if lacking:
+        raise CheckpointError(
+            f"{src} lacks {len(lacking)} trained weight(s) of the model, such as '{lacking[0]}'; a conversion "
+            "initialises only a positional encoding the source has not (is the file cut short, or of another layout?)."
+        )
     unused = sorted(mapped.keys() - own.keys())
     # Weights saved in half precision are stored in the model's float32, as loading them would.
     merged = {k: (mapped[k].to(v.dtype) if k in mapped else v) for k, v in own.items()}
