@@ -121,5 +121,10 @@ OFFICIAL_FORMATS.register("deformable_detr")(
         key_map=DEFORMABLE_KEY_MAP,
         args_map=DEFORMABLE_ARGS,
         complete=_complete_deformable,
+        # Heads x points is all the sampling offsets tell; two-stage weights do not tell the proposals kept.
+        untold=lambda hard: (
+            ["model.transformer.nheads"]
+            + (["model.transformer.two_stage_num_proposals"] if hard.get("model.two_stage") else [])
+        ),
     )
 )

@@ -12,7 +12,7 @@ import detr_peg.convert.deformable  # noqa: F401  (registers the Deformable-DETR
 import detr_peg.convert.detr  # noqa: F401  (registers the DETR format)
 from detr_peg.checkpoint.files import is_safetensors, read_checkpoint_file
 from detr_peg.checkpoint.format import FORMAT
-from detr_peg.config.loader import Layer, dotted_layer
+from detr_peg.config.loader import Layer, dotted_layer, file_layers, parse_overrides
 from detr_peg.config.schema import Config
 from detr_peg.convert.registry import OFFICIAL_FORMATS, OfficialFormat
 from detr_peg.convert.report import ConversionReport, fit_to_model, map_state_dict, resolve_layers
@@ -86,6 +86,14 @@ def resolve_config(
     """Merge config file, stored args and overrides around what the weights determine (see ``convert.report``)."""
     state = _Tensors(state, f"{src} has no '{{}}', which every {fmt.name} checkpoint has: it is damaged or incomplete.")
     hard, soft = fmt.infer(state)
+    if not args and fmt.untold is not None:
+        given = set(parse_overrides(overrides)).union(*(file_layers(config_path) if config_path else []))
+        missing = [key for key in fmt.untold(hard) if key not in given]
+        if missing:
+            raise CheckpointError(
+                f"{src} stores no 'args', and its weights do not tell {' and '.join(missing)}; give "
+                f"{'them' if len(missing) > 1 else 'it'} as key=value (or in --config), as the model was trained."
+            )
     stored = _args_layer(args, fmt, f"args stored in {src}") if args else None
     complete = (lambda cfg: fmt.complete(state, cfg)) if fmt.complete is not None else None
     return resolve_layers(hard, soft, src, config_path, overrides, stored=stored, complete=complete)

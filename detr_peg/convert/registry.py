@@ -29,6 +29,8 @@ class OfficialFormat:
     key_map: KeyMap
     args_map: dict[str, Any] = field(default_factory=dict)
     complete: Callable[[dict[str, Tensor], Any], dict[str, Any]] | None = None
+    #: ``hard -> [dotted key]``: values the weights do not tell, needed from ``args``, a config file or overrides.
+    untold: Callable[[dict[str, Any]], list[str]] | None = None
 
 
 OFFICIAL_FORMATS: Registry = Registry(

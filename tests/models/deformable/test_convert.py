@@ -179,8 +179,13 @@ def test_heads_and_proposals_come_from_overrides_without_args(reference_dir, tmp
     with torch.no_grad():
         assert_close(model(inputs["images_padded"], inputs["mask"])["pred_logits"], expected, "nheads=4")
 
-    # 8 heads (the default) fit the weights with 2 points each: a different model
-    status, dst = _convert(tmp_path, src, name="h8.pth")
+    # Without args the heads are not taken from the defaults (8 would fit the weights with 2 points each: another
+    # model); 8 given explicitly is such a model.
+    capsys.readouterr()
+    status, dst = _convert(tmp_path, src, name="h_default.pth")
+    assert status == 2 and not dst.exists()
+    assert "stores no 'args', and its weights do not tell model.transformer.nheads; give it" in capsys.readouterr().err
+    status, dst = _convert(tmp_path, src, "model.transformer.nheads=8", name="h8.pth")
     assert status == 0
     model8 = load_model(dst)
     assert (model8.config.model.transformer.nheads, model8.config.model.transformer.enc_n_points) == (8, 2)
@@ -201,7 +206,13 @@ def test_heads_and_proposals_come_from_overrides_without_args(reference_dir, tmp
 
     two_stage = tmp_path / "bare_two_stage.pth"
     write_official_checkpoint(reference_dir, REFINE_TWO_STAGE, two_stage, with_args=False)
-    status, dst = _convert(tmp_path, two_stage, "model.transformer.two_stage_num_proposals=10", name="ts.pth")
+    capsys.readouterr()
+    status, dst = _convert(tmp_path, two_stage, "model.transformer.nheads=8", name="ts_default.pth")
+    assert status == 2 and not dst.exists()
+    assert "do not tell model.transformer.two_stage_num_proposals; give it" in capsys.readouterr().err
+    status, dst = _convert(
+        tmp_path, two_stage, "model.transformer.nheads=8", "model.transformer.two_stage_num_proposals=10", name="ts.pth"
+    )
     assert status == 0
     loaded = load_model(dst)
     model = loaded.model
