@@ -6,8 +6,10 @@ in the weights: it comes from the stored ``args``, a config or ``model.transform
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from detr_peg.config.schema import Config
@@ -103,6 +105,12 @@ def _sampling_points(state: dict[str, Tensor], prefix: str, heads: int, levels: 
 
 
 def _complete_deformable(state: dict[str, Tensor], cfg: Config) -> dict[str, Any]:
+    if not cfg.model.with_box_refine:  # the official single-stage model stores its one class and box head per layer
+        for key in (k for k in state if re.match(r"(class|bbox)_embed\.[1-9]", k)):
+            first = re.sub(r"^(\w+_embed)\.\d+\.", r"\1.0.", key)
+            if first in state and not torch.equal(state[first], state[key]):
+                raise CheckpointError(f"'{key}' differs from '{first}', but the official single-stage model shares "
+                                      "that head; the file was not written by this layout.")  # fmt: skip
     t = cfg.model.transformer
     values = {}
     if f"{ENCODER_ATTN}.attention_weights.weight" in state:

@@ -6,7 +6,6 @@ Config priority, lowest first: ``--config``, soft values, stored training args, 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,11 +117,6 @@ def fit_to_model(cfg: Config, mapped: dict[str, Tensor], src: str) -> tuple[dict
                 f"{tuple(own[key].shape)}; check the config values the weights do not determine."
             )
     check_loaded_weights(mapped, own, src)  # integer or non-finite weights are refused, never cast
-    for key in sorted(mapped.keys() - own.keys()):  # official copies of a head the model holds once
-        first = re.sub(r"^(class_embed|bbox_embed)\.\d+\.", r"\1.0.", key)
-        if first != key and first in own and first in mapped and not torch.equal(mapped[first], mapped[key]):
-            raise CheckpointError(f"{src}: '{key}' differs from '{first}', but the official model shares that head "
-                                  "(stored once here); the file was not written by this layout.")  # fmt: skip
     new_keys = sorted(k for k in own.keys() - mapped.keys() if not k.endswith("num_batches_tracked"))
     lacking = [k for k in new_keys if not k.startswith("transformer.position.")]  # only an encoding may be new
     if lacking:

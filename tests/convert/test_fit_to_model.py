@@ -1,5 +1,5 @@
-"""What a conversion may leave to initialisation (only a positional encoding the source has not) and the official
-copies of a head that the model holds once (identical, or refused)."""
+"""What a conversion may leave to initialisation (only a positional encoding the source has not), and the official
+copies of a head that the model holds once (identical, or refused by the Deformable-DETR format)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,16 @@ def test_only_a_positional_encoding_may_be_new() -> None:
 
 
 def test_official_copies_of_a_shared_head_must_be_identical() -> None:
+    """The official single-stage Deformable-DETR stores its one class head once per decoder layer."""
+    from detr_peg.convert.deformable import _complete_deformable
+
     cfg, state = _source()
     copies = {**state, "class_embed.1.weight": state["class_embed.0.weight"].clone()}
+    _complete_deformable(copies, cfg)  # identical copies: stored once
     merged, _, unused = fit_to_model(cfg, copies, "official.pth")
     assert unused == ["class_embed.1.weight"]
     torch.testing.assert_close(merged["class_embed.0.weight"], state["class_embed.0.weight"])
     copies["class_embed.1.weight"] = state["class_embed.0.weight"] + 1
-    with pytest.raises(CheckpointError, match=r"^official.pth: 'class_embed.1.weight' differs from "
-                       r"'class_embed.0.weight', but the official model shares that head"):  # fmt: skip
-        fit_to_model(cfg, copies, "official.pth")
+    with pytest.raises(CheckpointError, match=r"^'class_embed.1.weight' differs from 'class_embed.0.weight', but the "
+                       r"official single-stage model shares that head"):  # fmt: skip
+        _complete_deformable(copies, cfg)
