@@ -55,8 +55,10 @@ def test_save_then_load_gives_the_same_model_and_the_folder_holds_no_pickle(trai
     folder = tmp_path / "hub"
     assert detector.save_pretrained(folder) is None
     assert {p.name for p in folder.iterdir() if not p.name.startswith(".detr-peg")} == FOLDER_FILES
+    # The weights file starts with its header's length, whose first byte may be 0x80; safe_open parses it below.
     for path in folder.iterdir():
-        assert not path.read_bytes().startswith(PICKLE_STARTS), path.name
+        if path.suffix != ".safetensors":
+            assert not path.read_bytes().startswith(PICKLE_STARTS), path.name
     with safe_open(folder / "model.safetensors", "pt") as weights:
         assert set(weights.keys()) == set(detector.model.state_dict())
 
