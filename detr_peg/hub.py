@@ -115,9 +115,10 @@ class HubFolders(
         card = dict(kwargs.pop("model_card_kwargs", None) or {})
         card.setdefault("metrics", metrics)
         card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
-        readme = Path(save_directory) / "README.md"  # claimed unless a file is there (a dangling link is refused)
-        names = (CONFIG_JSON, WEIGHTS) if os.path.isfile(readme) else (CONFIG_JSON, WEIGHTS, readme.name)
-        with guard_outputs("save", [], [Output(save_directory, "save_directory", names)]):
+        output = Output(save_directory, "save_directory", (CONFIG_JSON, WEIGHTS, "README.md"))
+        if os.path.isfile(output.targets()[-1]):  # README.md is claimed unless a file is there
+            output = dataclasses.replace(output, names=(CONFIG_JSON, WEIGHTS))
+        with guard_outputs("save", [], [output]):
             return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
 
     def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> str:

@@ -292,6 +292,10 @@ class Output:
     kind: str | None = None
     adopt: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise TypeError(f"{self.option} must be a path (str or os.PathLike), got {self.path!r}.")
+
     @property
     def folder(self) -> Path:
         return Path(self.path) if self.names else Path(self.path).parent

@@ -328,6 +328,8 @@ def test_constructors_check_the_types_of_their_arguments(tmp_path) -> None:
         detr_peg.Detector.from_config(None, [*TINY_MODEL, 5], device="cpu")
     with pytest.raises(TypeError, match=r"^config must be a Config \(detr_peg.load_config\), got dict\.$"):
         detr_peg.Detector.from_checkpoint(tmp_path / "any.pth", config={"model": {}}, device="cpu")
+    with pytest.raises(TypeError, match=r"^config must be a config file's path or a shipped config's name, got 5\.$"):
+        detr_peg.Detector.from_config(5, device="cpu")
 
 
 def test_a_detector_from_a_config_fine_tunes_from_that_config(tiny_demo_dir, tmp_path) -> None:
@@ -391,13 +393,18 @@ def test_export_options_are_checked_as_the_command_line_parses_them(detector, tm
 
 
 @pytest.mark.parametrize("call", ["export_onnx", "save_pretrained", "evaluate", "evaluate_scales"])
-def test_an_empty_output_name_is_refused(detector, tmp_path, monkeypatch, call: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "error", "message"),
+    [("", detr_peg.errors.UserError, r"^[-\w]+ is empty \(''\); give a file or folder name\.$"),
+     (5, TypeError, r"^[-\w]+ must be a path \(str or os\.PathLike\), got 5\.$")],
+)  # fmt: skip
+def test_an_empty_or_non_path_output_is_refused(detector, tmp_path, monkeypatch, call, name, error, message) -> None:
     """Path("") is the current folder: each writing call refuses it, and nothing is written there."""
     monkeypatch.chdir(tmp_path)
-    write = {"export_onnx": lambda: detector.export_onnx(""), "save_pretrained": lambda: detector.save_pretrained(""),
-             "evaluate": lambda: detector.evaluate(output_dir=""),
-             "evaluate_scales": lambda: detector.evaluate_scales("", scales=[1.0])}[call]  # fmt: skip
-    with pytest.raises(detr_peg.errors.UserError, match=r"^[-\w]+ is empty \(''\); give a file or folder name\.$"):
+    write = {"export_onnx": lambda: detector.export_onnx(name), "save_pretrained": lambda: detector.save_pretrained(name),
+             "evaluate": lambda: detector.evaluate(output_dir=name),
+             "evaluate_scales": lambda: detector.evaluate_scales(name, scales=[1.0])}[call]  # fmt: skip
+    with pytest.raises(error, match=message):
         write()
     assert list(tmp_path.iterdir()) == []
 

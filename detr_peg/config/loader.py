@@ -69,6 +69,8 @@ def load_config(
             encoding, wrong type, value out of range or too large for this machine's memory, bad override syntax,
             or unknown architecture or encoding.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"config must be a config file's path or a shipped config's name, got {path!r}.")
     layers: list[Layer] = [] if base is None else [_flatten(base, base_source)]
     if path is not None:
         layers.extend(file_layers(path))

@@ -145,9 +145,9 @@ def run_scale_evaluation(
     """
     check_scales(cfg.data, scales, canvas_scales)
     with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
-        out = Path(output_dir)
         owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, source_of(checkpoint), output_dir)))
         claims.enter_context(owned or contextlib.nullcontext())  # a refusal below leaves no folder it made
+        out = Path(output_dir)
         # Every canvas set is checked and generated (by the main process alone) before the first evaluation.
         on_main(env, lambda: [canvas_data(cfg.data, s) for s in canvas_scales])
         canvas_sets = [(s, canvas_data(cfg.data, s)) for s in canvas_scales]
