@@ -42,7 +42,7 @@ from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.trainer import HookBase, Trainer
 from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import ConfigError, TrainingError
-from detr_peg.models.builder import build_criterion, build_model, build_postprocessor
+from detr_peg.models.builder import build_criterion, build_model, build_postprocessor, float32_default
 from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
 from detr_peg.outputs import Output, guard_outputs, inputs
@@ -86,7 +86,10 @@ def run_training(
             or a stop request (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
     """
     cfg = config_from_dict(config_to_dict(cfg), "run_training's config")  # a Config made in Python meets the ranges
-    with process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims:
+    with (
+        torch.inference_mode(False), torch.enable_grad(), float32_default(),  # whatever the caller's torch state
+        process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims,
+    ):  # fmt: skip
         check_amp(cfg.train.amp, env.device)
         out, io = Path(cfg.train.output_dir), _train_io(cfg)
         new = [out / name for name in io[1][0].names if not os.path.lexists(out / name)]

@@ -25,7 +25,9 @@ def check_images(images: Tensor, name: str = "images") -> None:
     if not isinstance(images, Tensor):
         raise TypeError(f"{name} must be a Tensor[B, 3, H, W] or a list of Tensor[3, H, W], got {_describe(images)}")
     if images.dim() != 4 or images.shape[1] != 3:
-        raise ValueError(f"{name} must have 3 colour channels, as Tensor[B, 3, H, W], got {_describe(images)}")
+        raise ValueError(
+            f"{name} must be a batch of images of 3 colour channels, Tensor[B, 3, H, W], got {_describe(images)}"
+        )
     if not images.is_floating_point():
         raise TypeError(f"{name} must be floating point (normalised pixels), got {_describe(images)}")
     if images.dtype == torch.float64:
@@ -37,6 +39,13 @@ def check_images(images: Tensor, name: str = "images") -> None:
     if not bool(torch.isfinite(images).all()):
         bad = int((~torch.isfinite(images)).sum())
         raise ValueError(f"{name} holds {bad} NaN or infinite values; every pixel must be finite")
+
+
+def check_mask(mask: Any, like: Tensor, name: str = "mask") -> None:
+    """``mask`` is a bool ``Tensor[B, H, W]`` (True = padding) of ``like``'s ``[B, *, H, W]``: a uint8 mask would
+    invert to 255/254 and count padding as valid."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (like.shape[0], *like.shape[2:]):
+        raise ValueError(f"{name} must be a bool Tensor[B, H, W] matching {tuple(like.shape)}, got {_describe(mask)}")
 
 
 def check_image_list(images: Sequence[Any], name: str = "images") -> None:
@@ -65,10 +74,13 @@ def check_target_sizes(outputs: dict, target_sizes: Any) -> None:
     if not isinstance(target_sizes, Tensor) or target_sizes.dim() != 2 or target_sizes.shape[1] != 2:
         raise ValueError(f"target_sizes must be a Tensor[B, 2] of (height, width), got {_describe(target_sizes)}")
     _check_same_batch(outputs, target_sizes, "target_sizes")
+    if not _tracing() and not bool((target_sizes > 0).all()):  # else boxes of zero or negative pixels
+        raise ValueError(f"target_sizes must be positive (height, width) in pixels, got {target_sizes.tolist()}")
 
 
-def check_targets(outputs: dict, targets: Any) -> None:
-    """One target per image: ``labels`` integer ``Tensor[N]``, ``boxes`` floating ``Tensor[N, 4]``."""
+def check_targets(outputs: dict, targets: Any, num_classes: int) -> None:
+    """One target per image: ``labels`` integer ``Tensor[N]`` in ``0..num_classes-1`` (DETR's ``num_classes`` is
+    "no object"), ``boxes`` floating ``Tensor[N, 4]``."""
     if not isinstance(targets, (list, tuple)):
         raise TypeError(f"targets must be a list of dicts, one per image, got {_describe(targets)}")
     _check_same_batch(outputs, targets, "targets")
@@ -81,3 +93,10 @@ def check_targets(outputs: dict, targets: Any) -> None:
                 f"targets[{i}]['boxes'] must be a floating Tensor[{labels.shape[0]}, 4] of normalised "
                 f"(cx, cy, w, h), got {_describe(boxes)}"
             )
+    known = [((t["labels"] >= 0) & (t["labels"] < num_classes)).all() for t in targets]
+    if targets and not _tracing() and not bool(torch.stack(known).all()):  # one host sync for the batch
+        i = next(i for i, inside in enumerate(known) if not inside)
+        raise ValueError(
+            f"targets[{i}]['labels'] must lie in 0..{num_classes - 1} (num_classes {num_classes}), "
+            f"got {targets[i]['labels'].tolist()}"
+        )

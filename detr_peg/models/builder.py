@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import torch
 from torch import nn
 
 from detr_peg.config.schema import Config, ModelConfig
@@ -21,10 +25,22 @@ def _architecture(cfg: Config | ModelConfig) -> Architecture:
     return MODELS.get(model.arch)
 
 
+@contextlib.contextmanager
+def float32_default() -> Iterator[None]:
+    """The block runs with float32 as torch's default dtype, whatever the caller set: the detectors compute in it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def build_model(cfg: Config | ModelConfig) -> nn.Module:
-    """The detector of a config's ``model`` section (random init, or backbone weights if configured)."""
+    """The detector of a config's ``model`` section (random init, or backbone weights if configured), in float32."""
     model_cfg = cfg.model if isinstance(cfg, Config) else cfg
-    model = _architecture(cfg).build_model(model_cfg)
+    with float32_default():
+        model = _architecture(cfg).build_model(model_cfg)
     if not isinstance(model, nn.Module):  # a user's architecture, named here rather than deep inside
         raise ConfigError(f"The model architecture {model_cfg.arch!r} built {type(model).__name__}, not an nn.Module.")
     return model

@@ -136,7 +136,7 @@ class SetCriterion(nn.Module):
         outputs' device. Returns ``dict[str, Tensor]`` of 0-dim terms; with ``return_indices``,
         ``(losses, {"final": ..., "aux0": ..., "enc": ...})``.
         """
-        check_targets(outputs, targets)
+        check_targets(outputs, targets, self.num_classes)
         num_boxes = average_num_boxes(targets, outputs["pred_logits"].device)
         losses, final = self._stage(outputs, targets, num_boxes, "", log=True)
         all_indices = {"final": final}

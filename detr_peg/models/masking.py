@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from detr_peg.data.padding import pad_images
-from detr_peg.models.argument_checks import check_image_list, check_images
+from detr_peg.models.argument_checks import check_image_list, check_images, check_mask
 
 
 def downsample_mask(mask: Tensor, size: tuple[int, int] | torch.Size) -> Tensor:
@@ -76,9 +76,5 @@ def batch_with_mask(images, mask: Tensor | None = None, size_divisibility: int =
     if mask is None:
         b, _, h, w = images.shape
         return images, torch.zeros((b, h, w), dtype=torch.bool, device=images.device)
-    if mask.shape != (images.shape[0], *images.shape[2:]) or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be a bool Tensor[B, H, W] matching images {tuple(images.shape)}, "
-            f"got {mask.dtype} {tuple(mask.shape)}"
-        )
+    check_mask(mask, images)
     return images, mask

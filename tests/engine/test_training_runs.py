@@ -10,6 +10,7 @@ numbers of data-loader workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -89,6 +90,24 @@ def _nan_at(call: int, term: str, monkeypatch) -> None:
         return losses
 
     monkeypatch.setattr(SetCriterion, "forward", forward)
+
+
+@contextlib.contextmanager
+def _callers_torch_state(state: str):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the model must still be built and trained in float32
+    try:
+        with torch.no_grad() if state == "no_grad" else torch.inference_mode():
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("state", ["no_grad", "inference_mode"])
+def test_training_is_the_same_whatever_the_callers_torch_state(shapes, uninterrupted, tmp_path, state) -> None:
+    with _callers_torch_state(state):
+        result = _run(shapes, tmp_path / "run", "train.max_iters=6")
+    assert_same_weights(read_checkpoint(result.checkpoint).model, uninterrupted)
 
 
 def test_non_finite_loss_stops_naming_iteration_and_term(shapes, tmp_path: Path, monkeypatch) -> None:

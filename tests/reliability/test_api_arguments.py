@@ -39,7 +39,7 @@ BAD_IMAGES = {
     "1 channel": (lambda: GOOD[:, :1], ValueError, "3 colour channels"),
     "4 channels": (lambda: torch.cat([GOOD, GOOD[:, :1]], 1), ValueError, "3 colour channels"),
     "HWC layout": (lambda: GOOD.permute(0, 2, 3, 1), ValueError, "3 colour channels"),
-    "no batch dimension": (lambda: GOOD[0], ValueError, "3 colour channels"),
+    "no batch dimension": (lambda: GOOD[0], ValueError, "a batch of images of 3 colour channels"),
     "empty batch": (lambda: GOOD[:0], ValueError, "at least one image"),
     "zero width": (lambda: GOOD[..., :0], ValueError, "at least one image"),
     "NaN pixel": (
@@ -79,6 +79,8 @@ BAD_SIZES = {
     "three sizes for two images": (torch.tensor([[64, 128]] * 3), ValueError, "target_sizes describes 3 images"),
     "sizes as a flat tensor": (torch.tensor([64, 128]), ValueError, "target_sizes must be a Tensor[B, 2]"),
     "sizes as a list": ([[64, 128], [64, 128]], ValueError, "target_sizes must be a Tensor[B, 2]"),
+    "a zero height": (torch.tensor([[64, 128], [0, 128]]), ValueError, "must be positive (height, width) in pixels"),
+    "a negative width": (torch.tensor([[64, -1], [64, 128]]), ValueError, "got [[64, -1], [64, 128]]"),
 }
 
 
@@ -116,6 +118,15 @@ BAD_TARGETS = {
         ValueError,
         "targets[1]['boxes']",
     ),
+    # DETR would train label 3 of 3 classes as "no object", and the other cases fail by indexing.
+    **{
+        f"label {label}": (
+            lambda label=label: [_target(2), {**_target(2), "labels": torch.tensor([0, label])}],
+            ValueError,
+            f"targets[1]['labels'] must lie in 0..2 (num_classes 3), got [0, {label}]",
+        )
+        for label in (3, 4, -1)
+    },
 }
 
 
@@ -175,3 +186,22 @@ def test_a_device_that_is_no_device_is_one_sentence_wherever_cuda_is(device: str
     with pytest.raises(ConfigError) as err:
         Detector.from_config(_config("detr"), device=device)
     assert str(err.value) == f"train.device is {device!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'."
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_models_are_built_in_float32_whatever_the_default_dtype(arch: str) -> None:
+    cfg = _config(arch)
+    torch.manual_seed(0)
+    expected = build_model(cfg).state_dict()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        assert torch.get_default_dtype() == torch.float64  # the caller's choice is restored
+    finally:
+        torch.set_default_dtype(previous)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, expected[key], rtol=0, atol=0)  # dtypes included
+    with torch.no_grad():
+        assert model.eval()(GOOD)["pred_boxes"].dtype == torch.float32

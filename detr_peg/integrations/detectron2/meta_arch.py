@@ -135,7 +135,7 @@ def _register_families() -> dict[str, type[DetrPegModel]]:
     for arch in MODELS.names():
         name = MODELS.get(arch).detectron2_name
         if name is not None:
-            doc = f"{DetrPegModel.__doc__.splitlines()[0]} Builds ``model.arch: {arch}`` only."
+            doc = f"A :class:`DetrPegModel` that builds ``model.arch: {arch}`` only."  # not read from __doc__ (-OO)
             cls = type(name, (DetrPegModel,), {"arch": arch, "__doc__": doc, "__module__": __name__})
             META_ARCH_REGISTRY.register(cls)  # detectron2's register(obj) returns None
             classes[name] = cls

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from detr_peg.config.ranges import valid
 from detr_peg.config.schema import PositionConfig
 from detr_peg.errors import ConfigError
+from detr_peg.models.argument_checks import check_mask
 from detr_peg.models.position.base import PositionalEncoding
 from detr_peg.models.position.registry import register_encoding
 
@@ -66,6 +67,7 @@ class PEG(nn.Module):
         """``x`` ``[B, C, H, W]``, ``mask`` ``[B, H, W]`` (True = padding) or None -> ``x`` + PEG, ``x`` at pads."""
         if mask is None:
             return x + F.relu(self.norm(self.proj(x)))
+        check_mask(mask, x)
         valid = ~mask.unsqueeze(1)
         zeroed = x * valid
         y = self.proj(zeroed)

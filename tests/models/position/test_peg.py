@@ -73,6 +73,16 @@ def test_padded_tokens_come_out_unchanged():
         assert not torch.allclose(out[:, :, :4, :5], x[:, :, :4, :5])
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.float32])
+def test_a_mask_that_is_not_bool_is_refused(dtype):
+    """``~`` of a uint8 mask is 255/254, which would count every padded token as valid."""
+    x, mask = torch.randn(2, 8, 6, 7), torch.zeros(2, 6, 7, dtype=dtype)
+    with pytest.raises(ValueError, match=r"^mask must be a bool Tensor\[B, H, W\] matching \(2, 8, 6, 7\), got "):
+        PEG(8).train()(x, mask)
+    with pytest.raises(ValueError, match=r"^mask must be a bool Tensor\[B, H, W\] matching \(2, 8, 6, 7\), got bool"):
+        PEG(8)(x, mask.bool()[:, :5])
+
+
 def test_eval_output_is_identical_alone_and_padded_next_to_a_larger_image():
     peg = _peg().eval()
     small = torch.randn(C, 3, 4)
