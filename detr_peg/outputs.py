@@ -40,6 +40,9 @@ _ADVICE = {
     errno.EEXIST: "something is in the way: choose another path",
     errno.ENOENT: "a folder on the way does not exist and cannot be created there: choose another path",
     errno.ELOOP: "the path has a loop of symbolic links: choose another path",
+    **dict.fromkeys(
+        (errno.EMFILE, errno.ENFILE), "raise the limit of open files (ulimit -n) or lower data.num_workers"
+    ),
 }
 
 
@@ -61,7 +64,8 @@ def path_obstacle(path: str | os.PathLike) -> str | None:
     return None
 
 
-def _reason(exc: OSError, path: object = None) -> str:
+def os_reason(exc: OSError, path: object = None) -> str:
+    """Why ``exc`` happened, and what to do, as the end of a sentence (no final full stop)."""
     path = path if path is not None else exc.filename
     if exc.errno in (errno.ENOTDIR, errno.ENOENT, errno.EEXIST) and isinstance(path, (str, bytes, os.PathLike)):
         obstacle = path_obstacle(path)
@@ -73,15 +77,15 @@ def _reason(exc: OSError, path: object = None) -> str:
 
 def write_error(path: str | os.PathLike, exc: OSError, verb: str = "write") -> OutputError:
     """``Could not <verb> PATH: <reason>; <what to do>.`` as an :class:`OutputError`."""
-    return OutputError(f"Could not {verb} {_shown(path)}: {_reason(exc, path)}.")
+    return OutputError(f"Could not {verb} {_shown(path)}: {os_reason(exc, path)}.")
 
 
 def describe_os_error(exc: OSError) -> str:
     """One sentence for an ``OSError`` that reached the command line (its files, the reason, what to do)."""
     if exc.filename is None:
-        return f"{_reason(exc)}."
+        return f"{os_reason(exc)}."
     target = _shown(exc.filename) + (f" -> {_shown(exc.filename2)}" if exc.filename2 is not None else "")
-    return f"Could not access {target}: {_reason(exc)}."
+    return f"Could not access {target}: {os_reason(exc)}."
 
 
 @contextlib.contextmanager
@@ -339,13 +343,22 @@ def check_no_overlap(command: str, inputs: Sequence[Input], outputs: Sequence[Ou
                 raise UserError(f"{problem}; {command} never writes over its inputs: choose another output.")
 
 
-def owned_names(folder: Path) -> dict[str, str]:
-    """Name -> kind of command, from the folder's ownership file (empty when it has none or it is damaged)."""
+def _ledger(folder: Path) -> tuple[dict[str, str], dict[str, int]]:
+    """The ownership file's names (name -> kind of command) and pending claims (name -> process); empty when
+    it is missing or damaged."""
     try:
-        names = json.loads((folder / OWNERSHIP_FILE).read_text(encoding="utf-8"))["names"]
-        return {n: k for n, k in names.items() if isinstance(k, str)}
+        ledger = json.loads((folder / OWNERSHIP_FILE).read_text(encoding="utf-8"))
+        names = {n: k for n, k in ledger["names"].items() if isinstance(k, str)}
+        return names, {n: p for n, p in ledger.get("pending", {}).items() if type(p) is int and p > 0}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+        return {}, {}
+
+
+def owned_names(folder: Path) -> dict[str, str]:
+    """Name -> kind of command that wrote it. A name claimed by a process that ended before settling its claims
+    (killed, or unable to rewrite this file) is nobody's: a file there may be the user's."""
+    names, pending = _ledger(folder)
+    return {n: k for n, k in names.items() if n not in pending or process_alive(pending[n])}
 
 
 def check_ownership(command: str, outputs: Sequence[Output]) -> None:
@@ -381,19 +394,21 @@ def _check_writable(outputs: Sequence[Output]) -> None:
                     probe.unlink()
 
 
-def _write_ledger(folder: Path, names: dict[str, str]) -> None:
+def _write_ledger(folder: Path, names: dict[str, str], pending: dict[str, int]) -> None:
     content = {"written_by": "detr-peg", "names": dict(sorted(names.items()))}
-    atomic_write_text(folder / OWNERSHIP_FILE, json.dumps(content, indent=1) + "\n")
+    atomic_write_text(folder / OWNERSHIP_FILE, json.dumps({**content, **({"pending": pending} if pending else {})},
+                                                          indent=1) + "\n")  # fmt: skip
 
 
 def _take_back(folder: Path, claimed: set[str]) -> None:
-    """Drop from ``folder``'s ownership file the names of ``claimed`` that are not there."""
-    ledger = owned_names(folder)
-    owned = {name: kind for name, kind in ledger.items() if name not in claimed or os.path.lexists(folder / name)}
-    with contextlib.suppress(OSError, UserError):  # a ledger that keeps a needless name is harmless
-        if owned and owned != ledger:
-            _write_ledger(folder, owned)
-        elif ledger and not owned:
+    """Settle ``claimed`` in ``folder``'s ownership file: the names written are kept, the others dropped."""
+    names, pending = _ledger(folder)
+    kept = {name: kind for name, kind in names.items() if name not in claimed or os.path.lexists(folder / name)}
+    left = {name: pid for name, pid in pending.items() if name not in claimed}
+    with contextlib.suppress(OSError, UserError):  # unsettled, the claims are void once this process ends
+        if kept and (kept, left) != (names, pending):
+            _write_ledger(folder, kept, left)
+        elif names and not kept:
             (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
 
 
@@ -435,11 +450,12 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
             first = folders[key][0]
             claims.enter_context(folder_lock(first.folder, command, first.option))
             _check_writable(folders[key])
-            for output in folders[key]:  # claimed before anything is written, so a killed run still owns its files
+            for output in folders[key]:  # claimed, pending until settled, before anything is written
                 kind, owned = output.kind or command, owned_names(output.folder)
                 added = {target.name: kind for target in output.targets() if target.name not in owned}
                 if added:
-                    _write_ledger(output.folder, {**owned, **added})
+                    pending = {n: p for n, p in _ledger(output.folder)[1].items() if n in owned}
+                    _write_ledger(output.folder, {**owned, **added}, {**pending, **dict.fromkeys(added, os.getpid())})
                 present = {target.name for target in output.targets() if os.path.lexists(target)}
                 claims.callback(_take_back, output.folder, set(added) | present)  # unwritten, or removed by it
         return claims.pop_all()

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from detr_peg.bounded_read import check_image_shape, check_regular_file
 from detr_peg.errors import DataError
+from detr_peg.outputs import os_reason
 
 #: Modes whose values are grey levels of 0..65535, scaled to 0..255.
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
@@ -98,6 +99,8 @@ def load_rgb_image(path: str | Path) -> Image.Image:
             f"Image file {path} is not an image format Pillow can read (an unknown format or a corrupt header)."
         ) from err
     except OSError as err:
+        if err.errno is not None:  # the system's (open files, permissions, I/O), not the picture's
+            raise DataError(f"Image file {path} cannot be read: {os_reason(err, path)}.") from err
         raise DataError(
             f"Image file {path} cannot be decoded ({err}); the file is probably truncated or corrupt."
         ) from err

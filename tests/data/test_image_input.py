@@ -11,6 +11,7 @@ from PIL import Image, ImageFile
 
 from detr_peg.data.image_input import load_rgb_image
 from detr_peg.errors import DataError
+from tests.conftest import run_python
 from tests.data.conftest import assert_one_sentence
 
 
@@ -184,3 +185,30 @@ def test_a_folder_of_images_that_cannot_be_listed_is_named(tmp_path: Path, monke
     monkeypatch.setattr(os, "scandir", scandir)
     with pytest.raises(DataError, match=rf"^Folder {tmp_path}/sub cannot be read: Permission denied\.$"):
         collect_images([tmp_path])
+
+
+_OUT_OF_FILES = """
+import os, resource, sys
+from detr_peg.data.image_input import load_rgb_image
+from detr_peg.errors import DataError
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    load_rgb_image(sys.argv[1])
+except DataError as exc:
+    print(exc)
+"""
+
+
+def test_running_out_of_open_files_is_not_blamed_on_the_image(tmp_path: Path) -> None:
+    Image.new("RGB", (8, 6), "red").save(tmp_path / "a.png")
+    proc = run_python("-c", _OUT_OF_FILES, str(tmp_path / "a.png"))
+    assert proc.stdout.strip() == (
+        f"Image file {tmp_path / 'a.png'} cannot be read: Too many open files; raise the limit of open files "
+        "(ulimit -n) or lower data.num_workers."
+    ), proc.stderr[-2000:]

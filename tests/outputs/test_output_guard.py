@@ -10,6 +10,7 @@ import pytest
 
 from detr_peg.errors import UserError
 from detr_peg.outputs import OWNERSHIP_FILE, Input, Output, guard_outputs
+from tests.conftest import run_python
 
 
 def test_a_hard_link_of_an_input_is_the_input(tmp_path: Path) -> None:
@@ -58,3 +59,32 @@ def test_a_command_inside_another_settles_only_its_own_claims(tmp_path: Path) ->
         assert json.loads((outer / OWNERSHIP_FILE).read_text())["names"] == {"plan.json": "study", "plots": "study"}
         (outer / "plots").mkdir()  # the study draws its figures after the cells
     assert json.loads((outer / OWNERSHIP_FILE).read_text())["names"] == {"plots": "study"}
+
+
+_CLAIM_AND_DIE = """
+import os, sys
+from detr_peg.outputs import Output, guard_outputs
+guard_outputs("eval", [], [Output(sys.argv[1], "--output", ("metrics.json", "detections.json"))])
+os._exit(1)  # killed, or unable to rewrite the ownership file (out of open files): its claims are never settled
+"""
+
+
+def test_claims_of_a_process_that_ended_unsettled_own_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "eval"
+    assert run_python("-c", _CLAIM_AND_DIE, str(folder)).returncode == 1
+    assert json.loads((folder / OWNERSHIP_FILE).read_text())["names"] == {
+        "metrics.json": "eval",
+        "detections.json": "eval",
+    }
+    (folder / "metrics.json").write_text('{"mine": 1}')  # the user's file, where the dead claim points
+    with pytest.raises(UserError, match=r"metrics.json exists and was not written by detr-peg; eval replaces only"):
+        guard_outputs("eval", [], [Output(folder, "--output", ("metrics.json",))])
+    assert (folder / "metrics.json").read_text() == '{"mine": 1}'
+    # A name that is still free is claimed afresh; --resume (adopt) takes a file the dead claim points at.
+    with guard_outputs("eval", [], [Output(folder, "--output", ("detections.json",))]):
+        (folder / "detections.json").write_text("[]")
+    with guard_outputs("train", [], [Output(folder, "--output", ("metrics.json",), kind="eval", adopt=True)]):
+        pass
+    assert json.loads((folder / OWNERSHIP_FILE).read_text()) == {
+        "written_by": "detr-peg", "names": {"detections.json": "eval", "metrics.json": "eval"}
+    }  # fmt: skip
