@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -180,6 +181,8 @@ def save_figure(path: str | os.PathLike, figure: Any, **options: Any) -> Path:
 
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` of this machine exists (one of another user counts)."""
+    if not 0 < pid < 2**31:  # no process has such a number (0 and -1 would name groups)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -210,14 +213,20 @@ class FolderInUse(UserError):
     """Another process holds the folder's lock."""
 
 
+def _state_file(path: Path) -> Any:
+    """The JSON of one of detr-peg's own files in an output folder; None unless it is a regular file (not a link, a
+    FIFO or a folder, which are never followed) of at most 1 MiB holding JSON."""
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as handle:
+            data = handle.read(1 << 20 | 1) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
+        return json.loads(data) if 0 < len(data) <= 1 << 20 else None
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def _holder(folder: Path) -> dict | None:
     """The holder described in ``folder``; None when absent or damaged (it serves messages only)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW  # a FIFO must not block, a link is not ours
-    try:
-        with open(os.open(Path(folder) / HOLDER_FILE, flags), "rb") as handle:
-            holder = json.loads(handle.read(1 << 16))
-    except (OSError, ValueError):
-        return None
+    holder = _state_file(Path(folder) / HOLDER_FILE)
     fields = {"pid": int, "host": str, "command": str, "since": str}
     sound = isinstance(holder, dict) and all(type(holder.get(k)) is t for k, t in fields.items())
     return holder if sound and 0 < holder["pid"] < 2**31 else None
@@ -242,6 +251,9 @@ def folder_lock(folder: Path, command: str, option: str) -> Iterator[None]:
     try:
         created = [made for made in (folder, *folder.parents) if not made.exists()]  # innermost first
         folder.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(folder / LOCK_FILE) and not stat.S_ISREG(os.lstat(folder / LOCK_FILE).st_mode):
+            raise OutputError(f"{folder / LOCK_FILE} is not a regular file (a link, a FIFO or a folder), so detr-peg "
+                              "cannot lock the folder there without touching what it points at: remove it.")  # fmt: skip
         new_file = not (folder / LOCK_FILE).exists()
         lock = FileLock(str(folder / LOCK_FILE), timeout=0, is_singleton=True)
         lock.acquire()
@@ -262,7 +274,9 @@ def folder_lock(folder: Path, command: str, option: str) -> Iterator[None]:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command}
         with contextlib.suppress(OSError):
             text = json.dumps({**holder, "since": time.strftime("%Y-%m-%d %H:%M:%S")})
-            (folder / HOLDER_FILE).write_text(text + "\n")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK  # never through a link
+            with open(os.open(folder / HOLDER_FILE, flags, 0o644), "w") as handle:
+                handle.write(text + "\n")
     try:
         yield
     finally:
@@ -343,15 +357,22 @@ def check_no_overlap(command: str, inputs: Sequence[Input], outputs: Sequence[Ou
                 raise UserError(f"{problem}; {command} never writes over its inputs: choose another output.")
 
 
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in ("/", os.sep, "\0"))
+
+
 def _ledger(folder: Path) -> tuple[dict[str, str], dict[str, int]]:
     """The ownership file's names (name -> kind of command) and pending claims (name -> process); empty when
-    it is missing or damaged."""
-    try:
-        ledger = json.loads((folder / OWNERSHIP_FILE).read_text(encoding="utf-8"))
-        names = {n: k for n, k in ledger["names"].items() if isinstance(k, str)}
-        return names, {n: p for n, p in ledger.get("pending", {}).items() if type(p) is int and p > 0}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    it is missing or damaged. Only plain names of files in ``folder`` count (never ``../x`` or a path)."""
+    ledger = _state_file(folder / OWNERSHIP_FILE)
+    names = ledger.get("names") if isinstance(ledger, dict) else None
+    pending = ledger.get("pending", {}) if isinstance(ledger, dict) else None
+    if not isinstance(names, dict) or not isinstance(pending, dict):
         return {}, {}
+    return (
+        {n: k for n, k in names.items() if _plain_name(n) and isinstance(k, str)},
+        {n: p if type(p) is int else 0 for n, p in pending.items() if _plain_name(n)},  # 0: no process
+    )
 
 
 def owned_names(folder: Path) -> dict[str, str]:

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from detr_peg.errors import UserError
-from detr_peg.outputs import OWNERSHIP_FILE, Input, Output, guard_outputs
+from detr_peg.outputs import (
+    HOLDER_FILE,
+    LOCK_FILE,
+    OWNERSHIP_FILE,
+    Input,
+    Output,
+    guard_outputs,
+    owned_names,
+    remove_stale,
+)
 from tests.conftest import run_python
 
 
@@ -88,3 +97,50 @@ def test_claims_of_a_process_that_ended_unsettled_own_nothing(tmp_path: Path) ->
     assert json.loads((folder / OWNERSHIP_FILE).read_text()) == {
         "written_by": "detr-peg", "names": {"detections.json": "eval", "metrics.json": "eval"}
     }  # fmt: skip
+
+
+_WRITE_ONE = """
+import sys
+from pathlib import Path
+from detr_peg.errors import UserError
+from detr_peg.outputs import Output, guard_outputs
+try:
+    with guard_outputs("predict", [], [Output(sys.argv[1], "--output", ("a.json",))]):
+        (Path(sys.argv[1]) / "a.json").write_text("[]")
+    print("written")
+except UserError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+@pytest.mark.parametrize("name", [LOCK_FILE, HOLDER_FILE, OWNERSHIP_FILE])
+def test_a_state_file_that_is_a_link_or_a_fifo_is_never_followed(tmp_path: Path, name: str, kind: str) -> None:
+    folder, outside = tmp_path / "out", tmp_path / "notes.txt"
+    folder.mkdir()
+    outside.write_text("mine")
+    (folder / name).symlink_to(outside) if kind == "link" else os.mkfifo(folder / name)
+    proc = run_python("-c", _WRITE_ONE, str(folder), timeout=120)  # a FIFO read would block for ever
+    assert outside.read_text() == "mine", proc.stderr[-2000:]
+    if name == LOCK_FILE:
+        assert proc.stdout == (
+            f"{folder / LOCK_FILE} is not a regular file (a link, a FIFO or a folder), so detr-peg cannot lock the "
+            "folder there without touching what it points at: remove it.\n"
+        )
+    else:
+        assert proc.stdout == "written\n" and (folder / "a.json").read_text() == "[]"
+
+
+def test_the_ownership_file_names_only_plain_files_of_its_folder(tmp_path: Path) -> None:
+    """A tampered record cannot point outside its folder, nor name a process that cannot exist."""
+    (tmp_path / "victim.png").write_text("mine")
+    ledger = {"names": {"a.png": "predict", "b.png": "predict", "../victim.png": "predict",
+                        str(tmp_path / "victim.png"): "predict", "..": "predict", "c/d.png": "predict"},
+              "pending": {"b.png": 2**63 - 1}}  # fmt: skip
+    (tmp_path / OWNERSHIP_FILE).write_text(json.dumps(ledger))
+    assert owned_names(tmp_path) == {"a.png": "predict"}  # b.png's claimer cannot be alive
+    (tmp_path / ".predict-tmp-99999999999999999999").mkdir()
+    assert remove_stale(tmp_path, ".predict-tmp-") == [tmp_path / ".predict-tmp-99999999999999999999"]
+    (tmp_path / OWNERSHIP_FILE).write_text('{"names": ' + "[" * 100000 + "]" * 100000 + "}")
+    assert owned_names(tmp_path) == {}
+    assert (tmp_path / "victim.png").read_text() == "mine"
