@@ -229,6 +229,7 @@ def _holder(folder: Path) -> dict | None:
     holder = _state_file(Path(folder) / HOLDER_FILE)
     fields = {"pid": int, "host": str, "command": str, "since": str}
     sound = isinstance(holder, dict) and all(type(holder.get(k)) is t for k, t in fields.items())
+    sound = sound and all(str(holder[k]).isprintable() for k in fields)  # shown in messages: no escapes, one line
     return holder if sound and 0 < holder["pid"] < 2**31 else None
 
 
@@ -375,6 +376,11 @@ def _ledger(folder: Path) -> tuple[dict[str, str], dict[str, int]]:
     )
 
 
+def _damaged(record: Path) -> bool:
+    data = _state_file(record) if os.path.lexists(record) else {"names": {}}
+    return not (isinstance(data, dict) and isinstance(data.get("names"), dict))
+
+
 def owned_names(folder: Path) -> dict[str, str]:
     """Name -> kind of command that wrote it. A name claimed by a process that ended before settling its claims
     (killed, or unable to rewrite this file) is nobody's: a file there may be the user's."""
@@ -393,6 +399,8 @@ def check_ownership(command: str, outputs: Sequence[Output]) -> None:
             by = owned.get(target.name, kind if output.adopt else None)
             if os.path.lexists(target) and by not in (kind, *MAY_REPLACE.get(kind, ())):
                 origin = f"was written by detr-peg {by}, not {kind}" if by else "was not written by detr-peg"
+                if not by and _damaged(output.folder / OWNERSHIP_FILE):
+                    origin += f" (the record of detr-peg's files there, {OWNERSHIP_FILE}, is damaged)"
                 raise UserError(
                     f"{target} exists and {origin}; {command} replaces only files it wrote itself: move it "
                     f"or choose another {output.option}."

@@ -218,8 +218,9 @@ def out_of_memory(exc: BaseException) -> str | None:
     if not (isinstance(exc, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text):
         return None
     wanted = re.search(r"(?:tried to )?allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]iB)", text)
-    if wanted and wanted[2] == "bytes":
-        wanted = (None, f"{float(wanted[1]) / 2**30:.1f}", "GiB")
+    if wanted and wanted[2] == "bytes":  # in MiB below a tenth of a GiB, where GiB would read 0.0
+        size = float(wanted[1])
+        wanted = (None, f"{size / 2**30:.1f}", "GiB") if size >= 0.1 * 2**30 else (None, f"{size / 2**20:.1f}", "MiB")
     size = f" (an allocation of {wanted[1]} {wanted[2]} failed)" if wanted else ""
     return (
         f"out of memory{size}; lower what the run holds at once: the batch sizes (train.batch_size, "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import detr_peg.cli.main as cli_main
-from detr_peg.cli.main import main
+from detr_peg.cli.main import main, out_of_memory
 from tests.conftest import REPO_ROOT
 
 CONFIG = str(REPO_ROOT / "configs" / "detr_r50_peg.yaml")
@@ -100,3 +100,12 @@ def test_a_library_warning_of_several_lines_is_one_line(capsys, monkeypatch) -> 
     assert capsys.readouterr().err.splitlines() == [
         "detr-peg configs: warning: Grad strides do not match bucket view strides. grad.sizes() = [8], strides() = [1]"
     ]
+
+
+@pytest.mark.parametrize(
+    ("allocated", "shown"),
+    [(52428800, "50.0 MiB"), (2**31, "2.0 GiB"), (107374182, "102.4 MiB"), (107374183, "0.1 GiB")],
+)
+def test_a_failed_allocation_names_its_size_in_a_unit_that_shows_it(allocated: int, shown: str) -> None:
+    exc = RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {allocated} bytes.")
+    assert f"out of memory (an allocation of {shown} failed); lower" in out_of_memory(exc)

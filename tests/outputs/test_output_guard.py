@@ -16,6 +16,7 @@ from detr_peg.outputs import (
     Input,
     Output,
     guard_outputs,
+    holder_alive,
     owned_names,
     remove_stale,
 )
@@ -144,3 +145,19 @@ def test_the_ownership_file_names_only_plain_files_of_its_folder(tmp_path: Path)
     (tmp_path / OWNERSHIP_FILE).write_text('{"names": ' + "[" * 100000 + "]" * 100000 + "}")
     assert owned_names(tmp_path) == {}
     assert (tmp_path / "victim.png").read_text() == "mine"
+
+
+def test_a_damaged_record_and_a_holder_with_control_characters_are_named_plainly(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "metrics.json").write_text("{}")
+    (folder / OWNERSHIP_FILE).write_text('{"names": ["metrics.json"]}')
+    with pytest.raises(UserError) as info:
+        guard_outputs("eval", [], [Output(folder, "--output", ("metrics.json",))])
+    assert str(info.value) == (
+        f"{folder / 'metrics.json'} exists and was not written by detr-peg (the record of detr-peg's files there, "
+        f"{OWNERSHIP_FILE}, is damaged); eval replaces only files it wrote itself: move it or choose another --output."
+    )
+    holder = {"pid": os.getpid(), "host": "h", "command": "eval", "since": "\x1b[2Jnow\nsecond line"}
+    (folder / HOLDER_FILE).write_text(json.dumps(holder))
+    assert holder_alive(folder) is None  # read as no holder: its fields would print escapes and a second line
