@@ -6,6 +6,12 @@ import re
 from collections.abc import Iterable
 
 
+def one_line(text: str) -> str:
+    """``text`` with control and other invisible characters as escapes (``\\n``, ``\\x1b``): a value read from a
+    file or typed by the user keeps a message on one line and sends no terminal codes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def shortened(text: str, limit: int = 60) -> str:
     """``text``, or its start and end around ``...`` plus its length when longer than ``limit``."""
     half = max(limit // 2, 1)

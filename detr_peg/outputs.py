@@ -26,6 +26,8 @@ from detr_peg.messages import shortened
 
 #: In each output folder: the lock, its holder's description (for messages), and the names detr-peg wrote there.
 LOCK_FILE, HOLDER_FILE, OWNERSHIP_FILE = ".detr-peg.lock", ".detr-peg.lock.json", ".detr-peg-outputs.json"
+#: The largest ownership record read (a predict of a million pictures writes about 40 MB).
+RECORD_LIMIT = 1 << 28
 #: Kinds of command whose files another kind may replace, besides its own.
 MAY_REPLACE = {"eval": ("train",)}
 
@@ -213,20 +215,20 @@ class FolderInUse(UserError):
     """Another process holds the folder's lock."""
 
 
-def _state_file(path: Path) -> Any:
+def _state_file(path: Path, limit: int) -> Any:
     """The JSON of one of detr-peg's own files in an output folder; None unless it is a regular file (not a link, a
-    FIFO or a folder, which are never followed) of at most 1 MiB holding JSON."""
+    FIFO or a folder, which are never followed) of at most ``limit`` bytes holding JSON."""
     try:
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as handle:
-            data = handle.read(1 << 20 | 1) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
-        return json.loads(data) if 0 < len(data) <= 1 << 20 else None
+            data = handle.read(limit + 1) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
+        return json.loads(data) if 0 < len(data) <= limit else None
     except (OSError, ValueError, RecursionError):
         return None
 
 
 def _holder(folder: Path) -> dict | None:
     """The holder described in ``folder``; None when absent or damaged (it serves messages only)."""
-    holder = _state_file(Path(folder) / HOLDER_FILE)
+    holder = _state_file(Path(folder) / HOLDER_FILE, 1 << 16)
     fields = {"pid": int, "host": str, "command": str, "since": str}
     sound = isinstance(holder, dict) and all(type(holder.get(k)) is t for k, t in fields.items())
     sound = sound and all(str(holder[k]).isprintable() for k in fields)  # shown in messages: no escapes, one line
@@ -365,7 +367,7 @@ def _plain_name(name: object) -> bool:
 def _ledger(folder: Path) -> tuple[dict[str, str], dict[str, int]]:
     """The ownership file's names (name -> kind of command) and pending claims (name -> process); empty when
     it is missing or damaged. Only plain names of files in ``folder`` count (never ``../x`` or a path)."""
-    ledger = _state_file(folder / OWNERSHIP_FILE)
+    ledger = _state_file(folder / OWNERSHIP_FILE, RECORD_LIMIT)
     names = ledger.get("names") if isinstance(ledger, dict) else None
     pending = ledger.get("pending", {}) if isinstance(ledger, dict) else None
     if not isinstance(names, dict) or not isinstance(pending, dict):
@@ -377,7 +379,7 @@ def _ledger(folder: Path) -> tuple[dict[str, str], dict[str, int]]:
 
 
 def _damaged(record: Path) -> bool:
-    data = _state_file(record) if os.path.lexists(record) else {"names": {}}
+    data = _state_file(record, RECORD_LIMIT) if os.path.lexists(record) else {"names": {}}
     return not (isinstance(data, dict) and isinstance(data.get("names"), dict))
 
 

@@ -9,6 +9,7 @@ tried in offline mode).
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import yaml
 from safetensors import safe_open
 
 import detr_peg
+from detr_peg.checkpoint.hub_folder import model_card
 from detr_peg.cli.main import main
 from detr_peg.config import config_to_dict
 from detr_peg.data.padding import pad_images
@@ -232,3 +234,20 @@ def test_building_a_detector_copies_nothing(trained):
     loaded.model.__class__ = Uncopyable
     detector = detr_peg.Detector(loaded, device="cpu")
     assert detector.model is loaded.model
+
+
+def test_the_model_card_shows_any_name_as_itself(trained) -> None:
+    """Folder and category names reach the card as a valid Python literal and as plain Markdown text."""
+    cfg = detr_peg.Detector.from_checkpoint(trained, device="cpu").config
+    folder = 'hub "q"\\bs\\x\nline'
+    names = ["<script>alert(1)</script>", "*star* #h", "a|b", "x\n## Metrics", "\x1b[31mred"]
+    label_map = {"category_ids": [1, 2, 3, 4, 5], "names": names, "contiguous": True}
+    text = model_card(cfg, label_map, None, folder).text
+    code = text.split("```python\n")[1].split("```")[0]
+    call = ast.parse(code).body[-2].value  # detector = detr_peg.Detector.from_pretrained(...)
+    assert ast.literal_eval(call.args[0]) == folder
+    classes = text.split("## Classes\n\n")[1].split("\n\n")[0]
+    assert classes == (
+        r"5 categories (labels 0, 1, ... in category id order): 1: &lt;script&gt;alert(1)&lt;/script&gt;, "
+        r"2: \*star\* \#h, 3: a\|b, 4: x\\n\#\# Metrics, 5: \\x1b\[31mred."
+    )

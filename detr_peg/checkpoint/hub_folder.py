@@ -5,8 +5,10 @@ the one loaded) and ``README.md`` (the model card). ``config.json`` must match t
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from detr_peg.checkpoint.format import (
 from detr_peg.config.loader import config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError
+from detr_peg.messages import one_line
 from detr_peg.outputs import atomic_write_text
 
 CONFIG_JSON = "config.json"
@@ -102,7 +105,7 @@ def model_card(cfg: Config, label_map: dict | None, metrics: Mapping[str, float]
         "```python",
         "import detr_peg",
         "",
-        f'detector = detr_peg.Detector.from_pretrained("{name}")',
+        f"detector = detr_peg.Detector.from_pretrained({json.dumps(name)})",  # a valid literal for any name
         'detections = detector.predict("photo.jpg")  # boxes in pixels (x0, y0, x1, y1), scores, class names',
         "```",
         "",
@@ -132,9 +135,14 @@ def _metrics_table(metrics: Mapping[str, float] | None) -> list[str]:
     return ["COCO bbox metrics, percent.", "", "| metric | value |", "|---|---|", *rows]
 
 
+def _markdown(text: str) -> str:
+    """``text`` shown as itself in Markdown: no HTML, emphasis, links, tables or line breaks of its own."""
+    return re.sub(r"([\\`*_\[\]#|~])", r"\\\1", html.escape(one_line(text), quote=False))
+
+
 def _classes(label_map: dict | None, num_classes: int) -> str:
     if not label_map:
         return f"{num_classes} classes without names (labels 0 to {num_classes - 1})."
-    pairs = [f"{cid}: {name}" for cid, name in zip(label_map["category_ids"], label_map["names"])]
+    pairs = [f"{cid}: {_markdown(name)}" for cid, name in zip(label_map["category_ids"], label_map["names"])]
     kind = "label = category id" if not label_map["contiguous"] else "labels 0, 1, ... in category id order"
     return f"{len(pairs)} categories ({kind}): " + ", ".join(pairs) + "."

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from detr_peg import registry
 from detr_peg.engine.memory_allocator import retain_freed_memory
 from detr_peg.errors import Terminated, UserError
+from detr_peg.messages import one_line
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -152,8 +153,9 @@ class _PlainLines(logging.Handler):
     """Writes each record's message as it is, on stdout (info) or stderr (warnings), above any progress bar."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
-        tqdm.write(self.format(record), file=stream)
+        warning = record.levelno >= logging.WARNING  # one line, as the errors; info may be a table
+        stream = sys.stderr if warning else sys.stdout
+        tqdm.write(one_line(self.format(record)) if warning else self.format(record), file=stream)
         stream.flush()
 
 
@@ -196,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _terminate_on_sigterm(), warnings.catch_warnings():
             # Python's warnings as one line each, like the errors (the previous display comes back at the end).
             warnings.showwarning = lambda message, *_, **__: tqdm.write(
-                f"{name}: warning: {' '.join(str(message).split())}", file=sys.stderr
+                f"{name}: warning: {one_line(' '.join(str(message).split()))}", file=sys.stderr
             )  # a library's warning of several lines too
             return _run_command(words)
     except Terminated:
@@ -267,7 +269,7 @@ def _run_command(words: list[str]) -> int:
             sys.stdout.flush()
         return status
     except UserError as exc:
-        message = in_users_words(str(exc), module, words)
+        message = one_line(in_users_words(str(exc), module, words))  # names from files: no line breaks, no escapes
         print(f"detr-peg {top.command}: error: {message}", file=sys.stderr)
         # A stop on a signal exits with 128 + its number (130 SIGINT, 143 SIGTERM).
         return int(getattr(exc, "exit_code", 2))
@@ -288,7 +290,7 @@ def _run_command(words: list[str]) -> int:
             raise
         from detr_peg.outputs import describe_os_error
 
-        print(f"detr-peg {top.command}: error: {describe_os_error(exc)}", file=sys.stderr)
+        print(f"detr-peg {top.command}: error: {one_line(describe_os_error(exc))}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as exc:
         reason = out_of_memory(exc) or peer_stopped(exc)

@@ -109,3 +109,11 @@ def test_a_library_warning_of_several_lines_is_one_line(capsys, monkeypatch) -> 
 def test_a_failed_allocation_names_its_size_in_a_unit_that_shows_it(allocated: int, shown: str) -> None:
     exc = RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {allocated} bytes.")
     assert f"out of memory (an allocation of {shown} failed); lower" in out_of_memory(exc)
+
+
+@pytest.mark.parametrize("name", ["no\nsuch.pth", "\x1b[2J\x1b[31mred.pth", "tab\there\u2028.pth"])
+def test_names_from_the_user_are_escaped_in_errors(name: str, capsys) -> None:
+    """A name with a line break or terminal codes (typed, or read from an annotation file) prints as escapes."""
+    err = _one_line_error(capsys, ["eval", "--checkpoint", name])
+    shown = name.encode("unicode_escape").decode("ascii")
+    assert err == f"detr-peg eval: error: The checkpoint file {shown} does not exist."
