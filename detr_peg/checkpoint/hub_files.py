@@ -60,7 +60,8 @@ class ModelFolder:
                 return path
         run = self.local is not None and (self.local / "checkpoint.pth").is_file()  # a training run's folder
         hint = f"; read its checkpoint with Detector.from_checkpoint('{self.local / 'checkpoint.pth'}')" if run else ""
-        raise CheckpointError(f"{self.spec} holds no {what} ({' or '.join(names)}){hint}.")
+        listed = "" if list(names) == [what] else f" ({' or '.join(names)})"
+        raise CheckpointError(f"{self.spec} holds no {what}{listed}{hint}.")
 
 
 #: Endings of checkpoint and config files: a missing ``runs/model.pth`` is a missing file, not a Hub name.

@@ -56,6 +56,6 @@ def test_a_file_is_not_a_model_folder_and_its_reader_is_named(tmp_path, name: st
 
 def test_a_training_run_folder_names_its_checkpoint(tmp_path) -> None:
     (tmp_path / "checkpoint.pth").write_bytes(b"x")
-    with pytest.raises(CheckpointError, match=r"holds no config\.json .*; read its checkpoint with "
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path} holds no config\.json; read its checkpoint with "
                        rf"Detector\.from_checkpoint\('{tmp_path}/checkpoint\.pth'\)\.$"):  # fmt: skip
         model_folder(tmp_path).first_file(["config.json"], "config.json")
