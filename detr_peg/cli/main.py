@@ -16,7 +16,7 @@ import sys
 import threading
 import unicodedata
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import NoReturn
 
@@ -159,14 +159,14 @@ class _PlainLines(logging.Handler):
         stream.flush()
 
 
-def show_messages() -> logging.Handler:
-    """Show the ``detr_peg`` logger's messages (info and above) on the terminal; returns the handler added."""
-    logger = logging.getLogger("detr_peg")
-    handler = _PlainLines()
+def show_messages() -> Callable[[], None]:
+    """Show the ``detr_peg`` logger's messages (info and above) on the terminal; returns what puts the logger's
+    level and handlers back as they were (``main`` may run inside another program)."""
+    logger, handler, level = logging.getLogger("detr_peg"), _PlainLines(), logging.getLogger("detr_peg").level
     logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)
-    return handler
+    return lambda: (logger.removeHandler(handler), logger.setLevel(level))
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -254,7 +254,7 @@ def _run_command(words: list[str]) -> int:
         # config file that is not there) is reported at once.
         registry.fill_on_first_read(lambda: importlib.import_module("detr_peg.models"))
         retain_freed_memory()  # large tensors reuse freed memory instead of fresh pages (see the module)
-    handler = show_messages()
+    restore_messages = show_messages()
     from detr_peg.outputs import ErrorRecorder
 
     stdout, stdout_errors = sys.stdout, []  # a write to stdout that fails is told apart from other errors
@@ -303,7 +303,7 @@ def _run_command(words: list[str]) -> int:
         return 130
     finally:
         sys.stdout = stdout
-        logging.getLogger("detr_peg").removeHandler(handler)
+        restore_messages()
 
 
 if __name__ == "__main__":

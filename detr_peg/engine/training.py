@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -88,6 +90,7 @@ def run_training(
     cfg = config_from_dict(config_to_dict(cfg), "run_training's config")  # a Config made in Python meets the ranges
     with (
         torch.inference_mode(False), torch.enable_grad(), float32_default(),  # whatever the caller's torch state
+        callers_random_states(),
         process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims,
     ):  # fmt: skip
         check_amp(cfg.train.amp, env.device)
@@ -228,6 +231,18 @@ def _resume(
     if changed:
         notes = [*notes, f"the config differs from the checkpoint's in: {', '.join(changed[:8])}"]
     return progress, notes
+
+
+@contextlib.contextmanager
+def callers_random_states() -> Iterator[None]:
+    """Python's, NumPy's and torch's global generators as they were before the block: a run seeds them itself."""
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -117,3 +118,14 @@ def test_names_from_the_user_are_escaped_in_errors(name: str, capsys) -> None:
     err = _one_line_error(capsys, ["eval", "--checkpoint", name])
     shown = name.encode("unicode_escape").decode("ascii")
     assert err == f"detr-peg eval: error: The checkpoint file {shown} does not exist."
+
+
+def test_main_inside_a_program_leaves_its_logger_as_it_was(capsys) -> None:
+    logger = logging.getLogger("detr_peg")
+    level, handlers = logger.level, list(logger.handlers)
+    logger.setLevel(logging.WARNING)
+    try:
+        assert main(["configs", "list"]) == 0
+        assert logger.level == logging.WARNING and logger.handlers == handlers
+    finally:
+        logger.setLevel(level)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -214,3 +216,14 @@ def test_eta_is_the_rest_of_the_run_at_the_epochs_pace(shapes, tmp_path: Path) -
         expected = sum(in_epoch) / len(in_epoch) * (6 - r["iteration"])
         assert r["eta"] == pytest.approx(expected, abs=0.01 + 1e-4 * len(in_epoch) * 6), r
     assert iters[-1]["eta"] == 0 and iters[0]["eta"] > 0
+
+
+def test_a_run_leaves_the_callers_random_generators_as_they_were(shapes, tmp_path) -> None:
+    """A run seeds torch, Python and NumPy for itself; the program that called it gets its own sequences back."""
+    torch.manual_seed(123), random.seed(4), np.random.seed(5)
+    expected = (torch.rand(3), random.random(), np.random.rand(3))
+    torch.manual_seed(123), random.seed(4), np.random.seed(5)
+    _run(shapes, tmp_path / "run", "train.max_iters=1")
+    after = (torch.rand(3), random.random(), np.random.rand(3))
+    torch.testing.assert_close(after[0], expected[0], rtol=0, atol=0)
+    assert after[1] == expected[1] and (after[2] == expected[2]).all()
