@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -113,8 +114,9 @@ class Detector(HubFolders):
 
     @property
     def config(self) -> Config:
-        """The resolved config of the model."""
-        return self.loaded.config
+        """A copy of the model's resolved config: changing it changes no detector (``from_checkpoint(config=...)``
+        builds one from a changed config, checked against the weights)."""
+        return copy.deepcopy(self.loaded.config)
 
     @property
     def model(self) -> Any:

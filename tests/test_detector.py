@@ -510,3 +510,14 @@ def test_a_detector_from_a_hub_folder_fine_tunes_from_its_weights(tiny_demo_dir,
     for key, value in saved.model.state_dict().items():  # learning rate 0: the folder's weights, unchanged
         if "running_" not in key and "num_batches" not in key:
             torch.testing.assert_close(tuned.model.state_dict()[key], value, msg=key)
+
+
+def test_changing_the_config_it_returns_changes_no_detector(detector, tmp_path) -> None:
+    """``config`` is a copy: a changed copy never reaches a saved folder that would not fit the weights."""
+    queries = detector.config.model.num_queries
+    changed = detector.config
+    changed.model.num_queries, changed.model.position.name = queries + 5, "sine"
+    assert detector.config.model.num_queries == queries and detector.config != changed
+    detector.save_pretrained(tmp_path / "hub")
+    again = detr_peg.Detector.from_pretrained(tmp_path / "hub", device="cpu")
+    assert again.config == detector.config
