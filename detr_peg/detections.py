@@ -127,6 +127,10 @@ class Detections:
                             "on the image they were predicted on.")  # fmt: skip
         if width is None:
             width = max(2, round(max(pixels.shape[-2:]) / 320))
+        if not (is_whole(width) and 1 <= width <= max(pixels.shape[-2:])):  # a huge width draws for minutes
+            raise ValueError(
+                f"width must be a whole number of pixels from 1 to {max(pixels.shape[-2:])}, got {width!r}."
+            )
         labels = [f"{name} {score:.2f}" for name, score in zip(self.class_names, self.scores.tolist())]
         colors = [category_color(c) for c in self.category_ids]
         if len(self):

@@ -521,3 +521,13 @@ def test_changing_the_config_it_returns_changes_no_detector(detector, tmp_path) 
     detector.save_pretrained(tmp_path / "hub")
     again = detr_peg.Detector.from_pretrained(tmp_path / "hub", device="cpu")
     assert again.config == detector.config
+
+
+@pytest.mark.parametrize("width", [0, -1, True, 2.5, 10**6])
+def test_drawing_refuses_a_line_width_that_is_no_width(width) -> None:
+    detections = detr_peg.Detections(
+        boxes=torch.tensor([[1.0, 1.0, 5.0, 5.0]]), scores=torch.tensor([0.9]), labels=torch.tensor([0]),
+        category_ids=[1], class_names=["a"], image_size=(8, 10),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^width must be a whole number of pixels from 1 to 10, got {width!r}\.$"):
+        detections.draw(torch.zeros(3, 8, 10, dtype=torch.uint8), width=width)

@@ -189,10 +189,9 @@ def _terminate_on_sigterm() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return the exit status; SIGTERM from the first line on exits 143 with one line."""
     words = list(sys.argv[1:] if argv is None else argv)
-    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(
-            errors="backslashreplace"
-        )  # "é" under PYTHONIOENCODING=ascii prints as \xe9, as on stderr
+    stdout, strict = sys.stdout, getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure")
+    if strict:
+        stdout.reconfigure(errors="backslashreplace")  # "é" under PYTHONIOENCODING=ascii prints as \xe9, as on stderr
     name = " ".join(["detr-peg", *_command_word(words)])
     try:
         with _terminate_on_sigterm(), warnings.catch_warnings():
@@ -207,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 128 + signal.SIGTERM
+    finally:
+        if strict:  # main may run inside another program; a stdout that failed stays as it is
+            with contextlib.suppress(OSError, ValueError):
+                stdout.reconfigure(errors="strict")
 
 
 def _command_word(words: list[str]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,13 @@ def test_main_inside_a_program_leaves_its_logger_as_it_was(capsys) -> None:
         assert logger.level == logging.WARNING and logger.handlers == handlers
     finally:
         logger.setLevel(level)
+
+
+def test_main_inside_a_program_leaves_its_stdout_as_it_was(tmp_path) -> None:
+    with open(tmp_path / "out.txt", "w", encoding="ascii", errors="strict") as out:
+        previous, sys.stdout = sys.stdout, out
+        try:
+            assert main(["configs", "list"]) == 0
+            assert sys.stdout is out and out.errors == "strict"
+        finally:
+            sys.stdout = previous
