@@ -106,7 +106,7 @@ class Detections:
             x0, y0, x1, y1 = box
             out.append(
                 {
-                    "image_id": image_id,
+                    "image_id": int(image_id),
                     "file_name": self.source,
                     "category_id": category_id,
                     "category_name": name,
@@ -134,7 +134,9 @@ class Detections:
         labels = [f"{name} {score:.2f}" for name, score in zip(self.class_names, self.scores.tolist())]
         colors = [category_color(c) for c in self.category_ids]
         if len(self):
-            pixels = draw_bounding_boxes(pixels, self.boxes, labels=labels, colors=colors, width=width, **_LABEL_STYLE)
+            pixels = draw_bounding_boxes(
+                pixels, self.boxes, labels=labels, colors=colors, width=int(width), **_LABEL_STYLE
+            )
         return F.to_pil_image(pixels)
 
     def to_supervision(self) -> Any:

@@ -21,6 +21,7 @@ import torch
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.config.loader import config_to_dict, config_with, load_config
+from detr_peg.config.ranges import is_number, is_whole
 from detr_peg.config.schema import Config
 from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
@@ -151,13 +152,13 @@ class Detector(HubFolders):
         single = not isinstance(images, (list, tuple, Iterator))  # a generator of images is a list of them
         inputs = [images] if single else list(images)
         threshold = self.config.eval.score_threshold if threshold is None else threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
-            raise ConfigError(f"threshold must be a number from 0 to 1, got {threshold!r}.")  # NaN included
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
+        if not (is_number(threshold) and 0 <= threshold <= 1):
+            raise ConfigError(f"threshold must be a number from 0 to 1, got {threshold!r}.")
+        if not (is_whole(batch_size) and 1 <= batch_size <= 100_000):
             raise ConfigError(f"batch_size must be a whole number from 1 to 100000, got {batch_size!r}.")
         if channels not in ("RGB", "BGR"):
             raise ConfigError(f"channels must be 'RGB' or 'BGR', got {channels!r}.")
-        results = self._detect(inputs, float(threshold), batch_size, bgr=channels == "BGR")
+        results = self._detect(inputs, float(threshold), int(batch_size), bgr=channels == "BGR")
         return results[0] if single else results
 
     def _detect(

@@ -531,3 +531,20 @@ def test_drawing_refuses_a_line_width_that_is_no_width(width) -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match=rf"^width must be a whole number of pixels from 1 to 10, got {width!r}\.$"):
         detections.draw(torch.zeros(3, 8, 10, dtype=torch.uint8), width=width)
+
+
+def test_numpy_numbers_are_numbers(detector, tmp_path) -> None:
+    """NumPy's scalars work wherever Python's numbers do, and what is written holds Python numbers."""
+    image = np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    plain = detector.predict(image, threshold=0.0, batch_size=2)
+    numpy = detector.predict(image, threshold=np.float32(0.0), batch_size=np.int64(2))
+    _assert_same(plain, numpy)
+    records = numpy.records(np.int64(3))
+    assert records == plain.records(3) and type(records[0]["image_id"]) is int
+    json.dumps(records)
+    assert np.array_equal(np.asarray(numpy.draw(image, width=np.int32(2))), np.asarray(plain.draw(image, width=2)))
+    from detr_peg.config.loader import config_with
+
+    cfg = config_with(detector.config, {"train.max_iters": np.int64(7), "train.lr": np.float32(0.5)}, "a study")
+    assert (cfg.train.max_iters, cfg.train.lr) == (7, 0.5)
+    assert type(cfg.train.max_iters) is int and type(cfg.train.lr) is float

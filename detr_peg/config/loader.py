@@ -438,7 +438,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             raise fail()
     if hint is int:
         if is_whole(number):
-            return number
+            return int(number)
         if isinstance(number, float) and number.is_integer():
             return int(number)
         raise fail()

@@ -6,6 +6,7 @@ that still cannot allocate what it needs ends in one line (``detr_peg.cli.main.o
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,12 +22,12 @@ MIN_IMAGE_SIDE = 2
 MAX_CLASSES = 100_000
 
 
-def is_whole(value: Any) -> bool:  # Python's True is the integer 1, never a count a user meant
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_whole(value: Any) -> bool:  # NumPy's integers too; Python's True is 1, never a count a user meant
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def is_number(value: Any, finite: bool = True) -> bool:  # int or float, not bool
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and (not finite or math.isfinite(value))
+def is_number(value: Any, finite: bool = True) -> bool:  # any real number (NumPy's too), not bool
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and (not finite or math.isfinite(value))
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,8 @@ def export_onnx(
     """
     require_onnx()
     check_export_options(opset, image_size, batch_size, postprocess=postprocess, optimize=optimize)
+    opset, batch_size = int(opset), None if batch_size is None else int(batch_size)  # NumPy's integers too
+    image_size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
     loaded = model if isinstance(model, LoadedModel) else None
     model = loaded.model if loaded is not None else model
     if postprocess and loaded is None:

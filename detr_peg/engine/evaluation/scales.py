@@ -144,6 +144,7 @@ def run_scale_evaluation(
             encoding's table, an unwritable output folder.
     """
     check_scales(cfg.data, scales, canvas_scales)
+    scales, canvas_scales = [float(s) for s in scales], [float(s) for s in canvas_scales]  # NumPy's too
     with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
         owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, source_of(checkpoint), output_dir)))
         claims.enter_context(owned or contextlib.nullcontext())  # a refusal below leaves no folder it made
