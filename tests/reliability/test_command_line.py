@@ -116,6 +116,16 @@ CASES = [
         ["--output ~/pred starts with '~', which the shell expands only at the start of a word"],
     ),
     Hostile(
+        "input-tilde-after-equals",
+        ["eval", "--checkpoint=~/run/checkpoint.pth", "--output", "e"],
+        ["~/run/checkpoint.pth does not exist ('~' is expanded by the shell only at the start of a word; write /"],
+    ),
+    Hostile(
+        "data-tilde-in-an-override",
+        ["train", *BASE, "train.output_dir=new", "data.train_images=~/coco/images"],
+        ["data.train_images ~/coco/images does not exist ('~' is expanded by the shell only at the start of a word"],
+    ),
+    Hostile(
         "batch-size-with-equals-sign",
         [*PREDICT, "--batch-size=abc"],
         ["argument --batch-size: must be a whole number of at least 1, got 'abc'"],
