@@ -57,7 +57,9 @@ def path_obstacle(path: str | os.PathLike) -> str | None:
     """What stands in the way of ``path``: an unexpanded ``~``, its first part that is a dangling link or a file;
     else None."""
     parts = [*reversed(Path(os.fsdecode(path)).parents), Path(os.fsdecode(path))]
-    if os.fsdecode(path).startswith("~") and not Path(parts[-1].parts[0]).exists():  # `data.x=~/coco`: the shell left it
+    if (
+        os.fsdecode(path).startswith("~") and not Path(parts[-1].parts[0]).exists()
+    ):  # `data.x=~/coco`: the shell left it
         return f"'~' is expanded by the shell only at the start of a word; write {_shown(os.path.expanduser(path))}"
     for index, part in enumerate(parts):
         try:
