@@ -82,6 +82,25 @@ class Detections:
     def __len__(self) -> int:
         return int(self.scores.numel())
 
+    def __getitem__(self, index: Any) -> Detections:
+        """The detections at ``index`` (a position, a slice, positions, or a bool mask such as
+        ``d.scores > 0.5``), in that order, as Detections of the same image."""
+        wrong = TypeError(f"Detections are indexed by a position, a slice, positions or a bool mask, got {index!r}.")
+        if not (is_whole(index) or isinstance(index, slice)):
+            try:
+                index = torch.as_tensor(index)
+                index = index.long() if index.numel() == 0 else index  # [] is no positions, not a float tensor
+            except (TypeError, ValueError, RuntimeError):
+                raise wrong from None
+            if index.dim() != 1 or index.is_floating_point() or index.is_complex():
+                raise wrong
+        rows = torch.arange(len(self))[index].reshape(-1)  # IndexError beyond the last
+        picked = rows.tolist()
+        return Detections(
+            self.boxes[rows], self.scores[rows], self.labels[rows], [self.category_ids[i] for i in picked],
+            [self.class_names[i] for i in picked], self.image_size, self.source,
+        )  # fmt: skip
+
     def __repr__(self) -> str:
         h, w = self.image_size
         lines = [f"Detections({len(self)} in a {w} x {h} image{f' ({self.source})' if self.source else ''})"]

@@ -548,3 +548,25 @@ def test_numpy_numbers_are_numbers(detector, tmp_path) -> None:
     cfg = config_with(detector.config, {"train.max_iters": np.int64(7), "train.lr": np.float32(0.5)}, "a study")
     assert (cfg.train.max_iters, cfg.train.lr) == (7, 0.5)
     assert type(cfg.train.max_iters) is int and type(cfg.train.lr) is float
+
+
+def test_detections_are_indexed_like_their_tensors() -> None:
+    found = detr_peg.Detections(
+        boxes=torch.tensor([[1.0, 1.0, 5.0, 5.0], [2.0, 2.0, 6.0, 6.0], [0.0, 0.0, 3.0, 3.0]]),
+        scores=torch.tensor([0.9, 0.6, 0.2]), labels=torch.tensor([0, 1, 0]), category_ids=[1, 2, 1],
+        class_names=["a", "b", "a"], image_size=(8, 10), source="x.jpg",
+    )  # fmt: skip
+    for index, rows in ((1, [1]), (np.int64(-1), [2]), (slice(None, None, 2), [0, 2]), ([2, 0], [2, 0]), ([], []),
+                        (found.scores > 0.5, [0, 1]), (np.array([True, False, True]), [0, 2])):  # fmt: skip
+        picked = found[index]
+        torch.testing.assert_close(picked.boxes, found.boxes[rows].reshape(-1, 4))
+        torch.testing.assert_close(picked.scores, found.scores[rows])
+        torch.testing.assert_close(picked.labels, found.labels[rows])
+        assert picked.category_ids == [found.category_ids[i] for i in rows]
+        assert picked.class_names == [found.class_names[i] for i in rows]
+        assert (picked.image_size, picked.source) == (found.image_size, found.source)
+    with pytest.raises(IndexError):
+        found[3]
+    for bad in ("a", 1.5, True, None, [[0]], [0.5]):
+        with pytest.raises(TypeError, match=r"^Detections are indexed by a position, a slice, positions or a bool"):
+            found[bad]
