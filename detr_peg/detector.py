@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -21,7 +22,6 @@ import torch
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.config.loader import config_to_dict, config_with, load_config
-from detr_peg.config.ranges import is_number, is_whole
 from detr_peg.config.schema import Config
 from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
@@ -152,9 +152,9 @@ class Detector(HubFolders):
         single = not isinstance(images, (list, tuple, Iterator))  # a generator of images is a list of them
         inputs = [images] if single else list(images)
         threshold = self.config.eval.score_threshold if threshold is None else threshold
-        if not (is_number(threshold) and 0 <= threshold <= 1):
-            raise ConfigError(f"threshold must be a number from 0 to 1, got {threshold!r}.")
-        if not (is_whole(batch_size) and 1 <= batch_size <= 100_000):
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
+            raise ConfigError(f"threshold must be a number from 0 to 1, got {threshold!r}.")  # NumPy's too; not NaN
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or not 1 <= batch_size <= 1e5:
             raise ConfigError(f"batch_size must be a whole number from 1 to 100000, got {batch_size!r}.")
         if channels not in ("RGB", "BGR"):
             raise ConfigError(f"channels must be 'RGB' or 'BGR', got {channels!r}.")

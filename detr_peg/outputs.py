@@ -54,13 +54,11 @@ def _shown(path: object) -> str:
 
 
 def path_obstacle(path: str | os.PathLike) -> str | None:
-    """What stands in the way of ``path``: an unexpanded ``~``, its first part that is a dangling link or a file;
-    else None."""
-    parts = [*reversed(Path(os.fsdecode(path)).parents), Path(os.fsdecode(path))]
-    if (
-        os.fsdecode(path).startswith("~") and not Path(parts[-1].parts[0]).exists()
-    ):  # `data.x=~/coco`: the shell left it
-        return f"'~' is expanded by the shell only at the start of a word; write {_shown(os.path.expanduser(path))}"
+    """What stands in the way of ``path``: an unexpanded ``~``, a dangling link or a file on the way; else None."""
+    text = os.fsdecode(path)
+    parts = [*reversed(Path(text).parents), Path(text)]
+    if text.startswith("~") and not Path(Path(text).parts[0]).exists():  # `data.x=~/coco`: the shell left it
+        return f"'~' is expanded by the shell only at the start of a word; write {_shown(os.path.expanduser(text))}"
     for index, part in enumerate(parts):
         try:
             if part.is_symlink() and not part.exists():
@@ -233,11 +231,10 @@ def _state_file(path: Path, limit: int) -> Any:
 
 def _holder(folder: Path) -> dict | None:
     """The holder described in ``folder``; None when absent or damaged (it serves messages only)."""
-    holder = _state_file(Path(folder) / HOLDER_FILE, 1 << 16)
-    fields = {"pid": int, "host": str, "command": str, "since": str}
-    sound = isinstance(holder, dict) and all(type(holder.get(k)) is t for k, t in fields.items())
-    sound = sound and all(str(holder[k]).isprintable() for k in fields)  # shown in messages: no escapes, one line
-    return holder if sound and 0 < holder["pid"] < 2**31 else None
+    h = _state_file(Path(folder) / HOLDER_FILE, 1 << 16)
+    fields = {"pid": int, "host": str, "command": str, "since": str}  # shown in messages: printable, one line
+    sound = isinstance(h, dict) and all(type(h.get(k)) is t and str(h[k]).isprintable() for k, t in fields.items())
+    return h if sound and 0 < h["pid"] < 2**31 else None
 
 
 def holder_alive(folder: Path, command: str | None = None) -> bool | None:
@@ -266,8 +263,7 @@ def folder_lock(folder: Path, command: str, option: str) -> Iterator[None]:
         lock = FileLock(str(folder / LOCK_FILE), timeout=0, is_singleton=True)
         lock.acquire()
     except Timeout:
-        holder = _holder(folder)
-        who = "another detr-peg command"
+        holder, who = _holder(folder), "another detr-peg command"
         if holder is not None:
             who = f"detr-peg {holder['command']} (process {holder['pid']} on {holder['host']}, since {holder['since']})"
         raise FolderInUse(

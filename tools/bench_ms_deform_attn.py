@@ -81,13 +81,8 @@ def time_ms(fn: Callable[[], object], repeats: int, device: torch.device, stat: 
 
 def main() -> None:
     parser = OneLineParser(prog="bench_ms_deform_attn.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--device",
-        nargs="+",
-        type=option_types.device,
-        default=None,
-        help="devices to time (default: cpu, and cuda when available)",
-    )
+    parser.add_argument("--device", nargs="+", type=option_types.device, default=None,
+                        help="devices to time (default: cpu, and cuda when available)")  # fmt: skip
     parser.add_argument(
         "--impl",
         nargs="+",
@@ -99,20 +94,14 @@ def main() -> None:
     parser.add_argument("--shape", nargs="+", default=["encoder", "decoder"], choices=["encoder", "decoder"])
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement")
-    parser.add_argument(
-        "--stat",
-        default="median",
-        choices=["median", "min"],
-        help="statistic of the timed runs (min is steadier on a busy machine)",
-    )
+    parser.add_argument("--stat", default="median", choices=["median", "min"],
+                        help="statistic of the timed runs (min is steadier on a busy machine)")  # fmt: skip
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--no-backward", action="store_true", help="time the forward pass only")
-    parser.add_argument(
-        "--official-op",
-        metavar="PATH",
-        help="checkout of fundamentalvision/Deformable-DETR: also time its compiled CUDA op "
-        "(built here, see detr_peg/models/deformable/official_cuda_op.py) as impl official_cuda",
-    )
+    parser.add_argument("--official-op", metavar="PATH",
+                        help="checkout of fundamentalvision/Deformable-DETR: also time its compiled CUDA op (built "
+                             "here, see detr_peg/models/deformable/official_cuda_op.py) "
+                             "as impl official_cuda")  # fmt: skip
     args = parser.parse_args()
     for name in args.device or []:  # a GPU asked for on a machine without one: one line before the table
         try:

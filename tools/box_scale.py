@@ -101,18 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True, metavar="FILE", help="a detr-peg checkpoint")
     parser.add_argument("--annotations", required=True, type=Path, metavar="FILE", help="a COCO annotation file")
     parser.add_argument("--images", required=True, type=Path, metavar="DIR", help="the folder of its images")
-    parser.add_argument(
-        "--scales", type=option_types.scale_list, default=[1.0], metavar="S1,S2", help="test scales (default 1)"
-    )
-    parser.add_argument(
-        "--count", type=option_types.integer(1), default=200, metavar="N", help="images to use (default 200)"
-    )
-    parser.add_argument(
-        "--threshold", type=option_types.number(0.0, 1.0), default=0.3, metavar="P", help="score (default 0.3)"
-    )
-    parser.add_argument(
-        "--min-iou", type=option_types.number(0.0, 1.0), default=0.1, metavar="IOU", help="match (default 0.1)"
-    )
+    parser.add_argument("--scales", type=option_types.scale_list, default=[1.0], metavar="S1,S2",
+                        help="test scales (default 1)")  # fmt: skip
+    parser.add_argument("--count", type=option_types.integer(1), default=200, metavar="N",
+                        help="images to use (default 200)")  # fmt: skip
+    parser.add_argument("--threshold", type=option_types.number(0.0, 1.0), default=0.3, metavar="P",
+                        help="score (default 0.3)")  # fmt: skip
+    parser.add_argument("--min-iou", type=option_types.number(0.0, 1.0), default=0.1, metavar="IOU",
+                        help="match (default 0.1)")  # fmt: skip
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
     args = parser.parse_args(argv)
     return run_json_report("box_scale.py", lambda: report(args), args.output)

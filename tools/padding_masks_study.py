@@ -205,9 +205,8 @@ def main() -> None:
     # Given paths are taken from the current folder, as usual; the commands below run in the repository.
     parser.add_argument("--before", type=Path, help="a checkout of the code before the fix (optional)")
     parser.add_argument("--coco128", type=Path, help="coco128 folder for the model-level comparison (optional)")
-    parser.add_argument(
-        "--proxies", type=proxy_list, default=list(PROXIES), help="comma-separated subset of the proxies"
-    )
+    parser.add_argument("--proxies", type=proxy_list, default=list(PROXIES),
+                        help="comma-separated subset of the proxies")  # fmt: skip
     args = parser.parse_args()
     args.output, args.data = args.output.resolve(), args.data.resolve()
     missing = not (args.data / "annotations_val.json").is_file()

@@ -112,16 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", required=True, metavar="FILE", help="a detr-peg checkpoint")
     parser.add_argument("--images", required=True, type=Path, metavar="DIR", help="a folder of images")
-    parser.add_argument(
-        "--count", type=option_types.integer(1), default=16, metavar="N", help="images to use (default 16)"
-    )
-    parser.add_argument(
-        "--extra",
-        type=option_types.number(0.01, 10.0),
-        default=EXTRA_PADDING,
-        metavar="F",
-        help=f"canvas growth, a fraction of the image's size (default {EXTRA_PADDING})",
-    )
+    parser.add_argument("--count", type=option_types.integer(1), default=16, metavar="N",
+                        help="images to use (default 16)")  # fmt: skip
+    parser.add_argument("--extra", type=option_types.number(0.01, 10.0), default=EXTRA_PADDING, metavar="F",
+                        help=f"canvas growth, a fraction of the image's size (default {EXTRA_PADDING})")  # fmt: skip
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the JSON object here")
     args = parser.parse_args(argv)
     return run_json_report("padding_residual.py", lambda: report(args), args.output)

@@ -100,13 +100,8 @@ def main(args: argparse.Namespace):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = default_argument_parser(epilog=__doc__)
-    parser.add_argument(
-        "--register",
-        nargs=3,
-        action="append",
-        metavar=("NAME", "JSON", "IMAGES"),
-        help="register a COCO-format dataset under NAME (may be repeated)",
-    )
+    parser.add_argument("--register", nargs=3, action="append", metavar=("NAME", "JSON", "IMAGES"),
+                        help="register a COCO-format dataset under NAME (may be repeated)")  # fmt: skip
     return parser
 
 

@@ -30,9 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions.add_parser("list", help="the shipped configs: name and first line of their description")
     copy = actions.add_parser("copy", help="copy a shipped config out for editing (never overwrites)")
     copy.add_argument("name", metavar="NAME", help="a shipped config, as `detr-peg configs list` names it")
-    copy.add_argument(
-        "dest", metavar="DEST", nargs="?", help="file or existing folder to write (default: ./NAME's file name)"
-    )
+    copy.add_argument("dest", metavar="DEST", nargs="?",
+                      help="file or existing folder to write (default: ./NAME's file name)")  # fmt: skip
 
 
 def description(path: Path) -> str:

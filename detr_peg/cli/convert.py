@@ -30,18 +30,13 @@ from detr_peg.messages import listed
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "src",
-        help="official checkpoint (.pth with 'model', bare state dict, or .safetensors), a Transformers folder "
-        "(config.json + weights) or a Hugging Face Hub name (owner/name)",
-    )
+    parser.add_argument("src",
+                        help="official checkpoint (.pth with 'model', bare state dict, or .safetensors), a "
+                             "Transformers folder (config.json + weights) or a Hugging Face "
+                             "Hub name (owner/name)")  # fmt: skip
     parser.add_argument("dst", help="output detr_peg checkpoint (.pth, or .safetensors for weights + config)")
-    parser.add_argument(
-        "--config",
-        type=option_types.config_file,
-        metavar="FILE",
-        help="config file or shipped config name for values the weights do not determine",
-    )
+    parser.add_argument("--config", type=option_types.config_file, metavar="FILE",
+                        help="config file or shipped config name for values the weights do not determine")  # fmt: skip
     parser.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides")
 
 

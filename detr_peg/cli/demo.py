@@ -62,55 +62,26 @@ MAX_DEMO_IMAGES = 100_000
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "--output",
-        metavar="DIR",
-        default="outputs/demo",
-        help="folder for the dataset, the run and the pictures (default: outputs/demo)",
-    )
-    parser.add_argument(
-        "--config",
-        type=option_types.config_file,
-        metavar="FILE",
-        help="model and training config: a file or a shipped config name (default: the shipped demo config)",
-    )
-    parser.add_argument(
-        "--num-train",
-        type=option_types.integer(1, MAX_DEMO_IMAGES),
-        default=1000,
-        metavar="N",
-        help="synthetic training images (default: 1000)",
-    )
-    parser.add_argument(
-        "--num-val",
-        type=option_types.integer(1, MAX_DEMO_IMAGES),
-        default=100,
-        metavar="N",
-        help="synthetic validation images (default: 100)",
-    )
-    parser.add_argument(
-        "--pictures",
-        type=option_types.non_negative,
-        default=8,
-        metavar="N",
-        help="validation images to draw predictions on (default: 8)",
-    )
-    parser.add_argument(
-        "--score-threshold",
-        type=option_types.fraction,
-        metavar="X",
-        help="draw detections scoring at least X (default: eval.score_threshold of the config, 0.35)",
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in <output>/run from its checkpoint instead of starting afresh",
-    )
-    parser.add_argument(
-        "--data-only",
-        action="store_true",
-        help="generate the synthetic dataset in <output>/data and stop (the proxy configs and studies train on it)",
-    )
+    parser.add_argument("--output", metavar="DIR", default="outputs/demo",
+                        help="folder for the dataset, the run and the pictures (default: outputs/demo)")  # fmt: skip
+    parser.add_argument("--config", type=option_types.config_file, metavar="FILE",
+                        help="model and training config: a file or a shipped config name (default: the shipped demo "
+                             "config)")  # fmt: skip
+    parser.add_argument("--num-train", type=option_types.integer(1, MAX_DEMO_IMAGES), default=1000, metavar="N",
+                        help="synthetic training images (default: 1000)")  # fmt: skip
+    parser.add_argument("--num-val", type=option_types.integer(1, MAX_DEMO_IMAGES), default=100, metavar="N",
+                        help="synthetic validation images (default: 100)")  # fmt: skip
+    parser.add_argument("--pictures", type=option_types.non_negative, default=8, metavar="N",
+                        help="validation images to draw predictions on (default: 8)")  # fmt: skip
+    parser.add_argument("--score-threshold", type=option_types.fraction, metavar="X",
+                        help="draw detections scoring at least X (default: eval.score_threshold of "
+                             "the config, 0.35)")  # fmt: skip
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in <output>/run from its checkpoint instead "
+                             "of starting afresh")  # fmt: skip
+    parser.add_argument("--data-only", action="store_true",
+                        help="generate the synthetic dataset in <output>/data and stop (the proxy configs and studies "
+                             "train on it)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.max_iters=200")
 
 

@@ -40,38 +40,21 @@ OPTION_KEYS = {"--output": "train.output_dir"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)"
-    )
-    parser.add_argument(
-        "--config",
-        type=option_types.config_file,
-        metavar="FILE",
-        help="config file or shipped config name applied over the checkpoint's own",
-    )
-    parser.add_argument(
-        "--output",
-        metavar="DIR",
-        help="folder for metrics.json and detections.json (default: <checkpoint folder>/eval)",
-    )
-    parser.add_argument(
-        "--scales",
-        type=option_types.scale_list,
-        default=[],
-        metavar="S1,S2,...",
-        help="also evaluate the validation images resized by these factors (scales_resized.json)",
-    )
-    parser.add_argument(
-        "--canvas-scales",
-        type=option_types.scale_list,
-        default=[],
-        metavar="S1,S2,...",
-        help="synthetic data: also evaluate on canvases this many times larger, objects at "
-        "their training size (scales_canvas.json)",
-    )
-    parser.add_argument(
-        "--padding", action="store_true", help="also measure the effect of batch padding (padding.json)"
-    )
+    parser.add_argument("--checkpoint", required=True, metavar="CKPT",
+                        help="detr_peg checkpoint (.pth or .safetensors)")  # fmt: skip
+    parser.add_argument("--config", type=option_types.config_file, metavar="FILE",
+                        help="config file or shipped config name applied over the checkpoint's own")  # fmt: skip
+    parser.add_argument("--output", metavar="DIR",
+                        help="folder for metrics.json and detections.json "
+                             "(default: <checkpoint folder>/eval)")  # fmt: skip
+    parser.add_argument("--scales", type=option_types.scale_list, default=[], metavar="S1,S2,...",
+                        help="also evaluate the validation images resized by "
+                             "these factors (scales_resized.json)")  # fmt: skip
+    parser.add_argument("--canvas-scales", type=option_types.scale_list, default=[], metavar="S1,S2,...",
+                        help="synthetic data: also evaluate on canvases this many times larger, objects at their "
+                             "training size (scales_canvas.json)")  # fmt: skip
+    parser.add_argument("--padding", action="store_true",
+                        help="also measure the effect of batch padding (padding.json)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. eval.batch_size=8")
 
 

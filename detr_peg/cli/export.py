@@ -29,43 +29,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from detr_peg.export import DEFAULT_OPSET
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "--checkpoint", required=True, metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)"
-    )
+    parser.add_argument("--checkpoint", required=True, metavar="CKPT",
+                        help="detr_peg checkpoint (.pth or .safetensors)")  # fmt: skip
     parser.add_argument("--output", required=True, metavar="FILE", help="the .onnx file to write")
-    parser.add_argument(
-        "--opset",
-        type=option_types.integer(DEFAULT_OPSET),
-        default=DEFAULT_OPSET,
-        metavar="N",
-        help=f"ONNX opset (default: {DEFAULT_OPSET}, the tested one)",
-    )
-    parser.add_argument(
-        "--image-size",
-        type=option_types.integer(32, MAX_TEST_SIDE),
-        nargs=2,
-        metavar=("H", "W"),
-        help="fix the padded image size; smaller images are padded up to it, which shifts their detections "
-        "(default: dynamic)",
-    )
-    parser.add_argument(
-        "--batch-size", type=option_types.integer(1), metavar="N", help="fix the batch size (default: dynamic)"
-    )
-    parser.add_argument(
-        "--postprocess", action="store_true", help="add orig_sizes input and scores/labels/boxes outputs"
-    )
-    parser.add_argument(
-        "--no-check",
-        dest="check",
-        action="store_false",
-        help="do not compare the written graph with PyTorch in ONNX Runtime",
-    )
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="config changes that do not alter weights (eval.num_select=50)",
-    )
+    parser.add_argument("--opset", type=option_types.integer(DEFAULT_OPSET), default=DEFAULT_OPSET, metavar="N",
+                        help=f"ONNX opset (default: {DEFAULT_OPSET}, the tested one)")  # fmt: skip
+    parser.add_argument("--image-size", type=option_types.integer(32, MAX_TEST_SIDE), nargs=2, metavar=("H", "W"),
+                        help="fix the padded image size; smaller images are padded up to it, which shifts their "
+                             "detections (default: dynamic)")  # fmt: skip
+    parser.add_argument("--batch-size", type=option_types.integer(1), metavar="N",
+                        help="fix the batch size (default: dynamic)")  # fmt: skip
+    parser.add_argument("--postprocess", action="store_true",
+                        help="add orig_sizes input and scores/labels/boxes outputs")  # fmt: skip
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="do not compare the written graph with PyTorch in ONNX Runtime")  # fmt: skip
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config changes that do not alter weights (eval.num_select=50)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

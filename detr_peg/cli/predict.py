@@ -45,30 +45,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="CKPT", help="detr_peg checkpoint (.pth or .safetensors)")
-    source.add_argument(
-        "--onnx", metavar="FILE", help="a graph from `detr-peg export`, run in ONNX Runtime on the CPU instead"
-    )
-    parser.add_argument(
-        "inputs", nargs="+", metavar="INPUT", help="image files or folders, then optional key=value config overrides"
-    )
+    source.add_argument("--onnx", metavar="FILE",
+                        help="a graph from `detr-peg export`, run in ONNX Runtime on the CPU instead")  # fmt: skip
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="image files or folders, then optional key=value config overrides")  # fmt: skip
     parser.add_argument("--output", metavar="DIR", default="predictions", help="output folder (default: predictions)")
-    parser.add_argument(
-        "--score-threshold",
-        type=option_types.fraction,
-        metavar="X",
-        help="keep detections scoring at least X (default: eval.score_threshold)",
-    )
-    parser.add_argument(
-        "--device", type=option_types.device, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)"
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=option_types.positive,
-        default=8,
-        metavar="N",
-        help="most images per forward pass; images of equal size are batched, so results do not depend on it "
-        "(default: 8)",
-    )
+    parser.add_argument("--score-threshold", type=option_types.fraction, metavar="X",
+                        help="keep detections scoring at least X (default: eval.score_threshold)")  # fmt: skip
+    parser.add_argument("--device", type=option_types.device, default="auto",
+                        help="auto, cpu, cuda or cuda:N (default: auto)")  # fmt: skip
+    parser.add_argument("--batch-size", type=option_types.positive, default=8, metavar="N",
+                        help="most images per forward pass; images of equal size are batched, so results do not depend "
+                             "on it (default: 8)")  # fmt: skip
 
 
 def _split(inputs: list[str]) -> tuple[list[str], list[str]]:

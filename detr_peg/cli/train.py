@@ -39,21 +39,14 @@ OPTION_KEYS = {"--output": "train.output_dir", "--resume": "train.resume"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "--config",
-        type=option_types.config_file,
-        metavar="FILE",
-        help="config file, or the name of a shipped config: detr_r50_peg (detr-peg configs list)",
-    )
+    parser.add_argument("--config", type=option_types.config_file, metavar="FILE",
+                        help="config file, or the name of a shipped config: detr_r50_peg "
+                             "(detr-peg configs list)")  # fmt: skip
     parser.add_argument("--output", metavar="DIR", help="output folder (sets train.output_dir)")
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from <output>/checkpoint.pth if it exists (sets train.resume=true)",
-    )
-    parser.add_argument(
-        "--print-config", action="store_true", help="print the resolved config and the recipe it gives, then exit"
-    )
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from <output>/checkpoint.pth if it exists (sets train.resume=true)")  # fmt: skip
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config and the recipe it gives, then exit")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=2e-4")
 
 

@@ -33,77 +33,42 @@ OPTION_KEYS = {"--device": "train.device", "--amp": "train.amp"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "--config",
-        type=option_types.config_file,
-        metavar="FILE",
-        help="config file or shipped config name (detr-peg configs list) to benchmark",
-    )
+    parser.add_argument("--config", type=option_types.config_file, metavar="FILE",
+                        help="config file or shipped config name (detr-peg configs list) to benchmark")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.add_argument("--modes", default="infer,train", help="comma-separated: infer, train (default both)")
-    parser.add_argument(
-        "--infer-size",
-        type=option_types.image_size,
-        default="800x1066",
-        help="HxW of inference inputs (default 800x1066)",
-    )
-    parser.add_argument(
-        "--train-size", type=option_types.image_size, default="512x512", help="HxW of training inputs (default 512x512)"
-    )
+    parser.add_argument("--infer-size", type=option_types.image_size, default="800x1066",
+                        help="HxW of inference inputs (default 800x1066)")  # fmt: skip
+    parser.add_argument("--train-size", type=option_types.image_size, default="512x512",
+                        help="HxW of training inputs (default 512x512)")  # fmt: skip
     parser.add_argument("--batch", type=option_types.integer(1), default=1, help="images per batch (default 1)")
-    parser.add_argument(
-        "--device",
-        type=option_types.device,
-        default="cpu",
-        help="auto, cpu, cuda or cuda:N (default cpu; auto: cuda when there is one)",
-    )
+    parser.add_argument("--device", type=option_types.device, default="cpu",
+                        help="auto, cpu, cuda or cuda:N (default cpu; auto: cuda when there is one)")  # fmt: skip
     parser.add_argument("--threads", type=option_types.integer(1, 1024), default=2, help="CPU threads (default 2)")
-    parser.add_argument(
-        "--warmup",
-        type=option_types.integer(0),
-        default=3,
-        help="untimed runs (default 3: a process's first training steps still grow its memory, "
-        "with page faults that later steps do not have)",
-    )
+    parser.add_argument("--warmup", type=option_types.integer(0), default=3,
+                        help="untimed runs (default 3: a process's first training steps still grow its memory, with "
+                             "page faults that later steps do not have)")  # fmt: skip
     parser.add_argument("--runs", type=option_types.integer(1), default=5, help="timed runs (default 5)")
-    parser.add_argument(
-        "--rounds",
-        type=option_types.integer(1),
-        default=1,
-        help="run the list of cases this many times, pooling each case's runs (default 1)",
-    )
-    parser.add_argument(
-        "--amp",
-        choices=["none", "auto", "bf16", "fp16"],
-        default="none",
-        help="autocast dtype: bf16 on a GPU or on a CPU with AMX or AVX512-BF16, fp16 on a GPU, auto: bf16 where native; the matmul peak is then measured in that dtype",
-    )
+    parser.add_argument("--rounds", type=option_types.integer(1), default=1,
+                        help="run the list of cases this many times, pooling each case's runs (default 1)")  # fmt: skip
+    parser.add_argument("--amp", choices=["none", "auto", "bf16", "fp16"], default="none",
+                        help="autocast dtype: bf16 on a GPU or on a CPU with AMX or AVX512-BF16, fp16 on a GPU, auto: "
+                             "bf16 where native; the matmul peak is then measured in that dtype")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
-    parser.add_argument(
-        "--peak-size",
-        type=option_types.integer(0, 16384),
-        default=4096,
-        metavar="N",
-        help="measure the fp32 matmul peak with N x N torch.mm before the cases and give each row's "
-        "FLOP/s as a fraction of it (default 4096; 0 skips it)",
-    )
-    parser.add_argument(
-        "--gpu",
-        action="store_true",
-        help="GPU mode: --device cuda --amp bf16 --compile, images/s, one row per "
-        "deformable-attention implementation, the official code with its CUDA op",
-    )
-    parser.add_argument(
-        "--compare", type=option_types.key_values, metavar="KEY=V1,V2", help="one row per value of a config key"
-    )
+    parser.add_argument("--peak-size", type=option_types.integer(0, 16384), default=4096, metavar="N",
+                        help="measure the fp32 matmul peak with N x N torch.mm before the cases and give each row's "
+                             "FLOP/s as a fraction of it (default 4096; 0 skips it)")  # fmt: skip
+    parser.add_argument("--gpu", action="store_true",
+                        help="GPU mode: --device cuda --amp bf16 --compile, images/s, one row per deformable-attention "
+                             "implementation, the official code with its CUDA op")  # fmt: skip
+    parser.add_argument("--compare", type=option_types.key_values, metavar="KEY=V1,V2",
+                        help="one row per value of a config key")  # fmt: skip
     parser.add_argument("--official", metavar="PATH", help="checkout of the official repository to compare with")
     parser.add_argument("--official-args", default="", help="extra flags for the official model (quoted)")
-    parser.add_argument(
-        "--onnx",
-        action="store_true",
-        help="add an ONNX Runtime (CPU) case after every inference case (needs detr_peg[onnx])",
-    )
+    parser.add_argument("--onnx", action="store_true",
+                        help="add an ONNX Runtime (CPU) case after every inference "
+                             "case (needs detr_peg[onnx])")  # fmt: skip
     parser.add_argument("--output", metavar="FILE", default="bench.json", help="JSON report (default bench.json)")
 
 

@@ -41,59 +41,29 @@ from detr_peg.messages import listed
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--output", required=True, metavar="STUDY_DIR", help="the study folder")
-    parser.add_argument(
-        "--study",
-        type=option_types.config_file,
-        metavar="FILE",
-        help="study file or shipped study name (study/proxy_synthetic); options below add to it",
-    )
-    parser.add_argument(
-        "--config",
-        action="append",
-        type=option_types.config_file,
-        default=[],
-        metavar="FILE",
-        help="base config; repeat for several (they form an axis of the grid)",
-    )
-    parser.add_argument(
-        "--grid",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,...",
-        help="a grid axis; repeat for several (their product is taken)",
-    )
-    parser.add_argument(
-        "--seeds",
-        metavar="N|auto",
-        help="seeds per setting: train.seed = 0 .. N-1 (default 1); auto: add seeds in rounds until every "
-        "comparison's 95%% interval is within --target-ci",
-    )
-    parser.add_argument(
-        "--target-ci", metavar="AP", help="with --seeds auto: the 95%% interval half-width to reach (default 1.0)"
-    )
-    parser.add_argument(
-        "--max-seeds", type=option_types.integer(2), metavar="N", help="with --seeds auto: at most N seeds (default 10)"
-    )
+    parser.add_argument("--study", type=option_types.config_file, metavar="FILE",
+                        help="study file or shipped study name (study/proxy_synthetic); options below "
+                             "add to it")  # fmt: skip
+    parser.add_argument("--config", action="append", type=option_types.config_file, default=[], metavar="FILE",
+                        help="base config; repeat for several (they form an axis of the grid)")  # fmt: skip
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="a grid axis; repeat for several (their product is taken)")  # fmt: skip
+    parser.add_argument("--seeds", metavar="N|auto",
+                        help="seeds per setting: train.seed = 0 .. N-1 (default 1); auto: add seeds in rounds until "
+                             "every comparison's 95%% interval is within --target-ci")  # fmt: skip
+    parser.add_argument("--target-ci", metavar="AP",
+                        help="with --seeds auto: the 95%% interval half-width to reach (default 1.0)")  # fmt: skip
+    parser.add_argument("--max-seeds", type=option_types.integer(2), metavar="N",
+                        help="with --seeds auto: at most N seeds (default 10)")  # fmt: skip
     add_comparison_arguments(parser)
     ev = parser.add_argument_group("evaluation (passed to detr-peg eval)")
-    ev.add_argument(
-        "--scales",
-        type=option_types.scale_list,
-        metavar="S1,S2",
-        help="test scales: the validation images resized, e.g. 1,1.5,2",
-    )
-    ev.add_argument(
-        "--canvas-scales",
-        type=option_types.scale_list,
-        metavar="S1,S2",
-        help="test scales: a larger synthetic canvas with objects of the training size, e.g. 1.5,2",
-    )
-    ev.add_argument(
-        "--padding",
-        action="store_true",
-        default=None,
-        help="compare mixed-size evaluation batches with one image at a time",
-    )
+    ev.add_argument("--scales", type=option_types.scale_list, metavar="S1,S2",
+                    help="test scales: the validation images resized, e.g. 1,1.5,2")  # fmt: skip
+    ev.add_argument("--canvas-scales", type=option_types.scale_list, metavar="S1,S2",
+                    help="test scales: a larger synthetic canvas with objects of the training "
+                         "size, e.g. 1.5,2")  # fmt: skip
+    ev.add_argument("--padding", action="store_true", default=None,
+                    help="compare mixed-size evaluation batches with one image at a time")  # fmt: skip
     add_run_arguments(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
 
@@ -102,36 +72,22 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the cells run: here (``--jobs``), on SLURM or as local submitit jobs, and the jobs' resources."""
     run = parser.add_argument_group("where the cells run")
     run.add_argument("--plan", action="store_true", help="print every cell's commands and exit")
-    run.add_argument(
-        "--jobs",
-        type=option_types.integer(1),
-        metavar="N",
-        help="run N cells at a time on this machine, each in its own process with 1/N of the CPU cores as "
-        "torch threads (default 1: one after the other in this process)",
-    )
+    run.add_argument("--jobs", type=option_types.integer(1), metavar="N",
+                     help="run N cells at a time on this machine, each in its own process with 1/N of the CPU cores as "
+                          "torch threads (default 1: one after the other in this process)")  # fmt: skip
     run.add_argument("--slurm", action="store_true", help="one SLURM job per cell through submitit")
-    run.add_argument(
-        "--submitit-local",
-        action="store_true",
-        help="the same jobs as local processes (submitit's LocalExecutor), no SLURM",
-    )
-    run.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="with --slurm: return after submitting (detr-peg plot STUDY writes the tables later)",
-    )
+    run.add_argument("--submitit-local", action="store_true",
+                     help="the same jobs as local processes (submitit's LocalExecutor), no SLURM")  # fmt: skip
+    run.add_argument("--no-wait", action="store_true",
+                     help="with --slurm: return after submitting (detr-peg plot STUDY writes "
+                          "the tables later)")  # fmt: skip
     run.add_argument("--slurm-partition", metavar="NAME", help="SLURM partition")
     run.add_argument("--nodes", type=option_types.integer(1), metavar="N", help="machines per cell (default 1)")
-    run.add_argument(
-        "--gpus-per-node",
-        type=option_types.integer(1),
-        metavar="N",
-        help="GPUs (training processes) per machine (default 8)",
-    )
+    run.add_argument("--gpus-per-node", type=option_types.integer(1), metavar="N",
+                     help="GPUs (training processes) per machine (default 8)")  # fmt: skip
     run.add_argument("--time", metavar="HH:MM:SS", help="time limit per cell (default 72:00:00)")
-    run.add_argument(
-        "--cpus-per-task", type=option_types.integer(1), metavar="N", help="CPU cores per process (default 10)"
-    )
+    run.add_argument("--cpus-per-task", type=option_types.integer(1), metavar="N",
+                     help="CPU cores per process (default 10)")  # fmt: skip
     run.add_argument("--mem", metavar="SIZE", help="memory per machine, e.g. 256G")
 
 

@@ -30,12 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("path", metavar="RUN_OR_STUDY", help="a study folder or a training run folder")
     add_comparison_arguments(parser, recorded=True)  # a study's; by default those it was run with (plan.json)
-    parser.add_argument(
-        "--publish",
-        metavar="DEST",
-        help="write the study's plan.json and the rows of its done cells (cells.csv) into DEST and draw the "
-        "report there (publishing again adds the cells done since)",
-    )
+    parser.add_argument("--publish", metavar="DEST",
+                        help="write the study's plan.json and the rows of its done cells (cells.csv) into DEST and "
+                             "draw the report there (publishing again adds the cells done since)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
