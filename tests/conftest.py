@@ -97,10 +97,7 @@ def run_python(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600, fresh: boo
 _FRESH_MAIN = """
 import json, sys
 from detr_peg.cli.main import main
-try:
-    status = main(sys.argv[1:])
-except SystemExit as exc:
-    status = exc.code
+status = main(sys.argv[1:])
 heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "detr_peg.models")))
 print(json.dumps({"status": status, "heavy": heavy}))
 """

@@ -200,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{name}: warning: {one_line(' '.join(str(message).split()))}", file=sys.stderr
             )  # a library's warning of several lines too
             return _run_command(words)
+    except SystemExit as exc:  # argparse's usage errors and --help: a status, as every other outcome is
+        return exc.code if isinstance(exc.code, int) else 1 if exc.code else 0
     except Terminated:
         print(
             f"{name}: stopped by SIGTERM; the files it finished are complete and none is half-written",

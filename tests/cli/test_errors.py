@@ -45,11 +45,18 @@ def test_user_errors_are_one_line(argv, expected, capsys) -> None:
 
 def test_a_missing_argument_is_named_alone(capsys) -> None:
     """Optional overrides after a required argument are not listed as required (argparse's nargs="*" default)."""
-    with pytest.raises(SystemExit) as stop:
-        main(["convert", "src.pth"])
-    assert stop.value.code == 2
+    assert main(["convert", "src.pth"]) == 2  # returned, as every other status is
     assert capsys.readouterr().err.strip().endswith("error: the following arguments are required: dst (see "
                                                     "detr-peg convert --help)")  # fmt: skip
+
+
+def test_main_returns_the_status_of_usage_errors_and_help(capsys) -> None:
+    """``main`` run inside a program returns argparse's statuses too, never raising SystemExit."""
+    assert main(["train", "--no-such-option"]) == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+    assert main(["eval", "--help"]) == 0
+    assert "usage: detr-peg eval" in capsys.readouterr().out
+    assert main(["no-such-command"]) == 2
 
 
 def test_predict_errors(capsys, tmp_path: Path) -> None:
