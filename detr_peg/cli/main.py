@@ -70,14 +70,19 @@ class _StoreOnce(argparse._StoreAction):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr (exit 2) and whose options may be given once."""
+    """An ``ArgumentParser`` whose errors are one line on stderr (exit 2) and whose options may be given once and
+    in full (``export --check`` is not ``--checkpoint``)."""
 
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - argparse's signature
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, allow_abbrev=False, **kwargs)
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)
 
     def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 - argparse's signature
+        options = [option for action in self._actions for option in action.option_strings]
+        for word in (w.split("=", 1)[0] for w in args or () if w.startswith("--")):
+            if word not in options and (full := [option for option in options if option.startswith(word)]):
+                self.error(f"{word} is not an option; options are written in full: {' or '.join(full)}")
         parsed, extra = super().parse_known_args(args, namespace)
         parsed.__dict__.pop(_GIVEN, None)
         return parsed, extra

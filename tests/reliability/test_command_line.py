@@ -126,6 +126,14 @@ CASES = [
         ["data.train_images ~/coco/images does not exist ('~' is expanded by the shell only at the start of a word"],
     ),
     Hostile(
+        "abbreviated-option",
+        ["export", "--check", CKPT, "--output", "m.onnx"],
+        ["detr-peg export: error: --check is not an option; options are written in full: --checkpoint"],
+    ),
+    Hostile(
+        "abbreviated-option-with-value", [*PREDICT, "--score=0.3"], ["--score is not an option", "--score-threshold"]
+    ),
+    Hostile(
         "batch-size-with-equals-sign",
         [*PREDICT, "--batch-size=abc"],
         ["argument --batch-size: must be a whole number of at least 1, got 'abc'"],
