@@ -570,3 +570,11 @@ def test_detections_are_indexed_like_their_tensors() -> None:
     for bad in ("a", 1.5, True, None, [[0]], [0.5]):
         with pytest.raises(TypeError, match=r"^Detections are indexed by a position, a slice, positions or a bool"):
             found[bad]
+
+
+def test_loading_a_checkpoint_leaves_the_callers_generator_alone(coco128_checkpoint) -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(5)
+    torch.manual_seed(0)
+    detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+    torch.testing.assert_close(torch.rand(5), expected)

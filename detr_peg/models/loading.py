@@ -184,7 +184,8 @@ def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap 
     # The checkpoint holds the backbone weights; do not load them from elsewhere.
     cfg = without_backbone_weights(cfg)
     stored = checkpoint_label_map(ckpt, cfg)  # checked before the model is built
-    model = build_model(cfg)
+    with torch.random.fork_rng(devices=[]):  # the random init is replaced: leave the caller's generator alone
+        model = build_model(cfg)
     load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
     label_map = label_map if label_map is not None else stored
     iteration = ckpt.extra.get("iteration")
