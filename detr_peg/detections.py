@@ -139,7 +139,7 @@ class Detections:
         """The picture (any input ``Detector.predict`` takes, with its ``channels``, as predicted on) with each box,
         class name and score in a colour per category; line ``width`` defaults to the longer side / 320. A picture
         of another size than :attr:`image_size` is a ``DataError``: the boxes are in that image's pixels."""
-        pixels = as_rgb_tensor(picture, "picture", bgr=channels == "BGR")  # DataError if unusable, as in predict
+        pixels = as_rgb_tensor(picture, "picture", channels=channels)  # DataError if unusable, as in predict
         if tuple(pixels.shape[-2:]) != tuple(self.image_size):
             (h, w), (ph, pw) = self.image_size, pixels.shape[-2:]
             raise DataError(f"picture is {pw} x {ph} pixels but the detections are of a {w} x {h} image; draw them "

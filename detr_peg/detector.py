@@ -156,19 +156,17 @@ class Detector(HubFolders):
             raise ConfigError(f"threshold must be a number from 0 to 1, got {threshold!r}.")  # NumPy's too; not NaN
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or not 1 <= batch_size <= 1e5:
             raise ConfigError(f"batch_size must be a whole number from 1 to 100000, got {batch_size!r}.")
-        if channels not in ("RGB", "BGR"):
-            raise ConfigError(f"channels must be 'RGB' or 'BGR', got {channels!r}.")
-        results = self._detect(inputs, float(threshold), int(batch_size), bgr=channels == "BGR")
+        results = self._detect(inputs, float(threshold), int(batch_size), channels)
         return results[0] if single else results
 
     def _detect(
-        self, inputs: list[ImageInput], threshold: float, batch_size: int, bgr: bool = False
+        self, inputs: list[ImageInput], threshold: float, batch_size: int, channels: str = "RGB"
     ) -> list[Detections]:
         from torchvision import tv_tensors
 
         items, groups = [], {}
         for index, image in enumerate(inputs):
-            pixels = as_rgb_tensor(image, name=_describe(image, index), bgr=bgr)
+            pixels = as_rgb_tensor(image, name=_describe(image, index), channels=channels)
             model_input = self._transform(tv_tensors.Image(pixels))
             items.append(({"orig_size": torch.tensor(pixels.shape[-2:]), "index": index}, model_input, image))
             groups.setdefault(tuple(model_input.shape[-2:]), []).append(index)

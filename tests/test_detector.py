@@ -531,6 +531,8 @@ def test_drawing_refuses_a_line_width_that_is_no_width(width) -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match=rf"^width must be a whole number of pixels from 1 to 10, got {width!r}\.$"):
         detections.draw(torch.zeros(3, 8, 10, dtype=torch.uint8), width=width)
+    with pytest.raises(ConfigError, match=r"^channels must be 'RGB' or 'BGR', got 'XYZ'\.$"):  # as predict's
+        detections.draw(torch.zeros(3, 8, 10, dtype=torch.uint8), channels="XYZ")
 
 
 def test_numpy_numbers_are_numbers(detector, tmp_path) -> None:

@@ -16,7 +16,7 @@ from PIL import Image, ImageFile
 from torch import Tensor
 
 from detr_peg.bounded_read import check_image_shape, check_regular_file
-from detr_peg.errors import DataError
+from detr_peg.errors import ConfigError, DataError
 from detr_peg.outputs import os_reason
 
 #: Modes whose values are grey levels of 0..65535, scaled to 0..255.
@@ -122,13 +122,16 @@ ACCEPTED = (
 )
 
 
-def as_rgb_tensor(image: ImageInput, name: str = "image", *, bgr: bool = False) -> Tensor:
+def as_rgb_tensor(image: ImageInput, name: str = "image", *, channels: str = "RGB") -> Tensor:
     """One image as an RGB uint8 ``Tensor[3, H, W]`` on the CPU; ``DataError`` naming ``name`` if unusable.
 
     Accepts a path (:func:`load_rgb_image`), a PIL image (:func:`to_rgb`), a NumPy uint8 ``(H, W, 3)`` or ``(H, W)``
-    array, or a ``(3, H, W)`` tensor, uint8 or float in ``[0, 1]``; arrays and tensors are RGB, or BGR with ``bgr``
-    (as OpenCV reads frames); files and PIL images carry their own channel order, so ``bgr`` refuses them.
+    array, or a ``(3, H, W)`` tensor, uint8 or float in ``[0, 1]``; arrays and tensors are RGB, or BGR with
+    ``channels="BGR"`` (as OpenCV reads frames), which refuses files and PIL images: they carry their own order.
     """
+    if channels not in ("RGB", "BGR"):
+        raise ConfigError(f"channels must be 'RGB' or 'BGR', got {channels!r}.")
+    bgr = channels == "BGR"
     if bgr and isinstance(image, (str, os.PathLike, Image.Image)):
         raise DataError(f"{name} is a file or PIL image, whose channel order is known; channels='BGR' is for arrays "
                         "and tensors.")  # fmt: skip
