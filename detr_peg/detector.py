@@ -126,13 +126,13 @@ class Detector(HubFolders):
 
     @property
     def label_map(self) -> LabelMap | None:
-        """Model label <-> dataset category id and name, if the model came with one."""
-        return self.loaded.label_map
+        """Model label <-> dataset category id and name, if the model came with one; a copy, as :attr:`config`."""
+        return copy.deepcopy(self.loaded.label_map)
 
     @property
     def class_names(self) -> list[str]:
         """The name of every model label, in label order (``class <label>`` for labels without one)."""
-        return [category_of(self.label_map, label)[1] for label in range(self.config.model.num_classes)]
+        return [category_of(self.loaded.label_map, label)[1] for label in range(self.loaded.config.model.num_classes)]
 
     def predict(
         self,
@@ -183,7 +183,7 @@ class Detector(HubFolders):
                 results[item["index"]] = Detections.from_postprocessed(
                     detection,
                     threshold=threshold,
-                    label_map=self.label_map,
+                    label_map=self.loaded.label_map,
                     image_size=tuple(int(v) for v in item["orig_size"]),
                     source=str(source) if isinstance(source, (str, os.PathLike)) else None,
                 )

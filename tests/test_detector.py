@@ -518,9 +518,12 @@ def test_changing_the_config_it_returns_changes_no_detector(detector, tmp_path) 
     changed = detector.config
     changed.model.num_queries, changed.model.position.name = queries + 5, "sine"
     assert detector.config.model.num_queries == queries and detector.config != changed
+    names = detector.class_names
+    detector.label_map.names[0] = "changed"
+    assert detector.class_names == names and detector.label_map.names[0] == names[0]
     detector.save_pretrained(tmp_path / "hub")
     again = detr_peg.Detector.from_pretrained(tmp_path / "hub", device="cpu")
-    assert again.config == detector.config
+    assert again.config == detector.config and again.label_map == detector.label_map
 
 
 @pytest.mark.parametrize("width", [0, -1, True, 2.5, 10**6])
