@@ -16,14 +16,18 @@ from typing import Any
 
 from detr_peg.bounded_read import check_regular_file
 from detr_peg.errors import CheckpointError, UserError
-from detr_peg.outputs import atomic_write
+from detr_peg.outputs import atomic_write, remove_stale
 
 SAFE_GLOBALS = [argparse.Namespace]
 
 
 def is_url(spec: str) -> bool:
-    """True for ``http://`` and ``https://`` locations."""
-    return spec.startswith(("http://", "https://"))
+    """True for ``http://`` and ``https://`` locations (in any case); CheckpointError for another scheme."""
+    scheme = re.match(r"([A-Za-z][\w+.-]*)://", spec)
+    if scheme and scheme[1].lower() not in ("http", "https"):
+        raise CheckpointError(f"{spec}: detr-peg does not read {scheme[1]}:// locations; give a local path or an "
+                              "http(s):// URL.")  # fmt: skip
+    return scheme is not None
 
 
 def check_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> int:
@@ -45,22 +49,41 @@ def check_checkpoint_location(spec: str | os.PathLike, what: str = "checkpoint")
         check_checkpoint_file(spec, what)
 
 
+#: Seconds a download waits for the server, to connect or between two reads.
+DOWNLOAD_TIMEOUT = 60.0
+
+
 def fetch_url(url: str) -> Path:
     """Download ``url`` into torch's hub cache (once per URL) and return the local path.
 
-    The file is kept under a folder named by the URL's hash: two URLs ending in the same file name
-    (``.../a/checkpoint.pth``, ``.../b/checkpoint.pth``) are two files.
+    The file is kept under a folder named by the URL's hash (``.../a/checkpoint.pth`` and ``.../b/checkpoint.pth``
+    are two files); a download cut short, or silent for :data:`DOWNLOAD_TIMEOUT` seconds, keeps nothing.
     """
-    from torch.hub import download_url_to_file, get_dir
+    import http.client
+    import urllib.request
+
+    from torch.hub import get_dir
+    from tqdm import tqdm
 
     cache = Path(get_dir()) / "checkpoints" / hashlib.sha256(url.encode()).hexdigest()[:16]
-    cache.mkdir(parents=True, exist_ok=True)
     target = cache / (os.path.basename(url.split("?")[0]) or "download")
-    if not target.is_file():
-        try:
-            download_url_to_file(url, str(target), progress=True)
-        except Exception as exc:  # network errors come in many types
-            raise CheckpointError(f"Could not download {url}: {exc}.") from None
+    partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        if not target.is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            remove_stale(cache, f".{target.name}.tmp-")
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response, open(partial, "wb") as handle:
+                size = int(response.headers.get("Content-Length") or -1)
+                with tqdm(total=max(size, 0) or None, unit="B", unit_scale=True, desc=target.name, disable=None) as bar:
+                    while chunk := response.read(1 << 20):
+                        bar.update(handle.write(chunk))
+            if size >= 0 and partial.stat().st_size != size:
+                raise OSError(f"the server sent {partial.stat().st_size} of the {size} bytes it announced")
+            os.replace(partial, target)
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # network errors come in many types
+        raise CheckpointError(f"Could not download {url}: {exc}.") from None
+    finally:
+        partial.unlink(missing_ok=True)
     return target
 
 
@@ -77,7 +100,14 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     import torch  # imported on reading: checking a path alone must not import torch
 
     spec = str(path)
-    local = fetch_url(spec) if is_url(spec) else Path(spec)
+    if is_url(spec):
+        local = fetch_url(spec)
+        try:
+            return read_checkpoint_file(local, what=what)
+        except CheckpointError as exc:  # a download that is no checkpoint (a web page) is not kept for the next try
+            local.unlink(missing_ok=True)
+            raise CheckpointError(str(exc).replace(str(local), spec)) from None
+    local = Path(spec)
     check_checkpoint_file(local, what)
     if local.suffix.lower() == ".onnx":
         raise CheckpointError(

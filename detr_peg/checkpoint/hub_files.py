@@ -15,7 +15,7 @@ from typing import Any
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
-    HfHubHTTPError,
+    HTTPError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
@@ -101,11 +101,12 @@ def hub_errors(spec: str) -> Iterator[None]:
     """Turn the ``huggingface_hub`` errors raised inside into one-sentence :class:`CheckpointError` messages."""
     try:
         yield
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as exc:
+        cause = exc.__cause__ or exc.__context__  # what the Hub (or the network) answered, when asked
+        why = _first_line(cause) if cause is not None else "no network, or HF_HUB_OFFLINE is set"
         raise CheckpointError(
-            f"{spec} is not in the local Hugging Face cache and the Hub cannot be reached (no network, or "
-            "HF_HUB_OFFLINE is set), nor is it a local folder; check the path, or download the folder where there "
-            "is network and pass its local path instead."
+            f"{spec} is not in the local Hugging Face cache and could not be fetched from the Hub ({why}), nor is it "
+            "a local folder; check the path, or download the folder where there is network and pass its local path."
         ) from None
     except RepositoryNotFoundError:
         raise CheckpointError(
@@ -114,9 +115,12 @@ def hub_errors(spec: str) -> Iterator[None]:
         ) from None
     except RevisionNotFoundError:
         raise CheckpointError(f"{spec}: the repository has no such revision; check the part after '@'.") from None
-    except (HfHubHTTPError, OSError) as exc:  # network errors come in many types
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    except (HTTPError, OSError) as exc:  # network errors come in many types (httpx's are HTTPError)
         raise CheckpointError(
-            f"Could not fetch {spec} from the Hugging Face Hub ({reason}), and it is not a local folder; check "
+            f"Could not fetch {spec} from the Hugging Face Hub ({_first_line(exc)}), and it is not a local folder; check "
             "the path, or pass a local folder."
         ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
