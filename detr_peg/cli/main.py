@@ -191,8 +191,18 @@ def _terminate_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+#: ``main`` swaps process-wide state (stdout, the logger, the warning display): calls in threads take turns.
+_ONE_COMMAND = threading.RLock()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line and return the exit status; SIGTERM from the first line on exits 143 with one line."""
+    """Run the command line and return the exit status; SIGTERM from the first line on exits 143 with one line.
+    Calls from several threads run one after another."""
+    with _ONE_COMMAND:
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     stdout, strict = sys.stdout, getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure")
     if strict:

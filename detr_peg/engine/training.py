@@ -6,6 +6,7 @@ import contextlib
 import os
 import random
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -233,16 +234,21 @@ def _resume(
     return progress, notes
 
 
+#: A run seeds the process's global generators: runs in threads of one process take turns.
+_ONE_RUN = threading.Lock()
+
+
 @contextlib.contextmanager
 def callers_random_states() -> Iterator[None]:
     """Python's, NumPy's and torch's global generators as they were before the block: a run seeds them itself."""
-    python, numpy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
-        try:
-            yield
-        finally:
-            random.setstate(python)
-            np.random.set_state(numpy)
+    with _ONE_RUN:
+        python, numpy = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+            try:
+                yield
+            finally:
+                random.setstate(python)
+                np.random.set_state(numpy)
 
 
 @contextlib.contextmanager

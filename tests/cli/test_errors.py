@@ -147,3 +147,25 @@ def test_main_inside_a_program_leaves_its_stdout_as_it_was(tmp_path) -> None:
             assert sys.stdout is out and out.errors == "strict"
         finally:
             sys.stdout = previous
+
+
+def test_main_in_several_threads_gives_the_program_its_state_back(monkeypatch, capsys) -> None:
+    """Calls take turns: the last to end cannot put back what another call had put in place."""
+    import threading
+    import time
+    import warnings
+
+    from detr_peg.cli import configs
+
+    listing = configs.run
+    monkeypatch.setattr(configs, "run", lambda args: time.sleep(0.3) or listing(args))
+    stdout, showwarning, logger = sys.stdout, warnings.showwarning, logging.getLogger("detr_peg")
+    level, handlers = logger.level, list(logger.handlers)
+    statuses = []
+    threads = [threading.Thread(target=lambda: statuses.append(main(["configs", "list"]))) for _ in range(3)]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+    assert statuses == [0, 0, 0]
+    assert sys.stdout is stdout and warnings.showwarning is showwarning
+    assert (logger.level, logger.handlers) == (level, handlers)
+    assert capsys.readouterr().out.count("demo") >= 3

@@ -227,3 +227,23 @@ def test_a_run_leaves_the_callers_random_generators_as_they_were(shapes, tmp_pat
     after = (torch.rand(3), random.random(), np.random.rand(3))
     torch.testing.assert_close(after[0], expected[0], rtol=0, atol=0)
     assert after[1] == expected[1] and (after[2] == expected[2]).all()
+
+
+def test_runs_in_two_threads_give_the_weights_of_runs_one_after_the_other(shapes, uninterrupted, tmp_path) -> None:
+    """The runs share the process's generators, so they take turns; each ends as it would alone."""
+    import threading
+
+    results, errors = {}, []
+
+    def train(name: str) -> None:
+        try:
+            results[name] = _run(shapes, tmp_path / name, "train.max_iters=6")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=train, args=(name,)) for name in ("a", "b")]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+    assert not errors, errors
+    for name in ("a", "b"):
+        assert_same_weights(read_checkpoint(results[name].checkpoint).model, uninterrupted)
