@@ -204,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    # A closed stream (`>&-`, pythonw) is None: what is printed there goes nowhere, and the command runs as usual.
+    closed = {name: open(os.devnull, "w") for name in ("stdout", "stderr") if getattr(sys, name) is None}  # noqa: SIM115
+    for name, sink in closed.items():
+        setattr(sys, name, sink)
     stdout, strict = sys.stdout, getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure")
     if strict:
         stdout.reconfigure(errors="backslashreplace")  # "é" under PYTHONIOENCODING=ascii prints as \xe9, as on stderr
@@ -227,6 +231,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if strict:  # main may run inside another program; a stdout that failed stays as it is
             with contextlib.suppress(OSError, ValueError):
                 stdout.reconfigure(errors="strict")
+        for name, sink in closed.items():
+            setattr(sys, name, None)
+            sink.close()
 
 
 def _command_word(words: list[str]) -> list[str]:
@@ -278,15 +285,12 @@ def _run_command(words: list[str]) -> int:
     from detr_peg.outputs import ErrorRecorder
 
     stdout, stdout_errors = sys.stdout, []  # a write to stdout that fails is told apart from other errors
-    if stdout is not None:
-        sys.stdout = ErrorRecorder(stdout, stdout_errors)
+    sys.stdout = ErrorRecorder(stdout, stdout_errors)
     try:
         status = int(module.run(args) or 0)
         # What the command printed is out before SIGTERM gets its default action back: a signal while the
-        # interpreter exits must not lose the last lines ("Wrote ...") from stdout's buffer. A closed stdout
-        # (`>&-`) is None: Python drops what is printed, and the command runs as usual.
-        if sys.stdout is not None:
-            sys.stdout.flush()
+        # interpreter exits must not lose the last lines ("Wrote ...") from stdout's buffer.
+        sys.stdout.flush()
         return status
     except UserError as exc:
         message = one_line(in_users_words(str(exc), module, words))  # names from files: no line breaks, no escapes

@@ -88,7 +88,9 @@ class MetricsLog:
                 self._file = open(self.path, "a" if append else "w", encoding="utf-8")
             except OSError as exc:
                 raise write_error(self.path, exc, "open") from None
-        self.progress_bars = sys.stderr.isatty() if progress_bars is None else progress_bars
+        self.progress_bars = (
+            bool(sys.stderr and sys.stderr.isatty()) if progress_bars is None else progress_bars
+        )  # None: closed
         self._bar = None
         self._writer = None
         if tensorboard:

@@ -169,28 +169,35 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     assert "Traceback" not in stderr and stderr == "", stderr
 
 
-@pytest.mark.parametrize("stdout", ["full", "closed"])
-@pytest.mark.parametrize("args", [["configs", "list"], ["configs", "copy", "demo", "mine.yaml"]], ids=["list", "copy"])
-def test_a_full_or_closed_standard_output_ends_without_a_traceback(tmp_path: Path, stdout: str, args) -> None:
-    """``> /dev/full``: one line and exit 2, the files written complete; ``>&-``: Python drops the output, exit 0."""
+DEMO_DATA = ["demo", "--data-only", "--num-train", "2", "--num-val", "1", "--output", "d"]
+
+
+@pytest.mark.parametrize("stream", ["full", "closed", "closed-stderr"])
+@pytest.mark.parametrize(
+    "args", [["configs", "list"], ["configs", "copy", "demo", "mine.yaml"], DEMO_DATA], ids=["list", "copy", "demo"]
+)
+def test_a_full_or_closed_standard_output_ends_without_a_traceback(tmp_path: Path, stream: str, args) -> None:
+    """``> /dev/full``: one line and exit 2, the files written complete; ``>&-`` or ``2>&-``: what would be printed
+    there goes nowhere, and the command runs as usual (its messages go through the logger too)."""
     from tests.conftest import REPO_ROOT, python_env
 
     code = f"import sys; from detr_peg.cli.main import main; sys.exit(main({args!r}))"
+    closed = {"closed": 1, "closed-stderr": 2}.get(stream)
     with open("/dev/full", "w") as full:
         proc = subprocess.run(
             [sys.executable, "-c", code],
-            stdout=full if stdout == "full" else None,
-            preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None,
-            stderr=subprocess.PIPE,
+            stdout=full if stream == "full" else subprocess.PIPE,
+            preexec_fn=(lambda: os.close(closed)) if closed else None,
+            stderr=None if stream == "closed-stderr" else subprocess.PIPE,
             env=python_env(),
             cwd=tmp_path,
             timeout=120,
         )
-    stderr = proc.stderr.decode()
-    if stdout == "full":
+    stderr = (proc.stderr or b"").decode()
+    if stream == "full":
         assert proc.returncode == 2, stderr
         assert stderr.splitlines() == [
-            "detr-peg configs: error: standard output cannot be written (No space left on device); "
+            f"detr-peg {args[0]}: error: standard output cannot be written (No space left on device); "
             "the files the command finished are complete."
         ]
     else:
@@ -198,6 +205,8 @@ def test_a_full_or_closed_standard_output_ends_without_a_traceback(tmp_path: Pat
     if args[1] == "copy":
         shipped = (REPO_ROOT / "configs" / "demo.yaml").read_text()
         assert (tmp_path / "mine.yaml").read_text() == shipped
+    if args[0] == "demo" and stream != "full":  # a full stdout stops it at its first message
+        assert len(json.loads((tmp_path / "d" / "data" / "annotations_train.json").read_text())["images"]) == 2
 
 
 def test_a_name_that_standard_output_cannot_encode_prints_escaped(tmp_path: Path) -> None:
@@ -209,3 +218,18 @@ def test_a_name_that_standard_output_cannot_encode_prints_escaped(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["configs: wrote d\\xe9mo.yaml", "configs: use it with --config d\\xe9mo.yaml"]
     assert (tmp_path / "démo.yaml").read_text() == (REPO_ROOT / "configs" / "demo.yaml").read_text()
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_an_evaluation_runs_as_usual_with_a_stream_of_none(tiny_demo_dir: Path, tmp_path, monkeypatch, stream) -> None:
+    """``sys.stdout`` / ``sys.stderr`` are None under ``pythonw`` or ``>&-``: the command line and the API run."""
+    from detr_peg import Detector
+    from detr_peg.cli.main import main
+
+    checkpoint, data = tiny_demo_dir / "run" / "checkpoint.pth", tiny_demo_dir / "data"
+    monkeypatch.setattr(sys, stream, None)
+    assert main(["eval", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "eval")]) == 0
+    assert getattr(sys, stream) is None
+    written = json.loads((tmp_path / "eval" / "metrics.json").read_text())["bbox"]
+    detector = Detector.from_checkpoint(checkpoint, device="cpu")
+    assert detector.evaluate(data / "val", data / "annotations_val.json") == pytest.approx(written, abs=1e-12)

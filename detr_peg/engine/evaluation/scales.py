@@ -156,7 +156,7 @@ def run_scale_evaluation(
             checkpoint = read_checkpoint(checkpoint)
         loaded, dataset, amp = load_for_evaluation(cfg, checkpoint, env)
         total = len(scales) + len(canvas_sets) + (len(PADDING_RUNS) if padding else 0)
-        show = env.is_main and (sys.stderr.isatty() if progress_bars is None else progress_bars)
+        show = env.is_main and (bool(sys.stderr and sys.stderr.isatty()) if progress_bars is None else progress_bars)
         bar = tqdm(total=total, desc="evaluations", disable=not show, dynamic_ncols=True)
         reports: dict[str, Any] = {}
         try:
