@@ -40,3 +40,25 @@ def test_learning_curves_of_old_and_new_logs_are_both_in_percent(tmp_path: Path)
 @pytest.mark.parametrize(("value", "text"), [(37.5, "37.5 %"), (0.0, "0.0 %"), (-1.0, "n/a"), (None, "n/a")])
 def test_format_percent(value, text) -> None:
     assert format_percent(value) == text and format_percent(value, 8) == f"{text:>8}"
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [({"bbox": PERCENT, "unit": "permille"}, "its 'unit' is 'permille', not 'percent'"),
+     ({"bbox": PERCENT}, "'AP' is 37.5, above 1 for a fraction; percent needs 'unit': 'percent'"),
+     ({"bbox": PERCENT, "unit": "fraction"}, "'AP' is 37.5, above 1 for a fraction")],
+    ids=["unknown-unit", "percent-without-unit", "percent-called-fractions"],
+)  # fmt: skip
+def test_metrics_of_no_known_unit_are_refused_not_rescaled(tmp_path: Path, payload, words) -> None:
+    """A model card of a run whose ``metrics.json`` says something else refuses in one sentence naming the file."""
+    from detr_peg.errors import CheckpointError
+    from detr_peg.hub import run_metrics
+
+    with pytest.raises(ValueError, match=f"^{words}"):
+        read_metrics(payload)
+    (tmp_path / "metrics.json").write_text(json.dumps(payload))
+    with pytest.raises(CheckpointError, match=f"^{tmp_path / 'metrics.json'} cannot be read as the run's metrics"):
+        run_metrics(tmp_path / "metrics.json")
+    log = tmp_path / "m.jsonl"  # a log record of no known unit is skipped, as other lines that are not records
+    log.write_text(json.dumps({"type": "eval", "iteration": 10, **payload["bbox"], "unit": payload.get("unit")}))
+    assert learning_curve(log_records(log)) == []

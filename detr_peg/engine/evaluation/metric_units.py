@@ -23,13 +23,19 @@ def to_percent(fraction: float) -> float:
 
 
 def percent_metrics(values: Mapping[str, Any], unit: str | None) -> dict[str, float]:
-    """The :data:`STAT_NAMES` entries of ``values`` in percent; ``unit`` None or ``"fraction"`` means values in 0..1."""
-    scale = unit == UNIT
-    return {
-        name: float(values[name]) if scale else to_percent(values[name])
-        for name in STAT_NAMES
-        if is_number(values.get(name), finite=False)
-    }
+    """The :data:`STAT_NAMES` entries of ``values`` in percent; ``unit`` None or ``"fraction"`` means values in 0..1.
+
+    Raises ValueError for another unit, or a fraction above 1 (a file in percent without its unit).
+    """
+    if unit not in (None, "fraction", UNIT):
+        raise ValueError(f"its 'unit' is {unit!r}, not 'percent' (or 'fraction')")
+    found = {name: float(values[name]) for name in STAT_NAMES if is_number(values.get(name), finite=False)}
+    above = [name for name, value in found.items() if value > 1]
+    if unit != UNIT and above:
+        raise ValueError(
+            f"'{above[0]}' is {found[above[0]]:g}, above 1 for a fraction; percent needs 'unit': 'percent'"
+        )
+    return {name: value if unit == UNIT else to_percent(value) for name, value in found.items()}
 
 
 def read_metrics(record: Mapping[str, Any]) -> dict[str, float]:

@@ -5,6 +5,7 @@ COCO numbers in percent; -1 ("no such objects") is left out of the averages.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -61,7 +62,9 @@ def learning_curve(records: Iterable[dict[str, Any]], stat: str = "AP") -> list[
     points: dict[int, float] = {}
     for record in records:
         if record.get("type") == "eval" and is_number(record.get("iteration")):
-            value = read_metrics(record).get(stat)  # percent, from older logs in fractions too
+            value = None
+            with contextlib.suppress(ValueError):  # a record of no known unit is not one
+                value = read_metrics(record).get(stat)  # percent, from older logs in fractions too
             if is_number(value):
                 points[int(record["iteration"])] = value
     return sorted(points.items())
