@@ -56,7 +56,10 @@ class Detector(HubFolders):
             raise TypeError(f"Detector(...) takes a LoadedModel, got {type(loaded).__name__}; use Detector.from_checkpoint, "
                             "from_pretrained, from_onnx or from_config.")  # fmt: skip
         self.loaded = loaded
-        self.device = device if isinstance(device, torch.device) else resolve_device(str(device))
+        try:  # a torch.device too: torch.device("meta") or ("cuda") without a GPU is refused as the string is
+            self.device = resolve_device(str(device))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("train.device", "device")) from None
         if isinstance(loaded.model, torch.nn.Module):
             loaded.to(self.device).model.eval()
         else:  # an ONNX Runtime graph runs on the CPU
@@ -159,10 +162,22 @@ class Detector(HubFolders):
         results = self._detect(inputs, float(threshold), int(batch_size), channels)
         return results[0] if single else results
 
+    def _checked(self) -> LoadedModel:
+        """:attr:`loaded`, its weights checked to be float32 on :attr:`device`: what predict, evaluate, export run."""
+        tensors = (*self.model.parameters(), *self.model.buffers()) if isinstance(self.model, torch.nn.Module) else ()
+        for t in (t for t in tensors if t.is_floating_point()):
+            if t.dtype != torch.float32 or t.device.type != self.device.type:
+                raise ConfigError(f"detector.model holds {t.dtype} weights on {t.device}, but the detector runs float32 "
+                                  f"on {self.device} (detector.amp sets autocast): call "
+                                  "detector.model.float().to(detector.device).")  # fmt: skip
+        return self.loaded
+
     def _detect(
         self, inputs: list[ImageInput], threshold: float, batch_size: int, channels: str = "RGB"
     ) -> list[Detections]:
         from torchvision import tv_tensors
+
+        loaded = self._checked()
 
         items, groups = [], {}
         for index, image in enumerate(inputs):
@@ -174,10 +189,10 @@ class Detector(HubFolders):
         for indices in groups.values():
             for start in range(0, len(indices), batch_size):
                 chunk = [items[i] for i in indices[start : start + batch_size]]
-                images, mask = pad_images([t for _, t, _ in chunk], self.loaded.model.size_divisibility)
+                images, mask = pad_images([t for _, t, _ in chunk], loaded.model.size_divisibility)
                 batches.append((images, mask, [item for item, _, _ in chunk]))
         results: list[Detections | None] = [None] * len(inputs)
-        for batch in run_inference(self.loaded, batches, device=self.device, amp=self.amp):
+        for batch in run_inference(loaded, batches, device=self.device, amp=self.amp):
             for item, detection in zip(batch.items, batch.detections):
                 source = items[item["index"]][2]
                 results[item["index"]] = Detections.from_postprocessed(
@@ -207,14 +222,12 @@ class Detector(HubFolders):
         ``{"AP", "AP50", ..., "ARl"}`` with ``.per_class`` and ``.confusion`` (see :class:`Metrics`). Raises
         ``UserError`` for bad data or an unwritable folder.
         """
-        cfg = self._evaluation_config(images, annotations, batch_size)
+        cfg, checked = self._evaluation_config(images, annotations, batch_size), self._checked()
         with process_group(str(self.device)) as env:
             if output_dir is not None:
-                run = run_evaluation(
-                    cfg, self.loaded, output_dir, extra_inputs=extra_inputs, progress_bars=progress_bars
-                )
+                run = run_evaluation(cfg, checked, output_dir, extra_inputs=extra_inputs, progress_bars=progress_bars)
                 return Metrics(run.metrics, run.per_class, run.confusion)
-            loaded, dataset, _ = load_for_evaluation(cfg, self.loaded, env)
+            loaded, dataset, _ = load_for_evaluation(cfg, checked, env)
             out = evaluate_dataset(loaded, dataset, env, amp=evaluation_amp(self.config.train.amp, self.device))
             confusion = confusion_matrix(dataset.coco, out.detections) if env.is_main else None
             return Metrics(out.metrics, out.per_class, confusion)
@@ -229,7 +242,7 @@ class Detector(HubFolders):
     ) -> dict[str, Path]:
         """The evaluation of ``detr-peg eval --scales/--canvas-scales/--padding``; the files written, by kind."""
         return run_scale_evaluation(
-            self.config, self.loaded, output_dir, scales=scales, canvas_scales=canvas_scales, padding=padding
+            self.config, self._checked(), output_dir, scales=scales, canvas_scales=canvas_scales, padding=padding
         )
 
     def _evaluation_config(
@@ -343,8 +356,9 @@ class Detector(HubFolders):
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"This detector runs the ONNX graph {self.model.path}, an export already; export the "
                               "checkpoint it was exported from (Detector.from_checkpoint).")  # fmt: skip
+        loaded = self._checked()
         with guard_outputs("export", [], [Output(path, "path")]):
-            return export_onnx(self.loaded, path, **options)
+            return export_onnx(loaded, path, **options)
 
     @property
     def amp(self) -> str:

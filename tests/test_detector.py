@@ -583,3 +583,33 @@ def test_loading_a_checkpoint_leaves_the_callers_generator_alone(coco128_checkpo
     torch.manual_seed(0)
     detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
     torch.testing.assert_close(torch.rand(5), expected)
+
+
+@pytest.mark.parametrize("device", [torch.device("meta"), torch.device("cpu", 1), "xpu", " gpu"])
+def test_a_device_object_is_checked_as_its_name_is(coco128_checkpoint, device) -> None:
+    with pytest.raises(ConfigError, match=rf"^device is '{str(device).strip()}'|^device is '{device}'"):
+        detr_peg.Detector.from_checkpoint(coco128_checkpoint, device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_object_without_cuda_is_one_sentence(coco128_checkpoint) -> None:
+    with pytest.raises(ConfigError, match=r"^device is 'cuda' but CUDA is not available; use device=cpu\.$"):
+        detr_peg.Detector.from_checkpoint(coco128_checkpoint, device=torch.device("cuda"))
+
+
+@pytest.mark.parametrize("cast", ["half", "bfloat16", "double", "meta"])
+def test_a_model_cast_by_the_user_is_refused_in_one_sentence(coco128_checkpoint, tmp_path, cast) -> None:
+    """predict, evaluate and export run float32 weights on the detector's device; another cast is named."""
+    detector = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+    {"half": lambda m: m.half(), "bfloat16": lambda m: m.to(torch.bfloat16), "double": lambda m: m.double(),
+     "meta": lambda m: m.to("meta")}[cast](detector.model)  # fmt: skip
+    for call in (lambda: detector.predict(torch.zeros(3, 32, 32, dtype=torch.uint8)),
+                 lambda: detector.evaluate(tmp_path, tmp_path / "a.json"),
+                 lambda: detector.export_onnx(tmp_path / "m.onnx")):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"^detector.model holds torch\.\w+ weights on \w+, but the detector runs "
+                                              r"float32 on cpu .*: call detector\.model\.float\(\)\.to\(detector\.device\)\.$"):  # fmt: skip
+            call()
+    assert list(tmp_path.iterdir()) == []
+    if cast != "meta":  # what the message says puts it right
+        detector.model.float().to(detector.device)
+        assert len(detector.predict(torch.zeros(3, 32, 32, dtype=torch.uint8), threshold=0.0)) > 0

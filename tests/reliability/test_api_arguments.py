@@ -185,7 +185,7 @@ def test_a_device_that_is_no_device_is_one_sentence_wherever_cuda_is(device: str
 
     with pytest.raises(ConfigError) as err:
         Detector.from_config(_config("detr"), device=device)
-    assert str(err.value) == f"train.device is {device!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'."
+    assert str(err.value) == f"device is {device!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'."
 
 
 @pytest.mark.parametrize("arch", ARCHS)
