@@ -380,6 +380,10 @@ def _type_name(hint: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
+#: Numbers YAML 1.1 reads in another base than the decimal they look like: ``017`` is 15, ``1:30`` is 90.
+_OCTAL_OR_BASE_60 = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
+
+
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     """``value`` as its field's type ``hint``, or a :class:`ConfigError` naming the key and value.
 
@@ -428,6 +432,9 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             return value
         raise fail()
     number = value
+    if hint in (int, float) and text is not None and _OCTAL_OR_BASE_60.fullmatch(text):
+        raise ConfigError(f"{source}: '{key}' is {text}, which YAML reads as {value!r} (a leading 0 is octal, ':' is "
+                          "base 60); write the number without them.")  # fmt: skip
     # YAML 1.1 reads "1e-4" and "1e2" as strings (a string "4" is no integer).
     if hint in (int, float) and isinstance(value, str) and (hint is float or "e" in value.lower()):
         try:

@@ -80,6 +80,12 @@ def test_values_are_coerced_and_checked():
         ("train.output_dir=~", ["'train.output_dir' must be a string, got '~' (read as None)."]),
         ("train.lr=", ["'train.lr' must be a number, got '' (read as None)."]),
         ("train.epochs=yes", ["'train.epochs' must be an integer, got 'yes' (read as True)."]),
+        # Numbers YAML 1.1 reads in another base than they look.
+        ("model.num_queries=017", ["'model.num_queries' is 017, which YAML reads as 15 (a leading 0 is octal"]),
+        ("train.seed=-010", ["'train.seed' is -010, which YAML reads as -8"]),
+        ("train.lr=1:30.5", ["'train.lr' is 1:30.5, which YAML reads as 90.5", "':' is base 60"]),
+        ("train.epochs=1:30", ["'train.epochs' is 1:30, which YAML reads as 90"]),
+        ("train.max_iters=1:30", ["'train.max_iters' must be an integer or null, got '1:30' (read as 90)."]),
     ],
 )
 def test_bad_overrides_name_the_key_and_value(override, fragments):
@@ -131,3 +137,11 @@ def test_one_half_of_a_pair_of_keys_is_refused_naming_both(pair, half) -> None:
         "some/where",
         "other/place",
     )
+
+
+def test_a_number_in_octal_in_a_config_file_is_named(tmp_path):
+    config = write(tmp_path / "c.yaml", "model:\n  num_queries: 017\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: 'model\.num_queries' is 017, which YAML reads as 15 \(a leading"):
+        load_config(config)
+    for same in ("17", "0x11", "1_7"):  # decimal, hexadecimal and grouped digits mean what they say
+        assert load_config(write(tmp_path / "d.yaml", f"model:\n  num_queries: {same}\n")).model.num_queries == 17
