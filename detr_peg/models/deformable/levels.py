@@ -29,11 +29,6 @@ class LevelLayout:
     valid_ratios: Tensor
 
     @property
-    def num_tokens(self) -> int:
-        """``S``, the total number of tokens."""
-        return sum(h * w for h, w in self.shapes)
-
-    @property
     def sizes(self) -> list[int]:
         """``H_l * W_l`` of each level."""
         return [h * w for h, w in self.shapes]

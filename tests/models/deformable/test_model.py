@@ -37,7 +37,7 @@ def test_layout_and_valid_ratios_in_w_h_order():
     tokens, layout = flatten_levels(srcs, masks)
     assert tokens.shape == (2, 42 + 12 + 4, 8)
     torch.testing.assert_close(tokens[:, 42:54], srcs[1].flatten(2).transpose(1, 2), rtol=0, atol=0)
-    assert layout.shapes == SHAPES and layout.num_tokens == 58
+    assert layout.shapes == SHAPES and sum(layout.sizes) == 58
     assert torch.equal(layout.spatial_shapes, torch.tensor(SHAPES))
     assert torch.equal(layout.level_start_index, torch.tensor([0, 42, 54]))
     assert torch.equal(layout.mask, torch.cat([m.flatten(1) for m in masks], 1))
