@@ -111,7 +111,6 @@ def top_parser() -> OneLineParser:
     )
     parser.add_argument("--version", action="version", version=f"detr-peg {__version__}")
     parser.add_argument("command", metavar="COMMAND", choices=list(commands), help="one of the commands below")
-    parser.add_argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
 

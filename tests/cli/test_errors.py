@@ -57,6 +57,9 @@ def test_main_returns_the_status_of_usage_errors_and_help(capsys) -> None:
     assert main(["eval", "--help"]) == 0
     assert "usage: detr-peg eval" in capsys.readouterr().out
     assert main(["no-such-command"]) == 2
+    capsys.readouterr()
+    assert main([]) == 2
+    assert capsys.readouterr().err == "detr-peg: error: the following arguments are required: COMMAND\n"
 
 
 def test_predict_errors(capsys, tmp_path: Path) -> None:
