@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import detr_peg
 import detr_peg.cli.main as cli_main
 from detr_peg.cli.main import main, out_of_memory
 from tests.conftest import REPO_ROOT
@@ -172,3 +173,12 @@ def test_main_in_several_threads_gives_the_program_its_state_back(monkeypatch, c
     assert sys.stdout is stdout and warnings.showwarning is showwarning
     assert (logger.level, logger.handlers) == (level, handlers)
     assert capsys.readouterr().out.count("demo") >= 3
+
+
+def test_python_dash_m_detr_peg_is_the_command_line(tmp_path) -> None:
+    from tests.conftest import run_python
+
+    version = run_python("-m", "detr_peg", "--version", cwd=tmp_path)
+    assert (version.returncode, version.stdout.strip()) == (0, f"detr-peg {detr_peg.__version__}")
+    refused = run_python("-m", "detr_peg", "eval", "--checkp", "x", cwd=tmp_path)
+    assert refused.returncode == 2 and "--checkp is not an option" in refused.stderr
