@@ -149,7 +149,7 @@ class Detector(HubFolders):
 
         ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays or ``(3, H, W)`` tensors (uint8, or float in
         [0, 1]); arrays and tensors are RGB, or BGR with ``channels="BGR"`` (OpenCV's frames; files are refused). ``threshold`` defaults to
-        ``eval.score_threshold``; results do not depend on ``batch_size``. Returns one
+        ``eval.score_threshold``; results depend on ``batch_size`` only by float rounding. Returns one
         :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in input order.
         Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size)."""
         single = not isinstance(images, (list, tuple, Iterator))  # a generator of images is a list of them
