@@ -164,9 +164,11 @@ def run(args: argparse.Namespace) -> int:
         if args.onnx:
             detector = Detector.from_onnx(args.onnx, overrides=overrides)
         else:
-            detector = Detector.from_checkpoint(
-                args.checkpoint, device=args.device, overrides=overrides, overrides_source="command line"
-            )
+            from detr_peg.engine.distributed import resolve_device  # its errors name train.device, said --device
+
+            device = resolve_device(args.device)
+            detector = Detector.from_checkpoint(args.checkpoint, device=device, overrides=overrides,
+                                                overrides_source="command line")  # fmt: skip
         threshold = detector.config.eval.score_threshold if args.score_threshold is None else args.score_threshold
         out = Path(args.output)
         make_folder(out)
