@@ -79,8 +79,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.register("action", "store", _StoreOnce)
 
     def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001 - argparse's signature
+        words = list(sys.argv[1:] if args is None else args)
         options = [option for action in self._actions for option in action.option_strings]
-        for word in (w.split("=", 1)[0] for w in args or () if w.startswith("--")):
+        before_separator = words[: words.index("--")] if "--" in words else words  # `-- -a.jpg`: a name
+        for word in (w.split("=", 1)[0] for w in before_separator if w.startswith("--")):
             if word not in options and (full := [option for option in options if option.startswith(word)]):
                 self.error(f"{word} is not an option; options are written in full: {' or '.join(full)}")
         parsed, extra = super().parse_known_args(args, namespace)

@@ -6,7 +6,6 @@ import contextlib
 import os
 import random
 import shutil
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,7 +44,7 @@ from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.trainer import HookBase, Trainer
 from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import ConfigError, TrainingError
-from detr_peg.models.builder import build_criterion, build_model, build_postprocessor, float32_default
+from detr_peg.models.builder import TORCH_STATE, build_criterion, build_model, build_postprocessor, float32_default
 from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
 from detr_peg.outputs import Output, guard_outputs, inputs
@@ -90,6 +89,7 @@ def run_training(
     """
     cfg = config_from_dict(config_to_dict(cfg), "run_training's config")  # a Config made in Python meets the ranges
     with (
+        TORCH_STATE,  # runs in threads take turns
         torch.inference_mode(False), torch.enable_grad(), float32_default(),  # whatever the caller's torch state
         callers_random_states(),
         process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims,
@@ -234,21 +234,16 @@ def _resume(
     return progress, notes
 
 
-#: A run seeds the process's global generators: runs in threads of one process take turns.
-_ONE_RUN = threading.Lock()
-
-
 @contextlib.contextmanager
 def callers_random_states() -> Iterator[None]:
     """Python's, NumPy's and torch's global generators as they were before the block: a run seeds them itself."""
-    with _ONE_RUN:
-        python, numpy = random.getstate(), np.random.get_state()
-        with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
-            try:
-                yield
-            finally:
-                random.setstate(python)
-                np.random.set_state(numpy)
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -23,6 +24,11 @@ def _architecture(cfg: Config | ModelConfig) -> Architecture:
     if not isinstance(model, ModelConfig):
         raise TypeError(f"cfg must be a detr_peg Config (detr_peg.load_config(...)), got {type(cfg).__name__}")
     return MODELS.get(model.arch)
+
+
+#: Held by what changes torch's process-wide state (a training run seeds the global generator, loading a checkpoint
+#: forks it, both set the default dtype): such calls in threads of one process take turns.
+TORCH_STATE = threading.RLock()
 
 
 @contextlib.contextmanager

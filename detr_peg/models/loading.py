@@ -18,7 +18,7 @@ from detr_peg.config.ranges import MAX_CLASSES
 from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError, ConfigError, DataError
-from detr_peg.models.builder import build_model, build_postprocessor
+from detr_peg.models.builder import TORCH_STATE, build_model, build_postprocessor
 from detr_peg.models.postprocess import Postprocessor
 
 
@@ -184,7 +184,7 @@ def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap 
     # The checkpoint holds the backbone weights; do not load them from elsewhere.
     cfg = without_backbone_weights(cfg)
     stored = checkpoint_label_map(ckpt, cfg)  # checked before the model is built
-    with torch.random.fork_rng(devices=[]):  # the random init is replaced: leave the caller's generator alone
+    with TORCH_STATE, torch.random.fork_rng(devices=[]):  # the random init is replaced: the caller's generator stays
         model = build_model(cfg)
     load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
     label_map = label_map if label_map is not None else stored

@@ -242,8 +242,13 @@ def test_runs_in_two_threads_give_the_weights_of_runs_one_after_the_other(shapes
             errors.append(exc)
 
     threads = [threading.Thread(target=train, args=(name,)) for name in ("a", "b")]
-    [thread.start() for thread in threads]
-    [thread.join() for thread in threads]
+    torch.set_default_dtype(torch.float64)  # the caller's, which each run changes and puts back
+    try:
+        [thread.start() for thread in threads]
+        [thread.join() for thread in threads]
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
     assert not errors, errors
     for name in ("a", "b"):
         assert_same_weights(read_checkpoint(results[name].checkpoint).model, uninterrupted)

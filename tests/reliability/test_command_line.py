@@ -131,6 +131,11 @@ CASES = [
         ["detr-peg export: error: --check is not an option; options are written in full: --checkpoint"],
     ),
     Hostile(
+        "dashed-name-after-the-separator",
+        ["predict", "--checkpoint", CKPT, "--output", "pred", "--", "--nope.png"],
+        ["detr-peg predict: error: Input --nope.png does not exist."],
+    ),
+    Hostile(
         "abbreviated-option-with-value", [*PREDICT, "--score=0.3"], ["--score is not an option", "--score-threshold"]
     ),
     Hostile(
