@@ -2,4 +2,5 @@
 
 from detr_peg.cli.main import main
 
-raise SystemExit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -71,8 +71,6 @@ import importlib, json, pathlib
 missing = {}
 for path in sorted(pathlib.Path("detr_peg").rglob("*.py")):
     name = ".".join(path.with_suffix("").parts).removesuffix(".__init__")
-    if name == "detr_peg.__main__":  # runs the command line
-        continue
     try:
         importlib.import_module(name)
     except ImportError as exc:  # an optional dependency that is not installed

@@ -221,6 +221,8 @@ def _main(argv: Sequence[str] | None) -> int:
             )  # a library's warning of several lines too
             return _run_command(words)
     except SystemExit as exc:  # argparse's usage errors and --help: a status, as every other outcome is
+        if isinstance(exc.code, str):  # sys.exit("message") prints it
+            print(exc.code, file=sys.stderr)
         return exc.code if isinstance(exc.code, int) else 1 if exc.code else 0
     except Terminated:
         print(

@@ -212,8 +212,6 @@ def run_command(argv: list[str], log: Path) -> tuple[int, str | None]:
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 code = int(main(argv) or 0)
-        except SystemExit as exc:  # argparse: a bad option
-            code = exc.code if isinstance(exc.code, int) else 2
         except Exception as exc:  # noqa: BLE001  (a bug: keep the traceback in the log, one line for the table)
             traceback.print_exc(file=out)
             return 1, f"{type(exc).__name__}: {exc} (traceback in {log})"

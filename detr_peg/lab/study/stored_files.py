@@ -16,7 +16,7 @@ from typing import Any
 
 from detr_peg.bounded_read import parse_json, read_bounded_bytes
 from detr_peg.config.ranges import is_number, is_whole
-from detr_peg.engine.evaluation.metric_units import STAT_NAMES
+from detr_peg.engine.evaluation.metric_units import STAT_NAMES, percent_metrics
 from detr_peg.errors import DamagedFileError
 from detr_peg.lab.study.grid import MAX_CELLS
 from detr_peg.messages import shortened
@@ -203,7 +203,14 @@ def read_eval_file(path: Path, shape: Shape) -> dict[str, Any] | None:
     """One of a cell's evaluation files (``metrics.json``, ``scales_*.json``, ``padding.json``), or None."""
     writer = "train" if path.parent.name == "run" else "eval"
     advice = f"it is written by detr-peg {writer}: restore it, or {_RERUN_CELL}."
-    return _read(path, shape, "Evaluation file", advice)
+    data = _read(path, shape, "Evaluation file", advice)
+    tables = [] if data is None else [data["bbox"]] if "bbox" in data else [
+        row["metrics"] for row in [*data.get("results", []), *data.get("modes", {}).values()]]  # fmt: skip
+    try:
+        [percent_metrics(table, data.get("unit")) for table in tables]
+    except ValueError as exc:  # a unit it does not know, or percent without its unit
+        raise DamagedFileError(f"Evaluation file {path}: {exc}; {advice}") from None
+    return data
 
 
 def read_confusion(path: Path) -> dict[str, Any] | None:

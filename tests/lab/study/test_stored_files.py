@@ -129,6 +129,8 @@ def test_a_damaged_study_file_is_one_line_and_nothing_changes(study: Path, kind:
         ("cell state", lambda d: d.update(status="bogus"), 'status is "bogus", not one of new, running, done,'),
         ("cell state", lambda d: d.update(error={"a": 1}), "error is an object, not a string"),
         ("metrics", lambda d: d.update(unit="furlongs"), 'unit is "furlongs", not one of percent'),
+        ("metrics", lambda d: d.pop("unit"), "'AP' is"),  # percent without its unit
+        ("scales", lambda d: d.pop("unit"), "above 1 for a fraction; percent needs 'unit': 'percent'"),
         ("scales", lambda d: d.pop("results"), "the file has no field 'results'"),
         ("padding", lambda d: d.update(modes=[1]), "modes is a list, not an object"),
     ],
