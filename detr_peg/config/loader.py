@@ -381,7 +381,21 @@ def _type_name(hint: Any) -> str:
 
 
 #: Numbers YAML 1.1 reads in another base than the decimal they look like: ``017`` is 15, ``1:30`` is 90.
-_OCTAL_OR_BASE_60 = re.compile(r"[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
+_OCTAL_OR_BASE_60 = re.compile(r"[-+]?(0[0-7]+|[0-9]+(:[0-5]?[0-9])+(\.[0-9]*)?)")
+
+
+def _check_base(raw: Any, hint: Any, key: str, source: str) -> None:
+    """Refuse a number (or a list's) that YAML read in another base than the decimal it looks like."""
+    if not {hint, *typing.get_args(hint), *(a for h in typing.get_args(hint) for a in typing.get_args(h))} & {
+        int,
+        float,
+    }:
+        return
+    for item in (i for i in (raw if isinstance(raw, list) else [raw]) if isinstance(i, ScalarText)):
+        looks = item.text.replace("_", "")
+        if _OCTAL_OR_BASE_60.fullmatch(looks) and not (looks.lstrip("+-").isdigit() and int(looks) == item.value):
+            raise ConfigError(f"{source}: '{key}' is {item.text}, which YAML reads as {item.value!r} (a leading 0 is "
+                              "octal, ':' is base 60); write the number without them.")  # fmt: skip
 
 
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
@@ -392,6 +406,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     raw = value
     text = value.text if isinstance(value, ScalarText) else None
     value = plain(value)
+    _check_base(raw, hint, key, source)
 
     def fail() -> ConfigError:
         shown = repr(value) if text is None else f"{text!r} (read as {value!r})"
@@ -432,9 +447,6 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             return value
         raise fail()
     number = value
-    if hint in (int, float) and text is not None and _OCTAL_OR_BASE_60.fullmatch(text):
-        raise ConfigError(f"{source}: '{key}' is {text}, which YAML reads as {value!r} (a leading 0 is octal, ':' is "
-                          "base 60); write the number without them.")  # fmt: skip
     # YAML 1.1 reads "1e-4" and "1e2" as strings (a string "4" is no integer).
     if hint in (int, float) and isinstance(value, str) and (hint is float or "e" in value.lower()):
         try:

@@ -85,7 +85,8 @@ def test_values_are_coerced_and_checked():
         ("train.seed=-010", ["'train.seed' is -010, which YAML reads as -8"]),
         ("train.lr=1:30.5", ["'train.lr' is 1:30.5, which YAML reads as 90.5", "':' is base 60"]),
         ("train.epochs=1:30", ["'train.epochs' is 1:30, which YAML reads as 90"]),
-        ("train.max_iters=1:30", ["'train.max_iters' must be an integer or null, got '1:30' (read as 90)."]),
+        ("train.max_iters=010", ["'train.max_iters' is 010, which YAML reads as 8"]),  # in a union too
+        ("data.train_scales=[480,0512]", ["'data.train_scales' is 0512, which YAML reads as 330"]),  # in a list
     ],
 )
 def test_bad_overrides_name_the_key_and_value(override, fragments):
@@ -143,5 +144,9 @@ def test_a_number_in_octal_in_a_config_file_is_named(tmp_path):
     config = write(tmp_path / "c.yaml", "model:\n  num_queries: 017\n")
     with pytest.raises(ConfigError, match=r"c\.yaml: 'model\.num_queries' is 017, which YAML reads as 15 \(a leading"):
         load_config(config)
-    for same in ("17", "0x11", "1_7"):  # decimal, hexadecimal and grouped digits mean what they say
+    for same in ("17", "0x11", "1_7", "017.0", "0017.5e0"):  # what reads as it looks passes
+        if "." in same:
+            assert load_config(write(tmp_path / "d.yaml", f"train:\n  lr: {same}\n")).train.lr == float(same)
+            continue
         assert load_config(write(tmp_path / "d.yaml", f"model:\n  num_queries: {same}\n")).model.num_queries == 17
+    assert load_config(None, ["train.epochs=07", "train.seed=00"]).train.epochs == 7  # the same in octal
