@@ -86,7 +86,12 @@ class Detections:
         """The detections at ``index`` (a position, a slice, positions, or a bool mask such as
         ``d.scores > 0.5``), in that order, as Detections of the same image."""
         wrong = TypeError(f"Detections are indexed by a position, a slice, positions or a bool mask, got {index!r}.")
-        if not (is_whole(index) or isinstance(index, slice)):
+        if isinstance(index, (Tensor, np.ndarray)) and index.ndim == 0:
+            index = index.item()  # d[d.scores.argmax()]: a position
+        if is_whole(index) or isinstance(index, slice):  # Python's rules: negative positions and steps too
+            picked = range(len(self))[index]  # IndexError beyond the last
+            rows = torch.tensor([picked] if isinstance(picked, int) else list(picked), dtype=torch.long)
+        else:
             try:
                 index = torch.as_tensor(index)
                 index = index.long() if index.numel() == 0 else index  # [] is no positions, not a float tensor
@@ -94,7 +99,7 @@ class Detections:
                 raise wrong from None
             if index.dim() != 1 or index.is_floating_point() or index.is_complex():
                 raise wrong
-        rows = torch.arange(len(self))[index].reshape(-1)  # IndexError beyond the last
+            rows = torch.arange(len(self))[index].reshape(-1)  # IndexError beyond the last
         picked = rows.tolist()
         return Detections(
             self.boxes[rows], self.scores[rows], self.labels[rows], [self.category_ids[i] for i in picked],

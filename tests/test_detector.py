@@ -562,6 +562,7 @@ def test_detections_are_indexed_like_their_tensors() -> None:
         class_names=["a", "b", "a"], image_size=(8, 10), source="x.jpg",
     )  # fmt: skip
     for index, rows in ((1, [1]), (np.int64(-1), [2]), (slice(None, None, 2), [0, 2]), ([2, 0], [2, 0]), ([], []),
+                        (slice(None, None, -1), [2, 1, 0]), (found.scores.argmax(), [0]), (np.array(2), [2]),
                         (found.scores > 0.5, [0, 1]), (np.array([True, False, True]), [0, 2])):  # fmt: skip
         picked = found[index]
         torch.testing.assert_close(picked.boxes, found.boxes[rows].reshape(-1, 4))
@@ -572,7 +573,7 @@ def test_detections_are_indexed_like_their_tensors() -> None:
         assert (picked.image_size, picked.source) == (found.image_size, found.source)
     with pytest.raises(IndexError):
         found[3]
-    for bad in ("a", 1.5, True, None, [[0]], [0.5]):
+    for bad in ("a", 1.5, True, None, [[0]], [0.5], torch.tensor(True), torch.tensor(0.5)):
         with pytest.raises(TypeError, match=r"^Detections are indexed by a position, a slice, positions or a bool"):
             found[bad]
 
