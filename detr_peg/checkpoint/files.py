@@ -9,14 +9,15 @@ import hashlib
 import os
 import pickle
 import re
+import sys
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from detr_peg.bounded_read import check_regular_file
 from detr_peg.errors import CheckpointError, UserError
-from detr_peg.outputs import atomic_write, remove_stale
+from detr_peg.outputs import atomic_write, make_folder
 
 SAFE_GLOBALS = [argparse.Namespace]
 
@@ -67,23 +68,26 @@ def fetch_url(url: str) -> Path:
 
     cache = Path(get_dir()) / "checkpoints" / hashlib.sha256(url.encode()).hexdigest()[:16]
     target = cache / (os.path.basename(url.split("?")[0]) or "download")
-    partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        if not target.is_file():
-            cache.mkdir(parents=True, exist_ok=True)
-            remove_stale(cache, f".{target.name}.tmp-")
-            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response, open(partial, "wb") as handle:
-                size = int(response.headers.get("Content-Length") or -1)
-                with tqdm(total=max(size, 0) or None, unit="B", unit_scale=True, desc=target.name, disable=None) as bar:
+
+    def download(handle: BinaryIO) -> None:
+        try:
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response:
+                size, got = int(response.headers.get("Content-Length") or -1), 0
+                shown = bool(sys.stderr and sys.stderr.isatty())
+                with tqdm(
+                    total=max(size, 0) or None, unit="B", unit_scale=True, desc=target.name, disable=not shown
+                ) as bar:
                     while chunk := response.read(1 << 20):
-                        bar.update(handle.write(chunk))
-            if size >= 0 and partial.stat().st_size != size:
-                raise OSError(f"the server sent {partial.stat().st_size} of the {size} bytes it announced")
-            os.replace(partial, target)
-    except (OSError, ValueError, http.client.HTTPException) as exc:  # network errors come in many types
-        raise CheckpointError(f"Could not download {url}: {exc}.") from None
-    finally:
-        partial.unlink(missing_ok=True)
+                        got += handle.write(chunk)
+                        bar.update(len(chunk))
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # network errors come in many types
+            raise CheckpointError(f"Could not download {url}: {exc}.") from None
+        if size >= 0 and got != size:
+            raise CheckpointError(f"Could not download {url}: the server sent {got} of the {size} bytes it announced.")
+
+    if not target.is_file():
+        make_folder(cache)
+        atomic_write(target, download, error=CheckpointError)  # nothing under the name unless complete
     return target
 
 
