@@ -56,10 +56,7 @@ class Detector(HubFolders):
             raise TypeError(f"Detector(...) takes a LoadedModel, got {type(loaded).__name__}; use Detector.from_checkpoint, "
                             "from_pretrained, from_onnx or from_config.")  # fmt: skip
         self.loaded = loaded
-        try:  # a torch.device too: torch.device("meta") or ("cuda") without a GPU is refused as the string is
-            self.device = resolve_device(str(device))
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("train.device", "device")) from None
+        self.device = resolve_device(str(device), name="device")  # a torch.device("meta") too, as "meta" is
         if isinstance(loaded.model, torch.nn.Module):
             loaded.to(self.device).model.eval()
         else:  # an ONNX Runtime graph runs on the CPU
@@ -166,7 +163,7 @@ class Detector(HubFolders):
         """:attr:`loaded`, its weights checked to be float32 on :attr:`device`: what predict, evaluate, export run."""
         tensors = (*self.model.parameters(), *self.model.buffers()) if isinstance(self.model, torch.nn.Module) else ()
         for t in (t for t in tensors if t.is_floating_point()):
-            if t.dtype != torch.float32 or t.device.type != self.device.type:
+            if t.dtype != torch.float32 or t.device != self.device:
                 raise ConfigError(f"detector.model holds {t.dtype} weights on {t.device}, but the detector runs float32 "
                                   f"on {self.device} (detector.amp sets autocast): call "
                                   "detector.model.float().to(detector.device).")  # fmt: skip

@@ -586,9 +586,9 @@ def test_loading_a_checkpoint_leaves_the_callers_generator_alone(coco128_checkpo
     torch.testing.assert_close(torch.rand(5), expected)
 
 
-@pytest.mark.parametrize("device", [torch.device("meta"), torch.device("cpu", 1), "xpu", " gpu"])
+@pytest.mark.parametrize("device", [torch.device("meta"), torch.device("cpu", 1), torch.device("xpu")])
 def test_a_device_object_is_checked_as_its_name_is(coco128_checkpoint, device) -> None:
-    with pytest.raises(ConfigError, match=rf"^device is '{str(device).strip()}'|^device is '{device}'"):
+    with pytest.raises(ConfigError, match=rf"^device is '{device}'; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'\.$"):
         detr_peg.Detector.from_checkpoint(coco128_checkpoint, device=device)
 
 

@@ -60,19 +60,20 @@ def _env_number(name: str, default: int, low: int, high: int, kind: type = int) 
     return number
 
 
-def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
-    """The device of ``train.device`` (``auto``, ``cpu``, ``cuda``: GPU ``local_rank``, ``cuda:N``) or ConfigError."""
+def resolve_device(spec: str, local_rank: int = 0, name: str = "train.device") -> torch.device:
+    """The device ``spec`` names (``auto``, ``cpu``, ``cuda``: GPU ``local_rank``, ``cuda:N``), or a ConfigError
+    naming the setting ``name``."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     if spec == "cpu":
         return torch.device("cpu")
     if not re.fullmatch(r"cuda(:[0-9]+)?", spec):
-        raise ConfigError(f"train.device is {spec!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'.")
+        raise ConfigError(f"{name} is {spec!r}; valid are 'auto', 'cpu', 'cuda' and 'cuda:N'.")
     if not torch.cuda.is_available():
-        raise ConfigError(f"train.device is {spec!r} but CUDA is not available; use train.device=cpu.")
+        raise ConfigError(f"{name} is {spec!r} but CUDA is not available; use {name}=cpu.")
     index = local_rank if spec == "cuda" else int(spec.split(":", 1)[1])
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"train.device asks for GPU {index} but only {torch.cuda.device_count()} are visible.")
+        raise ConfigError(f"{name} asks for GPU {index} but only {torch.cuda.device_count()} are visible.")
     return torch.device("cuda", index)
 
 
