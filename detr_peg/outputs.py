@@ -53,12 +53,22 @@ def _shown(path: object) -> str:
     return shortened(os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path), 120)
 
 
+def unexpanded_home(path: str | os.PathLike) -> str | None:
+    """For a path that starts with a ``~`` nothing expanded (``--output=~/x``, a config value), what to write."""
+    text, home = os.fsdecode(path), os.path.expanduser(os.fsdecode(path))
+    return (
+        f"detr-peg does not expand '~' (a shell does, at the start of a word); write {_shown(home)}"
+        if home != text
+        else None
+    )
+
+
 def path_obstacle(path: str | os.PathLike) -> str | None:
     """What stands in the way of ``path``: an unexpanded ``~``, a dangling link or a file on the way; else None."""
     text = os.fsdecode(path)
     parts = [*reversed(Path(text).parents), Path(text)]
-    if text.startswith("~") and not Path(Path(text).parts[0]).exists():  # `data.x=~/coco`: the shell left it
-        return f"'~' is expanded by the shell only at the start of a word; write {_shown(os.path.expanduser(text))}"
+    if unexpanded_home(text) and not Path(Path(text).parts[0]).exists():
+        return unexpanded_home(text)
     for index, part in enumerate(parts):
         try:
             if part.is_symlink() and not part.exists():
@@ -466,9 +476,9 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
     for folder in (o for o in outputs if not o.names and str(o.path).endswith(("/", os.sep))):
         raise UserError(f"{folder.option} {folder.path} ends in a slash, which names a folder, but {command} writes "
                         "one file: give the file's name.")  # fmt: skip
-    for tilde in (o for o in outputs if str(o.path).startswith("~")):  # `--output=~/x`: the shell left it
-        raise UserError(f"{tilde.option} {tilde.path} starts with '~', which the shell expands only at the start "
-                        f"of a word; write {os.path.expanduser(str(tilde.path))} (or ./{tilde.path} for that name).")  # fmt: skip
+    for tilde in (o for o in outputs if unexpanded_home(o.path)):
+        raise UserError(f"{tilde.option} {tilde.path}: {unexpanded_home(tilde.path)} (or ./{tilde.path} for a folder "
+                        "named '~').")  # fmt: skip
     outputs = [Output(Path(o.path), o.option, tuple(o.names), o.kind, o.adopt) for o in outputs]
     check_no_overlap(command, inputs, outputs)
     # Before the locks create missing folders (a folder made for a lock holds no file of the user's); a second

@@ -113,17 +113,19 @@ CASES = [
     Hostile(
         "output-tilde-after-equals",
         [*PREDICT[:-2], "--output=~/pred"],
-        ["--output ~/pred starts with '~', which the shell expands only at the start of a word"],
+        ["--output ~/pred: detr-peg does not expand '~' (a shell does, at the start of a word); write /"],
     ),
     Hostile(
         "input-tilde-after-equals",
         ["eval", "--checkpoint=~/run/checkpoint.pth", "--output", "e"],
-        ["~/run/checkpoint.pth does not exist ('~' is expanded by the shell only at the start of a word; write /"],
+        [
+            "~/run/checkpoint.pth does not exist (detr-peg does not expand '~' (a shell does, at the start of a word); write /"
+        ],
     ),
     Hostile(
         "data-tilde-in-an-override",
         ["train", *BASE, "train.output_dir=new", "data.train_images=~/coco/images"],
-        ["data.train_images ~/coco/images does not exist ('~' is expanded by the shell only at the start of a word"],
+        ["data.train_images ~/coco/images does not exist (detr-peg does not expand '~'"],
     ),
     Hostile(
         "abbreviated-option",
