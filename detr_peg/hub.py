@@ -114,6 +114,8 @@ class HubFolders(
             raise ConfigError(f"metrics must be a dict of metric names to finite numbers (percent), got {metrics!r}.")
         card = dict(kwargs.pop("model_card_kwargs", None) or {})
         card.setdefault("metrics", metrics)
+        if card["metrics"] is None and self.loaded.source and Path(self.loaded.source).is_file():
+            card["metrics"] = run_metrics(Path(self.loaded.source).parent / METRICS_JSON)  # refused before a write
         card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
         output = Output(save_directory, "save_directory", (CONFIG_JSON, WEIGHTS, "README.md"))
         if os.path.isfile(output.targets()[-1]):  # README.md is claimed unless a file is there
@@ -149,8 +151,6 @@ class HubFolders(
 
     def generate_model_card(self, *args: Any, metrics: dict | None = None, name: str = "", **kwargs: Any) -> ModelCard:
         """The folder's ``README.md`` (:func:`~detr_peg.checkpoint.hub_folder.model_card`)."""
-        if metrics is None and self.loaded.source and Path(self.loaded.source).is_file():
-            metrics = run_metrics(Path(self.loaded.source).parent / METRICS_JSON)
         label_map = self.loaded.label_map.to_dict() if self.loaded.label_map is not None else None
         return model_card(self.loaded.config, label_map, metrics, name or "owner/name")
 

@@ -97,6 +97,20 @@ def test_the_model_card_states_the_model_its_metrics_and_training_config(trained
     )
 
 
+def test_metrics_of_no_known_unit_are_refused_before_anything_is_written(trained, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.parent, run)
+    (run / "metrics.json").write_text(json.dumps({"bbox": {"AP": 12.5}, "unit": "permille"}))
+    detector = detr_peg.Detector.from_checkpoint(run / "checkpoint.pth", device="cpu")
+    with pytest.raises(CheckpointError, match=rf"^{run / 'metrics.json'} cannot be read as the run's metrics \(its"):
+        detector.save_pretrained(tmp_path / "hub")
+    assert not (tmp_path / "hub").exists()
+    detector.save_pretrained(tmp_path / "hub", metrics={"AP": 1.25})  # given metrics: the file is not read
+    assert "| AP | 1.2 |" in (tmp_path / "hub" / "README.md").read_text()
+
+
 def test_push_to_hub_uploads_the_saved_folder(trained, monkeypatch):
     uploaded = {}
 

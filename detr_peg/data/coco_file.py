@@ -24,6 +24,9 @@ from detr_peg.errors import DataError
 
 logger = logging.getLogger(__name__)
 
+#: Problems named one per line under ``data.on_bad_sample=skip``; the rest are counted in one line.
+SHOWN_PROBLEMS = 5
+
 OnBadSample = Literal["error", "skip"]
 
 
@@ -295,9 +298,13 @@ def read_coco_file(
             problems[0].message[:-1] + more + "; fix the file or set data.on_bad_sample=skip to leave such images out."
         )
     if problems:
-        for problem in problems:
+        for problem in problems[:SHOWN_PROBLEMS]:
             logger.warning("Skipping: %s", problem.message)
+        kept = len(data["images"])
         data = _without_problems(data, problems)
+        if len(problems) > SHOWN_PROBLEMS:  # a summary, not a line per problem
+            logger.warning("Skipping: %d more problems in %s; %d of its %d images are left out in all.",
+                           len(problems) - SHOWN_PROBLEMS, path, kept - len(data["images"]), kept)  # fmt: skip
         if not data["images"]:
             raise DataError(f"Annotation file {path} has no valid image left after skipping {len(problems)} problems.")
     _normalise_for_pycocotools(data, path)

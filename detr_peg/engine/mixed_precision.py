@@ -36,12 +36,14 @@ def resolve_amp(amp: str, device: torch.device) -> str:
 
 
 def evaluation_amp(train_amp: str, device: torch.device) -> str:
-    """The resolved autocast for evaluating a ``train_amp`` checkpoint on ``device`` (float32 on a CPU unless ``auto``).
+    """The resolved autocast for evaluating a ``train_amp`` checkpoint on ``device``, as its run evaluated; float32
+    where ``device`` would only emulate it (``fp16``, or ``bf16`` without native bfloat16, on a CPU).
 
     Raises:
         ConfigError: as :func:`check_amp`.
     """
-    amp = train_amp if device.type == "cuda" or train_amp == "auto" else "none"
+    native = device.type == "cuda" or (train_amp == "bf16" and native_bf16(device))
+    amp = train_amp if native or train_amp == "auto" else "none"
     check_amp(amp, device)
     return resolve_amp(amp, device)
 

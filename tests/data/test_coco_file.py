@@ -209,6 +209,20 @@ def test_skip_leaves_out_bad_images_and_orphan_annotations(tmp_path: Path, caplo
     assert json.loads(path.read_text()) == data
 
 
+def test_skip_names_five_problems_and_counts_the_rest(tmp_path: Path, caplog) -> None:
+    data = base_coco()
+    data["images"] += [{"id": i, "file_name": f"{i}.png", "width": 8, "height": 8} for i in range(100, 400)]
+    data["annotations"] += [{"id": i, "image_id": i, "category_id": 3, "bbox": [1, 1, -2, 2], "iscrowd": 0}
+                            for i in range(100, 400)]  # fmt: skip
+    path = write_json(tmp_path / "ann.json", data)
+    with caplog.at_level(logging.WARNING):
+        coco_file = read_coco_file(path, on_bad_sample="skip")
+    assert len(coco_file.problems) == 300 and sorted(coco_file.coco.imgs) == [1, 2]
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 6 and all("annotation id 10" in m for m in messages[:5]), messages
+    assert messages[5] == f"Skipping: 295 more problems in {path}; 300 of its 302 images are left out in all."
+
+
 def test_skip_with_nothing_left(tmp_path: Path) -> None:
     data = base_coco()
     for img in data["images"]:

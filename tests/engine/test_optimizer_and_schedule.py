@@ -216,13 +216,13 @@ def test_auto_is_bf16_only_where_native(monkeypatch: pytest.MonkeyPatch) -> None
         assert layer(x).dtype == torch.float32
 
 
-def test_evaluation_on_the_cpu_keeps_mixed_precision_only_for_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_evaluation_on_the_cpu_keeps_the_runs_precision_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     for native in (False, True):
         _cpu_bf16(monkeypatch, native)
-        # A checkpoint trained with bf16 or fp16 on a GPU evaluates on the CPU in float32.
-        assert evaluation_amp("bf16", cpu) == evaluation_amp("fp16", cpu) == evaluation_amp("none", cpu) == "none"
-        assert evaluation_amp("auto", cpu) == ("bf16" if native else "none")
+        # As the run evaluated at its end; float32 where the CPU would only emulate the dtype.
+        assert evaluation_amp("fp16", cpu) == evaluation_amp("none", cpu) == "none"
+        assert evaluation_amp("bf16", cpu) == evaluation_amp("auto", cpu) == ("bf16" if native else "none")
 
 
 def test_outputs_to_float() -> None:
