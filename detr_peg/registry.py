@@ -53,6 +53,9 @@ class Registry(Generic[T]):
     def register(self, name: str | None = None) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name`` (default: its ``__name__``)."""
 
+        if name is not None and not (isinstance(name, str) and name.strip()):
+            raise ValueError(f"a {self.name} is registered under a non-empty string, got {name!r}")
+
         def decorator(obj: T) -> T:
             key = name or obj.__name__
             if key in self._entries:

@@ -96,3 +96,14 @@ def test_register_architecture_takes_an_architecture_only() -> None:
         TypeError, match=r"^register_architecture\('mine', \.\.\.\) takes an Architecture, got object\.$"
     ):
         register_architecture("mine", object())
+
+
+@pytest.mark.parametrize("name", [123, "", "  ", b"mine"])
+def test_a_name_that_is_no_name_is_refused_at_registration(name) -> None:
+    parts: Registry = Registry("part")
+    with pytest.raises(
+        ValueError, match=rf"^a part is registered under a non-empty string, got {re.escape(repr(name))}$"
+    ):
+        parts.register(name)
+    parts.register(None)(abs)  # no name: the object's own
+    assert parts.names() == ["abs"]

@@ -26,10 +26,11 @@ Builder = Callable[..., PositionalEncoding]
 
 def register_encoding(name: str, *, options: type[PositionConfig] = PositionConfig) -> Callable[[Builder], Builder]:
     """Decorator registering an encoding builder as ``model.position.name: name`` with its ``options`` dataclass."""
+    add = POSITION_ENCODINGS.register(name)  # a name that is no name is refused at once
 
     def decorator(builder: Builder) -> Builder:
         register_encoding_options(name, options)
-        return POSITION_ENCODINGS.register(name)(builder)
+        return add(builder)
 
     return decorator
 
