@@ -68,7 +68,7 @@ class CocoDetection(Dataset):
         coco_file = read_coco_file(annotation_file, on_bad_sample=on_bad_sample, images_dir=self.images_dir)
         self.annotation_file = coco_file.path
         self.coco = coco_file.coco
-        self.num_invalid_skipped = len(coco_file.problems)
+        self.num_invalid_skipped, self.left_out_ids = len(coco_file.problems), coco_file.left_out
         if label_map is None:
             label_map = LabelMap.from_coco_categories(coco_file.data["categories"], contiguous=contiguous_labels)
         else:

@@ -51,6 +51,7 @@ class CocoFile:
     data: dict[str, Any]
     coco: COCO
     problems: list[SampleProblem] = field(default_factory=list)
+    left_out: list[int] = field(default_factory=list)  # ids of the images left out for their problems
 
 
 def _type_name(value: Any) -> str:
@@ -300,12 +301,13 @@ def read_coco_file(
     if problems:
         for problem in problems[:SHOWN_PROBLEMS]:
             logger.warning("Skipping: %s", problem.message)
-        kept = len(data["images"])
+        listed = {img["id"] for img in data["images"]}
         data = _without_problems(data, problems)
+        left_out = sorted(listed - {img["id"] for img in data["images"]})
         if len(problems) > SHOWN_PROBLEMS:  # a summary, not a line per problem
             logger.warning("Skipping: %d more problems in %s; %d of its %d images are left out in all.",
-                           len(problems) - SHOWN_PROBLEMS, path, kept - len(data["images"]), kept)  # fmt: skip
+                           len(problems) - SHOWN_PROBLEMS, path, len(left_out), len(listed))  # fmt: skip
         if not data["images"]:
             raise DataError(f"Annotation file {path} has no valid image left after skipping {len(problems)} problems.")
     _normalise_for_pycocotools(data, path)
-    return CocoFile(path=path, data=data, coco=build_coco_index(data), problems=problems)
+    return CocoFile(path, data, build_coco_index(data), problems, left_out if problems else [])

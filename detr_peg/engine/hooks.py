@@ -155,8 +155,8 @@ class EpochLogHook(HookBase):
         )
         if progress.skipped_image_ids:
             log.info(
-                f"{len(progress.skipped_image_ids)} unreadable training images skipped so far "
-                "(data.on_bad_sample=skip)."
+                f"{len(progress.skipped_image_ids)} training images skipped so far, unreadable or with invalid "
+                "annotations (data.on_bad_sample=skip)."
             )
 
 

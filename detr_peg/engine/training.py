@@ -189,6 +189,7 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
         progress = Progress()
         seed_everything(t.seed + env.rank)  # model-side randomness (dropout) differs per process
         notes = [f"no checkpoint in {out}; starting a new run"] if t.resume else []
+    progress.skipped_image_ids.update(train_set.left_out_ids)  # left out when the annotations were read
     notes = [*notes, *idle_settings(cfg, val_set is not None)]
     if t.max_iters is not None and progress.iteration >= t.max_iters:
         notes.append(f"train.max_iters={t.max_iters} was reached before (the checkpoint is at iteration "

@@ -572,8 +572,13 @@ def test_bad_samples_are_skipped_and_counted_only_when_asked(cli, case: Path) ->
     result = cli.run([*RESUME, "data.on_bad_sample=skip", "data.num_workers=1", "train.batch_size=1"], cwd=case)
     assert_success(result)
     assert "1 invalid annotations skipped in data/annotations.json" in result.stdout, result.stdout
-    assert "1 unreadable training images skipped so far (data.on_bad_sample=skip)" in result.stdout, result.stdout
-    assert "skipped images: 1;" in result.stdout
+    # Both are counted: the image left out for its annotation and the one found unreadable in training.
+    skipped = "2 training images skipped so far, unreadable or with invalid annotations (data.on_bad_sample=skip)"
+    assert skipped in result.stdout, result.stdout
+    assert "skipped images: 2;" in result.stdout
     assert "data/images/img2.jpg" in result.stderr  # the warning names the file
     ckpt = read_checkpoint(case / CHECKPOINT)
-    assert ckpt.extra["skipped_image_ids"] == [3] and ckpt.extra["epoch"] == 2
+    assert ckpt.extra["skipped_image_ids"] == [1, 3] and ckpt.extra["epoch"] == 2
+    records = [json.loads(line) for line in (case / "out" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r.get("type") == "epoch"]
+    assert epochs[-1]["skipped_images"] == 2
