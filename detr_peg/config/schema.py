@@ -135,16 +135,18 @@ class DataConfig:
         default_factory=lambda: list(range(480, 801, 32)),
         metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE, non_empty=True),
     )
-    train_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE))
+    train_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE))
     train_size_per: Literal["image", "batch"] = "image"
     crop_scales: list[int] = field(
-        default_factory=lambda: [400, 500, 600], metadata=valid(MIN_IMAGE_SIDE, non_empty=True)
+        default_factory=lambda: [400, 500, 600], metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE, non_empty=True)
     )
-    crop_size: list[int] = field(default_factory=lambda: [384, 600], metadata=valid(1, non_empty=True, order="min_max"))
+    crop_size: list[int] = field(
+        default_factory=lambda: [384, 600], metadata=valid(1, MAX_TEST_SIDE, non_empty=True, order="min_max")
+    )
     crop_prob: float = field(default=0.5, metadata=valid(0, 1))
     hflip_prob: float = field(default=0.5, metadata=valid(0, 1))
     val_scale: int = field(default=800, metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE))
-    val_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE))
+    val_max_size: int = field(default=1333, metadata=valid(MIN_IMAGE_SIDE, MAX_TEST_SIDE))
     num_workers: int = field(default=2, metadata=valid(0, MAX_WORKERS))
     on_bad_sample: Literal["error", "skip"] = "error"
 

@@ -80,6 +80,11 @@ def test_values_are_coerced_and_checked():
         ("train.output_dir=~", ["'train.output_dir' must be a string, got '~' (read as None)."]),
         ("train.lr=", ["'train.lr' must be a number, got '' (read as None)."]),
         ("train.epochs=yes", ["'train.epochs' must be an integer, got 'yes' (read as True)."]),
+        # Every image size has an upper bound, checked when the config is read.
+        ("data.crop_scales=[1000000000]", ["'data.crop_scales' must be in [2, 8192], got [1000000000]."]),
+        ("data.val_max_size=8193", ["'data.val_max_size' must be in [2, 8192], got 8193."]),
+        ("data.train_max_size=100000", ["'data.train_max_size' must be in [2, 8192]"]),
+        ("data.crop_size=[10,9000]", ["'data.crop_size' must be in [1, 8192]"]),
         # Numbers YAML 1.1 reads in another base than they look.
         ("model.num_queries=017", ["'model.num_queries' is 017, which YAML reads as 15 (a leading 0 is octal"]),
         ("train.seed=-010", ["'train.seed' is -010, which YAML reads as -8"]),
