@@ -10,6 +10,7 @@ from types import FrameType
 
 from detr_peg.checkpoint.format import save_checkpoint
 from detr_peg.engine.distributed import any_process, on_main
+from detr_peg.engine.evaluation.metric_units import read_metrics
 from detr_peg.engine.evaluation.run import EvalResult, evaluate_and_write
 from detr_peg.engine.metrics_log import METRICS_FILE, log_records
 from detr_peg.engine.trainer import EpochStats, HookBase, Trainer
@@ -165,11 +166,20 @@ class EvalHook(HookBase):
 
     def __init__(self) -> None:
         self.last: EvalResult | None = None
-        self.evaluated_at = -1
+        self.evaluated_at = self.recalled_at = -1  # recalled: from the log of the run this one resumes
 
     def evaluate(self, trainer: Trainer, epoch: int) -> None:
-        """Evaluate now (if there is validation data and this iteration was not evaluated yet)."""
-        if trainer.val_set is None or self.evaluated_at == trainer.progress.iteration:
+        """Evaluate now (if there is validation data and this iteration was not evaluated yet, by this run or by the
+        run it resumes: `--resume` of a run that had ended adds no second record)."""
+        iteration = trainer.progress.iteration
+        if trainer.val_set is None or self.evaluated_at == iteration:
+            return
+        recorded = [r for r in log_records(trainer.out / METRICS_FILE) if r.get("type") == "eval"
+                    and r.get("iteration") == iteration] if trainer.log is not None else []  # fmt: skip
+        if any_process(bool(recorded) and (trainer.out / "metrics.json").is_file(), trainer.env.device):
+            files = (trainer.out / "metrics.json", trainer.out / "detections.json") if recorded else (None, None)
+            self.last = EvalResult(read_metrics(recorded[-1]) if recorded else {}, *files, len(trainer.val_set))
+            self.evaluated_at = self.recalled_at = iteration
             return
         loaded = LoadedModel(trainer.eval_model, trainer.postprocessor, trainer.cfg, trainer.label_map)
         extra = {"epoch": epoch, "iteration": trainer.progress.iteration}
@@ -220,7 +230,7 @@ class BestHook(HookBase):
 
     def _check(self, trainer: Trainer) -> None:
         last, t, iteration = self.evaluations.last, trainer.cfg.train, self.evaluations.evaluated_at
-        if last is None or self.seen == iteration or not (t.save_best or t.early_stop):
+        if last is None or iteration in (self.seen, self.evaluations.recalled_at) or not (t.save_best or t.early_stop):
             return
         metric = t.save_best or "AP"
         if self.seen is None:

@@ -252,3 +252,16 @@ def test_runs_in_two_threads_give_the_weights_of_runs_one_after_the_other(shapes
     assert not errors, errors
     for name in ("a", "b"):
         assert_same_weights(read_checkpoint(results[name].checkpoint).model, uninterrupted)
+
+
+def test_resuming_a_run_that_ended_evaluates_nothing_again(shapes, tmp_path) -> None:
+    """`--resume` of a finished run has nothing to train: its last evaluation is not repeated or recorded twice."""
+    overrides = synthetic_overrides(shapes, tmp_path / "run", "train.max_iters=2", "train.batch_size=2",
+                                    "model.backbone.out_stages=[2]", "train.save_best=AP")  # fmt: skip
+    first = run_training(tiny_config(overrides), progress_bars=False)
+    files = {name: (tmp_path / "run" / name).read_bytes() for name in ("metrics.json", "checkpoint_best.pth")}
+    again = run_training(tiny_config([*overrides, "train.resume=true"]), progress_bars=False)
+    records = [json.loads(line) for line in first.metrics_log.read_text().splitlines()]
+    assert [r["iteration"] for r in records if r.get("type") == "eval"] == [2]
+    assert again.metrics == first.metrics and again.iterations == 2
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in files} == files
