@@ -270,7 +270,9 @@ def test_bad_config_values_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="data.val_scale is 0"):
         build_eval_transforms(DataConfig(val_scale=0))
     # 1 px is below the schema's range (MIN_IMAGE_SIDE), which these checks read.
-    with pytest.raises(ConfigError, match=r"data.val_max_size is 1; it must hold whole numbers of pixels at least 2"):
+    with pytest.raises(
+        ConfigError, match=r"data.val_max_size is 1; it must hold whole numbers of pixels in \[2, 8192\]"
+    ):
         build_eval_transforms(DataConfig(val_max_size=1))
     with pytest.raises(ConfigError, match=r"data.train_scales is \[96, 1\]"):
         build_train_transforms(DataConfig(train_scales=[96, 1]))

@@ -101,7 +101,12 @@ CASES: list[tuple[str, Sequence, Sequence[str], Callable[[Path], None] | None]] 
         ["'data.train_scales' must be in [2, 8192], got [64, -1]"],
         None,
     ),
-    ("zero-crop-size", [*RESUME, "data.crop_size=[0,64]"], ["'data.crop_size' must be at least 1, got [0, 64]"], None),
+    (
+        "zero-crop-size",
+        [*RESUME, "data.crop_size=[0,64]"],
+        ["'data.crop_size' must be in [1, 8192], got [0, 64]"],
+        None,
+    ),
     (
         "negative-loss-weight",
         [*RESUME, "loss.giou_loss_coef=-2"],
