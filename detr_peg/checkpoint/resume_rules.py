@@ -29,7 +29,7 @@ RULES: tuple[tuple[str, str, str, str], ...] = (
     ("the number of training images", "train_images", "mid-epoch", "another dataset has another order"),
     *(
         (f"train.{k}", f"config.train.{k}", "always", "")
-        for k in ("lr", "lr_backbone", "weight_decay", "lr_drop", "lr_gamma")
+        for k in ("lr", "lr_backbone", "weight_decay", "lr_drop", "lr_gamma", "warmup_iters")
     ),
 )
 

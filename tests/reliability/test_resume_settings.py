@@ -96,6 +96,7 @@ BOUNDARY_CASES = [
     Hostile("another-backbone-learning-rate", [*RESUME, "train.lr_backbone=0.5"], ["train.lr_backbone is 0.5"]),
     Hostile("another-weight-decay", [*RESUME, "train.weight_decay=0.5"], ["train.weight_decay is 0.5"]),
     Hostile("another-lr-step", [*RESUME, "train.lr_drop=1"], ["train.lr_drop is 1 but"]),
+    Hostile("another-warmup", [*RESUME, "train.warmup_iters=20"], ["train.warmup_iters is 20 but"]),
 ]
 
 
