@@ -151,7 +151,7 @@ class Detector(HubFolders):
         Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size)."""
         single = not isinstance(images, (list, tuple, Iterator))  # a generator of images is a list of them
         inputs = [images] if single else list(images)
-        threshold = self.config.eval.score_threshold if threshold is None else threshold
+        threshold = self.loaded.config.eval.score_threshold if threshold is None else threshold
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
             raise ConfigError(f"threshold must be a number from 0 to 1, got {threshold!r}.")  # NumPy's too; not NaN
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or not 1 <= batch_size <= 1e5:
@@ -225,7 +225,7 @@ class Detector(HubFolders):
                 run = run_evaluation(cfg, checked, output_dir, extra_inputs=extra_inputs, progress_bars=progress_bars)
                 return Metrics(run.metrics, run.per_class, run.confusion)
             loaded, dataset, _ = load_for_evaluation(cfg, checked, env)
-            out = evaluate_dataset(loaded, dataset, env, amp=evaluation_amp(self.config.train.amp, self.device))
+            out = evaluate_dataset(loaded, dataset, env, amp=evaluation_amp(self.loaded.config.train.amp, self.device))
             confusion = confusion_matrix(dataset.coco, out.detections) if env.is_main else None
             return Metrics(out.metrics, out.per_class, confusion)
 
@@ -239,13 +239,13 @@ class Detector(HubFolders):
     ) -> dict[str, Path]:
         """The evaluation of ``detr-peg eval --scales/--canvas-scales/--padding``; the files written, by kind."""
         return run_scale_evaluation(
-            self.config, self._checked(), output_dir, scales=scales, canvas_scales=canvas_scales, padding=padding
+            self.loaded.config, self._checked(), output_dir, scales=scales, canvas_scales=canvas_scales, padding=padding
         )
 
     def _evaluation_config(
         self, images: str | os.PathLike | None, annotations: str | os.PathLike | None, batch_size: int | None
     ) -> Config:
-        cfg = self.config
+        cfg = self.loaded.config
         given = {"data.val_images": images, "data.val_annotations": annotations, "eval.batch_size": batch_size}
         given = {key: str(v) if isinstance(v, os.PathLike) else v for key, v in given.items() if v is not None}
         cfg = config_with(cfg, given, "evaluate")
@@ -313,7 +313,7 @@ class Detector(HubFolders):
                 f"`detr-peg convert {source} model.pth` and fine-tune Detector.from_checkpoint('model.pth')."
             )
         return self._train(
-            config_to_dict(self.config), output_dir, (train_images, train_annotations, val_images, val_annotations),
+            config_to_dict(self.loaded.config), output_dir, (train_images, train_annotations, val_images, val_annotations),
             overrides, str(self.device), progress_bars, init_from=source, source="the config of the detector",
         )  # fmt: skip
 
@@ -370,7 +370,7 @@ class Detector(HubFolders):
         self._amp = value
 
     def __repr__(self) -> str:
-        m = self.config.model
+        m = self.loaded.config.model
         return (
             f"Detector({m.arch}, position {m.position.name}, backbone {m.backbone.name}, "
             f"{m.num_classes} classes, device {self.device})"
