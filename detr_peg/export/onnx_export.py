@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -67,9 +67,10 @@ def export_attention(model: nn.Module) -> contextlib.AbstractContextManager:
 
 
 def example_inputs(batch_size: int, image_size: tuple[int, int], postprocess: bool) -> tuple[Tensor, ...]:
-    """Inputs to trace with: a padded batch whose last image is smaller than the rest."""
+    """Inputs to trace with: a padded batch whose last image is smaller than the rest (fixed; torch's generator
+    is not advanced)."""
     h, w = image_size
-    images = torch.randn(batch_size, 3, h, w)
+    images = torch.randn(batch_size, 3, h, w, generator=torch.Generator().manual_seed(0))
     mask = torch.zeros(batch_size, h, w, dtype=torch.bool)
     if batch_size > 1:
         mask[-1, h - h // 4 :, :] = True
@@ -88,12 +89,14 @@ def export_onnx(
     batch_size: int | None = None,
     postprocess: bool = False,
     optimize: bool = True,
+    check: Callable[[Path], object] | None = None,
 ) -> Path:
     """Export a detector (a ``LoadedModel``, or a bare detector without metadata) to ``output``, atomically; the path.
 
     ``opset``: 18 (tested) or newer, when torch can convert the model to it; ``image_size=(H, W)`` / ``batch_size``
     fix sizes, else dynamic; ``postprocess`` adds ``orig_sizes`` and post-processed outputs; ``optimize`` runs the
-    exporter's optimizer.
+    exporter's optimizer; ``check(path)`` runs on the written graph before it replaces ``output`` (what it raises
+    leaves ``output`` as it was).
     Raises ``UserError``: ONNX packages missing, invalid option, unwritable file.
     """
     require_onnx()
@@ -137,6 +140,8 @@ def export_onnx(
             metadata[METADATA_CONFIG] = json.dumps(config_to_dict(loaded.config))
             metadata[METADATA_LABEL_MAP] = json.dumps(loaded.label_map.to_dict() if loaded.label_map else None)
         _write(program, tmp, metadata)
+        if check is not None:
+            check(tmp)
         os.replace(tmp, output)
     except OSError as exc:
         raise write_error(output, exc) from None

@@ -139,3 +139,23 @@ def test_export_options_beyond_what_can_be_written_are_refused_before_reading(tm
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@needs_onnx
+def test_a_graph_that_fails_its_check_does_not_replace_an_earlier_export(tmp_path, monkeypatch, capsys):
+    """The ONNX Runtime check runs on the new graph before it replaces --output."""
+    import detr_peg.export.onnx_runtime as onnx_runtime
+
+    checkpoint, graph = _checkpoint(tmp_path), tmp_path / "model.onnx"
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(graph), "--no-check"]) == 0
+    earlier, names = graph.read_bytes(), sorted(p.name for p in tmp_path.iterdir())
+
+    def fail(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(onnx_runtime, "compare_with_pytorch", fail)
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(graph), "--postprocess"]) == 2
+    assert "checked in ONNX Runtime" not in capsys.readouterr().out
+    assert graph.read_bytes() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == names  # no temporary left
