@@ -14,6 +14,7 @@ import shutil
 import socket
 import stat
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ _ADVICE = {
     errno.ELOOP: "the path has a loop of symbolic links: choose another path",
     **dict.fromkeys(
         (errno.EMFILE, errno.ENFILE), "raise the limit of open files (ulimit -n) or lower data.num_workers"
-    ),
+    ),  # fmt: skip
 }
 
 
@@ -56,11 +57,8 @@ def _shown(path: object) -> str:
 def unexpanded_home(path: str | os.PathLike) -> str | None:
     """For a path that starts with a ``~`` nothing expanded (``--output=~/x``, a config value), what to write."""
     text, home = os.fsdecode(path), os.path.expanduser(os.fsdecode(path))
-    return (
-        f"detr-peg does not expand '~' (a shell does, at the start of a word); write {_shown(home)}"
-        if home != text
-        else None
-    )
+    note = "detr-peg does not expand '~' (a shell does, at the start of a word); write "
+    return note + _shown(home) if home != text else None
 
 
 def path_obstacle(path: str | os.PathLike) -> str | None:
@@ -158,11 +156,10 @@ def atomic_write(
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise error(str(write_error(path, exc))) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise error(str(write_error(path, exc))) from None
         raise
     with contextlib.suppress(OSError):  # make the rename durable; not every platform can open a folder
         fd = os.open(path.parent, os.O_RDONLY)
@@ -248,10 +245,8 @@ def _holder(folder: Path) -> dict | None:
 
 
 def holder_alive(folder: Path, command: str | None = None) -> bool | None:
-    """Whether the holder described in ``folder`` still runs (the lock itself is not tried).
-
-    None: no holder, or another ``command``'s; False: a gone process of this machine; True: running, or elsewhere.
-    """
+    """Whether the holder described in ``folder`` still runs (the lock is not tried): None for no holder or another
+    ``command``'s; False for a gone process of this machine; True when running, or elsewhere."""
     holder = _holder(folder)
     if holder is None or command not in (None, holder["command"]):
         return None
@@ -454,6 +449,12 @@ def _take_back(folder: Path, claimed: set[str]) -> None:
             (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
 
 
+def _free_after_out_of_memory(kind, exc, tb) -> None:
+    """Free the locals of the frames a failed allocation left (its tensors), so that settling the claims can allocate."""
+    if isinstance(exc, MemoryError) or "out of memory" in str(exc):
+        traceback.clear_frames(tb)
+
+
 @contextlib.contextmanager
 def all_or_nothing(paths: Sequence[Path]) -> Iterator[None]:
     """``paths`` as they were when the block raises: earlier contents written back, new files removed."""
@@ -500,4 +501,5 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
                     _write_ledger(output.folder, {**owned, **added}, {**pending, **dict.fromkeys(added, os.getpid())})
                 present = {target.name for target in output.targets() if os.path.lexists(target)}
                 claims.callback(_take_back, output.folder, set(added) | present)  # unwritten, or removed by it
+        claims.push(_free_after_out_of_memory)
         return claims.pop_all()
