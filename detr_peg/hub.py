@@ -35,7 +35,7 @@ from detr_peg.engine.evaluation.metric_units import read_metrics
 from detr_peg.engine.evaluation.run import METRICS_JSON
 from detr_peg.errors import CheckpointError, ConfigError, UserError
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint
-from detr_peg.outputs import HOLDER_FILE, LOCK_FILE, OWNERSHIP_FILE, Output, guard_outputs
+from detr_peg.outputs import HOLDER_FILE, LOCK_FILE, OWNERSHIP_FILE, Output, guard_outputs, writing
 
 #: The arguments of ``huggingface_hub.hf_hub_download`` that ``from_pretrained`` passes on.
 DOWNLOAD_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token")
@@ -120,7 +120,7 @@ class HubFolders(
         output = Output(save_directory, "save_directory", (CONFIG_JSON, WEIGHTS, "README.md"))
         if os.path.isfile(output.targets()[-1]):  # README.md is claimed unless a file is there
             output = dataclasses.replace(output, names=(CONFIG_JSON, WEIGHTS))
-        with guard_outputs("save", [], [output]):
+        with guard_outputs("save", [], [output]), writing(save_directory):  # the model card's OSError too
             return super().save_pretrained(save_directory, model_card_kwargs=card, **kwargs)
 
     def push_to_hub(self, repo_id: str, *, model_card_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> str:

@@ -10,7 +10,9 @@ tried in offline mode).
 from __future__ import annotations
 
 import ast
+import errno
 import json
+import os
 from pathlib import Path
 
 import huggingface_hub
@@ -24,7 +26,7 @@ from detr_peg.checkpoint.hub_folder import model_card
 from detr_peg.cli.main import main
 from detr_peg.config import config_to_dict
 from detr_peg.data.padding import pad_images
-from detr_peg.errors import CheckpointError, ConfigError, UserError
+from detr_peg.errors import CheckpointError, ConfigError, OutputError, UserError
 from tests.data.conftest import assert_one_sentence
 from tests.engine.tiny_run import synthetic_data, synthetic_overrides
 
@@ -152,6 +154,19 @@ def test_save_pretrained_replaces_only_what_it_wrote(trained, tmp_path):
     (mine / "config.json").unlink()
     detector.save_pretrained(mine)
     assert (mine / "README.md").read_text() == "my notes" and (mine / "model.safetensors").is_file()
+
+
+def test_save_pretrained_on_a_full_disk_is_one_sentence(trained, tmp_path, monkeypatch):
+    """The model card is written by huggingface_hub; its OSError is said as the folder's own files' are."""
+
+    def full(card, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(huggingface_hub.ModelCard, "save", full)
+    with pytest.raises(OutputError) as err:
+        detr_peg.Detector.from_checkpoint(trained, device="cpu").save_pretrained(tmp_path / "hub")
+    assert_one_sentence(str(err.value), f"Could not write {tmp_path / 'hub' / 'README.md'}: No space left on device; "
+                                        "free some space or choose a folder on another disk.")  # fmt: skip
 
 
 @pytest.mark.parametrize(
