@@ -110,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             for handler in handlers:
                 handler.removeFilter(_as_comment)
+        from detr_peg.models.builder import check_buildable
+
+        check_buildable(cfg)  # what train would refuse when it builds the model, refused here too
         sys.stdout.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
         print(recipe_summary(cfg))
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator
 
@@ -50,6 +51,14 @@ def build_model(cfg: Config | ModelConfig) -> nn.Module:
     if not isinstance(model, nn.Module):  # a user's architecture, named here rather than deep inside
         raise ConfigError(f"The model architecture {model_cfg.arch!r} built {type(model).__name__}, not an nn.Module.")
     return model
+
+
+def check_buildable(cfg: Config) -> None:
+    """:func:`build_model`'s checks on the meta device: no memory, no weights read, one class if the data gives them."""
+    model = dataclasses.replace(cfg.model, num_classes=cfg.model.num_classes or 1,
+                                backbone=dataclasses.replace(cfg.model.backbone, weights=None))  # fmt: skip
+    with torch.device("meta"):
+        build_model(model)
 
 
 def build_criterion(cfg: Config) -> SetCriterion:

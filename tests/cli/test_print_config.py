@@ -81,3 +81,22 @@ def test_the_printed_config_is_a_config_file_with_its_notes_as_comments(capsys, 
     saved.write_text(printed)
     assert main(["train", "--config", str(saved), "--print-config"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == yaml.safe_load(printed)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.position.peg_kernel=2", "model.position.peg_kernel must be a positive odd number, got 2."),
+        (
+            "model.backbone.out_stages=[9]",
+            "model.backbone.out_stages must be ascending stage numbers in 1..4, got [9].",
+        ),
+        ("model.backbone.out_stages=[3,4]", "model.backbone.out_stages is [3, 4], but DETR takes one stage"),
+    ],
+)
+def test_print_config_refuses_what_train_refuses_when_it_builds_the_model(capsys, override, message) -> None:
+    """Checked by building the model on the meta device: no memory, no weights read."""
+    args = ["--config", "detr_r50_peg", "model.position.name=peg", override]
+    assert main(["train", *args, "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err and captured.err.count("\n") == 1
