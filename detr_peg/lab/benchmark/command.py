@@ -52,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=option_types.integer(1), default=1,
                         help="run the list of cases this many times, pooling each case's runs (default 1)")  # fmt: skip
     parser.add_argument("--amp", choices=["none", "auto", "bf16", "fp16"], default="none",
-                        help="autocast dtype: bf16 on a GPU or on a CPU with AMX or AVX512-BF16, fp16 on a GPU, auto: "
-                             "bf16 where native; the matmul peak is then measured in that dtype")  # fmt: skip
+                        help="autocast dtype for every case: bf16 on a GPU or on a CPU with AMX or AVX512-BF16, fp16 on "
+                             "a GPU, auto: bf16 where native; the matmul peak is then measured in that dtype (default: "
+                             "none: each config's train.amp; the override train.amp=none measures float32)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--no-flops", action="store_true", help="skip FLOP counting")
     parser.add_argument("--peak-size", type=option_types.integer(0, 16384), default=4096, metavar="N",
