@@ -92,11 +92,20 @@ def test_the_printed_config_is_a_config_file_with_its_notes_as_comments(capsys, 
             "model.backbone.out_stages must be ascending stage numbers in 1..4, got [9].",
         ),
         ("model.backbone.out_stages=[3,4]", "model.backbone.out_stages is [3, 4], but DETR takes one stage"),
+        ("model.backbone.frozen_stages=9", "model.backbone.frozen_stages=9: resnet50 has 4 stages"),
+        ("model.arch=deformable_detr model.two_stage=true", "model.two_stage needs model.with_box_refine=true"),
+        ("model.backbone.name=timm:resnet18", "set model.backbone.source=timm and model.backbone.name=resnet18."),
     ],
 )
 def test_print_config_refuses_what_train_refuses_when_it_builds_the_model(capsys, override, message) -> None:
     """Checked by building the model on the meta device: no memory, no weights read."""
-    args = ["--config", "detr_r50_peg", "model.position.name=peg", override]
+    args = ["--config", "detr_r50_peg", "model.position.name=peg", *override.split()]
     assert main(["train", *args, "--print-config"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and message in captured.err and captured.err.count("\n") == 1
+
+
+def test_print_config_of_the_advised_timm_backbone_passes(capsys) -> None:
+    args = ["--config", "demo", "model.backbone.source=timm", "model.backbone.name=resnet18", "--print-config"]
+    assert main(["train", *args]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["backbone"]["name"] == "resnet18"

@@ -91,10 +91,9 @@ def build_resnet_backbone(cfg: BackboneConfig, out_stages: list[int]) -> ResNetB
     """Build a torchvision ResNet backbone from ``cfg``; raises ConfigError for a name not in :data:`RESNETS`."""
     if cfg.name not in RESNETS:
         valid = ", ".join(repr(n) for n in RESNETS)
-        raise ConfigError(
-            f"Unknown torchvision backbone {cfg.name!r}: valid are {valid} "
-            "(use model.backbone.source=timm for other models)."
-        )
+        timm_name = cfg.name.removeprefix("timm:").removeprefix("timm/")
+        raise ConfigError(f"Unknown torchvision backbone {cfg.name!r}: valid are {valid}; for a timm model, set "
+                          f"model.backbone.source=timm and model.backbone.name={timm_name}.")  # fmt: skip
     if cfg.dilation and cfg.name in ("resnet18", "resnet34"):  # torchvision's BasicBlock raises NotImplementedError
         raise ConfigError(
             f"model.backbone.dilation=true needs a bottleneck ResNet (resnet50 and larger), not {cfg.name!r}."
