@@ -142,14 +142,14 @@ class Detector(HubFolders):
         batch_size: int = 8,
         channels: Literal["RGB", "BGR"] = "RGB",
     ) -> Detections | list[Detections]:
-        """Detect objects in one image or a list (or iterator) of images.
+        """Detect objects in one image or a sequence (or iterator) of images.
 
         ``images``: paths, PIL images, NumPy ``(H, W, 3)`` uint8 arrays or ``(3, H, W)`` tensors (uint8, or float in
         [0, 1]); arrays and tensors are RGB, or BGR with ``channels="BGR"`` (OpenCV's frames; files are refused). ``threshold`` defaults to
         ``eval.score_threshold``; results depend on ``batch_size`` only by float rounding. Returns one
         :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in input order.
         Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size)."""
-        single = not isinstance(images, (list, tuple, Iterator))  # a generator of images is a list of them
+        single = isinstance(images, str) or not isinstance(images, (Sequence, Iterator))  # a generator is a list
         inputs = [images] if single else list(images)
         threshold = self.loaded.config.eval.score_threshold if threshold is None else threshold
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
@@ -197,7 +197,7 @@ class Detector(HubFolders):
                     threshold=threshold,
                     label_map=self.loaded.label_map,
                     image_size=tuple(int(v) for v in item["orig_size"]),
-                    source=str(source) if isinstance(source, (str, os.PathLike)) else None,
+                    source=os.fsdecode(source) if isinstance(source, (str, os.PathLike)) else None,
                 )
         return results  # type: ignore[return-value]
 
@@ -247,7 +247,7 @@ class Detector(HubFolders):
     ) -> Config:
         cfg = self.loaded.config
         given = {"data.val_images": images, "data.val_annotations": annotations, "eval.batch_size": batch_size}
-        given = {key: str(v) if isinstance(v, os.PathLike) else v for key, v in given.items() if v is not None}
+        given = {key: os.fsdecode(v) if isinstance(v, os.PathLike) else v for key, v in given.items() if v is not None}
         cfg = config_with(cfg, given, "evaluate")
         if not (cfg.data.val_images and cfg.data.val_annotations):
             raise ConfigError(
@@ -275,9 +275,10 @@ class Detector(HubFolders):
         stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
         if val_images is None and val_annotations is None:
             val_images, val_annotations = stored["data"]["val_images"], stored["data"]["val_annotations"]
+        source = os.fsdecode(config) if isinstance(config, os.PathLike) else str(config)
         return cls._train(
             stored, output_dir, (train_images, train_annotations, val_images, val_annotations),
-            overrides, str(device), progress_bars, init_from=None, source=str(config),
+            overrides, str(device), progress_bars, init_from=None, source=source,
         )  # fmt: skip
 
     def fine_tune(
@@ -333,12 +334,12 @@ class Detector(HubFolders):
             )
         stored["model"]["num_classes"] = None  # taken from the dataset
         stored["data"].update(
-            train_images=str(train_images),
-            train_annotations=str(train_annotations),
-            val_images=None if val_images is None else str(val_images),
-            val_annotations=None if val_annotations is None else str(val_annotations),
+            train_images=os.fsdecode(train_images),
+            train_annotations=os.fsdecode(train_annotations),
+            val_images=None if val_images is None else os.fsdecode(val_images),
+            val_annotations=None if val_annotations is None else os.fsdecode(val_annotations),
         )
-        stored["train"].update(output_dir=str(output_dir), resume=False, init_from=init_from, device=device)
+        stored["train"].update(output_dir=os.fsdecode(output_dir), resume=False, init_from=init_from, device=device)
         cfg = load_config(None, overrides, base=stored, base_source=source, overrides_source="overrides")
         result = run_training(cfg, progress_bars=progress_bars)
         return cls.from_checkpoint(result.checkpoint, device=device)

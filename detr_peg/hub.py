@@ -88,7 +88,7 @@ class HubFolders(
         ``huggingface_hub`` download arguments (``cache_dir``, ``token``, ``local_files_only``, ...).
         Raises ``CheckpointError``: no such folder, Hub unreachable and not cached, unfitting weights.
         """
-        spec = str(pretrained_model_name_or_path)
+        spec = os.fsdecode(pretrained_model_name_or_path)
         model_folder(spec)  # a folder or a Hub name, else one sentence before the Hub is asked
         with hub_errors(spec):  # not ModelHubMixin's, which parses config.json unbounded before _from_pretrained
             return cls._from_pretrained(model_id=spec, revision=revision, device=device, **download)
@@ -116,8 +116,8 @@ class HubFolders(
         card.setdefault("metrics", metrics)
         if card["metrics"] is None and self.loaded.source and Path(self.loaded.source).is_file():
             card["metrics"] = run_metrics(Path(self.loaded.source).parent / METRICS_JSON)  # refused before a write
-        card.setdefault("name", kwargs.get("repo_id") or str(save_directory))
-        output = Output(save_directory, "save_directory", (CONFIG_JSON, WEIGHTS, "README.md"))
+        output = Output(save_directory, "save_directory", (CONFIG_JSON, WEIGHTS, "README.md"))  # TypeError if no path
+        card.setdefault("name", kwargs.get("repo_id") or os.fsdecode(save_directory))
         if os.path.isfile(output.targets()[-1]):  # README.md is claimed unless a file is there
             output = dataclasses.replace(output, names=(CONFIG_JSON, WEIGHTS))
         with guard_outputs("save", [], [output]), writing(save_directory):  # the model card's OSError too

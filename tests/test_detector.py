@@ -7,9 +7,12 @@ The checkpoint is the tiny DETR that ``tests/conftest.py`` trains on coco128 wit
 from __future__ import annotations
 
 import ast
+import collections
+import collections.abc
 import contextlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +219,43 @@ def test_evaluate_equals_the_command_line(detector, coco128_checkpoint, coco128_
     out = tmp_path / "eval"
     assert main(["eval", "--checkpoint", str(coco128_checkpoint), "--output", str(out), "train.device=cpu"]) == 0
     assert metrics == pytest.approx(json.loads((out / "metrics.json").read_text())["bbox"], abs=1e-12)
+
+
+class _PathObject(os.PathLike):
+    """A path type of the user's own, whose ``str`` is not the path."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+
+class _Frames(collections.abc.Sequence):
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+def test_any_sequence_and_any_path_type_the_hints_allow(detector, coco128_checkpoint, coco128_dir) -> None:
+    paths = _images_of_different_sizes(coco128_dir, 2)
+    expected = detector.predict(paths, threshold=0.0)
+    for images in (collections.UserList(paths), _Frames(paths), [_PathObject(p) for p in paths]):
+        got = detector.predict(images, threshold=0.0)
+        assert isinstance(got, list) and [d.source for d in got] == [str(p) for p in paths]
+        for a, b in zip(got, expected):
+            _assert_same(a, b)
+    reloaded = detr_peg.Detector.from_checkpoint(_PathObject(coco128_checkpoint), device="cpu")
+    _assert_same(reloaded.predict(_PathObject(paths[0]), threshold=0.0), expected[0])
+    as_objects = reloaded.evaluate(
+        _PathObject(coco128_dir / "images"), _PathObject(coco128_dir / "annotations_val.json")
+    )
+    assert as_objects == detector.evaluate(coco128_dir / "images", coco128_dir / "annotations_val.json")
 
 
 def test_class_names_and_supervision(detector, coco128_dir) -> None:

@@ -46,8 +46,8 @@ def check_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> 
 
 def check_checkpoint_location(spec: str | os.PathLike, what: str = "checkpoint") -> None:
     """:func:`check_checkpoint_file` for a local path; a URL passes (it is checked once downloaded)."""
-    if not is_url(str(spec)):
-        check_checkpoint_file(spec, what)
+    if not is_url(os.fsdecode(spec)):
+        check_checkpoint_file(os.fsdecode(spec), what)
 
 
 #: Seconds a download waits for the server, to connect or between two reads.
@@ -103,7 +103,7 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
     """
     import torch  # imported on reading: checking a path alone must not import torch
 
-    spec = str(path)
+    spec = os.fsdecode(path)
     if is_url(spec):
         local = fetch_url(spec)
         try:

@@ -79,7 +79,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     Raises ``CheckpointError`` if missing, corrupt, unsafe, of a newer format version, or not a detr_peg checkpoint
     (an official DETR/Deformable-DETR file is recognised and pointed to ``detr-peg convert``).
     """
-    spec = str(path)
+    spec = os.fsdecode(path)
     obj = read_checkpoint_file(spec)
     if isinstance(obj, dict) and "metadata" in obj and "state_dict" in obj and is_safetensors(spec):
         meta = obj["metadata"]

@@ -81,7 +81,7 @@ def is_hub_name(spec: str) -> bool:
 
 def model_folder(spec: str | os.PathLike) -> ModelFolder:
     """The :class:`ModelFolder` that ``spec`` names; raises CheckpointError when neither a folder nor a Hub name."""
-    text = str(spec)
+    text = os.fsdecode(spec)
     if os.path.isdir(text):
         return ModelFolder(text, Path(text))
     if os.path.isfile(text):

@@ -43,7 +43,7 @@ def shipped_names() -> list[str]:
 def shipped_config(name: str | os.PathLike) -> Path | None:
     """The shipped config called ``name`` (with or without ``.yaml`` and a leading ``configs/``), or ``None``."""
     root = shipped_configs_dir()
-    text = str(name).replace("\\", "/")
+    text = os.fsdecode(name).replace("\\", "/")
     if root is None or not text or os.path.isabs(text):
         return None
     parts = PurePosixPath(text).parts

@@ -103,7 +103,7 @@ def convert_official(
     src: str | os.PathLike, *, config_path: str | os.PathLike | None = None, overrides: Iterable[str] = ()
 ) -> ConversionReport:
     """Convert an official checkpoint (``.pth``, bare state dict or ``.safetensors``) in memory; the report."""
-    src = str(src)
+    src = os.fsdecode(src)
     state, args, ignored = _load_official(src)
     fmt = detect_format(state, src)
     cfg = resolve_config(state, args, fmt, src, config_path, overrides)

@@ -137,5 +137,5 @@ def save_report(report: ConversionReport, src: str | os.PathLike, dst: str | os.
         report.config,
         report.state_dict,
         label_map=report.label_map,
-        converted_from={"format": report.source_format, "path": os.path.basename(os.path.normpath(str(src)))},
+        converted_from={"format": report.source_format, "path": os.path.basename(os.path.normpath(os.fsdecode(src)))},
     )

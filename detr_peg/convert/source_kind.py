@@ -15,7 +15,7 @@ NO_CONVERSION = "{src} was written by detr_peg and needs no conversion; give "
 
 def is_transformers_source(src: str | os.PathLike) -> bool:
     """Whether ``src`` is read as a Transformers checkpoint: a local folder, or a Hub name."""
-    return os.path.isdir(src) or is_hub_name(str(src))
+    return os.path.isdir(src) or is_hub_name(os.fsdecode(src))
 
 
 def check_source(src: str | os.PathLike) -> None:

@@ -93,7 +93,7 @@ def convert_transformers(
     ``download``: ``hf_hub_download`` arguments. Raises ``CheckpointError``: unreadable folder, Hub
     unreachable, or an unrepresentable setting.
     """
-    src = str(src)
+    src = os.fsdecode(src)
     folder = model_folder(src)
     config = read_config_json(folder.first_file([CONFIG_JSON], CONFIG_JSON, **download), src)
     if config.get("format") == FORMAT:
