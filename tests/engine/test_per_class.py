@@ -54,7 +54,9 @@ def test_the_mean_of_the_per_class_ap_is_the_ap(truth: COCO) -> None:
 def test_the_confusion_matrix_adds_up_to_the_ground_truth_and_the_detections(truth: COCO) -> None:
     detections, relabelled, missed = _detections(truth)
     matrix = confusion_matrix(truth, detections, score=0.3, iou=0.5)
-    counts, cat_ids = matrix["counts"], sorted(truth.getCatIds())
+    counts, cat_ids = matrix["counts"], matrix["category_ids"]
+    occurring = {a["category_id"] for a in truth.loadAnns(truth.getAnnIds(iscrowd=False))}
+    assert cat_ids == sorted(occurring | {d["category_id"] for d in detections if d["score"] >= 0.3})
     assert matrix["names"][-1] == "background" and len(counts) == len(cat_ids) + 1
     for i, cat_id in enumerate(cat_ids):  # every ground truth once, matched or in the background column
         assert sum(counts[i]) == len(truth.getAnnIds(catIds=[cat_id], iscrowd=False))
@@ -72,7 +74,7 @@ def test_a_small_case_gives_the_counts_worked_out_by_hand() -> None:
     coco = COCO()
     coco.dataset = {
         "images": [{"id": 1, "width": 100, "height": 100}, {"id": 2, "width": 100, "height": 100}],
-        "categories": [{"id": 3, "name": "cat"}, {"id": 7, "name": "dog"}],
+        "categories": [{"id": 3, "name": "cat"}, {"id": 7, "name": "dog"}, {"id": 9, "name": "bird"}],  # no bird
         "annotations": [
             {"id": 1, "image_id": 1, "category_id": 3, "bbox": [0, 0, 10, 10], "area": 100, "iscrowd": 0},
             {"id": 2, "image_id": 1, "category_id": 7, "bbox": [50, 50, 20, 20], "area": 400, "iscrowd": 0},

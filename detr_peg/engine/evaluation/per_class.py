@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import torch
@@ -66,20 +66,18 @@ def _xyxy(items: list[dict]) -> torch.Tensor:
 def confusion_matrix(
     coco_gt: COCO, results: list[dict], score: float = CONFUSION_SCORE, iou: float = CONFUSION_IOU
 ) -> dict:
-    """Counts of (ground truth class, detected class) over every image of ``coco_gt``; the last row and column are
+    """Counts of (ground truth class, detected class) over every image of ``coco_gt``, for the classes that have
+    ground truth or a counted detection (not N x N for all N categories, mostly zeros); the last row and column are
     the background: detections that match no ground truth, and ground truth that no detection matched.
 
     Detections scoring at least ``score`` take, highest score first, the unmatched ground truth (crowds aside) of
     largest IoU, when it is at least ``iou``, whatever its class.
     """
-    cat_ids = sorted(coco_gt.getCatIds())
-    index = {cat_id: i for i, cat_id in enumerate(cat_ids)}
-    background = len(cat_ids)
-    counts = np.zeros((background + 1, background + 1), dtype=np.int64)
     detections = defaultdict(list)
     for result in results:
         if result["score"] >= score:
             detections[result["image_id"]].append(result)
+    pairs: Counter = Counter()  # (ground truth class or None, detected class or None) -> count
     for image_id in coco_gt.getImgIds():
         truth = [a for a in coco_gt.imgToAnns[image_id] if not a.get("iscrowd", 0)]
         found = sorted(detections.get(image_id, []), key=lambda d: -d["score"])
@@ -90,11 +88,16 @@ def confusion_matrix(
             j = int(candidates.argmax()) if len(truth) else -1
             if j >= 0 and candidates[j] >= iou:
                 free[j] = False
-                counts[index[truth[j]["category_id"]], index[det["category_id"]]] += 1
+                pairs[truth[j]["category_id"], det["category_id"]] += 1
             else:
-                counts[background, index[det["category_id"]]] += 1
+                pairs[None, det["category_id"]] += 1
         for j in torch.nonzero(free).flatten().tolist():
-            counts[index[truth[j]["category_id"]], background] += 1
+            pairs[truth[j]["category_id"], None] += 1
+    cat_ids = sorted({c for pair in pairs for c in pair if c is not None})
+    index = {**{c: i for i, c in enumerate(cat_ids)}, None: len(cat_ids)}
+    counts = np.zeros((len(cat_ids) + 1, len(cat_ids) + 1), dtype=np.int64)
+    for (gt, det), n in pairs.items():
+        counts[index[gt], index[det]] = n
     names = [coco_gt.cats[c].get("name", str(c)) for c in cat_ids]
     return {"iou": iou, "score_threshold": score, "category_ids": cat_ids, "names": [*names, "background"],
             "rows": "ground truth", "columns": "detections", "counts": counts.tolist()}  # fmt: skip
