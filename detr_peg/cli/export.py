@@ -22,6 +22,7 @@ import argparse
 import contextlib
 
 from detr_peg.cli import option_types
+from detr_peg.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,9 +70,14 @@ def run(args: argparse.Namespace) -> int:
         diffs = []  # the check runs before the graph replaces --output: a failed one leaves an earlier file
 
         def check(written):
-            diffs.append(
-                compare_with_pytorch(model.model, written, batch_size=args.batch_size, image_size=args.image_size)
-            )
+            try:
+                diffs.append(
+                    compare_with_pytorch(model.model, written, batch_size=args.batch_size, image_size=args.image_size)
+                )
+            except UserError as exc:  # said of the file the user asked for, not of the temporary one
+                raise type(exc)(
+                    str(exc).replace(str(written), f"the exported graph (not written to {args.output})")
+                ) from None
 
         path = export_onnx(
             model,

@@ -159,3 +159,14 @@ def test_a_graph_that_fails_its_check_does_not_replace_an_earlier_export(tmp_pat
     assert "checked in ONNX Runtime" not in capsys.readouterr().out
     assert graph.read_bytes() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == names  # no temporary left
+    monkeypatch.undo()
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+    def runtime_fails(*args, **kwargs):
+        raise Fail("no kernel")
+
+    monkeypatch.setattr("onnxruntime.InferenceSession.run", runtime_fails)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(graph), "--postprocess"]) == 2
+    err = capsys.readouterr().err
+    assert f"the exported graph (not written to {graph}) failed on a batch of shape" in err and ".tmp-" not in err
+    assert graph.read_bytes() == earlier
