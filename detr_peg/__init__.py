@@ -19,8 +19,19 @@ Every error a user can fix is a ``detr_peg.UserError``; anything else is a bug. 
 from __future__ import annotations
 
 import importlib.metadata
+from typing import TYPE_CHECKING
 
 from detr_peg.lazy_exports import lazy_exports as _lazy_exports
+
+if TYPE_CHECKING:  # what type checkers and editors see of the names below (py.typed)
+    from detr_peg.config import Config, load_config  # noqa: F401
+    from detr_peg.detections import Detections  # noqa: F401
+    from detr_peg.detector import Detector  # noqa: F401
+    from detr_peg.engine.evaluation.run import run_evaluation  # noqa: F401
+    from detr_peg.engine.training import run_training  # noqa: F401
+    from detr_peg.errors import UserError  # noqa: F401
+    from detr_peg.models import build_criterion, build_model, build_postprocessor  # noqa: F401
+    from detr_peg.models.loading import LoadedModel, load_model  # noqa: F401
 
 try:  # the version of the installed distribution (pyproject.toml's, in an editable install too)
     __version__ = importlib.metadata.version("detr_peg")

@@ -16,7 +16,7 @@ import numbers
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 
@@ -134,9 +134,15 @@ class Detector(HubFolders):
         """The name of every model label, in label order (``class <label>`` for labels without one)."""
         return [category_of(self.loaded.label_map, label)[1] for label in range(self.loaded.config.model.num_classes)]
 
+    @overload
+    def predict(self, images: ImageInput, *, threshold: float | None = ..., batch_size: int = ...,
+                channels: Literal["RGB", "BGR"] = ...) -> Detections: ...  # fmt: skip
+    @overload
+    def predict(self, images: Sequence[ImageInput] | Iterator[ImageInput], *, threshold: float | None = ...,
+                batch_size: int = ..., channels: Literal["RGB", "BGR"] = ...) -> list[Detections]: ...  # fmt: skip
     def predict(
         self,
-        images: ImageInput | Sequence[ImageInput],
+        images: ImageInput | Sequence[ImageInput] | Iterator[ImageInput],
         *,
         threshold: float | None = None,
         batch_size: int = 8,

@@ -109,6 +109,7 @@ def test_the_wheel_holds_the_configs_as_package_data(dists) -> None:
     shipped = {f"detr_peg/{p.relative_to(REPO_ROOT).as_posix()}" for p in (REPO_ROOT / "configs").rglob("*.yaml")}
     assert shipped and shipped <= names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+    assert "detr_peg/py.typed" in names  # type checkers read the package's hints (PEP 561)
     assert not any(name.startswith(("configs/", "tests/")) for name in names)
     # Every config folder is a declared package: no setuptools warning that a future release drops its files.
     assert "is absent from the `packages` configuration" not in dists["log"]
@@ -134,3 +135,16 @@ def test_the_installed_wheel_runs_from_another_folder(installed, tmp_path) -> No
     listing = _run([detr_peg, "configs", "list"], tmp_path, env)
     assert str(installed["site"] / "detr_peg" / "configs") in listing.stdout
     assert "study/proxy_synthetic" in listing.stdout
+
+
+def test_type_checkers_see_every_lazy_name() -> None:
+    """The names imported on first use are imported under TYPE_CHECKING too, so that editors and type checkers see
+    their types rather than Any (``__getattr__``)."""
+    import ast
+
+    import detr_peg
+
+    tree = ast.parse((REPO_ROOT / "detr_peg" / "__init__.py").read_text())
+    (block,) = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
+    seen = {f"{node.module}:{alias.name}" for node in block.body for alias in node.names}
+    assert seen == {f"{module}:{name}" for name, module in detr_peg._EXPORTS.items()}
