@@ -167,16 +167,19 @@ def build_config(layers: list[Layer], *, lenient: Collection[int] = ()) -> Confi
     defaults = _flatten(ARCHITECTURE_SCHEMAS.get(arch).defaults, f"defaults of {arch}")
     # Conditional defaults (the sine offset) and stored fields of another arch or encoding fall away.
     merged = {key: entry for key, entry in defaults.items() if _has_field(cfg, key)}
-    # Options of another encoding set before the layer that chose this one (a PEG config's peg_layers under
-    # model.position.name=sine, a study cell of a grid over encodings) are left out with a note.
-    chooser = max((i for i, layer in enumerate(layers) if "model.position.name" in layer), default=-1)
+    # Options of another encoding or architecture set before the layer that chose this one (a PEG config's
+    # peg_layers under model.position.name=sine, the demo's deformable options under model.arch=detr, a study cell
+    # of a grid over encodings) are left out with a note.
+    chosen = {"model.position.name": ("encoding", encoding), "model.arch": ("architecture", arch)}
+    chooser = {name: max((i for i, layer in enumerate(layers) if name in layer), default=-1) for name in chosen}
     for index, layer in enumerate(layers):
         for key, entry in layer.items():
-            superseded = index < chooser and key.startswith("model.position.")
+            by = "model.position.name" if key.startswith("model.position.") else "model.arch"
+            superseded = index < chooser[by] and bool(owners_of(key))
             if (index in lenient or superseded) and not _has_field(cfg, key):
-                note = "%s: left out '%s', an option of another encoding than model.position.name %r (%s)"
+                note = "%s: left out '%s', an option of another %s than %s %r (%s)"
                 if index not in lenient:
-                    logger.info(note, entry[1], key, encoding, layers[chooser]["model.position.name"][1])
+                    logger.info(note, entry[1], key, chosen[by][0], by, chosen[by][1], layers[chooser[by]][by][1])
             else:
                 merged[key] = entry
 

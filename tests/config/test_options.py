@@ -215,3 +215,17 @@ def test_a_study_over_encodings_plans_from_a_peg_config(tmp_path, capsys) -> Non
     # The notes of the sine cells, each config read several times, are printed once.
     notes = [line for line in out.splitlines() if "left out 'model.position." in line]
     assert len(notes) == len(set(notes)) == 2, notes
+
+
+def test_a_config_file_gives_way_to_a_later_architecture_with_a_note_per_key(caplog) -> None:
+    """The demo's Deformable-DETR options under model.arch=detr: left out, each named, as an encoding's are."""
+    with caplog.at_level("INFO", logger="detr_peg.config.loader"):
+        cfg = load_config("demo", ["model.arch=detr"])
+    assert cfg.model.arch == "detr" and not hasattr(cfg.model.transformer, "num_feature_levels")
+    left_out = [r.getMessage().split(": ", 1)[1] for r in caplog.records if "left out" in r.getMessage()]
+    assert left_out == [
+        f"left out 'model.transformer.{key}', an option of another architecture than model.arch 'detr' (command line)"
+        for key in ("num_feature_levels", "enc_n_points", "dec_n_points")
+    ]
+    with pytest.raises(ConfigError, match="'model.transformer.enc_n_points' is an option of model.arch"):
+        load_config("demo", ["model.arch=detr", "model.transformer.enc_n_points=4"])  # given with the choice: refused
