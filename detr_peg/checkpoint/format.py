@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from detr_peg.bounded_read import parse_json
 from detr_peg.checkpoint.files import atomic_torch_save, is_safetensors, read_checkpoint_file
 from detr_peg.checkpoint.validation import check_checkpoint_fields
 from detr_peg.checkpoint.weights_check import check_loaded_weights
-from detr_peg.config.loader import config_from_dict, config_to_dict
+from detr_peg.config.loader import config_differences, config_from_dict, config_to_dict
 from detr_peg.config.ranges import is_whole
 from detr_peg.config.schema import Config
 from detr_peg.errors import CheckpointError, ConfigError
@@ -131,8 +132,17 @@ def _config(data: dict, spec: str) -> Config:
         raise CheckpointError(str(exc)) from None
 
 
-def load_weights(model: nn.Module, state: dict[str, Tensor], source: str) -> None:
-    """``load_state_dict(strict=True)``; a one-sentence ``CheckpointError`` on missing, unexpected or reshaped keys."""
+def load_weights(
+    model: nn.Module, state: dict[str, Tensor], source: str, configs: tuple[Config, Config] | None = None
+) -> None:
+    """``load_state_dict(strict=True)``; a one-sentence ``CheckpointError`` on missing, unexpected or reshaped keys,
+    naming the model settings in which ``configs`` (the checkpoint's, this model's) differ."""
+    apart = [] if configs is None else config_differences(configs[1], configs[0], ("model",))
+    shown = [
+        f"{key} {attrgetter(key)(configs[0])!r} in the checkpoint, {attrgetter(key)(configs[1])!r} here"
+        for key in apart[:3]
+    ]
+    why = f"; the model settings differ: {', '.join(shown)}" if shown else ""
     own = model.state_dict()
     missing = sorted(k for k in own.keys() - state.keys() if not k.endswith("num_batches_tracked"))
     unexpected = sorted(state.keys() - own.keys())
@@ -144,13 +154,13 @@ def load_weights(model: nn.Module, state: dict[str, Tensor], source: str) -> Non
     if missing or unexpected:
         raise CheckpointError(
             f"{source} does not fit the model: {len(missing)} missing keys (first: {missing[:3]}) and "
-            f"{len(unexpected)} unexpected keys (first: {unexpected[:3]}); it was made for another architecture."
+            f"{len(unexpected)} unexpected keys (first: {unexpected[:3]}); it was made for another architecture{why}."
         )
     if shapes:
         key, got, want = sorted(shapes)[0]
         raise CheckpointError(
             f"{source} does not fit the model: '{key}' has shape {got} but the model expects {want} "
-            f"({len(shapes)} tensors differ)."
+            f"({len(shapes)} tensors differ){why}."
         )
     check_loaded_weights(state, own, source)
     model.load_state_dict(state, strict=False)

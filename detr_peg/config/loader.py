@@ -98,6 +98,23 @@ def config_with(cfg: Config, values: Mapping[str, Any], source: str) -> Config:
     return build_config([_flatten(config_to_dict(cfg), "config"), dotted_layer(values, source)], lenient={0})
 
 
+def config_differences(cfg: Config, stored: Config, sections: tuple[str, ...] = ("model", "loss", "data")) -> list[str]:
+    """Dotted keys within ``sections`` whose values differ, ignoring ``model.backbone.weights``."""
+    a, b = config_to_dict(cfg), config_to_dict(stored)
+    out: list[str] = []
+
+    def walk(x: Any, y: Any, prefix: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for key in x:
+                walk(x[key], y.get(key), f"{prefix}.{key}" if prefix else key)
+        elif x != y and prefix != "model.backbone.weights":
+            out.append(prefix)
+
+    for section in sections:
+        walk(a[section], b[section], section)
+    return out
+
+
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain nested dicts, lists and scalars (safe to pickle or dump)."""
     return dataclasses.asdict(cfg)

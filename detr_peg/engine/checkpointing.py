@@ -178,8 +178,10 @@ def restore_training_state(
     world_size: int,
     device: torch.device,
     weight_average: WeightAverage | None = None,
+    config: Config | None = None,
 ) -> Progress:
-    """Restore model, optimizer, schedule, scaler, average and RNG from ``ckpt``; CheckpointError if they do not fit."""
+    """Restore model, optimizer, schedule, scaler, average and RNG from ``ckpt`` into the model of ``config``;
+    CheckpointError if they do not fit."""
     extra = ckpt.extra
     for key in ("optimizer", "lr_scheduler", "epoch", "iteration"):
         if key not in extra:
@@ -188,7 +190,8 @@ def restore_training_state(
                 "use train.init_from to start a new run from it."
             )
     averaged = TRAIN_WEIGHTS in extra
-    load_weights(model, extra[TRAIN_WEIGHTS] if averaged else ckpt.model, f"Checkpoint {ckpt.path}")
+    configs = None if config is None else (ckpt.config, config)
+    load_weights(model, extra[TRAIN_WEIGHTS] if averaged else ckpt.model, f"Checkpoint {ckpt.path}", configs)
     if weight_average is not None:
         if averaged:
             weight_average.load(ckpt.model, int(extra.get(EMA_UPDATES, 0)))
@@ -232,6 +235,7 @@ def load_initial_weights(
     reset_classifier: bool,
     position: str | None = None,
     arch: str | None = None,
+    config: Config | None = None,
 ) -> Checkpoint:
     """Load another run's weights into a new run (``train.init_from``; official checkpoints need ``detr-peg convert``).
 
@@ -266,7 +270,7 @@ def load_initial_weights(
             "its class head is kept (set train.reset_classifier=true to start it fresh).",
             stacklevel=2,
         )
-    load_weights(model, state, f"train.init_from {path}")
+    load_weights(model, state, f"train.init_from {path}", None if config is None else (ckpt.config, config))
     return ckpt
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.checkpoint.resume_rules import RunShape, resume_position, stored_shape
-from detr_peg.config.loader import config_from_dict, config_to_dict
+from detr_peg.config.loader import config_differences, config_from_dict, config_to_dict
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.label_map import LabelMap
@@ -226,7 +226,7 @@ def _resume(
     )  # fmt: skip
     progress = restore_training_state(
         ckpt, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, grad_scaler=scaler,
-        rank=env.rank, world_size=env.world_size, device=env.device, weight_average=weight_average,
+        rank=env.rank, world_size=env.world_size, device=env.device, weight_average=weight_average, config=cfg,
     )  # fmt: skip
     progress.epoch_batches_done = start_batches
     changed = config_differences(cfg, ckpt.config)
@@ -296,23 +296,6 @@ def _convert_except_peg(module: nn.Module) -> nn.Module:
     return module
 
 
-def config_differences(cfg: Config, stored: Config, sections: tuple[str, ...] = ("model", "loss", "data")) -> list[str]:
-    """Dotted keys within ``sections`` whose values differ, ignoring ``model.backbone.weights``."""
-    a, b = config_to_dict(cfg), config_to_dict(stored)
-    out: list[str] = []
-
-    def walk(x: Any, y: Any, prefix: str) -> None:
-        if isinstance(x, dict) and isinstance(y, dict):
-            for key in x:
-                walk(x[key], y.get(key), f"{prefix}.{key}" if prefix else key)
-        elif x != y and prefix != "model.backbone.weights":
-            out.append(prefix)
-
-    for section in sections:
-        walk(a[section], b[section], section)
-    return out
-
-
 def _resume_checkpoint(out: Path, resume: bool) -> Checkpoint | None:
     """The checkpoint in ``out`` to continue, or None; TrainingError for one without ``train.resume``, or a non-file."""
     path = checkpoint_path(out)
@@ -348,6 +331,7 @@ def _build_model(cfg: Config, env: DistEnv, label_map: LabelMap, *, resumed: boo
             reset_classifier=t.reset_classifier,
             position=cfg.model.position.name,
             arch=cfg.model.arch,
+            config=cfg,
         )
     return wrap_sync_batchnorm(model, cfg, env).to(env.device)
 

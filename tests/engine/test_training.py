@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from detr_peg.config import load_config
+from detr_peg.config.loader import config_differences
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.distributed import DistEnv, on_main
-from detr_peg.engine.training import config_differences
 from detr_peg.errors import ConfigError, TrainingError
 from detr_peg.models.loading import resolve_num_classes
 

@@ -265,3 +265,19 @@ def test_resuming_a_run_that_ended_evaluates_nothing_again(shapes, tmp_path) -> 
     assert [r["iteration"] for r in records if r.get("type") == "eval"] == [2]
     assert again.metrics == first.metrics and again.iterations == 2
     assert {name: (tmp_path / "run" / name).read_bytes() for name in files} == files
+
+
+def test_weights_that_do_not_fit_name_the_model_settings_apart(shapes, tmp_path) -> None:
+    """Resuming or starting from a checkpoint of another model size names the setting, not only a tensor."""
+    first = _run(shapes, tmp_path / "a", "train.max_iters=1")
+    queries = read_checkpoint(first.checkpoint).config.model.num_queries
+    apart = f"; the model settings differ: model.num_queries {queries} in the checkpoint, {queries + 1} here."
+    with pytest.raises(CheckpointError) as resumed:
+        _run(shapes, tmp_path / "a", "train.max_iters=2", "train.resume=true", f"model.num_queries={queries + 1}")
+    assert str(resumed.value).startswith(f"Checkpoint {first.checkpoint} does not fit the model: 'query_embed.weight'")
+    assert str(resumed.value).endswith(apart)
+    with pytest.raises(CheckpointError) as started:
+        _run(shapes, tmp_path / "b", "train.max_iters=1", f"train.init_from={first.checkpoint}",
+             f"model.num_queries={queries + 1}")  # fmt: skip
+    assert str(started.value).startswith(f"train.init_from {first.checkpoint} does not fit the model")
+    assert str(started.value).endswith(apart)
