@@ -91,8 +91,8 @@ def load_rgb_image(path: str | Path) -> Image.Image:
                 return rgb.copy() if rgb is img else rgb
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise DataError(
-            f"Image file {path} is too large to decode safely ({err}); if you trust it, raise "
-            "PIL.Image.MAX_IMAGE_PIXELS before loading the dataset."
+            f"Image file {path} is too large to decode safely ({err}); downscale it, or, from Python and if you "
+            "trust it, raise PIL.Image.MAX_IMAGE_PIXELS before loading the images."
         ) from err
     except Image.UnidentifiedImageError as err:
         raise DataError(
