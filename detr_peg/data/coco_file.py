@@ -223,7 +223,7 @@ def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
         elif "area" in ann and not (is_number(ann["area"]) and ann["area"] >= 0):
             reason = f"area {ann['area']!r}, but it must be a non-negative finite number"
         else:
-            reason = bbox_problem(ann.get("bbox"))
+            reason = ann.get("problem") or bbox_problem(ann.get("bbox"))  # a reader's own (a YOLO line's range)
         if reason is not None:
             problems.append(SampleProblem(f"{where} {reason}.", image_id=image_id, annotation_index=index))
     return problems

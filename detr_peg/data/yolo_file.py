@@ -77,6 +77,9 @@ def _annotation(tokens: list[str], width: int, height: int) -> dict[str, Any]:
     values = [_number(t) for t in tokens[1:]]
     if not all(isinstance(v, float) for v in values) or len(values) < 4 or (len(values) != 4 and len(values) % 2):
         return {"category_id": category, "bbox": tokens[1:]}
+    if any(math.isfinite(v) and not -1e-3 <= v <= 1 + 1e-3 for v in values):  # pixels, say: no box to make
+        problem = f"coordinates {' '.join(tokens[1:])}, but YOLO coordinates are fractions of the image, 0 to 1"
+        return {"category_id": category, "bbox": tokens[1:], "problem": problem}
     if len(values) == 4:
         cx, cy, w, h = values
         x, y = cx - w / 2, cy - h / 2
