@@ -41,11 +41,16 @@ def check_images(images: Tensor, name: str = "images") -> None:
         raise ValueError(f"{name} holds {bad} NaN or infinite values; every pixel must be finite")
 
 
-def check_mask(mask: Any, like: Tensor, name: str = "mask") -> None:
+def check_mask(mask: Any, like: Tensor, name: str = "mask", padded_batch: bool = False) -> None:
     """``mask`` is a bool ``Tensor[B, H, W]`` (True = padding) of ``like``'s ``[B, *, H, W]``: a uint8 mask would
-    invert to 255/254 and count padding as valid."""
+    invert to 255/254 and count padding as valid. ``padded_batch``: the images' own mask, whose padding is at the
+    bottom and right, so the top-left pixel of each image is valid."""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (like.shape[0], *like.shape[2:]):
         raise ValueError(f"{name} must be a bool Tensor[B, H, W] matching {tuple(like.shape)}, got {_describe(mask)}")
+    if padded_batch and not _tracing() and mask.numel() and bool(mask[:, 0, 0].any()):  # padding: bottom, right
+        i = int(mask[:, 0, 0].nonzero()[0])
+        raise ValueError(f"{name}[{i}] marks its top-left pixel as padding, but True = padding, added at the bottom and "
+                         "right of each image: is the mask inverted, or the image empty?")  # fmt: skip
 
 
 def check_image_list(images: Sequence[Any], name: str = "images") -> None:
@@ -94,9 +99,12 @@ def check_targets(outputs: dict, targets: Any, num_classes: int) -> None:
                 f"(cx, cy, w, h), got {_describe(boxes)}"
             )
     known = [((t["labels"] >= 0) & (t["labels"] < num_classes)).all() for t in targets]
-    if targets and not _tracing() and not bool(torch.stack(known).all()):  # one host sync for the batch
-        i = next(i for i, inside in enumerate(known) if not inside)
-        raise ValueError(
-            f"targets[{i}]['labels'] must lie in 0..{num_classes - 1} (num_classes {num_classes}), "
-            f"got {targets[i]['labels'].tolist()}"
-        )
+    normalised = [((t["boxes"] >= -1e-4) & (t["boxes"] <= 1 + 1e-4)).all() for t in targets]  # (cx, cy, w, h)
+    if targets and not _tracing() and not bool(torch.stack(known + normalised).all()):  # one host sync
+        bad = next(i for i, inside in enumerate(known + normalised) if not inside)
+        i = bad % len(targets)
+        if bad < len(targets):
+            raise ValueError(f"targets[{i}]['labels'] must lie in 0..{num_classes - 1} (num_classes {num_classes}), "
+                             f"got {targets[i]['labels'].tolist()}")  # fmt: skip
+        raise ValueError(f"targets[{i}]['boxes'] must be normalised (cx, cy, w, h), each from 0 to 1 (w, h >= 0), got "
+                         f"{targets[i]['boxes'].tolist()[:3]}")  # fmt: skip

@@ -76,5 +76,5 @@ def batch_with_mask(images, mask: Tensor | None = None, size_divisibility: int =
     if mask is None:
         b, _, h, w = images.shape
         return images, torch.zeros((b, h, w), dtype=torch.bool, device=images.device)
-    check_mask(mask, images)
+    check_mask(mask, images, padded_batch=True)
     return images, mask

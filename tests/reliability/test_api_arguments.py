@@ -127,6 +127,16 @@ BAD_TARGETS = {
         )
         for label in (3, 4, -1)
     },
+    "boxes in pixels (x0, y0, x1, y1)": (
+        lambda: [_target(), {**_target(), "boxes": torch.tensor([[10.0, 20.0, 50.0, 60.0]])}],
+        ValueError,
+        "targets[1]['boxes'] must be normalised (cx, cy, w, h), each from 0 to 1 (w, h >= 0), got [[10.0, 20.0",
+    ),
+    "a negative width": (
+        lambda: [{**_target(), "boxes": torch.tensor([[0.5, 0.5, -0.25, 0.25]])}, _target()],
+        ValueError,
+        "targets[0]['boxes'] must be normalised",
+    ),
 }
 
 
@@ -205,3 +215,25 @@ def test_models_are_built_in_float32_whatever_the_default_dtype(arch: str) -> No
         torch.testing.assert_close(value, expected[key], rtol=0, atol=0)  # dtypes included
     with torch.no_grad():
         assert model.eval()(GOOD)["pred_boxes"].dtype == torch.float32
+
+
+def _padded_mask() -> torch.Tensor:
+    mask = torch.zeros(2, 64, 128, dtype=torch.bool)
+    mask[1, 48:], mask[1, :, 96:] = True, True  # the second image is 48 x 96, padded at the bottom and right
+    return mask
+
+
+def _empty_second_image() -> torch.Tensor:
+    mask = _padded_mask()
+    mask[1] = True
+    return mask
+
+
+@pytest.mark.parametrize(("make", "index"), [(lambda: ~_padded_mask(), 0), (_empty_second_image, 1)])
+def test_a_mask_that_pads_the_top_left_pixel_is_refused(parts, make, index) -> None:
+    """True = padding, at the bottom and right: an inverted mask (or an image of no pixel) is certain to be wrong."""
+    _, model, _, _ = parts
+    with pytest.raises(ValueError, match=rf"^mask\[{index}\] marks its top-left pixel as padding, but True = padding"):
+        model(GOOD, make())
+    with torch.no_grad():
+        assert torch.isfinite(model(GOOD, _padded_mask())["pred_logits"]).all()
