@@ -21,6 +21,7 @@ from typing import Any, Literal, overload
 import torch
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
+from detr_peg.checkpoint.weights_check import non_finite
 from detr_peg.config.loader import config_to_dict, config_with, load_config
 from detr_peg.config.schema import Config
 from detr_peg.data.image_input import ImageInput, as_rgb_tensor
@@ -35,10 +36,14 @@ from detr_peg.engine.evaluation.run import load_for_evaluation, run_evaluation
 from detr_peg.engine.evaluation.scales import run_scale_evaluation
 from detr_peg.engine.inference import run_inference
 from detr_peg.engine.mixed_precision import check_amp, evaluation_amp
-from detr_peg.errors import ConfigError
+from detr_peg.errors import CheckpointError, ConfigError
 from detr_peg.hub import HubFolders
 from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
 from detr_peg.outputs import Input, Output, guard_outputs
+
+
+def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {key: tuple(t.shape) for key, t in state.items()}
 
 
 class Detector(HubFolders):
@@ -63,6 +68,7 @@ class Detector(HubFolders):
             self.device = torch.device("cpu")
         self.amp = "none"
         self._transform = build_eval_transforms(loaded.config.data)
+        self._shapes = _shapes(loaded.model.state_dict()) if isinstance(loaded.model, torch.nn.Module) else {}
 
     @classmethod
     def from_checkpoint(
@@ -165,14 +171,26 @@ class Detector(HubFolders):
         results = self._detect(inputs, float(threshold), int(batch_size), channels)
         return results[0] if single else results
 
-    def _checked(self) -> LoadedModel:
-        """:attr:`loaded`, its weights checked to be float32 on :attr:`device`: what predict, evaluate, export run."""
-        tensors = (*self.model.parameters(), *self.model.buffers()) if isinstance(self.model, torch.nn.Module) else ()
-        for t in (t for t in tensors if t.is_floating_point()):
+    def _checked(self, finite: bool = False) -> LoadedModel:
+        """:attr:`loaded`, its weights checked to be float32 on :attr:`device`, of the shapes of its config and (to be
+        written: ``finite``) finite: what predict, evaluate, export and save_pretrained run."""
+        state = self.model.state_dict() if isinstance(self.model, torch.nn.Module) else {}
+        for t in (t for t in state.values() if t.is_floating_point()):
             if t.dtype != torch.float32 or t.device != self.device:
                 raise ConfigError(f"detector.model holds {t.dtype} weights on {t.device}, but the detector runs float32 "
                                   f"on {self.device} (detector.amp sets autocast): call "
                                   "detector.model.float().to(detector.device).")  # fmt: skip
+        shapes = _shapes(state)
+        key = next(
+            (k for k in sorted(shapes.keys() | self._shapes.keys()) if shapes.get(k) != self._shapes.get(k)), None
+        )
+        if key is not None:
+            raise ConfigError(f"detector.model's '{key}' is {shapes.get(key, 'gone')}, not the {self._shapes.get(key)} "
+                              "of its config and label map: a model of other sizes needs its own config (fine_tune, "
+                              "or Detector.from_config).")  # fmt: skip
+        for key, count, example in non_finite(state) if finite else ():
+            raise CheckpointError(f"detector.model's '{key}' holds {count} non-finite values ({example}); such "
+                                  "weights are not written.")  # fmt: skip
         return self.loaded
 
     def _detect(
@@ -360,7 +378,7 @@ class Detector(HubFolders):
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"This detector runs the ONNX graph {self.model.path}, an export already; export the "
                               "checkpoint it was exported from (Detector.from_checkpoint).")  # fmt: skip
-        loaded = self._checked()
+        loaded = self._checked(finite=True)
         with guard_outputs("export", [], [Output(path, "path")]):
             return export_onnx(loaded, path, **options)
 

@@ -258,6 +258,31 @@ def test_any_sequence_and_any_path_type_the_hints_allow(detector, coco128_checkp
     assert as_objects == detector.evaluate(coco128_dir / "images", coco128_dir / "annotations_val.json")
 
 
+def test_a_model_the_user_resized_or_broke_is_refused_before_use(coco128_checkpoint, coco128_dir, tmp_path) -> None:
+    """A class head of another size is refused by every method; non-finite weights by the writers (predict already
+    refuses their outputs), nothing written."""
+    image = _images_of_different_sizes(coco128_dir, 1)[0]
+    resized = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+    name, head = next((n, m) for n, m in resized.model.named_modules() if "class_embed" in n and hasattr(m, "weight"))
+    parent, _, child = name.rpartition(".")
+    setattr(resized.model.get_submodule(parent), child, torch.nn.Linear(head.in_features, 5))
+    message = rf"^detector.model's '{name}.bias' is \(5,\), not the \({head.out_features},\) of its config"
+    for call in (lambda: resized.predict(image), lambda: resized.export_onnx(tmp_path / "m.onnx"),
+                 lambda: resized.evaluate(coco128_dir / "images", coco128_dir / "annotations_val.json"),
+                 lambda: resized.save_pretrained(tmp_path / "hub")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            call()
+    broken = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+    with torch.no_grad():
+        broken.model.get_parameter(f"{name}.weight")[0, 0] = float("nan")
+    for call in (lambda: broken.export_onnx(tmp_path / "m.onnx"), lambda: broken.save_pretrained(tmp_path / "hub")):
+        with pytest.raises(
+            CheckpointError, match=rf"^detector.model's '{name}.weight' holds 1 non-finite values \(nan\)"
+        ):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_class_names_and_supervision(detector, coco128_dir) -> None:
     assert len(detector.class_names) == 80 and detector.class_names[0] == "person"
     detections = detector.predict(_images_of_different_sizes(coco128_dir, 1)[0], threshold=0.0)

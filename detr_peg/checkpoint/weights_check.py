@@ -13,7 +13,7 @@ from detr_peg.errors import CheckpointError, TrainingError, UserError
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _non_finite(tensors: Mapping[str, Any]) -> Iterator[tuple[str, int, str]]:
+def non_finite(tensors: Mapping[str, Any]) -> Iterator[tuple[str, int, str]]:
     """``(key, count, example)`` of each floating tensor holding NaN or infinity; the callers raise at the first."""
     for key, value in tensors.items():
         if isinstance(value, Tensor) and value.dtype in FLOATS:
@@ -32,13 +32,13 @@ def check_loaded_weights(state: Mapping[str, Tensor], own: Mapping[str, Tensor],
         if value is not None and mine.is_floating_point() and value.dtype not in FLOATS:
             got, expected = (str(t.dtype).replace("torch.", "") for t in (value, mine))
             raise CheckpointError(f"{source}: '{key}' holds {got} values, not the {expected} weights it needs.")
-    for key, count, example in _non_finite(state):
+    for key, count, example in non_finite(state):
         raise CheckpointError(f"{source}: '{key}' holds {count} non-finite values ({example}); refusing these weights.")
 
 
 def check_saved_weights(state: Mapping[str, Tensor], iteration: int, checkpoint: Any) -> None:
     """Refuse to replace a checkpoint with non-finite weights: TrainingError, and the previous checkpoint is kept."""
-    for key, count, example in _non_finite(state):
+    for key, count, example in non_finite(state):
         raise TrainingError(
             f"Non-finite weights after iteration {iteration} ('{key}' holds {count} values like {example}); "
             f"training stopped and the previous checkpoint {checkpoint} (if any) is kept. Lower train.lr or keep "
@@ -48,7 +48,7 @@ def check_saved_weights(state: Mapping[str, Tensor], iteration: int, checkpoint:
 
 def check_outputs(outputs: Mapping[str, Any], what: str = "The model") -> None:
     """Refuse non-finite model outputs before anything is computed from them: UserError naming the output."""
-    for key, count, example in _non_finite(outputs):
+    for key, count, example in non_finite(outputs):
         raise UserError(
             f"{what} produced {count} non-finite values ({example}) in '{key}'; no metrics or detections are "
             "reported from them (check the weights, or train again with a lower train.lr)."
