@@ -164,6 +164,10 @@ def check_structure(data: Any, path: Path) -> None:
     if unclear := sorted(name for name, n in counts.items() if n > 1 or not name.strip()):
         logger.warning("%s: category names %s are empty or shared by several ids; the outputs tell those categories "
                        "apart only by category_id.", path, ", ".join(map(repr, unclear)))  # fmt: skip
+    if any("neg_category_ids" in img or "not_exhaustive_category_ids" in img for img in images):
+        logger.warning("%s is an LVIS file: detr_peg reads it as COCO, so objects of the categories not checked in an "
+                       "image are trained as background and its detections count as false positives; the AP is "
+                       "COCO's, not LVIS's (the lvis package computes that).", path)  # fmt: skip
     first_of: dict[Any, int] = {}
     for img in images:
         name = img.get("file_name")

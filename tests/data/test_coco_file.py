@@ -268,3 +268,17 @@ def test_category_names_that_do_not_tell_categories_apart_are_warned_of(tmp_path
     with caplog.at_level(logging.WARNING):
         read_coco_file(write_json(tmp_path / "fine.json", base_coco()))
     assert not caplog.records
+
+
+@pytest.mark.parametrize("key", ["neg_category_ids", "not_exhaustive_category_ids"])
+def test_an_lvis_file_is_read_as_coco_with_a_warning_that_says_what_that_means(tmp_path: Path, caplog, key) -> None:
+    data = base_coco()
+    data["images"][0][key] = [data["categories"][0]["id"]]
+    path = write_json(tmp_path / "lvis.json", data)
+    with caplog.at_level(logging.WARNING):
+        assert len(read_coco_file(path).coco.anns) == len(data["annotations"])
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{path} is an LVIS file: detr_peg reads it as COCO, so objects of the categories not checked in an image are "
+        "trained as background and its detections count as false positives; the AP is COCO's, not LVIS's (the lvis "
+        "package computes that)."
+    ]
