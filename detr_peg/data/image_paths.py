@@ -13,6 +13,11 @@ from detr_peg.errors import DataError
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 
+def is_image_name(name: str) -> bool:
+    """Whether a folder's file ``name`` is searched: an image ending, not hidden (macOS's ``._a.jpg`` metadata)."""
+    return Path(name).suffix.lower() in IMAGE_SUFFIXES and not name.startswith(".")
+
+
 def _unreadable(exc: OSError) -> None:
     raise DataError(f"Folder {exc.filename} cannot be read: {exc.strerror}.")
 
@@ -27,9 +32,7 @@ def collect_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
         path = Path(item)
         if os.path.isdir(path):
             walk = os.walk(path, onerror=_unreadable)  # an image name that is no image file is refused, not skipped
-            files = sorted(
-                Path(top, n) for top, _, names in walk for n in names if Path(n).suffix.lower() in IMAGE_SUFFIXES
-            )
+            files = sorted(Path(top, n) for top, _, names in walk for n in names if is_image_name(n))
             if not files:
                 raise DataError(f"Folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
             for file in files:

@@ -17,7 +17,7 @@ import yaml
 from PIL import Image
 
 from detr_peg.bounded_read import decode_utf8, load_yaml_text, read_bounded_bytes, yaml_problem
-from detr_peg.data.image_paths import IMAGE_SUFFIXES
+from detr_peg.data.image_paths import IMAGE_SUFFIXES, is_image_name
 from detr_peg.errors import DataError
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -100,7 +100,7 @@ def read_yolo_dataset(path: str | Path, images_dir: str | Path | None) -> dict[s
         raise DataError(f"Dataset file {path} is a YOLO data.yaml; give the image folder of the split it is read for.")
     path, images_dir = Path(path), Path(images_dir)
     data: dict[str, Any] = {"images": [], "annotations": [], "categories": read_categories(path)}
-    files = sorted(p for p in images_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in images_dir.rglob("*") if p.is_file() and is_image_name(p.name))
     if not files:
         raise DataError(f"Image folder {images_dir} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
     found: dict[Path, Path] = {}  # label file -> image

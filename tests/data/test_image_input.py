@@ -187,6 +187,20 @@ def test_a_folder_of_images_that_cannot_be_listed_is_named(tmp_path: Path, monke
         collect_images([tmp_path])
 
 
+def test_a_folder_is_searched_for_its_images_not_the_metadata_of_other_systems(tmp_path: Path) -> None:
+    """macOS leaves ``._a.jpg`` (AppleDouble) beside ``a.jpg`` and in ``__MACOSX/``; they are not images."""
+    from detr_peg.data.image_paths import collect_images
+
+    Image.fromarray(_noise()).save(tmp_path / "a.JPG")
+    (tmp_path / "sub").mkdir()
+    Image.fromarray(_noise()).save(tmp_path / "sub" / "b.png")
+    for junk in ("._a.JPG", ".DS_Store", "Thumbs.db", "desktop.ini", "sub/._b.png"):
+        (tmp_path / junk).write_bytes(b"\x00\x05\x16\x07 Mac OS X")
+    (tmp_path / "__MACOSX").mkdir()
+    (tmp_path / "__MACOSX" / "._a.JPG").write_bytes(b"\x00\x05\x16\x07")
+    assert collect_images([tmp_path]) == [tmp_path / "a.JPG", tmp_path / "sub" / "b.png"]
+
+
 _OUT_OF_FILES = """
 import os, resource, sys
 from detr_peg.data.image_input import load_rgb_image
