@@ -119,6 +119,11 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
         )
     if is_safetensors(local):
         return _read_safetensors(local, what)
+    with open(local, "rb") as handle:  # readable: checked above
+        head = handle.read(32)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive, or its older pickle
+        raise CheckpointError(f"The {what} file {spec} is not a PyTorch checkpoint: it begins with "
+                              f"{head.decode('utf-8', 'replace')!r}, not as torch.save writes.")  # fmt: skip
     try:
         # The unpickler warns about pickle protocols torch does not write; a failure is reported below.
         with torch.serialization.safe_globals(SAFE_GLOBALS), warnings.catch_warnings():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -132,17 +131,27 @@ def _config(data: dict, spec: str) -> Config:
         raise CheckpointError(str(exc)) from None
 
 
+def _apart(configs: tuple[Config, Config] | None) -> str:
+    """``; the model settings differ: KEY A in the checkpoint, B here`` for ``configs`` (the checkpoint's, this one)."""
+    if configs is None:
+        return ""
+    values = [config_to_dict(c) for c in configs]
+    keys = config_differences(configs[1], configs[0], ("model",))
+    shown = [f"{k} {_dotted(values[0], k)!r} in the checkpoint, {_dotted(values[1], k)!r} here" for k in keys[:3]]
+    return f"; the model settings differ: {', '.join(shown)}" if shown else ""
+
+
+def _dotted(data: dict, key: str) -> Any:
+    for part in key.split("."):
+        data = data.get(part, "unset") if isinstance(data, dict) else "unset"
+    return data
+
+
 def load_weights(
     model: nn.Module, state: dict[str, Tensor], source: str, configs: tuple[Config, Config] | None = None
 ) -> None:
     """``load_state_dict(strict=True)``; a one-sentence ``CheckpointError`` on missing, unexpected or reshaped keys,
     naming the model settings in which ``configs`` (the checkpoint's, this model's) differ."""
-    apart = [] if configs is None else config_differences(configs[1], configs[0], ("model",))
-    shown = [
-        f"{key} {attrgetter(key)(configs[0])!r} in the checkpoint, {attrgetter(key)(configs[1])!r} here"
-        for key in apart[:3]
-    ]
-    why = f"; the model settings differ: {', '.join(shown)}" if shown else ""
     own = model.state_dict()
     missing = sorted(k for k in own.keys() - state.keys() if not k.endswith("num_batches_tracked"))
     unexpected = sorted(state.keys() - own.keys())
@@ -154,13 +163,14 @@ def load_weights(
     if missing or unexpected:
         raise CheckpointError(
             f"{source} does not fit the model: {len(missing)} missing keys (first: {missing[:3]}) and "
-            f"{len(unexpected)} unexpected keys (first: {unexpected[:3]}); it was made for another architecture{why}."
+            f"{len(unexpected)} unexpected keys (first: {unexpected[:3]}); it was made for another architecture"
+            f"{_apart(configs)}."
         )
     if shapes:
         key, got, want = sorted(shapes)[0]
         raise CheckpointError(
             f"{source} does not fit the model: '{key}' has shape {got} but the model expects {want} "
-            f"({len(shapes)} tensors differ){why}."
+            f"({len(shapes)} tensors differ){_apart(configs)}."
         )
     check_loaded_weights(state, own, source)
     model.load_state_dict(state, strict=False)

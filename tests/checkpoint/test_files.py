@@ -138,7 +138,10 @@ def test_a_broken_download_keeps_nothing_and_the_next_try_downloads_again(tmp_pa
             (200, {"Content-Length": str(len(good))}, good[:1000]),
             r"the server sent 1000 of the \d+ bytes it announced\.$",
         ),
-        "/page/w.pth": ((200, {"Content-Type": "text/html"}, b"<html>sign in</html>"), r"is corrupt, truncated or not"),
+        "/page/w.pth": (
+            (200, {"Content-Type": "text/html"}, b"<html>sign in</html>"),
+            r"is not a PyTorch checkpoint: it begins",
+        ),
         "/hang/w.pth": (("hang", {}, 5.0), r"timed out"),
         "/gone/w.pth": ((404, {"Content-Length": "0"}, b""), r"HTTP Error 404: Not Found"),
     }
