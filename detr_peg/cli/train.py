@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(detr-peg configs list)")  # fmt: skip
     parser.add_argument("--output", metavar="DIR", help="output folder (sets train.output_dir)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from <output>/checkpoint.pth if it exists (sets train.resume=true)")  # fmt: skip
+                        help="continue from <output>/checkpoint.pth if it exists (sets train.resume=true); without "
+                             "--config, with the run's own <output>/config.yaml")  # fmt: skip
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config and the recipe it gives, then exit")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=2e-4")
@@ -54,12 +55,14 @@ def resolve(args: argparse.Namespace):
     """The config of the command: file, then overrides, then --output/--resume."""
     from detr_peg.config.loader import load_config
 
-    overrides = list(args.overrides)
+    overrides, config = list(args.overrides), args.config
     if args.output is not None:
         overrides.append(f"train.output_dir={json.dumps(args.output)}")  # a string, whatever YAML would read
     if args.resume:
         overrides.append("train.resume=true")
-    return load_config(args.config, overrides)
+        if config is None and args.output is not None and os.path.isfile(os.path.join(args.output, "config.yaml")):
+            config = os.path.join(args.output, "config.yaml")  # the run's own, as it wrote it
+    return load_config(config, overrides)
 
 
 def recipe_summary(cfg) -> str:

@@ -281,3 +281,12 @@ def test_weights_that_do_not_fit_name_the_model_settings_apart(shapes, tmp_path)
              f"model.num_queries={queries + 1}")  # fmt: skip
     assert str(started.value).startswith(f"train.init_from {first.checkpoint} does not fit the model")
     assert str(started.value).endswith(apart)
+
+
+def test_resume_without_a_config_reads_the_runs_own(shapes, tmp_path) -> None:
+    from detr_peg.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["train", *synthetic_overrides(shapes, out, *RESUME, "train.max_iters=1")]) == 0
+    assert main(["train", "--output", str(out), "--resume", "train.max_iters=2"]) == 0
+    assert read_checkpoint(out / "checkpoint.pth").extra["iteration"] == 2
