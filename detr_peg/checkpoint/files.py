@@ -149,6 +149,17 @@ def read_checkpoint_file(path: str | os.PathLike, *, what: str = "checkpoint") -
         raise CheckpointError(f"The {what} file {spec} is corrupt or truncated ({first}).") from None
 
 
+#: What wrappers put before every key of a model's state dict: DDP (``module.``), torch.compile (``_orig_mod.``).
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def unwrapped(state: dict) -> dict:
+    """``state`` without the prefixes of :data:`WRAPPER_PREFIXES` that every one of its keys carries."""
+    while state and (prefix := next((p for p in WRAPPER_PREFIXES if all(str(k).startswith(p) for k in state)), None)):
+        state = {k[len(prefix) :]: v for k, v in state.items()}
+    return state
+
+
 def _unsafe_global(text: str) -> str | None:
     """The module-qualified name the weights-only unpickler refused, or None (wording varies by torch version)."""
     match = re.search(r"GLOBAL ([\w.]+)", text)

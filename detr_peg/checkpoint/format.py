@@ -15,7 +15,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
 from detr_peg.bounded_read import parse_json
-from detr_peg.checkpoint.files import atomic_torch_save, is_safetensors, read_checkpoint_file
+from detr_peg.checkpoint.files import atomic_torch_save, is_safetensors, read_checkpoint_file, unwrapped
 from detr_peg.checkpoint.validation import check_checkpoint_fields
 from detr_peg.checkpoint.weights_check import check_loaded_weights
 from detr_peg.config.loader import config_differences, config_from_dict, config_to_dict
@@ -92,7 +92,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         cfg_dict = parse_json(meta["config"].encode(), spec, what, "config", CheckpointError)
         label_map = parse_json(meta.get("label_map", "null").encode(), spec, what, "record", CheckpointError)
         check_checkpoint_fields({"model": obj["state_dict"], "label_map": label_map}, spec)
-        return Checkpoint(spec, _config(cfg_dict, spec), obj["state_dict"], label_map)
+        return Checkpoint(spec, _config(cfg_dict, spec), unwrapped(obj["state_dict"]), label_map)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{spec} does not hold a checkpoint dict (found {type(obj).__name__}).")
     if obj.get("format") != FORMAT:
@@ -112,7 +112,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
             raise CheckpointError(f"{spec} has no '{key}' entry.")
     check_checkpoint_fields(obj, spec)
     extra = {k: v for k, v in obj.items() if k not in ("format", "format_version", "config", "model", "label_map")}
-    return Checkpoint(spec, _config(obj["config"], spec), obj["model"], obj.get("label_map"), extra)
+    return Checkpoint(spec, _config(obj["config"], spec), unwrapped(obj["model"]), obj.get("label_map"), extra)
 
 
 def check_format_version(version: Any, spec: str, *, as_text: bool = False) -> None:

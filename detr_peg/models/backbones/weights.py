@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from detr_peg.checkpoint.files import fetch_url, is_url, read_checkpoint_file
+from detr_peg.checkpoint.files import fetch_url, is_url, read_checkpoint_file, unwrapped
 from detr_peg.errors import CheckpointError
 
 #: The config key that chooses the backbone's weights (for every backbone source).
@@ -14,7 +14,7 @@ WEIGHTS_KEY = "model.backbone.weights"
 _NESTED_KEYS = ("state_dict", "model", "module")
 
 # Key prefixes of detector checkpoints (official DETR, detr_peg) removed before loading into a backbone body.
-STRIP_PREFIXES = ("backbone.0.body.", "backbone.body.", "module.")
+STRIP_PREFIXES = ("backbone.0.body.", "backbone.body.")
 
 # Key prefixes of the backbone body inside detector checkpoints (official DETR, detr_peg).
 DETECTOR_PREFIXES = ("backbone.0.body.", "backbone.body.")
@@ -54,7 +54,7 @@ def read_backbone_state(spec: str) -> dict[str, Tensor]:
         except CheckpointError as exc:
             # fetch_url raises `from None`: the network error itself is still its context.
             raise download_error(f"the backbone weights {spec}", exc.__context__ or exc) from None
-    return extract_state_dict(read_checkpoint_file(spec, what="backbone weights"), spec)
+    return unwrapped(extract_state_dict(read_checkpoint_file(spec, what="backbone weights"), spec))
 
 
 def backbone_part(state: dict[str, Tensor]) -> dict[str, Tensor]:

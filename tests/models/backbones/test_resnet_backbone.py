@@ -113,6 +113,30 @@ def test_local_weights_load_and_mismatches_are_clear(tmp_path):
         build_backbone(BackboneConfig(name="resnet18", weights=str(tmp_path / "missing.pth")), [4])
 
 
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "_orig_mod.module."])
+def test_weights_saved_through_a_wrapper_load_as_the_model_s(tmp_path, prefix: str) -> None:
+    """DDP's ``module.`` and torch.compile's ``_orig_mod.`` before every key: backbone weights and detr_peg
+    checkpoints read as the bare model's."""
+    from detr_peg.checkpoint.format import read_checkpoint, save_checkpoint
+    from detr_peg.config import load_config
+    from detr_peg.models import build_model
+    from detr_peg.models.loading import model_from_checkpoint
+    from tests.engine.tiny_run import TINY_MODEL
+
+    torch.manual_seed(3)
+    reference = torchvision.models.resnet18()
+    torch.save({prefix + k: v for k, v in reference.state_dict().items()}, tmp_path / "r18.pth")
+    backbone = build_backbone(BackboneConfig(name="resnet18", weights=str(tmp_path / "r18.pth")), [4])
+    for key, value in backbone.body.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[key], msg=key)
+    cfg = load_config(None, [*TINY_MODEL, "model.num_classes=3"])
+    model = build_model(cfg)
+    save_checkpoint(tmp_path / "c.pth", cfg, {prefix + k: v for k, v in model.state_dict().items()})
+    loaded = model_from_checkpoint(read_checkpoint(tmp_path / "c.pth"), cfg).model
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value, msg=key)
+
+
 def test_unknown_torchvision_name_is_a_clear_error():
     with pytest.raises(ConfigError, match="Unknown torchvision backbone 'vgg16'.*resnet50.*source=timm"):
         build_backbone(BackboneConfig(name="vgg16"), [4])
