@@ -33,8 +33,10 @@ def masked_batch_norm(x: Tensor, valid: Tensor, bn: nn.BatchNorm2d) -> Tensor:
     """Training batch norm with statistics of valid positions only, ``nn.BatchNorm2d``'s update rule, no host sync.
 
     ``x`` ``[B, C, H, W]``; ``valid`` ``[B, 1, H, W]`` bool, True = valid. Padded positions of the result
-    are garbage the caller discards.
+    are garbage the caller discards. Statistics are computed in float32 at least (a float16 count of valid positions
+    overflows above 65,504), the result returned in ``x``'s dtype.
     """
+    dtype, x = x.dtype, x.to(torch.promote_types(x.dtype, torch.float32))
     weight = valid.to(x.dtype)
     count = weight.sum()
     mean = (x * weight).sum(dim=(0, 2, 3)) / count.clamp(min=1)
@@ -50,7 +52,7 @@ def masked_batch_norm(x: Tensor, valid: Tensor, bn: nn.BatchNorm2d) -> Tensor:
     out = centered * torch.rsqrt(var + bn.eps).view(1, -1, 1, 1)
     if bn.affine:
         out = out * bn.weight.view(1, -1, 1, 1) + bn.bias.view(1, -1, 1, 1)
-    return out
+    return out.to(dtype)
 
 
 class PEG(nn.Module):

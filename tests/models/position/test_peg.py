@@ -285,3 +285,19 @@ def test_peg_acts_exactly_after_the_configured_encoder_layers(layers):
 def test_peg_layers_name_each_encoder_layer_once(layers: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _small_detr("peg", f"model.position.peg_layers={layers}")
+
+
+def test_float16_statistics_hold_beyond_the_largest_float16_count() -> None:
+    """90,000 valid positions: a float16 count would be inf; the result is the float32 one, rounded to float16."""
+    torch.manual_seed(0)
+    x = torch.randn(1, C, 300, 302)
+    mask = torch.zeros(1, 300, 302, dtype=torch.bool)
+    mask[:, :, 301:] = True  # 90,300 valid positions
+    reference, half = _peg().train(), _peg().train()
+    half.load_state_dict(reference.state_dict())
+    expected = reference(x, mask)
+    got = half.half()(x.half(), mask)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(half.norm.running_var.float(), reference.norm.running_var, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(half.norm.running_mean.float(), reference.norm.running_mean, atol=1e-3, rtol=1e-3)
