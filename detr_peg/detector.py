@@ -181,10 +181,8 @@ class Detector(HubFolders):
                                   f"on {self.device} (detector.amp sets autocast): call "
                                   "detector.model.float().to(detector.device).")  # fmt: skip
         shapes = _shapes(state)
-        key = next(
-            (k for k in sorted(shapes.keys() | self._shapes.keys()) if shapes.get(k) != self._shapes.get(k)), None
-        )
-        if key is not None:
+        if shapes != self._shapes:  # one dict comparison per call; the key is looked for only when they differ
+            key = next(k for k in sorted(shapes.keys() | self._shapes.keys()) if shapes.get(k) != self._shapes.get(k))
             raise ConfigError(f"detector.model's '{key}' is {shapes.get(key, 'gone')}, not the {self._shapes.get(key)} "
                               "of its config and label map: a model of other sizes needs its own config (fine_tune, "
                               "or Detector.from_config).")  # fmt: skip
