@@ -14,7 +14,6 @@ import shutil
 import socket
 import stat
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -449,12 +448,6 @@ def _take_back(folder: Path, claimed: set[str]) -> None:
             (folder / OWNERSHIP_FILE).unlink(missing_ok=True)
 
 
-def _free_after_out_of_memory(kind, exc, tb) -> None:
-    """Free the locals of the frames a failed allocation left (its tensors), so that settling the claims can allocate."""
-    if isinstance(exc, MemoryError) or "out of memory" in str(exc):
-        traceback.clear_frames(tb)
-
-
 @contextlib.contextmanager
 def all_or_nothing(paths: Sequence[Path]) -> Iterator[None]:
     """``paths`` as they were when the block raises: earlier contents written back, new files removed."""
@@ -501,5 +494,4 @@ def guard_outputs(command: str, inputs: Sequence[Input], outputs: Sequence[Outpu
                     _write_ledger(output.folder, {**owned, **added}, {**pending, **dict.fromkeys(added, os.getpid())})
                 present = {target.name for target in output.targets() if os.path.lexists(target)}
                 claims.callback(_take_back, output.folder, set(added) | present)  # unwritten, or removed by it
-        claims.push(_free_after_out_of_memory)
         return claims.pop_all()
