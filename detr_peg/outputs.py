@@ -229,7 +229,8 @@ def _state_file(path: Path, limit: int) -> Any:
     FIFO or a folder, which are never followed) of at most ``limit`` bytes holding JSON."""
     try:
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as handle:
-            data = handle.read(limit + 1) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
+            info = os.fstat(handle.fileno())  # read(n) reserves n bytes: a run out of memory could not settle
+            data = handle.read(min(info.st_size, limit) + 1) if stat.S_ISREG(info.st_mode) else b""
         return json.loads(data) if 0 < len(data) <= limit else None
     except (OSError, ValueError, RecursionError):
         return None

@@ -100,6 +100,23 @@ def test_claims_of_a_process_that_ended_unsettled_own_nothing(tmp_path: Path) ->
     }  # fmt: skip
 
 
+_FAIL_OUT_OF_MEMORY = """
+import sys
+from detr_peg.outputs import RECORD_LIMIT, Output, guard_outputs
+from tests.cli_process import apply_limits
+with guard_outputs("train", [], [Output(sys.argv[1], "--output", ("checkpoint.pth",))]):
+    apply_limits([("memory", RECORD_LIMIT // 4)])  # the failed step's tensors still hold the rest
+    print("claimed", flush=True)
+"""
+
+
+def test_a_command_out_of_memory_still_settles_its_claims(tmp_path: Path) -> None:
+    """Reading the ownership file reserved its 256 MiB bound: a run out of memory left its claims unsettled."""
+    result = run_python("-c", _FAIL_OUT_OF_MEMORY, str(tmp_path / "big"))
+    assert (result.returncode, result.stdout) == (0, "claimed\n"), result.stderr
+    assert not (tmp_path / "big").exists()  # created for the claim, settled: removed
+
+
 _WRITE_ONE = """
 import sys
 from pathlib import Path
