@@ -246,17 +246,17 @@ def _registered(merged: Layer, key: str, default: str, registry: Any) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def check_config_file(path: str | os.PathLike) -> None:
-    """Raise ``ConfigError`` for a config path that is missing (naming shipped configs) or not a readable file."""
+def check_config_file(path: str | os.PathLike, named_by: str = "") -> None:
+    """Raise ``ConfigError`` for a config path that is missing (after ``named_by``) or not a readable file."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
-        raise ConfigError(missing_config_message(path))
+        raise ConfigError(named_by + missing_config_message(path))
     check_regular_file(path, "Config file", "config", ConfigError)
 
 
-def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
+def _read_file_layers(path: Path, seen: tuple[Path, ...], named_by: str = "") -> list[Layer]:
     source = str(path)
-    check_config_file(path)
+    check_config_file(path, named_by)
     raw = read_bounded_bytes(path, "Config file", "config", ConfigError)
     resolved = path.resolve()
     if resolved in seen:
@@ -285,7 +285,8 @@ def _read_file_layers(path: Path, seen: tuple[Path, ...]) -> list[Layer]:
     layers: list[Layer] = []
     for base in bases:
         # A parent is a path relative to this file, or the name of a shipped config (in copies of shipped configs).
-        layers.extend(_read_file_layers(resolve_config(base, relative_to=path.parent), seen + (resolved,)))
+        named_by = f"{source}: its {BASE_KEY} {base!r}: "
+        layers.extend(_read_file_layers(resolve_config(base, relative_to=path.parent), seen + (resolved,), named_by))
     layers.append(_flatten(data, source))
     return layers
 

@@ -121,6 +121,12 @@ def test_file_errors_name_the_file(tmp_path):
     write(tmp_path / "b.yaml", {"_base_": "a.yaml"})
     with pytest.raises(ConfigError, match="cycle"):
         load_config(a)
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    orphan = write(sub / "c.yaml", {"_base_": ["a.yaml", "gone.yaml"]})  # relative to c.yaml's folder: both missing
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(orphan))}: its _base_ 'a.yaml': Config file "
+                       rf"{re.escape(str(sub / 'a.yaml'))} does not exist, and no shipped config has that name"):  # fmt: skip
+        load_config(orphan)
 
 
 def test_saved_config_round_trips(tmp_path):
