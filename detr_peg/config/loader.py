@@ -80,7 +80,7 @@ def load_config(
 
 def file_layers(path: str | os.PathLike) -> list[Layer]:
     """The flattened layers of a config file (or shipped config name) and its ``_base_`` parents, parents first."""
-    return _read_file_layers(resolve_config(path), seen=())
+    return _read_file_layers(resolve_config(path), (), set())
 
 
 def dotted_layer(values: Mapping[str, Any], source: str) -> Layer:
@@ -254,13 +254,17 @@ def check_config_file(path: str | os.PathLike, named_by: str = "") -> None:
     check_regular_file(path, "Config file", "config", ConfigError)
 
 
-def _read_file_layers(path: Path, seen: tuple[Path, ...], named_by: str = "") -> list[Layer]:
+def _read_file_layers(path: Path, seen: tuple[Path, ...], read: set[Path], named_by: str = "") -> list[Layer]:
+    """``seen``: the files including this one; ``read``: all so far, a shared parent (a diamond) counts once."""
     source = str(path)
     check_config_file(path, named_by)
     raw = read_bounded_bytes(path, "Config file", "config", ConfigError)
     resolved = path.resolve()
     if resolved in seen:
         raise ConfigError(f"{source}: '_base_' files include each other in a cycle.")
+    if resolved in read:  # applied again it would undo what the parents read since changed
+        return []
+    read.add(resolved)
     try:
         data = load_yaml_text(
             decode_utf8(raw, path, "Config file", ConfigError),
@@ -285,8 +289,8 @@ def _read_file_layers(path: Path, seen: tuple[Path, ...], named_by: str = "") ->
     layers: list[Layer] = []
     for base in bases:
         # A parent is a path relative to this file, or the name of a shipped config (in copies of shipped configs).
-        named_by = f"{source}: its {BASE_KEY} {base!r}: "
-        layers.extend(_read_file_layers(resolve_config(base, relative_to=path.parent), seen + (resolved,), named_by))
+        parent = resolve_config(base, relative_to=path.parent)
+        layers.extend(_read_file_layers(parent, seen + (resolved,), read, f"{source}: its {BASE_KEY} {base!r}: "))
     layers.append(_flatten(data, source))
     return layers
 

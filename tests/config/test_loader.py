@@ -48,6 +48,15 @@ def test_base_files_compose_and_children_win(tmp_path):
     assert cfg.train.epochs == 3
 
 
+def test_a_parent_reached_twice_is_read_once(tmp_path):
+    """A diamond: both parents change the grandparent; read again, it would undo the first parent's change."""
+    write(tmp_path / "g.yaml", {"train": {"epochs": 1, "lr": 1e-5}, "model": {"num_queries": 7}})
+    write(tmp_path / "b1.yaml", {"_base_": "g.yaml", "train": {"epochs": 2}})
+    write(tmp_path / "b2.yaml", {"_base_": "g.yaml", "train": {"lr": 3e-4}})
+    cfg = load_config(write(tmp_path / "c.yaml", {"_base_": ["b1.yaml", "b2.yaml"]}))
+    assert (cfg.train.epochs, cfg.train.lr, cfg.model.num_queries) == (2, 3e-4, 7)
+
+
 def test_values_are_coerced_and_checked():
     cfg = load_config(
         None, ["train.lr=1e-4", "train.epochs=12", "model.backbone.weights=null", "train.clip_max_norm=0"]
