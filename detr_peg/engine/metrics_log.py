@@ -21,6 +21,7 @@ from detr_peg.messages import install_hint
 from detr_peg.outputs import write_error
 
 METRICS_FILE = "metrics.jsonl"
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dict[str, Any]]:
@@ -36,11 +37,19 @@ def log_records(metrics_jsonl: Path, *, missing_ok: bool = True) -> Iterator[dic
         raise
     for line in lines:
         try:
-            record = json.loads(line)
-        except ValueError:
+            record = json.loads(line, parse_float=_number, parse_int=_number)
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict):
             yield record
+
+
+def _number(text: str) -> float | int:
+    """A number of a log line; NaN, which readers pass over, beyond what a run writes (float32, int64) as plots
+    and sums would overflow."""
+    value = float(text) if any(c in text for c in ".eE") else int(text)
+    inside = abs(value) <= FLOAT32_MAX if isinstance(value, float) else -(2**63) <= value < 2**63
+    return value if inside else math.nan
 
 
 def format_duration(seconds: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,25 @@ def test_learning_curves_of_old_and_new_logs_are_both_in_percent(tmp_path: Path)
     for log in (old, new):
         ((iteration, ap),) = learning_curve(log_records(log))
         assert iteration == 10 and ap == pytest.approx(37.5)
+
+
+def test_log_lines_no_run_writes_are_passed_over(tmp_path: Path) -> None:
+    """Nesting beyond the parser's depth is skipped; numbers beyond float32 or int64 read as NaN, which every reader
+    passes over (they overflowed the plots' axes)."""
+    from detr_peg.cli.main import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"type": "iter", "iteration": 1, "loss": 2.0}, "{\"x\": " + "[" * 5000 + "]" * 5000 + "}",
+             {"type": "iter", "iteration": 2, "loss": 1e308}, {"type": "iter", "iteration": 10**400, "loss": 1.0},
+             {"type": "iter", "iteration": 3, "loss": -3e38}, {"type": "eval", "iteration": 3, "AP": -1e308},
+             {"type": "eval", "iteration": 4, **PERCENT, "unit": UNIT}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))
+    records = list(log_records(run / "metrics.jsonl"))
+    assert len(records) == 6 and [records[i]["loss"] for i in (0, 2, 3)] == [2.0, 1.0, -3e38]  # the nested one went
+    assert math.isnan(records[1]["loss"]) and math.isnan(records[2]["iteration"]) and math.isnan(records[4]["AP"])
+    assert learning_curve(records) == [(4, pytest.approx(37.5))]
+    assert main(["plot", str(run)]) == 0 and (run / "plots" / "learning_curve.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize(("value", "text"), [(37.5, "37.5 %"), (0.0, "0.0 %"), (-1.0, "n/a"), (None, "n/a")])
