@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ from scipy import stats as scipy_stats
 
 from detr_peg.config.ranges import is_number
 from detr_peg.errors import ConfigError, DataError
-from detr_peg.messages import install_hint
+from detr_peg.messages import install_hint, shortened
 from detr_peg.outputs import make_folder, save_figure, writing
 
+os.environ["MPLBACKEND"] = "agg"  # matplotlib refuses an unknown one on import; the files are drawn with Agg anyway
 try:
     import matplotlib
 except ImportError:
@@ -369,9 +371,9 @@ def figure_confusion(matrix: dict[str, Any], title: str) -> Figure:
     """A ``confusion_matrix.json`` drawn row-normalised (classes with no ground truth and no detection left out)."""
     counts = np.asarray(matrix["counts"], dtype=float)
     keep = np.flatnonzero(counts.sum(0) + counts.sum(1))
-    counts, names = counts[np.ix_(keep, keep)], [matrix["names"][i] for i in keep]
+    counts, names = counts[np.ix_(keep, keep)], [shortened(matrix["names"][i], 40) for i in keep]  # bounded canvas
     shares = counts / np.maximum(counts.sum(1, keepdims=True), 1)
-    side = min(3 + 0.22 * len(names), 24)
+    side = min(3 + 0.22 * len(names) + 0.06 * max(map(len, names)), 24)  # room for the labels: tight layout
     fig, ax = plt.subplots(figsize=(side, side * 0.9))
     fig.colorbar(ax.imshow(shares, cmap="Blues", vmin=0, vmax=1), ax=ax, shrink=0.8, label="share of the row")
     ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)

@@ -259,3 +259,18 @@ def test_a_run_is_drawn_with_its_confusion_matrix_and_names_stay_text(tmp_path: 
     assert labels == ["$\\foo$", "background"]  # cat: no ground truth and no detection
     shares = fig.axes[0].images[0].get_array()
     np.testing.assert_allclose(shares, [[0.75, 0.25], [1.0, 0.0]])
+
+
+def test_long_class_names_are_shortened_so_the_canvas_stays_bounded(tmp_path: Path) -> None:
+    """``bbox_inches="tight"`` grows the canvas to fit tick labels: a 2,000-character name made a 35k x 35k PNG."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"type": "iter", "iteration": 1, "loss": 1.0}) + "\n")
+    long = "x" * 1000 + "y" * 1000
+    matrix = {"iou": 0.5, "score_threshold": 0.3, "names": [long, "background"], "counts": [[3, 1], [2, 0]]}
+    (run / "confusion_matrix.json").write_text(json.dumps(matrix))
+    labels = [t.get_text() for t in figure_confusion(matrix, run.name).axes[0].get_yticklabels()]
+    assert labels == [f"{'x' * 20}...{'y' * 20} (2000 characters)", "background"]
+    plot_run(run)
+    with Image.open(run / "plots" / "confusion_matrix.png") as image:
+        assert max(image.size) < 3000, image.size

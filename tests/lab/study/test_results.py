@@ -26,7 +26,7 @@ from detr_peg.lab.study.results import SECTIONS, STATS, aggregate, collect, csv_
 from detr_peg.lab.study.runner import plan_record
 from detr_peg.lab.study.stored_files import PLAN_FILE, STUDY_FIGURES, figure_files
 from detr_peg.outputs import HOLDER_FILE, OWNERSHIP_FILE
-from tests.conftest import main_in_fresh_interpreter
+from tests.conftest import main_in_fresh_interpreter, run_python
 
 STAT_NAMES = (*STATS, "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
@@ -304,6 +304,17 @@ def test_plot_of_a_single_run_and_of_something_else(tmp_path: Path, capsys) -> N
     assert err == [
         f"detr-peg plot: error: {run / 'metrics.jsonl'} is not UTF-8 text, as the metrics.jsonl of detr-peg train is; nothing to plot."
     ]
+
+
+def test_plot_draws_with_agg_whatever_matplotlib_backend_is_set(tmp_path: Path) -> None:
+    """matplotlib refuses an unknown ``MPLBACKEND`` when imported, before plot could choose Agg."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"type": "iter", "iteration": 5, "loss": 2.5}) + "\n")
+    for backend in ("bogus", "TkAgg"):
+        result = run_python("-m", "detr_peg.cli.main", "plot", str(run), MPLBACKEND=backend)
+        assert result.returncode == 0 and not result.stderr, result.stderr[-2000:]
+        assert result.stdout.splitlines()[-1] == f"Wrote {run / 'plots' / 'learning_curve.png'}"
 
 
 def test_cost_per_cell_is_read_from_the_run_logs_resumed_segments_summed(study) -> None:
