@@ -171,24 +171,31 @@ class Detector(HubFolders):
         results = self._detect(inputs, float(threshold), int(batch_size), channels)
         return results[0] if single else results
 
-    def _checked(self, finite: bool = False) -> LoadedModel:
-        """:attr:`loaded`, its weights checked to be float32 on :attr:`device`, of the shapes of its config and (to be
-        written: ``finite``) finite: what predict, evaluate, export and save_pretrained run."""
-        state = self.model.state_dict() if isinstance(self.model, torch.nn.Module) else {}
-        for t in (t for t in state.values() if t.is_floating_point()):
-            if t.dtype != torch.float32 or t.device != self.device:
+    def _checked(self) -> LoadedModel:
+        """:attr:`loaded`, its weights checked to be finite float32 tensors on :attr:`device`, parameters still
+        :class:`~torch.nn.Parameter`, of the shapes of its config: what predict, evaluate, export and save run."""
+        model = self.model if isinstance(self.model, torch.nn.Module) else torch.nn.Module()
+        state = model.state_dict()
+        for key, t in state.items():
+            if not isinstance(t, torch.Tensor):  # a quantized module's packed parameters
+                raise ConfigError(f"detector.model's '{key}' is a {type(t).__name__}, not a tensor: the detector runs "
+                                  "the float32 model of its config, not a quantized or converted one.")  # fmt: skip
+            if t.is_floating_point() and (t.dtype != torch.float32 or t.device != self.device):
                 raise ConfigError(f"detector.model holds {t.dtype} weights on {t.device}, but the detector runs float32 "
                                   f"on {self.device} (detector.amp sets autocast): call "
                                   "detector.model.float().to(detector.device).")  # fmt: skip
+        for key in (k for k, p in model.named_parameters() if not isinstance(p, torch.nn.Parameter)):
+            raise ConfigError(f"detector.model's parameter '{key}' is a plain tensor now (torch.func.functional_call "
+                              "leaves one so in a module registered twice): load the detector again.")  # fmt: skip
         shapes = _shapes(state)
         if shapes != self._shapes:  # one dict comparison per call; the key is looked for only when they differ
             key = next(k for k in sorted(shapes.keys() | self._shapes.keys()) if shapes.get(k) != self._shapes.get(k))
             raise ConfigError(f"detector.model's '{key}' is {shapes.get(key, 'gone')}, not the {self._shapes.get(key)} "
                               "of its config and label map: a model of other sizes needs its own config (fine_tune, "
                               "or Detector.from_config).")  # fmt: skip
-        for key, count, example in non_finite(state) if finite else ():
-            raise CheckpointError(f"detector.model's '{key}' holds {count} non-finite values ({example}); such "
-                                  "weights are not written.")  # fmt: skip
+        for key, count, example in non_finite(state):
+            raise CheckpointError(f"detector.model's '{key}' holds {count} non-finite values ({example}): its outputs "
+                                  "would be wrong, and such weights are not written.")  # fmt: skip
         return self.loaded
 
     def _detect(
@@ -376,7 +383,7 @@ class Detector(HubFolders):
         if not isinstance(self.model, torch.nn.Module):
             raise ConfigError(f"This detector runs the ONNX graph {self.model.path}, an export already; export the "
                               "checkpoint it was exported from (Detector.from_checkpoint).")  # fmt: skip
-        loaded = self._checked(finite=True)
+        loaded = self._checked()
         with guard_outputs("export", [], [Output(path, "path")]):
             return export_onnx(loaded, path, **options)
 

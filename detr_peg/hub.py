@@ -143,13 +143,13 @@ class HubFolders(
                 "`hf auth login`."
             ) from exc
 
-    def _checked(self, finite: bool = False) -> LoadedModel:  # the Detector's: the model checked as it is now
+    def _checked(self) -> LoadedModel:  # the Detector's: the model checked as it is now
         return self.loaded
 
     def _save_pretrained(self, save_directory: Path) -> None:
         if not isinstance(self.loaded.model, torch.nn.Module):
             raise ConfigError("save_pretrained needs a PyTorch model; load the checkpoint, not the ONNX graph.")
-        loaded = self._checked(finite=True)
+        loaded = self._checked()
         label_map = loaded.label_map.to_dict() if loaded.label_map is not None else None
         write_hub_folder(save_directory, loaded.config, loaded.model.state_dict(), label_map)
 

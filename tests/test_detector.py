@@ -10,6 +10,7 @@ import ast
 import collections
 import collections.abc
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -259,8 +260,8 @@ def test_any_sequence_and_any_path_type_the_hints_allow(detector, coco128_checkp
 
 
 def test_a_model_the_user_resized_or_broke_is_refused_before_use(coco128_checkpoint, coco128_dir, tmp_path) -> None:
-    """A class head of another size is refused by every method; non-finite weights by the writers (predict already
-    refuses their outputs), nothing written."""
+    """A class head of another size, non-finite weights, and what torch tooling leaves (a quantized module, a
+    parameter made a plain tensor) are refused by every method, nothing written."""
     image = _images_of_different_sizes(coco128_dir, 1)[0]
     resized = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
     name, head = next((n, m) for n, m in resized.model.named_modules() if "class_embed" in n and hasattr(m, "weight"))
@@ -275,11 +276,26 @@ def test_a_model_the_user_resized_or_broke_is_refused_before_use(coco128_checkpo
     broken = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
     with torch.no_grad():
         broken.model.get_parameter(f"{name}.weight")[0, 0] = float("nan")
-    for call in (lambda: broken.export_onnx(tmp_path / "m.onnx"), lambda: broken.save_pretrained(tmp_path / "hub")):
-        with pytest.raises(
-            CheckpointError, match=rf"^detector.model's '{name}.weight' holds 1 non-finite values \(nan\)"
-        ):
-            call()
+    quantized = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+    torch.ao.quantization.quantize_dynamic(quantized.model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+    tied = detr_peg.Detector.from_config(
+        None, [*TINY_MODEL, "model.arch=deformable_detr", "model.num_classes=3", "model.transformer.dec_layers=2"]
+    )
+    assert tied.model.class_embed[0] is tied.model.class_embed[1]  # official layout without box refinement
+    head = {"class_embed.0.weight": torch.zeros_like(tied.model.class_embed[0].weight)}
+    torch.func.functional_call(
+        tied.model.eval(), head, (torch.zeros(1, 3, 512, 512), torch.zeros(1, 512, 512, dtype=torch.bool))
+    )
+    refusals = [
+        (broken, CheckpointError, rf"'{name}.weight' holds 1 non-finite values \(nan\): its outputs would be wrong"),
+        (quantized, ConfigError, r"'.*_packed_params.dtype' is a dtype, not a tensor: the detector runs the float32"),
+        (tied, ConfigError, r"parameter 'class_embed.0.weight' is a plain tensor now \(torch.func.functional_call"),
+    ]
+    calls = {"predict": [image], "export_onnx": [tmp_path / "m.onnx"], "save_pretrained": [tmp_path / "hub"],
+             "evaluate": [coco128_dir / "images", coco128_dir / "annotations_val.json"]}  # fmt: skip
+    for (model, error, says), (method, args) in itertools.product(refusals, calls.items()):
+        with pytest.raises(error, match=rf"^detector.model's {says}"):
+            getattr(model, method)(*args)
     assert list(tmp_path.iterdir()) == []
 
 
