@@ -175,6 +175,7 @@ def _from_tensor(tensor: Tensor, name: str) -> Tensor:
         return tensor.contiguous()
     if not tensor.is_floating_point():
         raise DataError(f"{name} is a tensor of dtype {tensor.dtype}; expected uint8, or float in [0, 1].")
+    tensor = tensor.float() if tensor.itemsize == 1 else tensor  # float8 has no isfinite or min kernels
     if not bool(torch.isfinite(tensor).all()):
         raise DataError(f"{name} is a float tensor holding NaN or infinite values; expected {ACCEPTED}.")
     if float(tensor.min()) < 0 or float(tensor.max()) > 1:

@@ -167,6 +167,20 @@ def test_in_memory_inputs_obey_the_rules_of_files(tmp_path: Path) -> None:
         torch.testing.assert_close(as_rgb_tensor(read_only), torch.from_numpy(pixels).permute(2, 0, 1))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"])
+def test_a_float_tensor_of_any_precision_is_read_as_its_values(dtype: str) -> None:
+    """float8 has no isfinite or min kernels: it was a NotImplementedError, not the checks of other floats."""
+    import torch
+
+    from detr_peg.data.image_input import as_rgb_tensor
+
+    levels = torch.tensor([0.0, 0.25, 0.5, 1.0])  # exact in every float format
+    image = levels[torch.arange(3 * 4 * 5) % 4].reshape(3, 4, 5)
+    torch.testing.assert_close(as_rgb_tensor(image.to(getattr(torch, dtype))), (image * 255).round().to(torch.uint8))
+    with pytest.raises(DataError, match="^image is a float tensor with values outside"):
+        as_rgb_tensor((image * 2).to(getattr(torch, dtype)), "image")
+
+
 def test_a_folder_of_images_that_cannot_be_listed_is_named(tmp_path: Path, monkeypatch) -> None:
     """Not skipped as if empty (a chmod 000 folder for a user who is not root: simulated, the tests may run as root)."""
     import os
