@@ -54,6 +54,7 @@ def test_log_lines_no_run_writes_are_passed_over(tmp_path: Path) -> None:
     assert len(records) == 6 and [records[i]["loss"] for i in (0, 2, 3)] == [2.0, 1.0, -3e38]  # the nested one went
     assert math.isnan(records[1]["loss"]) and math.isnan(records[2]["iteration"]) and math.isnan(records[4]["AP"])
     assert learning_curve(records) == [(4, pytest.approx(37.5))]
+    assert learning_curve(records, "APl") == []  # -1: undefined, not a point at -1 %
     assert main(["plot", str(run)]) == 0 and (run / "plots" / "learning_curve.png").stat().st_size > 0
 
 

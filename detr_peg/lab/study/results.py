@@ -65,7 +65,7 @@ def learning_curve(records: Iterable[dict[str, Any]], stat: str = "AP") -> list[
             value = None
             with contextlib.suppress(ValueError):  # a record of no known unit is not one
                 value = read_metrics(record).get(stat)  # percent, from older logs in fractions too
-            if is_number(value):
+            if is_number(value) and value >= 0:  # COCO's -1: undefined (no ground truth of that size)
                 points[int(record["iteration"])] = value
     return sorted(points.items())
 
