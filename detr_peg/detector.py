@@ -190,9 +190,11 @@ class Detector(HubFolders):
         shapes = _shapes(state)
         if shapes != self._shapes:  # one dict comparison per call; the key is looked for only when they differ
             key = next(k for k in sorted(shapes.keys() | self._shapes.keys()) if shapes.get(k) != self._shapes.get(k))
+            reparametrized = any(k.endswith("_orig") or ".parametrizations." in k for k in shapes)  # prune, parametrize
+            fix = ("call torch.nn.utils.prune.remove or parametrize.remove_parametrizations first" if reparametrized
+                   else "a model of other sizes needs its own config (fine_tune, or Detector.from_config)")  # fmt: skip
             raise ConfigError(f"detector.model's '{key}' is {shapes.get(key, 'gone')}, not the {self._shapes.get(key)} "
-                              "of its config and label map: a model of other sizes needs its own config (fine_tune, "
-                              "or Detector.from_config).")  # fmt: skip
+                              f"of its config and label map: {fix}.")  # fmt: skip
         for key, count, example in non_finite(state):
             raise CheckpointError(f"detector.model's '{key}' holds {count} non-finite values ({example}): its outputs "
                                   "would be wrong, and such weights are not written.")  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.utils.prune
 import torchvision
 from PIL import Image
 
@@ -286,7 +287,10 @@ def test_a_model_the_user_resized_or_broke_is_refused_before_use(coco128_checkpo
     torch.func.functional_call(
         tied.model.eval(), head, (torch.zeros(1, 3, 512, 512), torch.zeros(1, 512, 512, dtype=torch.bool))
     )
+    pruned = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+    torch.nn.utils.prune.l1_unstructured(pruned.model.get_submodule(name), "weight", amount=0.5)
     refusals = [
+        (pruned, ConfigError, rf"'{name}.weight' is gone, .*: call torch.nn.utils.prune.remove or parametrize.remove"),
         (broken, CheckpointError, rf"'{name}.weight' holds 1 non-finite values \(nan\): its outputs would be wrong"),
         (quantized, ConfigError, r"'.*_packed_params.dtype' is a dtype, not a tensor: the detector runs the float32"),
         (tied, ConfigError, r"parameter 'class_embed.0.weight' is a plain tensor now \(torch.func.functional_call"),
