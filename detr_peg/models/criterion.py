@@ -163,6 +163,9 @@ def _top1_accuracy(logits: Tensor, labels: Tensor) -> Tensor:
 
 def build_weight_dict(*, ce: float, bbox: float, giou: float, num_aux: int, two_stage: bool) -> dict[str, float]:
     """The official weight dict: base terms, one copy per auxiliary layer, ``_enc`` for two-stage."""
+    if ce == 0 and bbox == 0 and giou == 0:  # the loss would be 0 whatever the model does: nothing would train
+        raise ConfigError("loss.ce_loss_coef, bbox_loss_coef and giou_loss_coef are all 0; at least one must be "
+                          "non-zero.")  # fmt: skip
     base = {"loss_ce": ce, "loss_bbox": bbox, "loss_giou": giou}
     weights = dict(base)
     for i in range(num_aux):

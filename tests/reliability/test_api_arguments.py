@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from detr_peg import build_model, load_config
+from detr_peg.errors import ConfigError
 from detr_peg.models.builder import build_criterion, build_postprocessor
 from tests.engine.tiny_run import TINY_MODEL
 
@@ -237,3 +238,18 @@ def test_a_mask_that_pads_the_top_left_pixel_is_refused(parts, make, index) -> N
         model(GOOD, make())
     with torch.no_grad():
         assert torch.isfinite(model(GOOD, _padded_mask())["pred_logits"]).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    ("keys", "says"),
+    [(["loss.ce_loss_coef", "loss.bbox_loss_coef", "loss.giou_loss_coef"], "ce_loss_coef, bbox_loss_coef and giou"),
+     (["loss.set_cost_class", "loss.set_cost_bbox", "loss.set_cost_giou"], "set_cost_class, set_cost_bbox and set")],
+    ids=["loss-coefficients", "matcher-costs"],
+)  # fmt: skip
+def test_a_loss_that_cannot_train_is_refused(arch: str, keys: list[str], says: str) -> None:
+    """All coefficients 0: the loss is 0 whatever the model predicts (training ran at loss 0.0 without a word)."""
+    cfg = load_config(None, [*TINY_MODEL, f"model.arch={arch}", "model.num_classes=3", *(f"{k}=0" for k in keys)])
+    with pytest.raises(ConfigError, match=rf"^loss.{says}.* are all 0; at least one must be non-zero.$"):
+        build_criterion(cfg)
+    build_criterion(load_config(None, [*TINY_MODEL, f"model.arch={arch}", "model.num_classes=3", f"{keys[0]}=0"]))
