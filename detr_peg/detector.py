@@ -22,7 +22,7 @@ import torch
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.checkpoint.weights_check import non_finite
-from detr_peg.config.loader import config_to_dict, config_with, load_config
+from detr_peg.config.loader import CONFIG_OBJECT, checked_config, config_to_dict, config_with, load_config
 from detr_peg.config.schema import Config
 from detr_peg.data.image_input import ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
@@ -38,6 +38,7 @@ from detr_peg.engine.inference import run_inference
 from detr_peg.engine.mixed_precision import check_amp, evaluation_amp
 from detr_peg.errors import CheckpointError, ConfigError
 from detr_peg.hub import HubFolders
+from detr_peg.models.builder import torch_defaults
 from detr_peg.models.loading import LoadedModel, load_model, model_from_checkpoint
 from detr_peg.outputs import Input, Output, guard_outputs
 
@@ -91,7 +92,7 @@ class Detector(HubFolders):
         if not isinstance(config, Config):
             raise TypeError(f"config must be a Config (detr_peg.load_config), got {type(config).__name__}.")
         checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
-        return cls(model_from_checkpoint(checkpoint, config), device=device)
+        return cls(model_from_checkpoint(checkpoint, checked_config(config)), device=device)
 
     @classmethod
     def from_config(
@@ -103,8 +104,9 @@ class Detector(HubFolders):
         device: str | torch.device = "auto",
     ) -> Detector:
         """A freshly built model (random, or the config's backbone weights); ``model.num_classes`` must be set."""
-        base = config_to_dict(config) if isinstance(config, Config) else None  # checked as a file's values are
-        cfg = load_config(None if base else config, overrides, base=base, overrides_source="overrides")
+        base = config_to_dict(checked_config(config)) if isinstance(config, Config) else None
+        cfg = load_config(None if base else config, overrides, base=base, base_source=CONFIG_OBJECT,
+                          overrides_source="overrides")  # fmt: skip
         if label_map is not None and not isinstance(label_map, LabelMap):
             raise TypeError(f"label_map must be a LabelMap (detr_peg.data.label_map), got {type(label_map).__name__}.")
         return cls(LoadedModel.from_config(cfg, label_map=label_map), device=device)
@@ -200,6 +202,7 @@ class Detector(HubFolders):
                                   "would be wrong, and such weights are not written.")  # fmt: skip
         return self.loaded
 
+    @torch_defaults()  # float32 and the CPU as torch's defaults, whatever the caller set
     def _detect(
         self, inputs: list[ImageInput], threshold: float, batch_size: int, channels: str = "RGB"
     ) -> list[Detections]:
@@ -232,6 +235,7 @@ class Detector(HubFolders):
                 )
         return results  # type: ignore[return-value]
 
+    @torch_defaults()
     def evaluate(
         self,
         images: str | os.PathLike | None = None,
@@ -260,6 +264,7 @@ class Detector(HubFolders):
             confusion = confusion_matrix(dataset.coco, out.detections) if env.is_main else None
             return Metrics(out.metrics, out.per_class, confusion)
 
+    @torch_defaults()
     def evaluate_scales(
         self,
         output_dir: str | os.PathLike,
@@ -303,10 +308,10 @@ class Detector(HubFolders):
         """Train from a config on a COCO- or YOLO-format dataset as ``detr-peg train`` does (``model.num_classes`` from the
         data; ``config=None``: the defaults, as without ``--config``; without ``val_*``, the config's validation data);
         the run goes into ``output_dir``. Returns its :class:`Detector`; ``UserError`` on bad input."""
-        stored = config_to_dict(config if isinstance(config, Config) else load_config(config))
+        stored = config_to_dict(checked_config(config) if isinstance(config, Config) else load_config(config))
         if val_images is None and val_annotations is None:
             val_images, val_annotations = stored["data"]["val_images"], stored["data"]["val_annotations"]
-        source = os.fsdecode(config) if isinstance(config, os.PathLike) else str(config)
+        source = CONFIG_OBJECT if isinstance(config, Config) else os.fsdecode(config) if config is not None else "None"
         return cls._train(
             stored, output_dir, (train_images, train_annotations, val_images, val_annotations),
             overrides, str(device), progress_bars, init_from=None, source=source,
@@ -339,10 +344,10 @@ class Detector(HubFolders):
                 "exported from (Detector.from_checkpoint)."
             )
         source = self.loaded.source
-        if source is not None and not os.path.isfile(source):  # converted from a Transformers folder when read
+        if source is not None and not os.path.isfile(source):
             raise ConfigError(
-                f"{source} was converted from Transformers when read, so no file holds its weights; write one with "
-                f"`detr-peg convert {source} model.pth` and fine-tune Detector.from_checkpoint('model.pth')."
+                f"No file holds the weights of {source} (converted from Transformers when read, or moved or deleted "
+                "since); write one with detector.save_pretrained(folder) and fine-tune Detector.from_pretrained(folder)."
             )
         return self._train(
             config_to_dict(self.loaded.config), output_dir, (train_images, train_annotations, val_images, val_annotations),
@@ -350,6 +355,7 @@ class Detector(HubFolders):
         )  # fmt: skip
 
     @classmethod
+    @torch_defaults()
     def _train(
         cls, stored: dict, output_dir: Any, data: tuple, overrides: Iterable[str], device: str,
         progress_bars: bool | None, *, init_from: str | None, source: str,
@@ -375,6 +381,7 @@ class Detector(HubFolders):
         result = run_training(cfg, progress_bars=progress_bars)
         return cls.from_checkpoint(result.checkpoint, device=device)
 
+    @torch_defaults()
     def export_onnx(self, path: str | os.PathLike, **options: Any) -> Path:
         """Write the model to an ONNX file (``options``: see :func:`detr_peg.export.onnx_export.export_onnx`); the path.
 

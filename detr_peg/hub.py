@@ -53,7 +53,9 @@ def load_pretrained(spec: str, **download: Any) -> LoadedModel:
     if is_detr_peg_config(config):
         weights = folder.first_file([WEIGHTS], WEIGHTS, **download)
         checkpoint = read_hub_folder(weights, config, spec)  # its weights file is the source: it can start a run
-        return dataclasses.replace(model_from_checkpoint(checkpoint, checkpoint.config), source=str(weights))
+        return dataclasses.replace(
+            model_from_checkpoint(checkpoint, checkpoint.config), source=os.path.abspath(weights)
+        )
     report = convert_transformers(spec, **download)
     checkpoint = Checkpoint(spec, report.config, report.state_dict, report.label_map)
     return model_from_checkpoint(checkpoint, checkpoint.config)

@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -301,6 +302,69 @@ def test_a_model_the_user_resized_or_broke_is_refused_before_use(coco128_checkpo
         with pytest.raises(error, match=rf"^detector.model's {says}"):
             getattr(model, method)(*args)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [(lambda c: setattr(c.model, "num_queries", 2.5), "'model.num_queries' must be an integer, got 2.5."),
+     (lambda c: setattr(c.model.transformer, "nheads", 0), "'model.transformer.nheads' must be in [1, 1024], got 0."),
+     (lambda c: setattr(c, "model", None), "'model' is a section and needs a mapping of keys, got None."),
+     (lambda c: delattr(c.data, "train_scales"), "'DataConfig' object has no attribute 'train_scales'.")],
+    ids=["fraction", "out-of-range", "section-replaced", "field-deleted"],
+)  # fmt: skip
+def test_a_config_edited_in_python_is_checked_as_a_file_is(edit, says, coco128_checkpoint, coco128_dir, tmp_path):
+    """Every entry point that takes a Config checks it again: the loader's sentence, not an error deep in torch."""
+    from detr_peg.config.loader import save_config
+    from detr_peg.models.builder import build_criterion, build_model
+
+    cfg = detr_peg.load_config("demo", ["model.num_classes=80"])
+    edit(cfg)
+    data = {"train_images": coco128_dir / "images", "train_annotations": coco128_dir / "annotations_train.json"}
+    calls = [lambda: build_model(cfg), lambda: build_criterion(cfg), lambda: save_config(cfg, tmp_path / "c.yaml"),
+             lambda: detr_peg.Detector.from_checkpoint(coco128_checkpoint, config=cfg),
+             lambda: detr_peg.Detector.from_config(cfg), lambda: detr_peg.Detector.train(cfg, tmp_path / "run", **data)]  # fmt: skip
+    for call in calls:
+        with pytest.raises(ConfigError, match=f"^the Config object: {re.escape(says)}$"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_detector_keeps_its_file_wherever_the_process_goes(coco128_checkpoint, coco128_dir, tmp_path, monkeypatch):
+    """fine_tune starts from the detector's file: a relative path, kept as given, named another file after chdir."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "ck.pth").write_bytes(coco128_checkpoint.read_bytes())
+    monkeypatch.chdir(tmp_path / "one")
+    moved = detr_peg.Detector.from_checkpoint("ck.pth", device="cpu")
+    monkeypatch.chdir(tmp_path)
+    assert moved.loaded.source == str(tmp_path / "one" / "ck.pth")
+    (tmp_path / "one" / "ck.pth").unlink()
+    data = {"train_images": coco128_dir / "images", "train_annotations": coco128_dir / "annotations_train.json"}
+    with pytest.raises(ConfigError, match=rf"^No file holds the weights of {re.escape(moved.loaded.source)} \(conver"):
+        moved.fine_tune(tmp_path / "run", **data)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("default", ["float64", "meta"])
+def test_the_callers_default_dtype_and_device_change_nothing(
+    default, detector, coco128_checkpoint, coco128_dir, tmp_path
+):
+    """Built and run in float32 on the CPU whatever torch's defaults are (from_checkpoint under a meta default was
+    NotImplementedError, export under float64 a TorchExportError); the caller's defaults stay."""
+    image = _images_of_different_sizes(coco128_dir, 1)[0]
+    expected = detector.predict(image, threshold=0.0)
+    set_default = {"float64": torch.set_default_dtype, "meta": torch.set_default_device}[default]
+    set_default(getattr(torch, default) if default == "float64" else default)
+    try:
+        loaded = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu")
+        _assert_same(loaded.predict(image, threshold=0.0), expected)
+        if default == "float64":
+            loaded.export_onnx(tmp_path / "m.onnx", image_size=(96, 128), batch_size=1)
+        assert (torch.get_default_dtype(), str(torch.get_default_device())) == (
+            (torch.float64, "cpu") if default == "float64" else (torch.float32, "meta")
+        )
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device(None)
 
 
 def test_class_names_and_supervision(detector, coco128_dir) -> None:

@@ -39,6 +39,7 @@ from detr_peg.outputs import atomic_write_text
 logger = logging.getLogger(__name__)
 
 BASE_KEY = "_base_"
+CONFIG_OBJECT = "the Config object"  # how messages name a Config passed in Python
 
 # A flattened config layer: dotted key -> (value, source).
 Layer = dict[str, tuple[Any, str]]
@@ -93,6 +94,15 @@ def config_from_dict(data: Mapping[str, Any], source: str = "config") -> Config:
     return build_config([_flatten(data, source)], lenient={0})
 
 
+def checked_config(cfg: Config, source: str = CONFIG_OBJECT) -> Config:
+    """``cfg`` validated as a file's values are (a Config edited in Python skipped the loader); ConfigError."""
+    try:
+        data = config_to_dict(cfg)
+    except (AttributeError, TypeError) as exc:  # a field deleted, or a section replaced by another type
+        raise ConfigError(f"{source}: {exc}.") from None
+    return build_config([_flatten(data, source)], lenient={0})
+
+
 def config_with(cfg: Config, values: Mapping[str, Any], source: str) -> Config:
     """``cfg`` with the dotted ``values`` set, each checked as an override from ``source`` is (ConfigError)."""
     return build_config([_flatten(config_to_dict(cfg), "config"), dotted_layer(values, source)], lenient={0})
@@ -122,7 +132,7 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML atomically; ``OSError`` if unwritable or the disk is full (no partial file)."""
-    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(checked_config(cfg)), sort_keys=False))
 
 
 def parse_overrides(

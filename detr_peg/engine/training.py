@@ -17,7 +17,7 @@ from torch import nn
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.checkpoint.resume_rules import RunShape, resume_position, stored_shape
-from detr_peg.config.loader import config_differences, config_from_dict, config_to_dict
+from detr_peg.config.loader import checked_config, config_differences
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import build_coco_dataset
 from detr_peg.data.label_map import LabelMap
@@ -44,7 +44,7 @@ from detr_peg.engine.run_hints import low_ap_note
 from detr_peg.engine.trainer import HookBase, Trainer
 from detr_peg.engine.weight_average import WeightAverage
 from detr_peg.errors import ConfigError, TrainingError
-from detr_peg.models.builder import TORCH_STATE, build_criterion, build_model, build_postprocessor, float32_default
+from detr_peg.models.builder import TORCH_STATE, build_criterion, build_model, build_postprocessor, torch_defaults
 from detr_peg.models.loading import checkpoint_label_map, resolve_num_classes, without_backbone_weights
 from detr_peg.models.position.peg import PEG
 from detr_peg.outputs import Output, guard_outputs, inputs
@@ -87,10 +87,10 @@ def run_training(
         UserError: bad config, data or checkpoint, an unwritable or full output folder, a non-finite loss,
             or a stop request (:class:`~detr_peg.engine.hooks.TrainingInterrupted`).
     """
-    cfg = config_from_dict(config_to_dict(cfg), "run_training's config")  # a Config made in Python meets the ranges
+    cfg = checked_config(cfg, "run_training's config")  # a Config made in Python meets the ranges
     with (
         TORCH_STATE,  # runs in threads take turns
-        torch.inference_mode(False), torch.enable_grad(), float32_default(),  # whatever the caller's torch state
+        torch.inference_mode(False), torch.enable_grad(), torch_defaults(),  # whatever the caller's torch state
         callers_random_states(),
         process_group(cfg.train.device) as env, determinism(cfg, env.device), contextlib.ExitStack() as claims,
     ):  # fmt: skip

@@ -6,10 +6,12 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
+from detr_peg.config.loader import checked_config
 from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.errors import ConfigError
 from detr_peg.models.criterion import SetCriterion
@@ -20,11 +22,13 @@ import detr_peg.models.detr  # noqa: E402,F401  isort: skip
 import detr_peg.models.deformable  # noqa: E402,F401  isort: skip
 
 
-def _architecture(cfg: Config | ModelConfig) -> Architecture:
+def _architecture(cfg: Config | ModelConfig) -> tuple[Any, Architecture]:
+    """``cfg`` (a Config validated again: the user may have edited it) and its architecture."""
+    cfg = checked_config(cfg) if isinstance(cfg, Config) else cfg
     model = cfg.model if isinstance(cfg, Config) else cfg
     if not isinstance(model, ModelConfig):
         raise TypeError(f"cfg must be a detr_peg Config (detr_peg.load_config(...)), got {type(cfg).__name__}")
-    return MODELS.get(model.arch)
+    return cfg, MODELS.get(model.arch)
 
 
 #: Held by what changes torch's process-wide state (a training run seeds the global generator, loading a checkpoint
@@ -43,11 +47,21 @@ def float32_default() -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+@contextlib.contextmanager
+def torch_defaults() -> Iterator[None]:
+    """float32 and the CPU as torch's defaults whatever the caller set (a global float64, a meta or CUDA device):
+    the detectors compute in float32 and name the devices they move tensors to."""
+    elsewhere = torch.get_default_device().type != "cpu"  # the device mode costs every torch call: only when needed
+    with float32_default(), torch.device("cpu") if elsewhere else contextlib.nullcontext():
+        yield
+
+
 def build_model(cfg: Config | ModelConfig) -> nn.Module:
     """The detector of a config's ``model`` section (random init, or backbone weights if configured), in float32."""
+    cfg, architecture = _architecture(cfg)
     model_cfg = cfg.model if isinstance(cfg, Config) else cfg
     with float32_default():
-        model = _architecture(cfg).build_model(model_cfg)
+        model = architecture.build_model(model_cfg)
     if not isinstance(model, nn.Module):  # a user's architecture, named here rather than deep inside
         raise ConfigError(f"The model architecture {model_cfg.arch!r} built {type(model).__name__}, not an nn.Module.")
     return model
@@ -63,9 +77,11 @@ def check_buildable(cfg: Config) -> None:
 
 def build_criterion(cfg: Config) -> SetCriterion:
     """Build the matching loss for ``cfg``."""
-    return _architecture(cfg).build_criterion(cfg)
+    cfg, architecture = _architecture(cfg)
+    return architecture.build_criterion(cfg)
 
 
 def build_postprocessor(cfg: Config) -> nn.Module:
     """Build the post-processor (outputs + original sizes -> scored pixel boxes)."""
-    return _architecture(cfg).build_postprocessor(cfg)
+    cfg, architecture = _architecture(cfg)
+    return architecture.build_postprocessor(cfg)

@@ -18,7 +18,7 @@ from detr_peg.config.ranges import MAX_CLASSES
 from detr_peg.config.schema import Config, ModelConfig
 from detr_peg.data.label_map import LabelMap
 from detr_peg.errors import CheckpointError, ConfigError, DataError
-from detr_peg.models.builder import TORCH_STATE, build_model, build_postprocessor
+from detr_peg.models.builder import TORCH_STATE, build_model, build_postprocessor, torch_defaults
 from detr_peg.models.postprocess import Postprocessor
 
 
@@ -117,7 +117,8 @@ class LoadedModel:
     @classmethod
     def from_config(cls, cfg: Config, *, label_map: LabelMap | None = None) -> LoadedModel:
         """A freshly built model of ``cfg`` (random init, or the backbone weights it names)."""
-        return cls(build_model(cfg), build_postprocessor(cfg), cfg, label_map)
+        with torch_defaults():
+            return cls(build_model(cfg), build_postprocessor(cfg), cfg, label_map)
 
     def to(self, device: str | torch.device) -> LoadedModel:
         """Move the model to ``device`` (in place); returns self."""
@@ -184,9 +185,10 @@ def model_from_checkpoint(ckpt: Checkpoint, cfg: Config, *, label_map: LabelMap 
     # The checkpoint holds the backbone weights; do not load them from elsewhere.
     cfg = without_backbone_weights(cfg)
     stored = checkpoint_label_map(ckpt, cfg)  # checked before the model is built
-    with TORCH_STATE, torch.random.fork_rng(devices=[]):  # the random init is replaced: the caller's generator stays
+    with TORCH_STATE, torch.random.fork_rng(devices=[]), torch_defaults():  # the caller's generator stays
         model = build_model(cfg)
     load_weights(model, ckpt.model, f"Checkpoint {ckpt.path}")
     label_map = label_map if label_map is not None else stored
     iteration = ckpt.extra.get("iteration")
-    return LoadedModel(model.eval(), build_postprocessor(cfg), cfg, label_map, iteration, str(ckpt.path))
+    source = os.path.abspath(ckpt.path) if os.path.isfile(ckpt.path) else str(ckpt.path)  # for a later os.chdir
+    return LoadedModel(model.eval(), build_postprocessor(cfg), cfg, label_map, iteration, source)
