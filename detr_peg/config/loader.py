@@ -100,7 +100,7 @@ def checked_config(cfg: Config, source: str = CONFIG_OBJECT) -> Config:
         data = config_to_dict(cfg)
     except (AttributeError, TypeError) as exc:  # a field deleted, or a section replaced by another type
         raise ConfigError(f"{source}: {exc}.") from None
-    return build_config([_flatten(data, source)], lenient={0})
+    return config_from_dict(data, source)
 
 
 def config_with(cfg: Config, values: Mapping[str, Any], source: str) -> Config:
@@ -501,8 +501,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
             return float(number)
         raise fail()
     if hint is str:
-        if isinstance(value, str):
-            return value
+        if isinstance(value, (str, os.PathLike)):  # a Path set in Python
+            return os.fsdecode(value)
         if text is not None and value is not None:
             return text
         raise fail()

@@ -9,6 +9,7 @@ import threading
 from types import FrameType
 
 from detr_peg.checkpoint.format import save_checkpoint
+from detr_peg.config.ranges import is_number
 from detr_peg.engine.distributed import any_process, on_main
 from detr_peg.engine.evaluation.metric_units import read_metrics
 from detr_peg.engine.evaluation.run import EvalResult, evaluate_and_write
@@ -218,11 +219,12 @@ class BestHook(HookBase):
     def _recall(self, trainer: Trainer, metric: str) -> None:
         """The best value and the evaluations after it, from the eval records of earlier iterations."""
         for record in log_records(trainer.out / METRICS_FILE):  # a line a killed run left half-written is passed over
-            if record.get("type") == "eval" and record.get("iteration", 0) < trainer.progress.iteration:
-                self._update(float(record.get(metric, -1)), int(record["iteration"]))
+            value, iteration = record.get(metric), record.get("iteration")
+            if record.get("type") == "eval" and is_number(iteration) and iteration < trainer.progress.iteration:
+                self._update(float(value) if is_number(value) else -1.0, int(iteration))
 
     def _update(self, value: float, iteration: int) -> bool:
-        if value < 0:  # pycocotools' -1: undefined on this validation data (no objects of the size), so not ranked
+        if not value >= 0:  # pycocotools' -1: undefined on this data (no objects of the size), so not ranked; NaN
             return False
         better = self.best is None or value > self.best[0]
         self.best, self.since = ((value, iteration), 0) if better else (self.best, self.since + 1)

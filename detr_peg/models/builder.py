@@ -40,6 +40,9 @@ TORCH_STATE = threading.RLock()
 def float32_default() -> Iterator[None]:
     """The block runs with float32 as torch's default dtype, whatever the caller set: the detectors compute in it."""
     previous = torch.get_default_dtype()
+    if previous == torch.float32:  # the common case leaves the process-wide setting alone
+        yield
+        return
     torch.set_default_dtype(torch.float32)
     try:
         yield
@@ -51,7 +54,7 @@ def float32_default() -> Iterator[None]:
 def torch_defaults() -> Iterator[None]:
     """float32 and the CPU as torch's defaults whatever the caller set (a global float64, a meta or CUDA device):
     the detectors compute in float32 and name the devices they move tensors to."""
-    elsewhere = torch.get_default_device().type != "cpu"  # the device mode costs every torch call: only when needed
+    elsewhere = torch.empty(0).device.type != "cpu"  # the device mode costs every torch call: only when needed
     with float32_default(), torch.device("cpu") if elsewhere else contextlib.nullcontext():
         yield
 

@@ -149,3 +149,17 @@ def test_a_resume_past_its_iteration_budget_says_so(shapes, tmp_path: Path, capl
     assert "Note: train.max_iters=2 was reached before (the checkpoint is at iteration 3): nothing is left" in (
         caplog.text
     )
+
+
+def test_a_resume_ranks_only_the_logged_values_a_run_can_write(tmp_path: Path) -> None:
+    """Numbers beyond float32 read as NaN, a string as no value: neither becomes the best (a NaN best was never beaten)."""
+    from types import SimpleNamespace
+
+    from detr_peg.engine.hooks import BestHook
+
+    lines = [{"type": "eval", "iteration": 1, "AP": 1e308}, {"type": "eval", "iteration": 2, "AP": "high"},
+             {"type": "eval", "iteration": 3, "AP": 20.0}, {"type": "eval", "iteration": 4, "AP": 10.0}]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    hook = BestHook(evaluations=None)
+    hook._recall(SimpleNamespace(out=tmp_path, progress=SimpleNamespace(iteration=5)), "AP")
+    assert (hook.best, hook.since) == ((20.0, 3), 1)

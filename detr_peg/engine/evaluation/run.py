@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
+from detr_peg.config.loader import checked_config
 from detr_peg.config.schema import Config
 from detr_peg.data.coco_dataset import CocoDetection, build_coco_dataset
 from detr_peg.data.label_map import LabelMap
@@ -23,6 +24,7 @@ from detr_peg.engine.evaluation.metric_units import UNIT
 from detr_peg.engine.evaluation.per_class import CONFUSION_JSON, PER_CLASS_CSV, confusion_matrix, per_class_csv
 from detr_peg.engine.metrics_log import MetricsLog
 from detr_peg.engine.mixed_precision import evaluation_amp
+from detr_peg.models.builder import torch_defaults
 from detr_peg.models.loading import LoadedModel, model_from_checkpoint, resolve_num_classes
 from detr_peg.outputs import Input, Output, atomic_write_text, guard_outputs, inputs, write_json
 
@@ -122,6 +124,7 @@ def load_for_evaluation(
     return loaded.to(env.device), dataset, evaluation_amp(cfg.train.amp, env.device)
 
 
+@torch_defaults()  # float32 and the CPU as torch's defaults, whatever the caller set
 def run_evaluation(
     cfg: Config,
     checkpoint: str | Path | Checkpoint | LoadedModel,
@@ -138,6 +141,7 @@ def run_evaluation(
     Raises:
         UserError: a missing or unfitting checkpoint, bad data, an unwritable output folder.
     """
+    cfg = checked_config(cfg)  # it may have been edited in Python
     with process_group(cfg.train.device) as env, contextlib.ExitStack() as claims:
         path = source_of(checkpoint)
         owned = on_main(env, lambda: guard_outputs("eval", *eval_io(cfg, path, output_dir, extra_inputs)))

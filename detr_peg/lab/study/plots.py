@@ -373,7 +373,7 @@ def figure_confusion(matrix: dict[str, Any], title: str) -> Figure:
     keep = np.flatnonzero(counts.sum(0) + counts.sum(1))
     counts, names = counts[np.ix_(keep, keep)], [shortened(matrix["names"][i], 40) for i in keep]  # bounded canvas
     shares = counts / np.maximum(counts.sum(1, keepdims=True), 1)
-    side = min(3 + 0.22 * len(names) + 0.06 * max(map(len, names)), 24)  # room for the labels: tight layout
+    side = min(3 + 0.22 * len(names) + 0.06 * max(map(len, names), default=0), 24)  # room for the labels: tight layout
     fig, ax = plt.subplots(figsize=(side, side * 0.9))
     fig.colorbar(ax.imshow(shares, cmap="Blues", vmin=0, vmax=1), ax=ax, shrink=0.8, label="share of the row")
     ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)

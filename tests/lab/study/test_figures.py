@@ -274,3 +274,5 @@ def test_long_class_names_are_shortened_so_the_canvas_stays_bounded(tmp_path: Pa
     plot_run(run)
     with Image.open(run / "plots" / "confusion_matrix.png") as image:
         assert max(image.size) < 3000, image.size
+    empty = {**matrix, "counts": [[0, 0], [0, 0]]}  # negative images only, nothing detected: no row to draw
+    assert figure_confusion(empty, run.name).axes[0].get_yticklabels() == []
