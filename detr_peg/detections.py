@@ -58,7 +58,7 @@ class Detections:
 
         COCO evaluation scores the unclipped boxes, as the official code does.
         """
-        keep = (detection["scores"] >= threshold).cpu()
+        keep = (detection["scores"].double() >= threshold).cpu()  # in float32, a threshold just above a score kept it
         if label_map is not None:  # a label that is no category (data.contiguous_labels=false) is dropped, as COCO's is
             ids = label_map.category_ids
             known = set(range(len(ids))) if label_map.contiguous else set(ids)
@@ -150,7 +150,7 @@ class Detections:
             raise DataError(f"picture is {pw} x {ph} pixels but the detections are of a {w} x {h} image; draw them "
                             "on the image they were predicted on.")  # fmt: skip
         if width is None:
-            width = max(2, round(max(pixels.shape[-2:]) / 320))
+            width = min(max(2, round(max(pixels.shape[-2:]) / 320)), max(pixels.shape[-2:]))  # 1 on a 1 x 1 image
         if not (is_whole(width) and 1 <= width <= max(pixels.shape[-2:])):  # a huge width draws for minutes
             raise ValueError(
                 f"width must be a whole number of pixels from 1 to {max(pixels.shape[-2:])}, got {width!r}."

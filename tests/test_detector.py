@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -586,6 +587,11 @@ def test_detections_clip_boxes_to_the_image() -> None:
     named = Detections.from_postprocessed(raw, threshold=0.0, label_map=sparse, image_size=(427, 640))
     assert (named.category_ids, named.class_names) == ([3, 1], ["dog", "cat"])
     torch.testing.assert_close(named.scores, torch.tensor([0.5, 0.2]))
+    # The threshold is compared in float64: one just above a float32 score drops it (it was kept).
+    above = math.nextafter(float(raw["scores"][2]), 1.0)
+    assert Detections.from_postprocessed(
+        raw, threshold=above, label_map=None, image_size=(427, 640)
+    ).scores.tolist() == [pytest.approx(0.9)]
 
 
 def test_train_from_python_is_the_training_run_of_the_command_line(tiny_demo_dir, tmp_path) -> None:
@@ -673,6 +679,16 @@ def test_changing_the_config_it_returns_changes_no_detector(detector, tmp_path) 
     detector.save_pretrained(tmp_path / "hub")
     again = detr_peg.Detector.from_pretrained(tmp_path / "hub", device="cpu")
     assert again.config == detector.config and again.label_map == detector.label_map
+
+
+def test_a_one_pixel_image_is_drawn_with_a_one_pixel_line() -> None:
+    """The default width (2 px at least) was refused on a 1 x 1 image: predict stopped with a traceback."""
+    detections = detr_peg.Detections(
+        boxes=torch.tensor([[0.0, 0.0, 1.0, 1.0]]), scores=torch.tensor([0.9]), labels=torch.tensor([0]),
+        category_ids=[1], class_names=["a"], image_size=(1, 1),
+    )  # fmt: skip
+    drawn = detections.draw(torch.zeros(3, 1, 1, dtype=torch.uint8))
+    assert drawn.size == (1, 1) and drawn.getpixel((0, 0)) != (0, 0, 0)  # the box's colour on the one pixel
 
 
 @pytest.mark.parametrize("width", [0, -1, True, 2.5, 10**6])

@@ -484,6 +484,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     number = value
     # YAML 1.1 reads "1e-4" and "1e2" as strings (a string "4" is no integer).
     if hint in (int, float) and isinstance(value, str) and (hint is float or "e" in value.lower()):
+        if not value.isascii():  # float() reads any script's digits ("１", "٣"); integers and options do not
+            raise fail()
         try:
             number = float(value)
         except ValueError:

@@ -138,6 +138,13 @@ def test_file_errors_name_the_file(tmp_path):
         load_config(orphan)
 
 
+@pytest.mark.parametrize("value", ["１", "٣", "０.５", "१e-4"])
+def test_digits_of_other_scripts_are_no_number(value):
+    """float() reads them; integer fields and options did not: now no field does."""
+    with pytest.raises(ConfigError, match=rf"^command line: 'train.lr' must be a number, got '{value}'\.$"):
+        load_config(None, [f"train.lr={value}"])
+
+
 def test_saved_config_round_trips(tmp_path):
     cfg = load_config(None, ["model.arch=deformable_detr", "model.position.name=peg", "model.num_classes=7"])
     save_config(cfg, tmp_path / "config.yaml")

@@ -126,9 +126,8 @@ class DeformableTransformer(nn.Module):
         else:
             if query_embed is None:
                 raise ValueError("query_embed is required unless two_stage is set")
-            query_pos, tgt = torch.split(query_embed, c, dim=1)
-            query_pos = query_pos.unsqueeze(0).expand(b, -1, -1)
-            tgt = tgt.unsqueeze(0).expand(b, -1, -1)
+            # A copy: views of a parameter made under no_grad trip torch's module hooks (FlopCounterMode).
+            query_pos, tgt = torch.split(query_embed.unsqueeze(0).repeat(b, 1, 1), c, dim=2)
             reference_points = self.reference_points(query_pos).sigmoid()
         hs, inter_references = self.decoder(tgt, reference_points, memory, layout, query_pos, box_heads)
         return DeformableTransformerOutput(hs, reference_points, inter_references, memory, layout, enc_class, enc_coord)

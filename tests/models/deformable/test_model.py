@@ -196,3 +196,16 @@ def test_topk_postprocess_follows_num_select():
 def test_invalid_configs_are_clear_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         small_model(*overrides)
+
+
+def test_a_flop_counter_runs_the_model_under_no_grad() -> None:
+    """Views of the query embedding made under no_grad tripped torch's module hooks (FlopCounterMode asserted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = small_model().eval()
+    with torch.no_grad():
+        plain = model(images_of_different_sizes())
+        with FlopCounterMode(display=False) as counter:
+            counted = model(images_of_different_sizes())
+    torch.testing.assert_close(counted["pred_logits"], plain["pred_logits"], rtol=0, atol=0)
+    assert counter.get_total_flops() > 0
