@@ -71,11 +71,13 @@ def build_model(cfg: Config | ModelConfig) -> nn.Module:
 
 
 def check_buildable(cfg: Config) -> None:
-    """:func:`build_model`'s checks on the meta device: no memory, no weights read, one class if the data gives them."""
+    """:func:`build_model`'s checks on the meta device (no memory, no weights read, one class if the data gives
+    them) and :func:`build_criterion`'s."""
     model = dataclasses.replace(cfg.model, num_classes=cfg.model.num_classes or 1,
                                 backbone=dataclasses.replace(cfg.model.backbone, weights=None))  # fmt: skip
     with torch.device("meta"):
         build_model(model)
+    build_criterion(dataclasses.replace(cfg, model=model))  # the loss's settings (no tensors)
 
 
 def build_criterion(cfg: Config) -> SetCriterion:

@@ -95,6 +95,7 @@ def test_the_printed_config_is_a_config_file_with_its_notes_as_comments(capsys, 
         ("model.backbone.frozen_stages=9", "model.backbone.frozen_stages=9: resnet50 has 4 stages"),
         ("model.arch=deformable_detr model.two_stage=true", "model.two_stage needs model.with_box_refine=true"),
         ("model.backbone.name=timm:resnet18", "set model.backbone.source=timm and model.backbone.name=resnet18."),
+        ("loss.ce_loss_coef=0 loss.bbox_loss_coef=0 loss.giou_loss_coef=0", "giou_loss_coef are all 0; at least one"),
     ],
 )
 def test_print_config_refuses_what_train_refuses_when_it_builds_the_model(capsys, override, message) -> None:
