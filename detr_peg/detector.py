@@ -377,7 +377,9 @@ class Detector(HubFolders):
             val_images=None if val_images is None else os.fsdecode(val_images),
             val_annotations=None if val_annotations is None else os.fsdecode(val_annotations),
         )
-        stored["train"].update(output_dir=os.fsdecode(output_dir), resume=False, init_from=init_from, device=device)
+        stored["train"].update(
+            output_dir=os.fsdecode(output_dir), resume=False, init_from=init_from, device=device, reset_classifier=False
+        )  # how the earlier run started is not this one's (overrides)
         cfg = load_config(None, overrides, base=stored, base_source=source, overrides_source="overrides")
         result = run_training(cfg, progress_bars=progress_bars)
         return cls.from_checkpoint(result.checkpoint, device=device)

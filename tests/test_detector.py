@@ -457,6 +457,14 @@ def test_fine_tune_is_the_training_run_of_the_command_line(detector, coco128_che
     kept = {name: p for name, p in still.model.named_parameters() if CLASSIFIER_KEY not in name}
     assert len(kept) == len(start) - 2  # the class head's weight and bias
     torch.testing.assert_close(kept, {name: start[name] for name in kept}, rtol=0, atol=0)
+    # A fine-tune starts as its own call says: the reset of the run it continues is not inherited (it was, and the
+    # trained head was thrown away).
+    assert longer.config.train.reset_classifier
+    second = longer.fine_tune(tmp_path / "second", **paths, overrides=[*schedule, "train.lr=0", "train.lr_backbone=0"])
+    assert not second.config.train.reset_classifier
+    torch.testing.assert_close(
+        dict(second.model.named_parameters()), dict(longer.model.named_parameters()), rtol=0, atol=0
+    )
 
 
 def test_fine_tune_refuses_half_a_validation_pair_and_a_string_of_overrides(detector, tiny_demo_dir, tmp_path):
