@@ -381,7 +381,8 @@ class Detector(HubFolders):
             output_dir=os.fsdecode(output_dir), resume=False, init_from=init_from, device=device, reset_classifier=False
         )  # how the earlier run started is not this one's (overrides)
         cfg = load_config(None, overrides, base=stored, base_source=source, overrides_source="overrides")
-        result = run_training(cfg, progress_bars=progress_bars)
+        given = {"train.output_dir": os.fsdecode(output_dir), "train.device": device}  # win, as the command's options
+        result = run_training(config_with(cfg, given, "arguments"), progress_bars=progress_bars)
         return cls.from_checkpoint(result.checkpoint, device=device)
 
     @torch_defaults()

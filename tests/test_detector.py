@@ -611,9 +611,14 @@ def test_train_from_python_is_the_training_run_of_the_command_line(tiny_demo_dir
     overrides = [*TINY_MODEL, "train.max_iters=2", "train.batch_size=2", "data.train_scales=[64]",
                  "data.train_max_size=64", "data.val_scale=64", "data.val_max_size=64", "train.device=cpu"]  # fmt: skip
     trained = detr_peg.Detector.train(
-        config, tmp_path / "api", train_images=data / "train", train_annotations=data / "annotations_train.json",
-        overrides=overrides, device="cpu",
-    )  # fmt: skip
+        config,
+        tmp_path / "api",
+        train_images=data / "train",
+        train_annotations=data / "annotations_train.json",
+        overrides=[*overrides, f"train.output_dir={tmp_path / 'elsewhere'}", "train.device=cuda"],
+        device="cpu",
+    )  # the arguments win over overrides, as the command's options do
+    assert not (tmp_path / "elsewhere").exists() and trained.config.train.device == "cpu"
     assert trained.config.model.num_classes == 4 and trained.loaded.iteration == 2
     assert trained.class_names == ["circle", "square", "triangle", "cross"]
     args = ["train", "--config", str(config), "--output", str(tmp_path / "cli"), *overrides,
