@@ -377,9 +377,7 @@ class Detector(HubFolders):
             val_images=None if val_images is None else os.fsdecode(val_images),
             val_annotations=None if val_annotations is None else os.fsdecode(val_annotations),
         )
-        stored["train"].update(
-            output_dir=os.fsdecode(output_dir), resume=False, init_from=init_from, device=device, reset_classifier=False
-        )  # how the earlier run started is not this one's (overrides)
+        stored["train"].update(resume=False, init_from=init_from, reset_classifier=False)  # the earlier run's start
         cfg = load_config(None, overrides, base=stored, base_source=source, overrides_source="overrides")
         given = {"train.output_dir": os.fsdecode(output_dir), "train.device": device}  # win, as the command's options
         result = run_training(config_with(cfg, given, "arguments"), progress_bars=progress_bars)
