@@ -15,6 +15,7 @@ import copy
 import numbers
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -67,6 +68,9 @@ class Detector(HubFolders):
             loaded.to(self.device).model.eval()
         else:  # an ONNX Runtime graph runs on the CPU
             self.device = torch.device("cpu")
+        named = loaded.config.train.device  # a device the config names is the one the detector runs on
+        if named != "auto" and torch.device(named) != self.device and (named, self.device.type) != ("cuda", "cuda"):
+            loaded.config = replace(loaded.config, train=replace(loaded.config.train, device=str(self.device)))
         self.amp = "none"
         self._transform = build_eval_transforms(loaded.config.data)
         self._shapes = _shapes(loaded.model.state_dict()) if isinstance(loaded.model, torch.nn.Module) else {}

@@ -776,6 +776,12 @@ def test_a_cuda_device_object_without_cuda_is_one_sentence(coco128_checkpoint) -
         detr_peg.Detector.from_checkpoint(coco128_checkpoint, device=torch.device("cuda"))
 
 
+@pytest.mark.parametrize(("named", "says"), [("cuda", "cpu"), ("cuda:1", "cpu"), ("cpu", "cpu"), ("auto", "auto")])
+def test_the_config_names_the_device_the_detector_runs_on(coco128_checkpoint, named, says) -> None:
+    loaded = detr_peg.Detector.from_checkpoint(coco128_checkpoint, device="cpu", overrides=[f"train.device={named}"])
+    assert loaded.device == torch.device("cpu") and loaded.config.train.device == says
+
+
 @pytest.mark.parametrize("cast", ["half", "bfloat16", "double", "meta"])
 def test_a_model_cast_by_the_user_is_refused_in_one_sentence(coco128_checkpoint, tmp_path, cast) -> None:
     """predict, evaluate and export run float32 weights on the detector's device; another cast is named."""

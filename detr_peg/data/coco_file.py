@@ -186,9 +186,28 @@ def check_structure(data: Any, path: Path) -> None:
                 )
 
 
-def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
-    """Per-image and per-annotation problems of a structurally valid file."""
+class _FolderIndex:
+    """Whether a relative name is in ``root``: one listing per folder, a stat only for names not listed."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._names: dict[str, set[str]] = {}
+
+    def __contains__(self, file_name: str) -> bool:
+        parent, name = os.path.split(file_name)
+        if parent not in self._names:
+            try:
+                with os.scandir(self.root / parent) as entries:
+                    self._names[parent] = {entry.name for entry in entries}
+            except OSError:
+                self._names[parent] = set()
+        return name in self._names[parent] or os.path.lexists(self.root / file_name)  # case-insensitive systems
+
+
+def find_sample_problems(data: dict, path: Path, images_dir: Path | None = None) -> list[SampleProblem]:
+    """Per-image and per-annotation problems of a structurally valid file; with ``images_dir``, missing images too."""
     problems: list[SampleProblem] = []
+    present, absent = None if images_dir is None else _FolderIndex(images_dir), 0
     for img in data["images"]:
         reason = file_name_problem(img.get("file_name"))
         w, h = img.get("width"), img.get("height")  # positive numbers when present (check_structure)
@@ -196,6 +215,8 @@ def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
             reason = (
                 f"which is {w} x {h} pixels, an aspect ratio above {MAX_ASPECT_RATIO:g}:1 that resizing cannot keep"
             )
+        if reason is None and present is not None and img["file_name"] not in present:
+            reason, absent = f"which is not in the image folder {images_dir}", absent + 1
         if reason is not None:
             problems.append(
                 SampleProblem(
@@ -204,6 +225,9 @@ def find_sample_problems(data: dict, path: Path) -> list[SampleProblem]:
                     image_id=img["id"],
                 )
             )
+    if absent == len(data["images"]) > 1:  # the wrong folder rather than missing files
+        raise DataError(f"None of the {absent} images of annotation file {path} is in the image folder {images_dir} "
+                        f"(the first: {data['images'][0]['file_name']!r}); is it the folder of these images?")  # fmt: skip
     image_ids = {img["id"] for img in data["images"]}
     category_ids = {cat["id"] for cat in data["categories"]}
     for index, ann in enumerate(data["annotations"]):
@@ -296,7 +320,7 @@ def read_coco_file(
             f"Annotation file {path}: 'categories' has {len(data['categories'])} entries, more than the "
             f"{MAX_CLASSES} a model may have."
         )
-    problems = find_sample_problems(data, path)
+    problems = find_sample_problems(data, path, None if images_dir is None else Path(images_dir))
     if problems and on_bad_sample == "error":
         more = f" ({len(problems) - 1} more problems in this file)" if len(problems) > 1 else ""
         raise DataError(

@@ -75,12 +75,11 @@ def assert_one_sentence(message: str, *fragments: str) -> None:
 def coco_tmp(tmp_path: Path):
     """Write a dataset (``base_coco()`` or a given dict) into ``tmp_path``; returns (images_dir, ann_file)."""
 
-    def make(data: dict[str, Any] | None = None, *, images: bool = True) -> tuple[Path, Path]:
+    def make(data: dict[str, Any] | None = None) -> tuple[Path, Path]:
         data = base_coco() if data is None else data
         images_dir = tmp_path / "images"
         images_dir.mkdir(exist_ok=True)
-        if images:
-            write_images(images_dir, data)
+        write_images(images_dir, data)
         return images_dir, write_json(tmp_path / "annotations.json", data)
 
     return make

@@ -218,17 +218,42 @@ def test_missing_image_folder(tmp_path: Path) -> None:
         CocoDetection(images_dir=tmp_path / "nowhere", annotation_file=ann_file)
 
 
-@pytest.mark.parametrize("kind", ["missing", "text", "truncated"])
+def test_an_image_missing_from_its_folder_is_found_when_the_file_is_read(coco_tmp, caplog) -> None:
+    images_dir, ann_file = coco_tmp()
+    (images_dir / "sub" / "b.png").unlink()
+    with pytest.raises(DataError) as info:
+        CocoDetection(images_dir=images_dir, annotation_file=ann_file)
+    assert_one_sentence(str(info.value), str(ann_file), "'sub/b.png'", f"not in the image folder {images_dir}")
+    ds = CocoDetection(images_dir=images_dir, annotation_file=ann_file, on_bad_sample="skip")
+    assert ds.left_out_ids == [2] and ds.ids == [1]
+    assert "sub/b.png" in caplog.text
+    (images_dir / "a.png").unlink()  # now neither image is there: the folder is named, not each file
+    with pytest.raises(DataError, match=r"None of the 2 images of annotation file .* is in the image folder"):
+        CocoDetection(images_dir=images_dir, annotation_file=ann_file, on_bad_sample="skip")
+
+
+def test_a_link_or_a_folder_in_place_of_an_image_is_named_when_loaded(coco_tmp) -> None:
+    images_dir, ann_file = coco_tmp()
+    bad = images_dir / "sub" / "b.png"
+    bad.unlink()
+    bad.symlink_to(images_dir / "gone.png")  # listed in its folder, so reading it says what it is
+    ds = CocoDetection(images_dir=images_dir, annotation_file=ann_file)
+    with pytest.raises(DataError) as info:
+        ds[1]
+    assert_one_sentence(str(info.value), str(bad), "gone.png")
+
+
+@pytest.mark.parametrize("kind", ["removed later", "text", "truncated"])
 def test_bad_image_raises_naming_the_file(coco_tmp, kind: str) -> None:
     images_dir, ann_file = coco_tmp()
     bad = images_dir / "sub" / "b.png"
-    if kind == "missing":
+    ds = CocoDetection(images_dir=images_dir, annotation_file=ann_file)
+    if kind == "removed later":
         bad.unlink()
     elif kind == "text":
         bad.write_text("not an image")
     else:
         bad.write_bytes(bad.read_bytes()[:200])
-    ds = CocoDetection(images_dir=images_dir, annotation_file=ann_file)
     ds[0]
     with pytest.raises(DataError) as info:
         ds[1]
@@ -263,7 +288,9 @@ def test_skip_replaces_unreadable_images(coco_tmp, caplog) -> None:
 
 
 def test_skip_gives_up_when_nothing_is_readable(coco_tmp) -> None:
-    images_dir, ann_file = coco_tmp(images=False)
+    images_dir, ann_file = coco_tmp()
+    for image in (images_dir / "a.png", images_dir / "sub" / "b.png"):
+        image.write_text("garbage")
     ds = CocoDetection(images_dir=images_dir, annotation_file=ann_file, on_bad_sample="skip")
     with pytest.raises(DataError, match="None of the 2 images"):
         ds[0]

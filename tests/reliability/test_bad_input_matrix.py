@@ -42,6 +42,7 @@ from tests.engine.tiny_run import TINY_MODEL
 from tests.reliability.conftest import (
     ANNOTATIONS,
     BASE,
+    DATA,
     IMAGES,
     OUT,
     RESUME,
@@ -62,6 +63,10 @@ FINETUNE = ["train", *BASE, f"train.output_dir={OUT / 'finetune'}", "train.epoch
 
 
 # ------------------------------------------------------------------ preparations
+
+
+def _with_image(data: dict, image: dict) -> dict:
+    return {**data, "images": [*data["images"], image]}
 
 
 def _replace_image(name: str, content: Callable[[bytes], bytes]) -> Callable[[Path], None]:
@@ -271,13 +276,26 @@ CASES = [
         [ANN, "empty 'images' list"],
         edit_annotations(lambda d: d.update(images=[], annotations=[])),
     ),
-    # image files, met while training
     Case(
         "image-missing",
         RESUME,
-        [str(IMAGES / "img2.jpg"), "does not exist"],
+        [ANN, "image id 3", "'img2.jpg'", f"not in the image folder {IMAGES}", "data.on_bad_sample=skip"],
         lambda c: (c / IMAGES / "img2.jpg").unlink(),
     ),
+    Case(
+        "val-image-missing",  # a separate validation file: refused before training, not at its evaluation
+        [*RESUME, "data.val_annotations=data/val.json"],
+        ["data/val.json", "image id 9", "'gone.jpg'", f"not in the image folder {IMAGES}"],
+        lambda c: (c / DATA / "val.json").write_text(
+            json.dumps(_with_image(read_annotations(c), {"id": 9, "file_name": "gone.jpg", "width": 64, "height": 48}))
+        ),
+    ),
+    Case(
+        "images-folder-of-other-images",
+        [*RESUME, "data.val_images=data"],
+        ["None of the 4 images of annotation file", ANN, "is in the image folder data", "'img0.jpg'"],
+    ),
+    # image files, met while training
     Case(
         "jpeg-truncated",
         RESUME,

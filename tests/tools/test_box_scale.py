@@ -135,7 +135,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_demo_dir: Path, tmp_path: Path, c
     result = run_main(tool, capsys, "--checkpoint", str(checkpoint), "--annotations", str(data / "annotations_val.json"),
                       "--images", str(tmp_path))  # fmt: skip
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert f"is not in {tmp_path}" in result.stderr
+    assert f"is in the image folder {tmp_path}" in result.stderr
     result = run_main(tool, capsys, "--checkpoint", str(tmp_path / "c.pth"), "--annotations",
                       str(data / "annotations_val.json"), "--images", str(data / "val"))  # fmt: skip
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "c.pth" in result.stderr
