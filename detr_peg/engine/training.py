@@ -19,7 +19,7 @@ from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.checkpoint.resume_rules import RunShape, resume_position, stored_shape
 from detr_peg.config.loader import checked_config, config_differences
 from detr_peg.config.schema import Config
-from detr_peg.data.coco_dataset import build_coco_dataset
+from detr_peg.data.coco_dataset import CocoDetection, build_coco_dataset
 from detr_peg.data.label_map import LabelMap
 from detr_peg.engine.checkpointing import (
     CHECKPOINT_NAME,
@@ -190,7 +190,7 @@ def build_training(cfg: Config, env: DistEnv, progress_bars: bool | None) -> dic
         seed_everything(t.seed + env.rank)  # model-side randomness (dropout) differs per process
         notes = [f"no checkpoint in {out}; starting a new run"] if t.resume else []
     progress.skipped_image_ids.update(train_set.left_out_ids)  # left out when the annotations were read
-    notes = [*notes, *idle_settings(cfg, val_set is not None)]
+    notes = [*notes, *idle_settings(cfg, val_set is not None), *crowded_images(train_set, cfg.model.num_queries)]
     if t.max_iters is not None and progress.iteration >= t.max_iters:
         notes.append(f"train.max_iters={t.max_iters} was reached before (the checkpoint is at iteration "
                      f"{progress.iteration}): nothing is left to train")  # fmt: skip
@@ -365,6 +365,13 @@ def idle_settings(cfg: Config, has_val: bool) -> list[str]:
         notes.append(f"train.warmup_iters={t.warmup_iters} is not shorter than the run (train.max_iters="
                      f"{t.max_iters}): the learning rate never reaches train.lr")  # fmt: skip
     return notes
+
+
+def crowded_images(dataset: CocoDetection, num_queries: int) -> list[str]:
+    """A note when images hold more objects than the model has queries: the matcher cannot reach the rest."""
+    over = [n for anns in dataset.coco.imgToAnns.values() if (n := sum(not a["iscrowd"] for a in anns)) > num_queries]
+    return [f"{len(over)} training images hold more objects than model.num_queries={num_queries} (up to {max(over)}); "
+            "the others are never matched: raise model.num_queries"] if over else []  # fmt: skip
 
 
 def _open_log(cfg: Config, out: Path, progress_bars: bool | None, append: bool) -> MetricsLog:

@@ -113,3 +113,26 @@ def test_training_data_without_boxes_is_named(tmp_path: Path, caplog) -> None:
     )
     run_training(cfg, progress_bars=False)
     assert f"Note: {empty} holds no boxes; the run learns that the images hold no object." in caplog.text
+
+
+def test_images_with_more_objects_than_queries_are_counted(tmp_path: Path, caplog) -> None:
+    import logging
+    from collections import Counter
+
+    from detr_peg.engine.training import run_training
+    from tests.engine.tiny_run import synthetic_data, synthetic_overrides, tiny_config
+
+    data = synthetic_data(tmp_path / "data", num_train=6, num_val=2)
+    per_image = Counter(a["image_id"] for a in json.loads(Path(data.train_annotations).read_text())["annotations"])
+    queries = max(per_image.values()) - 1
+    assert queries >= 1
+    caplog.set_level(logging.INFO, logger="detr_peg")
+    run_training(tiny_config(synthetic_overrides(data, tmp_path / "run", "train.max_iters=1",
+                                                 f"model.num_queries={queries}")), progress_bars=False)  # fmt: skip
+    over = sum(n > queries for n in per_image.values())
+    assert (f"Note: {over} training images hold more objects than model.num_queries={queries} (up to "
+            f"{queries + 1}); the others are never matched: raise model.num_queries.") in caplog.text  # fmt: skip
+    caplog.clear()
+    run_training(tiny_config(synthetic_overrides(data, tmp_path / "enough", "train.max_iters=1",
+                                                 f"model.num_queries={queries + 1}")), progress_bars=False)  # fmt: skip
+    assert "model.num_queries" not in caplog.text
