@@ -16,6 +16,8 @@ import logging
 import math
 import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -366,6 +368,34 @@ def test_the_callers_default_dtype_and_device_change_nothing(
     finally:
         torch.set_default_dtype(torch.float32)
         torch.set_default_device(None)
+
+
+def test_a_detector_predicts_in_a_forked_child(detector, coco128_dir, tmp_path) -> None:
+    """A child forked after torch ran in parallel (a server's preforked workers) gets the parent's detections; its
+    first parallel op waited forever for the parent's OpenMP threads. (One thread sums in another order than two.)"""
+    image, threads = _images_of_different_sizes(coco128_dir, 1)[0], torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = detector.predict(image, threshold=0.0)  # starts the parent's thread pool
+        pid = os.fork()
+        if pid == 0:
+            try:
+                found = detector.predict(image, threshold=0.0)
+                torch.save({"boxes": found.boxes, "scores": found.scores, "labels": found.labels}, tmp_path / "c.pt")
+            finally:
+                os._exit(0)
+        for _ in range(600):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("predict in the forked child did not return within 120 s")
+    finally:
+        torch.set_num_threads(threads)
+    found = torch.load(tmp_path / "c.pt")
+    torch.testing.assert_close(found, {"boxes": expected.boxes, "scores": expected.scores, "labels": expected.labels})
 
 
 def test_class_names_and_supervision(detector, coco128_dir) -> None:

@@ -141,6 +141,11 @@ def parse_command(parser: argparse.ArgumentParser, module: ModuleType, words: Se
         if options or not hasattr(args, dest):
             parser.error(f"unrecognized arguments: {' '.join(options or extra)}")
         setattr(args, dest, [*getattr(args, dest), *extra])  # a new list: the parser's default stays empty
+    given = getattr(args, getattr(module, "POSITIONAL_DEST", "overrides"), None) or []
+    for option, key in getattr(module, "OPTION_KEYS", {}).items():  # one setting given two ways, as twice
+        clash = [w for w in given if w.split("=", 1)[0].strip() == key and not os.path.exists(w)]
+        if clash and any(word == option or word.startswith(f"{option}=") for word in words):
+            parser.error(f"{option} and {clash[-1]} both set {key}; give one of them")
     return args
 
 

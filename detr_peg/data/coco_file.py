@@ -10,6 +10,7 @@ import io
 import logging
 import math
 import os
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -192,6 +193,7 @@ class _FolderIndex:
     def __init__(self, root: Path):
         self.root = root
         self._names: dict[str, set[str]] = {}
+        self._folded: dict[str, dict[str, str]] = {}
 
     def __contains__(self, file_name: str) -> bool:
         parent, name = os.path.split(file_name)
@@ -202,6 +204,15 @@ class _FolderIndex:
             except OSError:
                 self._names[parent] = set()
         return name in self._names[parent] or os.path.lexists(self.root / file_name)  # case-insensitive systems
+
+    def hint(self, file_name: str) -> str:
+        """For a name not in the folder: a listed name that differs from it only in Unicode form or case, or ""."""
+        parent, name = os.path.split(file_name)
+        fold = lambda text: unicodedata.normalize("NFC", text).casefold()  # noqa: E731
+        if parent not in self._folded:
+            self._folded[parent] = {fold(listed): listed for listed in self._names.get(parent, ())}
+        near = self._folded[parent].get(fold(name))
+        return f" (it holds {near!r}, the same name in another Unicode form or case)" if near else ""
 
 
 def find_sample_problems(data: dict, path: Path, images_dir: Path | None = None) -> list[SampleProblem]:
@@ -216,7 +227,8 @@ def find_sample_problems(data: dict, path: Path, images_dir: Path | None = None)
                 f"which is {w} x {h} pixels, an aspect ratio above {MAX_ASPECT_RATIO:g}:1 that resizing cannot keep"
             )
         if reason is None and present is not None and img["file_name"] not in present:
-            reason, absent = f"which is not in the image folder {images_dir}", absent + 1
+            reason = f"which is not in the image folder {images_dir}{present.hint(img['file_name'])}"
+            absent += 1
         if reason is not None:
             problems.append(
                 SampleProblem(
@@ -225,9 +237,10 @@ def find_sample_problems(data: dict, path: Path, images_dir: Path | None = None)
                     image_id=img["id"],
                 )
             )
-    if absent == len(data["images"]) > 1:  # the wrong folder rather than missing files
+    if present is not None and absent == len(data["images"]) > 1:  # the wrong folder rather than missing files
+        first = data["images"][0]["file_name"]
         raise DataError(f"None of the {absent} images of annotation file {path} is in the image folder {images_dir} "
-                        f"(the first: {data['images'][0]['file_name']!r}); is it the folder of these images?")  # fmt: skip
+                        f"(the first: {first!r}{present.hint(first)}); is it the folder of these images?")  # fmt: skip
     image_ids = {img["id"] for img in data["images"]}
     category_ids = {cat["id"] for cat in data["categories"]}
     for index, ann in enumerate(data["annotations"]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -50,10 +51,18 @@ def float32_default() -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+#: Set in a process forked from this one, whose OpenMP threads stayed in the parent.
+_FORKED: list[bool] = []
+os.register_at_fork(after_in_child=lambda: _FORKED.append(True))
+
+
 @contextlib.contextmanager
 def torch_defaults() -> Iterator[None]:
     """float32 and the CPU as torch's defaults whatever the caller set (a global float64, a meta or CUDA device):
-    the detectors compute in float32 and name the devices they move tensors to."""
+    the detectors compute in float32 and name the devices they move tensors to. In a forked child torch runs on one
+    thread, as in DataLoader workers: its first parallel op would otherwise wait forever for the parent's pool."""
+    if _FORKED and torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
     elsewhere = torch.empty(0).device.type != "cpu"  # the device mode costs every torch call: only when needed
     with float32_default(), torch.device("cpu") if elsewhere else contextlib.nullcontext():
         yield

@@ -38,6 +38,11 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["train", "--config", CONFIG, "data.train_images=null", "data.train_annotations=null"], "is not set"),
         (["train", "--config", CONFIG, "data.val_annotations=null", "--print-config"], "set both, or neither"),
         (["eval", "--checkpoint", "missing.pth"], "The checkpoint file missing.pth does not exist"),
+        (["train", "--output", "a", "train.output_dir=b"], "--output and train.output_dir=b both set train.output_dir"),
+        (["train", "--output=a", " train.output_dir =a"], "--output and  train.output_dir =a both set"),
+        (["eval", "--checkpoint", "c.pth", "train.output_dir=b", "--output", "a"], "--output and train.output_dir=b"),
+        (["predict", "x.jpg", "--checkpoint", "c.pth", "--device", "cpu", "train.device=cuda"], "--device and train"),
+        (["demo", "--resume", "train.resume=false"], "--resume and train.resume=false both set train.resume"),
     ],
 )
 def test_user_errors_are_one_line(argv, expected, capsys) -> None:

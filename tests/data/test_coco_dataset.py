@@ -232,6 +232,18 @@ def test_an_image_missing_from_its_folder_is_found_when_the_file_is_read(coco_tm
         CocoDetection(images_dir=images_dir, annotation_file=ann_file, on_bad_sample="skip")
 
 
+@pytest.mark.parametrize(("listed", "on_disk"), [("caf\u00e9.png", "cafe\u0301.png"), ("A.PNG", "a.png")])
+def test_a_name_in_another_unicode_form_or_case_is_pointed_out(coco_tmp, listed, on_disk) -> None:
+    data = base_coco()
+    data["images"][0]["file_name"] = listed
+    images_dir, ann_file = coco_tmp(data)
+    (images_dir / listed).rename(images_dir / on_disk)
+    with pytest.raises(DataError) as info:
+        CocoDetection(images_dir=images_dir, annotation_file=ann_file)
+    assert_one_sentence(str(info.value), f"{listed!r}, which is not in the image folder {images_dir} (it holds "
+                        f"{on_disk!r}, the same name in another Unicode form or case)")  # fmt: skip
+
+
 def test_a_link_or_a_folder_in_place_of_an_image_is_named_when_loaded(coco_tmp) -> None:
     images_dir, ann_file = coco_tmp()
     bad = images_dir / "sub" / "b.png"

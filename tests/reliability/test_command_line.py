@@ -81,7 +81,7 @@ CASES = [
     ),
     Hostile(
         "stray-word-after-an-option",
-        [*RESUME, "--output", "out", "foo"],
+        ["train", "--resume", *BASE_NO_OUTPUT, "train.epochs=2", "--output", "out", "foo"],
         ["override 'foo' is not of the form key=value"],
     ),
     Hostile(
