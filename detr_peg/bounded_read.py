@@ -73,7 +73,7 @@ def check_regular_file(path: StrPath, what: str, kind: str, error: ErrorType) ->
     if not stat.S_ISREG(info.st_mode):
         raise refuse(f"is {_SPECIAL.get(stat.filemode(info.st_mode)[0], 'a special file')}, not a regular file")
     if info.st_size > (limit := LIMITS[kind].max_bytes):
-        raise refuse(f"is {_size(info.st_size)}, more than the {_size(limit)} accepted for a {kind} file")
+        raise refuse(f"is {_size(info.st_size)}, more than the {_size(limit)} accepted for {kind} files")
     if not os.access(name, os.R_OK):
         raise refuse("cannot be read: Permission denied")
     return info.st_size
@@ -89,7 +89,8 @@ def read_bounded_bytes(path: StrPath, what: str, kind: str, error: ErrorType) ->
     except OSError as exc:
         raise refuse(f"cannot be read: {exc.strerror or exc}") from None
     if len(data) > min(size, limit):
-        raise refuse(f"grew while it was read, or is larger than the {_size(limit)} accepted for a {kind} file")
+        raise refuse("says it is empty but holds data, as /proc and /sys files do; copy it to a regular file" if not size
+                     else f"grew while it was read, or is larger than the {_size(limit)} accepted for {kind} files")  # fmt: skip
     return data
 
 

@@ -25,7 +25,7 @@ from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.checkpoint.weights_check import non_finite
 from detr_peg.config.loader import CONFIG_OBJECT, checked_config, config_to_dict, config_with, load_config
 from detr_peg.config.schema import Config
-from detr_peg.data.image_input import ImageInput, as_rgb_tensor
+from detr_peg.data.image_input import ENCODED, ImageInput, as_rgb_tensor
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.padding import pad_images
 from detr_peg.data.transforms import build_eval_transforms
@@ -89,7 +89,8 @@ class Detector(HubFolders):
 
         ``overrides``: ``key=value`` config changes that do not alter weights (``eval.score_threshold=0.3``);
         ``config`` replaces the stored config (same model); ``overrides_source`` names the overrides in messages.
-        Raises ``CheckpointError`` for an unreadable, unsafe or unfitting checkpoint.
+        Raises ``CheckpointError`` for an unreadable, unsafe or unfitting checkpoint, ``ConfigError`` for a bad
+        override or config.
         """
         if config is None:
             return cls(load_model(path, overrides=overrides, overrides_source=overrides_source), device=device)
@@ -167,7 +168,12 @@ class Detector(HubFolders):
         ``eval.score_threshold``; results depend on ``batch_size`` only by float rounding. Returns one
         :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in input order.
         Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size)."""
-        single = isinstance(images, str) or not isinstance(images, (Sequence, Iterator))  # a generator is a list
+        # A generator is a list; bytes and streams are one input each (refused), never iterated.
+        single = (
+            isinstance(images, (str, *ENCODED))
+            or hasattr(images, "read")
+            or not isinstance(images, (Sequence, Iterator))
+        )
         inputs = [images] if single else list(images)
         threshold = self.loaded.config.eval.score_threshold if threshold is None else threshold
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
@@ -423,6 +429,6 @@ class Detector(HubFolders):
 
 
 def _describe(image: Any, index: int) -> str:
-    if isinstance(image, (str, os.PathLike)):
+    if isinstance(image, (str, os.PathLike)) and len(str(image)) <= 4096:  # longer is no path (base64 text)
         return f"Image {index + 1} ({image})"
     return f"Image {index + 1}"

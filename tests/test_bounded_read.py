@@ -21,7 +21,7 @@ def test_a_regular_file_within_its_limit_is_read_whole(tmp_path: Path) -> None:
 def test_never_more_than_the_limit_is_read(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(bounded_read.LIMITS, "config", bounded_read.Limits(max_bytes=8))
     (tmp_path / "big.yaml").write_bytes(b"x" * 9)
-    with pytest.raises(DataError, match="big.yaml is 9 bytes, more than the 8 bytes accepted for a config file"):
+    with pytest.raises(DataError, match="big.yaml is 9 bytes, more than the 8 bytes accepted for config files"):
         read_bounded_bytes(tmp_path / "big.yaml", "File", "config", DataError)
 
 
@@ -44,7 +44,7 @@ def test_a_small_file_is_read_under_a_memory_limit_below_its_kind_s_limit(tmp_pa
 def test_a_file_that_grew_since_it_was_checked_is_refused(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "a.json").write_bytes(b'{"x": 1}')
     monkeypatch.setattr(bounded_read, "check_regular_file", lambda *args: 2)  # the size when it was checked
-    with pytest.raises(DataError, match=r"a.json grew while it was read, or is larger than the .* config file\.$"):
+    with pytest.raises(DataError, match=r"a.json grew while it was read, or is larger than the .* config files\.$"):
         read_bounded_bytes(tmp_path / "a.json", "File", "config", DataError)
 
 

@@ -7,9 +7,11 @@ The checkpoint is the tiny DETR that ``tests/conftest.py`` trains on coco128 wit
 from __future__ import annotations
 
 import ast
+import base64
 import collections
 import collections.abc
 import contextlib
+import io
 import itertools
 import json
 import logging
@@ -163,6 +165,27 @@ def test_bad_inputs_are_one_sentence_naming_the_image(detector, bad, words) -> N
     message = str(info.value)
     named = "does/not/exist.jpg" in message if isinstance(bad, str) else message.startswith("Image 2")
     assert named and words in message and "\n" not in message
+
+
+def test_encoded_bytes_streams_and_urls_are_refused_unread(detector, coco128_dir) -> None:
+    """What a web handler holds (an upload's bytes, a stream, base64 text, a URL) is one input, named and refused
+    without being read: a stream was iterated line by line (/dev/zero without end), bytes split into integers."""
+    path = _images_of_different_sizes(coco128_dir, 1)[0]
+    data = path.read_bytes()
+    with open("/dev/zero", "rb") as endless, io.BytesIO(data) as upload:
+        for bad in (data, bytearray(data), memoryview(data), os.fsencode(path), upload, endless):
+            with pytest.raises(DataError, match=rf"^Image 1 is a {type(bad).__name__}: encoded bytes or a stream, "
+                               r"not an image; decode it with PIL.Image.open\(io.BytesIO\(data\)\)"):  # fmt: skip
+                detector.predict(bad)
+        assert upload.tell() == 0 and endless.tell() == 0
+        _assert_same(detector.predict(Image.open(upload)), detector.predict(path))  # the way the message names
+    for text, words in ((base64.b64encode(data).decode(), f"a string of {len(base64.b64encode(data))} characters"),
+                        ("https://example.com/x.jpg", "a URL")):  # fmt: skip
+        with pytest.raises(
+            DataError, match=rf"^Image 1 (\([^)]*\) )?is {words}[^;]*; images are read from files"
+        ) as info:
+            detector.predict(text)
+        assert len(str(info.value)) < 200
 
 
 def test_an_image_far_longer_than_wide_is_detected_at_one_pixel_of_height(detector) -> None:

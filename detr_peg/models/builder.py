@@ -23,8 +23,13 @@ import detr_peg.models.detr  # noqa: E402,F401  isort: skip
 import detr_peg.models.deformable  # noqa: E402,F401  isort: skip
 
 
-def _architecture(cfg: Config | ModelConfig) -> tuple[Any, Architecture]:
-    """``cfg`` (a Config validated again: the user may have edited it) and its architecture."""
+def _architecture(cfg: Config | ModelConfig, whole: str | None = None) -> tuple[Any, Architecture]:
+    """``cfg`` (a Config validated again: the user may have edited it) and its architecture; ``whole``: the caller
+    needs the whole Config, whose section it names."""
+    if whole and isinstance(cfg, ModelConfig):
+        raise TypeError(
+            f"cfg must be the whole detr_peg Config (this builder reads cfg.{whole}), not its model section."
+        )
     cfg = checked_config(cfg) if isinstance(cfg, Config) else cfg
     model = cfg.model if isinstance(cfg, Config) else cfg
     if not isinstance(model, ModelConfig):
@@ -91,11 +96,11 @@ def check_buildable(cfg: Config) -> None:
 
 def build_criterion(cfg: Config) -> SetCriterion:
     """Build the matching loss for ``cfg``."""
-    cfg, architecture = _architecture(cfg)
+    cfg, architecture = _architecture(cfg, whole="loss")
     return architecture.build_criterion(cfg)
 
 
 def build_postprocessor(cfg: Config) -> nn.Module:
     """Build the post-processor (outputs + original sizes -> scored pixel boxes)."""
-    cfg, architecture = _architecture(cfg)
+    cfg, architecture = _architecture(cfg, whole="eval")
     return architecture.build_postprocessor(cfg)

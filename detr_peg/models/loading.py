@@ -146,6 +146,7 @@ def load_model(
     Raises:
         CheckpointError: unreadable or unsafe file, not a detr_peg checkpoint, or weights
             that do not fit the stored config.
+        ConfigError: an override that is invalid or changes the model the weights were trained as.
     """
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
     cfg = ckpt.config

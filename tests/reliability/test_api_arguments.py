@@ -158,6 +158,14 @@ def test_the_builders_need_a_config_object(builder, cfg) -> None:
         builder(cfg)
 
 
+@pytest.mark.parametrize(("builder", "section"), [(build_criterion, "loss"), (build_postprocessor, "eval")])
+def test_the_loss_and_postprocessor_builders_need_the_whole_config(builder, section) -> None:
+    model_section = load_config("demo", ["model.num_classes=3"]).model
+    build_model(model_section)  # the model's builder takes the section alone
+    with pytest.raises(TypeError, match=rf"^cfg must be the whole detr_peg Config \(this builder reads cfg.{section}"):
+        builder(model_section)
+
+
 @pytest.mark.parametrize(
     ("value", "words"),
     [

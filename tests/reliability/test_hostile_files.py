@@ -166,6 +166,7 @@ CASES = [
     ),
     Hostile("yaml-is-a-fifo", [*RESUME, "--config", "pipe.yaml"], ["pipe.yaml", "is a FIFO"], _fifo("pipe.yaml")),
     Hostile("yaml-is-a-device", [*RESUME, "--config", "/dev/zero"], ["/dev/zero", "is a device"]),
+    Hostile("yaml-is-a-proc-file", [*RESUME, "--config", "/proc/self/status"], ["says it is empty but holds data"]),
     Hostile(
         "yaml-link-loop",
         [*RESUME, "--config", "loop.yaml"],
@@ -304,7 +305,7 @@ CASES = [
     Hostile(
         "study-file-is-a-checkpoint",
         ["study", "--study", CKPT, "--output", "st"],
-        ["Study file out/checkpoint.pth is", "more than the 1.0 MiB accepted for a config file"],
+        ["Study file out/checkpoint.pth is", "more than the 1.0 MiB accepted for config files"],
     ),
     Hostile("study-file-is-a-device", ["study", "--study", "/dev/zero", "--output", "st"], ["/dev/zero is a device"]),
     Hostile(
