@@ -62,6 +62,12 @@ def resolve(args: argparse.Namespace):
         overrides.append("train.resume=true")
         if config is None and args.output is not None and os.path.isfile(os.path.join(args.output, "config.yaml")):
             config = os.path.join(args.output, "config.yaml")  # the run's own, as it wrote it
+        elif config is None and not any(word.startswith("data.train_images=") for word in overrides):
+            from detr_peg.errors import ConfigError
+
+            raise ConfigError("--resume without --config needs --output, the folder of the run to resume." if args.output
+                              is None else f"--resume: {args.output} holds no run to resume (no config.yaml); give "
+                              "--output the folder of a run, or --config to start one.")  # fmt: skip
     return load_config(config, overrides)
 
 

@@ -43,6 +43,8 @@ def _one_line_error(capsys, argv: list[str]) -> str:
         (["eval", "--checkpoint", "c.pth", "train.output_dir=b", "--output", "a"], "--output and train.output_dir=b"),
         (["predict", "x.jpg", "--checkpoint", "c.pth", "--device", "cpu", "train.device=cuda"], "--device and train"),
         (["demo", "--resume", "train.resume=false"], "--resume and train.resume=false both set train.resume"),
+        (["train", "--output", "no/run", "--resume"], "--resume: no/run holds no run to resume (no config.yaml)"),
+        (["train", "--resume"], "--resume without --config needs --output, the folder of the run to resume."),
     ],
 )
 def test_user_errors_are_one_line(argv, expected, capsys) -> None:
