@@ -25,7 +25,7 @@ from detr_peg.checkpoint.format import Checkpoint, read_checkpoint
 from detr_peg.checkpoint.weights_check import non_finite
 from detr_peg.config.loader import CONFIG_OBJECT, checked_config, config_to_dict, config_with, load_config
 from detr_peg.config.schema import Config
-from detr_peg.data.image_input import ENCODED, ImageInput, as_rgb_tensor
+from detr_peg.data.image_input import MAX_PATH_CHARS, ImageInput, as_rgb_tensor, is_encoded
 from detr_peg.data.label_map import LabelMap
 from detr_peg.data.padding import pad_images
 from detr_peg.data.transforms import build_eval_transforms
@@ -169,11 +169,7 @@ class Detector(HubFolders):
         :class:`~detr_peg.detections.Detections` (boxes x0, y0, x1, y1 pixels), or a list in input order.
         Raises ``DataError`` (unreadable input) or ``ConfigError`` (bad threshold or batch size)."""
         # A generator is a list; bytes and streams are one input each (refused), never iterated.
-        single = (
-            isinstance(images, (str, *ENCODED))
-            or hasattr(images, "read")
-            or not isinstance(images, (Sequence, Iterator))
-        )
+        single = isinstance(images, str) or is_encoded(images) or not isinstance(images, (Sequence, Iterator))
         inputs = [images] if single else list(images)
         threshold = self.loaded.config.eval.score_threshold if threshold is None else threshold
         if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
@@ -429,6 +425,6 @@ class Detector(HubFolders):
 
 
 def _describe(image: Any, index: int) -> str:
-    if isinstance(image, (str, os.PathLike)) and len(str(image)) <= 4096:  # longer is no path (base64 text)
+    if isinstance(image, (str, os.PathLike)) and len(str(image)) <= MAX_PATH_CHARS:
         return f"Image {index + 1} ({image})"
     return f"Image {index + 1}"

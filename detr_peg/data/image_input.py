@@ -116,8 +116,14 @@ def load_rgb_image(path: str | Path) -> Image.Image:
 #: What :func:`as_rgb_tensor` accepts.
 ImageInput = str | os.PathLike | Image.Image | np.ndarray | Tensor
 
-#: Encoded image data (a file's bytes, an upload), refused with the way to decode it.
-ENCODED = (bytes, bytearray, memoryview)
+#: Text longer than this is no path (base64 data, say).
+MAX_PATH_CHARS = 4096
+
+
+def is_encoded(image: Any) -> bool:
+    """Encoded image data or a stream (a file's bytes, an upload): one input, refused unread."""
+    return isinstance(image, (bytes, bytearray, memoryview)) or hasattr(image, "read")
+
 
 ACCEPTED = (
     "a path to an image file, a PIL image, a NumPy uint8 array of shape (H, W, 3) or (H, W), "
@@ -138,7 +144,7 @@ def as_rgb_tensor(image: ImageInput, name: str = "image", *, channels: str = "RG
     if bgr and isinstance(image, (str, os.PathLike, Image.Image)):
         raise DataError(f"{name} is a file or PIL image, whose channel order is known; channels='BGR' is for arrays "
                         "and tensors.")  # fmt: skip
-    if isinstance(image, str) and ("://" in image[:16] or len(image) > 4096) and not os.path.lexists(image):
+    if isinstance(image, str) and ("://" in image[:16] or len(image) > MAX_PATH_CHARS) and not os.path.lexists(image):
         what = "a URL" if "://" in image[:16] else f"a string of {len(image)} characters, too long for a path"
         raise DataError(f"{name} is {what}; images are read from files: download or decode it first.")
     if isinstance(image, (str, os.PathLike)):
@@ -154,7 +160,7 @@ def as_rgb_tensor(image: ImageInput, name: str = "image", *, channels: str = "RG
         return _from_array(image[:, :, ::-1] if bgr and image.ndim == 3 else image, name)
     if isinstance(image, Tensor):
         return _from_tensor(image, name).flip(0) if bgr else _from_tensor(image, name)
-    if isinstance(image, ENCODED) or hasattr(image, "read"):
+    if is_encoded(image):
         raise DataError(f"{name} is a {type(image).__name__}: encoded bytes or a stream, not an image; decode it with "
                         "PIL.Image.open(io.BytesIO(data)), or give a path as a str.")  # fmt: skip
     raise DataError(f"{name} is a {type(image).__name__}; expected {ACCEPTED}.")
